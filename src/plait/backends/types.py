@@ -1,0 +1,178 @@
+"""Provider-neutral request and response types.
+
+Every backend translates a `Request` into its own wire format and its answer
+back into a `Response`; nothing above the backend layer sees a provider's
+dialect. The types are frozen dataclasses so a request can be hashed into a
+cache key and shared between concurrent calls without copying.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+__all__ = [
+    "Message",
+    "Request",
+    "Response",
+    "ResponseSchema",
+    "SamplingOptions",
+    "StreamChunk",
+    "ToolCall",
+    "ToolSpec",
+    "Usage",
+]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One function call the model asked for."""
+
+    id: str
+    """Provider's id for the call; a tool result answers it by this id."""
+    name: str
+    """Name of the tool to call."""
+    arguments: str
+    """Arguments as the JSON text the model produced (may be invalid JSON)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One turn of a conversation."""
+
+    role: Role
+    """Who speaks: ``system``, ``user``, ``assistant`` or ``tool``."""
+    content: str = ""
+    """The text of the turn."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Calls an assistant turn made (empty for other roles)."""
+    tool_call_id: str | None = None
+    """For a ``tool`` turn: the id of the call it answers."""
+    name: str | None = None
+    """For a ``tool`` turn: the tool's name (some providers require it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call, described by a JSON schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON schema (an ``object``) of the arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSchema:
+    """A JSON schema the reply must follow (structured output)."""
+
+    name: str
+    """A short identifier; OpenAI requires one for ``json_schema`` mode."""
+    schema: dict[str, Any]
+    """The JSON schema of the whole reply."""
+    strict: bool = False
+    """Ask the provider for strict schema adherence where it offers that."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """Sampling settings; None means "the provider's default", and is not sent."""
+
+    temperature: float | None = None
+    max_tokens: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the options that are set, by name (for the wire and for cache keys)."""
+        out: dict[str, Any] = {}
+        for name in self.__slots__:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Everything a backend needs to make one model call."""
+
+    messages: tuple[Message, ...]
+    """The conversation, oldest first. A system turn, if any, comes first."""
+    model: str | None = None
+    """Overrides the endpoint's model for this call."""
+    options: SamplingOptions = field(default_factory=SamplingOptions)
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: str | None = None
+    """``auto``, ``none``, ``required`` or a tool name to force."""
+    response_schema: ResponseSchema | None = None
+    timeout: float | None = None
+    """Seconds for the whole call; None uses the endpoint's timeout."""
+    rollout_id: str | None = None
+    """Distinguishes deliberate repeat samples in the response cache; never sent."""
+
+    @property
+    def system(self) -> str | None:
+        """Returns the text of the leading system turn, if there is one."""
+        if self.messages and self.messages[0].role == "system":
+            return self.messages[0].content
+        return None
+
+    def with_messages(self, messages: tuple[Message, ...]) -> Request:
+        """Returns a copy with another conversation (for re-asks)."""
+        return replace(self, messages=messages)
+
+
+@dataclass(slots=True)
+class Usage:
+    """Tokens a call consumed, and its cost when a price is known."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def add(self, other: Usage) -> None:
+        """Adds another call's usage to this running total."""
+        self.input_tokens += other.input_tokens
+        self.output_tokens += other.output_tokens
+        self.cost += other.cost
+
+
+@dataclass(slots=True)
+class Response:
+    """A finished model call."""
+
+    text: str
+    """The reply text (empty when the model only called tools)."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    """``stop``, ``length``, ``tool_calls`` … as the provider reports it, normalised."""
+    model: str | None = None
+    """The model that actually answered."""
+    parsed: Any = None
+    """The typed object, when a response type was requested and parsing succeeded."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Extra facts (cache hit, latency, attempts) added by the layers above."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """A piece of a streamed reply."""
+
+    text: str = ""
+    """New reply text since the previous chunk."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """Tool calls completed in this chunk (delivered whole, not as fragments)."""
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    """Set on the last chunk when the provider reports usage."""

@@ -1,0 +1,168 @@
+"""The exception tree of plait.
+
+Every error plait raises on purpose derives from `PlaitError`, so callers can
+catch the whole family with one clause and still tell the cases apart::
+
+    PlaitError
+    ├── TracingError          a forward() did something a trace cannot record
+    ├── ConfigError           a ResourceConfig (or its file) is malformed
+    ├── UnknownAliasError     a call names an alias that no endpoint serves (also KeyError)
+    ├── BackendError          a provider call failed; carries status, alias, attempts
+    │   ├── BackendTimeout        no answer within the timeout
+    │   ├── BackendConnectionError  the connection dropped or was refused
+    │   ├── RateLimitError        429; carries retry_after when the provider sent one
+    │   └── BudgetExceededError   the run's cost budget is spent
+    ├── StructuredOutputError a reply could not be parsed into the requested type
+    └── ExecutionError        a node failed while running; names node, path and input index
+
+Foreign exceptions are wrapped at one boundary (the backend adapters) and
+chained with ``raise ... from exc``, so the original traceback is never lost.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendConnectionError",
+    "BackendError",
+    "BackendTimeout",
+    "BudgetExceededError",
+    "ConfigError",
+    "ExecutionError",
+    "PlaitError",
+    "RateLimitError",
+    "StructuredOutputError",
+    "TracingError",
+    "UnknownAliasError",
+]
+
+
+class PlaitError(Exception):
+    """Base class of every error plait raises on purpose."""
+
+
+class TracingError(PlaitError):
+    """A forward() used a traced value in a way that cannot be recorded.
+
+    The message names the module path and the line of ``forward`` and says
+    what to write instead.
+    """
+
+
+class ConfigError(PlaitError, ValueError):
+    """A resource configuration is malformed; the message names alias and key."""
+
+
+class UnknownAliasError(PlaitError, KeyError):
+    """A call used an alias that no endpoint of the configuration serves."""
+
+    def __init__(self, alias: str, known: list[str]) -> None:
+        self.alias = alias
+        self.known = sorted(known)
+        known_text = ", ".join(repr(k) for k in self.known) or "none"
+        super().__init__(f"unknown alias {alias!r} in ResourceConfig; known: {known_text}")
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return str(self.args[0])
+
+
+class BackendError(PlaitError):
+    """A provider call failed.
+
+    Attributes:
+        status: HTTP status (or None when no response arrived).
+        alias: the resource alias the call was made for, when known.
+        attempts: how many attempts were made before giving up.
+        retryable: whether the resource layer may retry this failure.
+        retry_after: seconds the provider asked us to wait, if it said.
+        body: the provider's error body, decoded when possible.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        alias: str | None = None,
+        attempts: int = 1,
+        retryable: bool = False,
+        retry_after: float | None = None,
+        body: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.alias = alias
+        self.attempts = attempts
+        self.retryable = retryable
+        self.retry_after = retry_after
+        self.body = body
+
+
+class BackendTimeout(BackendError):
+    """The provider did not answer within the call's timeout."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("retryable", True)
+        super().__init__(message, **kwargs)
+
+
+class BackendConnectionError(BackendError):
+    """The connection was refused, reset or closed before a full answer."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("retryable", True)
+        super().__init__(message, **kwargs)
+
+
+class RateLimitError(BackendError):
+    """The provider answered 429 Too Many Requests."""
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("retryable", True)
+        kwargs.setdefault("status", 429)
+        super().__init__(message, **kwargs)
+
+
+class BudgetExceededError(BackendError):
+    """The configured cost budget of a run has been spent; no further calls are made."""
+
+
+class StructuredOutputError(PlaitError, ValueError):
+    """A model reply could not be parsed into the requested type, even after a re-ask.
+
+    Attributes:
+        raw: the last reply text.
+        target: a readable name of the requested type.
+    """
+
+    def __init__(self, message: str, *, raw: str = "", target: str = "") -> None:
+        super().__init__(message)
+        self.raw = raw
+        self.target = target
+
+
+class ExecutionError(PlaitError):
+    """A node of a traced program failed while running.
+
+    Attributes:
+        node_id: id of the failed node in the graph.
+        module_path: dotted path of the module that failed (``stage3.synthesizer``).
+        input_index: index of the batch item, or None for a single call.
+        cause: the underlying exception (also ``__cause__``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_id: str | None = None,
+        module_path: str | None = None,
+        input_index: int | None = None,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.module_path = module_path
+        self.input_index = input_index
+        self.cause = cause

@@ -1,0 +1,317 @@
+"""Module: the unit of composition, shaped like ``torch.nn.Module``.
+
+Assigning a `Module` or `Parameter` to an attribute registers it, so a program
+is a tree whose leaves make LLM calls (`LLMInference`) and whose parameters
+can be listed, saved and optimised.
+
+Calling a module does one of four things, decided by context:
+
+1. while a trace is recorded, the call is recorded (leaf) or followed (composite);
+2. inside an executing graph (an ``async def forward``), it returns a coroutine
+   that runs the module on the same resources;
+3. when resources are bound (`bind`) or set by ``ExecutionSettings``, it
+   traces and executes the program: ``await module(x)``;
+4. otherwise ``forward`` runs directly, which is how modules without LLM
+   calls are used and tested.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping
+from typing import Any, Self
+
+from plait import _context
+from plait.parameter import Parameter
+
+__all__ = ["LLMInference", "Module", "is_async_module"]
+
+
+class Module:
+    """Base class of every plait program; subclass it and implement ``forward``.
+
+    Unlike ``torch.nn.Module``, a module starts in *eval* mode: training mode
+    makes bound calls return Values carrying tape ids for backward, which an
+    ordinary caller does not want.
+
+    Example::
+
+        class Shout(Module):
+            def forward(self, text: str) -> str:
+                return text.upper()
+
+        Shout()("hi")  # 'HI' — no LLM inside, so it runs directly
+    """
+
+    _plait_leaf: bool = False
+    """Set true on a subclass to make tracing record it as one node instead of following it."""
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_children", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_name", None)
+        object.__setattr__(self, "_training", False)
+        object.__setattr__(self, "_bound_resources", None)
+        object.__setattr__(self, "_bound_config", {})
+
+    # ----------------------------------------------------------- registration
+    def __setattr__(self, name: str, value: Any) -> None:
+        registries = self.__dict__.get("_children")
+        if registries is None:
+            raise AttributeError(
+                f"cannot assign {name!r} before Module.__init__() has run; "
+                f"call super().__init__() first in {type(self).__name__}.__init__"
+            )
+        self._children.pop(name, None)
+        self._parameters.pop(name, None)
+        if isinstance(value, Module):
+            self._children[name] = value
+            object.__setattr__(value, "_name", name)
+        elif isinstance(value, Parameter):
+            self._parameters[name] = value
+            if value._name is None:
+                value._name = name
+        object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        self._children.pop(name, None)
+        self._parameters.pop(name, None)
+        object.__delattr__(self, name)
+
+    def register_module(self, name: str, module: Module | None) -> None:
+        """Registers ``module`` as a child under ``name`` (like ``add_module``)."""
+        setattr(self, name, module)
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        """Registers ``param`` under ``name``."""
+        setattr(self, name, param)
+
+    # --------------------------------------------------------------- forward
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Defines the computation. Override this.
+
+        While tracing, arguments are symbolic Values and calls to child
+        modules return symbolic Values; at run time (or when called directly)
+        they are real data.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        session = _context.current_trace()
+        if session is not None:
+            return session.record_call(self, args, kwargs)
+        runner = _context.current_run()
+        if runner is not None:
+            return runner.call_module(self, args, kwargs)
+        settings = _context.SETTINGS.get()
+        if self._bound_resources is not None or (
+            settings is not None and settings.resources is not None
+        ):
+            from plait.execution.run import execute_bound  # upper layer, loaded on first use
+
+            return execute_bound(self, args, kwargs)
+        return self._call_directly(args, kwargs)
+
+    def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Runs ``forward`` with no resources. Override to refuse (as LLMInference does)."""
+        return self.forward(*args, **kwargs)
+
+    # ---------------------------------------------------------------- binding
+    def bind(self, resources: Any, max_concurrent: int = 100, **kwargs: Any) -> Self:
+        """Binds resources so ``await module(x)`` and ``run_sync`` execute for real.
+
+        Args:
+            resources: a ``ResourceConfig``, ``ResourceManager`` or mapping.
+            max_concurrent: most graph nodes running at once in one call.
+            **kwargs: other execution options (``checkpoint_dir``, ``timeout`` …).
+
+        Returns:
+            self, for chaining: ``pipeline = Pipeline().bind(resources)``.
+        """
+        object.__setattr__(self, "_bound_resources", resources)
+        object.__setattr__(self, "_bound_config", {"max_concurrent": max_concurrent, **kwargs})
+        return self
+
+    def run_sync(self, *args: Any, **kwargs: Any) -> Any:
+        """Executes like ``await module(...)`` but blocks; works inside a running loop too.
+
+        Inside Jupyter (a loop is already running) the call runs on a
+        background loop thread instead of failing.
+        """
+        from plait.execution.run import run_sync
+
+        return run_sync(self, args, kwargs)
+
+    # ----------------------------------------------------------- introspection
+    def children(self) -> Iterator[Module]:
+        """Returns an iterator over immediate child modules."""
+        for _, module in self.named_children():
+            yield module
+
+    def named_children(self) -> Iterator[tuple[str, Module]]:
+        """Returns an iterator over immediate children as ``(name, module)``, each once."""
+        seen: set[int] = set()
+        for name, module in self._children.items():
+            if id(module) not in seen:
+                seen.add(id(module))
+                yield name, module
+
+    def modules(self) -> Iterator[Module]:
+        """Returns an iterator over all modules in the tree, self first, each once."""
+        for _, module in self.named_modules():
+            yield module
+
+    def named_modules(
+        self, prefix: str = "", memo: set[int] | None = None
+    ) -> Iterator[tuple[str, Module]]:
+        """Returns an iterator over ``(dotted.path, module)``, depth first, each module once.
+
+        A module reachable by two paths is reported under the first one.
+        """
+        memo = set() if memo is None else memo
+        if id(self) in memo:
+            return
+        memo.add(id(self))
+        yield prefix, self
+        for name, child in self._children.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name, memo)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Returns an iterator over parameters of the tree, each once."""
+        for _, param in self.named_parameters(recurse=recurse):
+            yield param
+
+    def named_parameters(
+        self, prefix: str = "", recurse: bool = True
+    ) -> Iterator[tuple[str, Parameter]]:
+        """Returns an iterator over ``(dotted.name, parameter)``, each parameter once."""
+        seen: set[int] = set()
+        modules = self.named_modules(prefix) if recurse else iter([(prefix, self)])
+        for path, module in modules:
+            for name, param in module._parameters.items():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    yield (f"{path}.{name}" if path else name), param
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Returns every parameter's value by dotted name (JSON-compatible)."""
+        return {name: param.value for name, param in self.named_parameters()}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Loads parameter values by dotted name.
+
+        Missing keys keep their current value; unknown keys raise one
+        ``KeyError`` listing all of them, and nothing is changed.
+        """
+        params = dict(self.named_parameters())
+        unknown = [name for name in state_dict if name not in params]
+        if unknown:
+            known = ", ".join(params) or "none"
+            lines = "\n".join(f"  {name}" for name in unknown)
+            raise KeyError(f"unknown parameter(s) in state_dict:\n{lines}\nknown: {known}")
+        for name, value in state_dict.items():
+            params[name].value = value
+
+    # --------------------------------------------------------------- training
+    @property
+    def training(self) -> bool:
+        """Whether the module is in training mode."""
+        return self._training
+
+    def train(self, mode: bool = True) -> Self:
+        """Sets training mode on this module and all descendants; returns self."""
+        for module in self.modules():
+            object.__setattr__(module, "_training", mode)
+        return self
+
+    def eval(self) -> Self:
+        """Sets evaluation mode (``train(False)``); returns self."""
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Self:
+        """Freezes (False) or unfreezes every parameter of the tree; returns self."""
+        for param in self.parameters():
+            param.requires_grad = requires_grad
+        return self
+
+    # ------------------------------------------------------------------ print
+    def extra_repr(self) -> str:
+        """Returns the settings shown in ``repr``. Override to show yours."""
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [
+            f"({name}): {child!r}".replace("\n", "\n  ") for name, child in self.named_children()
+        ]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def is_async_module(module: Module) -> bool:
+    """Whether ``module.forward`` is ``async def`` (it then runs eagerly as one node)."""
+    return inspect.iscoroutinefunction(type(module).forward)
+
+
+class LLMInference(Module):
+    """One LLM call: the atomic leaf every program is built from.
+
+    Args:
+        alias: the resource alias to call (an entry of ``ResourceConfig``).
+        system_prompt: a string (fixed) or a `Parameter` (learnable).
+        temperature: sampling temperature.
+        max_tokens: cap on generated tokens (None: the provider's default).
+        response_format: a pydantic model, dataclass, ``list[str]``,
+            ``Literal[...]`` … — the reply is parsed into it (JSON-schema mode).
+
+    Calling it with a string (or a list of messages) returns the reply text,
+    or the typed object when ``response_format`` is set.
+    """
+
+    _plait_leaf = True
+
+    def __init__(
+        self,
+        alias: str,
+        system_prompt: str | Parameter = "",
+        temperature: float = 1.0,
+        max_tokens: int | None = None,
+        response_format: Any = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(alias, str) or not alias:
+            raise ValueError(f"LLMInference needs a non-empty alias string, got {alias!r}")
+        self.alias = alias
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.response_format = response_format
+        if isinstance(system_prompt, Parameter):
+            self.system_prompt: Parameter | None = system_prompt
+        elif system_prompt:
+            self.system_prompt = Parameter(system_prompt, requires_grad=False)
+        else:
+            self.system_prompt = None
+
+    def forward(self, prompt: Any) -> Any:
+        """Not called: the execution layer makes the request through the resources."""
+        raise RuntimeError(
+            "LLMInference.forward() is run by plait's executor; call the module "
+            "(bound, or inside ExecutionSettings) instead"
+        )
+
+    def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        path = self._name or type(self).__name__
+        raise RuntimeError(
+            f"LLMInference {path!r} (alias {self.alias!r}) has no resources: bind them with "
+            "module.bind(ResourceConfig(...)), use `async with ExecutionSettings(resources=...)`, "
+            "or call plait.run(module, ..., resources=...)"
+        )
+
+    def extra_repr(self) -> str:
+        parts = [f"alias={self.alias!r}"]
+        if self.response_format is not None:
+            name = getattr(self.response_format, "__name__", repr(self.response_format))
+            parts.append(f"response_format={name}")
+        return ", ".join(parts)

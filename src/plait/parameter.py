@@ -1,0 +1,102 @@
+"""Parameter: learnable state of a module (a prompt, instructions, demos).
+
+Parameters are state, not data: they are not Values. When a parameter takes
+part in a computation (formatted into a prompt, passed to a module) it is
+lifted into a Value whose ref is ``param:<dotted.name>``, so the graph knows
+which nodes read it and backward can route feedback to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait._context import current_trace
+from plait.values import placeholder
+
+__all__ = ["Parameter"]
+
+
+class Parameter:
+    """A learnable value optimised by textual feedback instead of gradients.
+
+    Args:
+        value: the current value, usually a string; JSON-compatible data
+            (e.g. a list of few-shot demos) is allowed.
+        description: what the parameter is for. Required when
+            ``requires_grad`` is true, because an optimizer rewriting it must
+            know its role.
+        requires_grad: whether backward passes collect feedback for it.
+
+    Raises:
+        ValueError: a learnable parameter has no description.
+
+    Example::
+
+        >>> p = Parameter("Be concise.", description="Tone of the summary.")
+        >>> str(p)
+        'Be concise.'
+    """
+
+    _is_plait_parameter = True
+
+    __slots__ = ("_feedback", "_name", "description", "requires_grad", "value")
+
+    def __init__(
+        self, value: Any, description: str | None = None, requires_grad: bool = True
+    ) -> None:
+        if requires_grad and not (description and description.strip()):
+            raise ValueError(
+                "a learnable Parameter needs a description of its role, e.g. "
+                "Parameter(value, description='Instructions for the summarizer'); "
+                "pass requires_grad=False for a fixed value"
+            )
+        self.value = value
+        self.description = description
+        self.requires_grad = requires_grad
+        self._name: str | None = None
+        self._feedback: list[str] = []
+
+    @property
+    def name(self) -> str:
+        """The attribute name it was registered under (``"<unnamed>"`` before that)."""
+        return self._name or "<unnamed>"
+
+    # Parameters are identified by identity: two equal prompts are still two
+    # parameters, and containers must never confuse them.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
+    def __str__(self) -> str:
+        session = current_trace()
+        if session is not None:
+            return placeholder(session.param_ref(self))
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        session = current_trace()
+        if session is not None:
+            return placeholder(session.param_ref(self), "s", spec)
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        flag = "" if self.requires_grad else ", requires_grad=False"
+        return f"Parameter({self.value!r}{flag})"
+
+    # ---------------------------------------------------------------- feedback
+    def accumulate_feedback(self, feedback: str) -> None:
+        """Stores feedback from a backward pass (ignored when frozen)."""
+        if self.requires_grad:
+            self._feedback.append(feedback)
+
+    def get_accumulated_feedback(self) -> list[str]:
+        """Returns a copy of the feedback collected since the last update."""
+        return list(self._feedback)
+
+    def apply_update(self, new_value: Any) -> None:
+        """Sets an optimizer-computed value and clears the consumed feedback."""
+        self.value = new_value
+        self._feedback.clear()
+
+    def zero_feedback(self) -> None:
+        """Clears collected feedback, like ``zero_grad``."""
+        self._feedback.clear()

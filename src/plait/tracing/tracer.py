@@ -1,0 +1,310 @@
+"""Tracer: turns a module's ``forward`` into one flat `InferenceGraph`.
+
+Tracing calls ``forward`` with symbolic Values. Calls to *composite* children
+are followed (their ``forward`` runs with the same symbolic inputs), so the
+nesting of modules disappears and only *leaf* calls become nodes:
+
+* `LLMInference` and other modules marked ``_plait_leaf``;
+* modules with ``async def forward`` (they run eagerly, with real values);
+* modules with no LLM call anywhere below them (plain Python, run as one step).
+
+Strings that contain placeholders of traced values (f-strings, ``+``,
+``"".join``, ``str(dict)``) are recorded as `Template` arguments, so the node
+reading them depends exactly on the nodes whose text it consumes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import linecache
+import os
+import sys
+from typing import Any, NoReturn
+
+from plait import _context
+from plait.errors import TracingError
+from plait.module import LLMInference, Module, is_async_module
+from plait.parameter import Parameter
+from plait.tracing.graph import InferenceGraph, Node, Slot, Template, iter_refs
+from plait.values import SYMBOLIC, TOKEN_PATTERN, Value, ValueKind, ValueRef
+
+__all__ = ["Tracer", "input_signature", "is_leaf_module"]
+
+_PLAIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def is_leaf_module(module: Module) -> bool:
+    """Whether tracing records ``module`` as one node instead of following its forward."""
+    return module._plait_leaf or is_async_module(module) or not _calls_llm(module)
+
+
+def _calls_llm(module: Module) -> bool:
+    """Whether any module below ``module`` may call an LLM (an LLMInference or async leaf)."""
+    return any(
+        isinstance(m, LLMInference) or (m is not module and is_async_module(m))
+        for m in module.modules()
+    )
+
+
+def input_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Returns a hashable description of the shape of call arguments.
+
+    Text and unknown objects become inputs of the graph (only their position
+    matters); numbers, booleans and None are baked into the graph as
+    constants, so their values are part of the signature.
+    """
+    return (tuple(_shape(a) for a in args), tuple((k, _shape(v)) for k, v in kwargs.items()))
+
+
+def _shape(x: Any) -> Any:
+    if isinstance(x, str | Value):
+        return "v"
+    if isinstance(x, bool | int | float | type(None)):
+        return ("c", type(x).__name__, x)
+    if isinstance(x, list):
+        return ("l", *(_shape(item) for item in x))
+    if isinstance(x, tuple):
+        return ("t", *(_shape(item) for item in x))
+    if isinstance(x, dict):
+        return ("d", *((k, _shape(v)) for k, v in x.items()))
+    return "v"
+
+
+class Tracer:
+    """Records the graph of a module.
+
+    Example::
+
+        graph = Tracer().trace(DeepPipeline(), "a long document")
+        [n.module_path for n in graph.llm_nodes()]
+        # ['stage1.summarizer', 'stage1.analyzer', 'stage2.technical', ...]
+    """
+
+    def trace(self, module: Module, *args: Any, **kwargs: Any) -> InferenceGraph:
+        """Traces ``module.forward(*args, **kwargs)`` into a graph.
+
+        Text arguments become input nodes; numbers, booleans and None are
+        constants of the graph. Raises `TracingError` when ``forward`` makes a
+        Python decision on a traced value.
+        """
+        session = _TraceSession(module)
+        token = _context.TRACE.set(session)
+        try:
+            symbolic_args, symbolic_kwargs = session.bind_inputs(args, kwargs)
+            output = session.record_call(module, symbolic_args, symbolic_kwargs, root=True)
+        finally:
+            _context.TRACE.reset(token)
+        return session.finish(output)
+
+
+class _TraceSession:
+    """State of one trace: node table, module paths, the stack of modules being followed."""
+
+    def __init__(self, root: Module) -> None:
+        self.root = root
+        self.nodes: dict[str, Node] = {}
+        self.input_ids: list[str] = []
+        self.module_paths = {id(m): path for path, m in root.named_modules()}
+        self.param_paths = {id(p): name for name, p in root.named_parameters()}
+        self.scope: list[str] = []
+        self._leaf_cache: dict[int, bool] = {}
+        self._id_counts: dict[str, int] = {}
+
+    # ----------------------------------------------------------------- inputs
+    def bind_inputs(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """Replaces text arguments by symbolic input Values, keeping structure."""
+        try:
+            bound = inspect.signature(self.root.forward).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{type(self.root).__name__}.forward(): {exc}") from None
+        params = inspect.signature(self.root.forward).parameters
+        for name, value in list(bound.arguments.items()):
+            if params[name].kind is inspect.Parameter.VAR_POSITIONAL:
+                bound.arguments[name] = tuple(
+                    self._symbolize(v, (name, i)) for i, v in enumerate(value)
+                )
+            elif params[name].kind is inspect.Parameter.VAR_KEYWORD:
+                bound.arguments[name] = {k: self._symbolize(v, (name, k)) for k, v in value.items()}
+            else:
+                bound.arguments[name] = self._symbolize(value, (name,))
+        return bound.args, bound.kwargs
+
+    def _symbolize(self, x: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(x, bool | int | float | type(None)):
+            return x
+        if isinstance(x, list | tuple) and not hasattr(x, "_fields"):
+            items = [self._symbolize(item, (*path, i)) for i, item in enumerate(x)]
+            return items if isinstance(x, list) else tuple(items)
+        if isinstance(x, dict):
+            return {k: self._symbolize(v, (*path, k)) for k, v in x.items()}
+        node_id = "input:" + ".".join(str(p) for p in path)
+        self.nodes[node_id] = Node(id=node_id, kind="input", name="input", input_path=path)
+        self.input_ids.append(node_id)
+        kind = x.kind if isinstance(x, Value) else _kind_of(x)
+        return Value(kind, SYMBOLIC, ref=node_id)
+
+    # ------------------------------------------------------------------ calls
+    def record_call(
+        self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], root: bool = False
+    ) -> Any:
+        """Records a leaf call as a node, or follows a composite's forward."""
+        path = self._path_of(module)
+        if self._is_leaf(module):
+            return self._add_node("call", path, module, None, args, kwargs)
+        self.scope.append(path)
+        try:
+            return module.forward(*args, **kwargs)
+        finally:
+            self.scope.pop()
+
+    def record_op(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
+        """Records one functional-op node."""
+        return self._add_node(
+            "op", self.scope[-1] if self.scope else "", None, (name, fn), args, kwargs
+        )
+
+    def _add_node(
+        self,
+        kind: str,
+        path: str,
+        module: Module | None,
+        op: tuple[str, Any] | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Value:
+        rec_args = tuple(self._record(a) for a in args)
+        rec_kwargs = {k: self._record(v) for k, v in kwargs.items()}
+        refs = _refs_of((rec_args, rec_kwargs))
+        deps = tuple(r for r in refs if not r.startswith("param:"))
+        params = tuple(r for r in refs if r.startswith("param:"))
+        if op is not None:
+            base, name, fn = op[0], op[0], op[1]
+        else:
+            assert module is not None
+            base, name, fn = path or type(module).__name__, type(module).__name__, None
+        node_id = self._unique(base)
+        self.nodes[node_id] = Node(
+            id=node_id,
+            kind=kind,  # type: ignore[arg-type]
+            module=module,
+            module_path=path,
+            args=rec_args,
+            kwargs=rec_kwargs,
+            dependencies=deps,
+            parameters=params,
+            op=fn,
+            name=name,
+            source=self._user_site()[0],
+        )
+        return Value(_output_kind(module), SYMBOLIC, ref=node_id)
+
+    def _unique(self, base: str) -> str:
+        count = self._id_counts.get(base, 0) + 1
+        self._id_counts[base] = count
+        return base if count == 1 else f"{base}_{count}"
+
+    def _is_leaf(self, module: Module) -> bool:
+        cached = self._leaf_cache.get(id(module))
+        if cached is None:
+            cached = self._leaf_cache[id(module)] = is_leaf_module(module)
+        return cached
+
+    def _path_of(self, module: Module) -> str:
+        path = self.module_paths.get(id(module))
+        if path is not None:
+            return path
+        # A module built inside forward or passed in: name it under the caller.
+        scope = self.scope[-1] if self.scope else ""
+        local = module._name or type(module).__name__.lower()
+        return f"{scope}.{local}" if scope else local
+
+    # ------------------------------------------------------- recorded values
+    def _record(self, x: Any) -> Any:
+        """Returns the recorded form of an argument: refs, templates, constants."""
+        if isinstance(x, Value):
+            if x.payload is SYMBOLIC or (x.ref or "").startswith("param:"):
+                return ValueRef(x.ref)  # type: ignore[arg-type]
+            return x
+        if isinstance(x, Parameter):
+            return ValueRef(self.param_ref(x))
+        if isinstance(x, str):
+            return _template_of(x) if "\ue000" in x else x
+        if isinstance(x, list):
+            return [self._record(item) for item in x]
+        if isinstance(x, tuple) and not hasattr(x, "_fields"):
+            return tuple(self._record(item) for item in x)
+        if isinstance(x, dict):
+            return {k: self._record(v) for k, v in x.items()}
+        return x
+
+    def param_ref(self, param: Any) -> str:
+        name = self.param_paths.get(id(param))
+        if name is None:
+            name = param.name
+        return f"param:{name}"
+
+    def finish(self, output: Any) -> InferenceGraph:
+        """Builds the graph once forward returned ``output``."""
+        recorded = self._record(output)
+        output_ids = _refs_of(recorded)
+        return InferenceGraph(self.nodes, self.input_ids, recorded, output_ids, root=self.root)
+
+    # ----------------------------------------------------------------- errors
+    def fail(self, value: Value, action: str) -> NoReturn:
+        """Raises TracingError for a Python decision on a traced value."""
+        where = self.scope[-1] if self.scope else ""
+        where = where or type(self.root).__name__
+        site, line = self._user_site()
+        source = self.nodes[value.ref].id if value.ref in self.nodes else value.ref
+        message = (
+            f"{where} ({site or 'unknown line'}) used a traced value in {action}; its value "
+            f"(the output of {source}) is unknown until run time. Make `forward` async "
+            "(`async def forward`) to work with real values, or express the step with an "
+            "`F.*` op (F.select, F.coerce, F.map_values, F.unwrap_or, ...)."
+        )
+        if line:
+            message += f"\n    {line}"
+        raise TracingError(message)
+
+    @staticmethod
+    def _user_site() -> tuple[str | None, str | None]:
+        """Returns ``file.py:line`` and the code of the innermost frame outside plait."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if not filename.startswith(_PLAIT_DIR):
+                line = linecache.getline(filename, frame.f_lineno).strip()
+                return f"{os.path.basename(filename)}:{frame.f_lineno}", line or None
+            frame = frame.f_back  # type: ignore[assignment]
+        return None, None
+
+
+def _template_of(text: str) -> str | Template:
+    parts: list[str | Slot] = []
+    last = 0
+    for match in TOKEN_PATTERN.finditer(text):
+        if match.start() > last:
+            parts.append(text[last : match.start()])
+        parts.append(Slot(ref=match.group(3), mode=match.group(1), spec=match.group(2)))
+        last = match.end()
+    if last == 0:
+        return text
+    if last < len(text):
+        parts.append(text[last:])
+    return Template(tuple(parts))
+
+
+def _refs_of(recorded: Any) -> list[str]:
+    return list(dict.fromkeys(iter_refs(recorded)))
+
+
+def _kind_of(x: Any) -> ValueKind:
+    return ValueKind.TEXT if isinstance(x, str) else ValueKind.STRUCTURED
+
+
+def _output_kind(module: Module | None) -> ValueKind:
+    if isinstance(module, LLMInference):
+        return ValueKind.RESPONSE if module.response_format is None else ValueKind.STRUCTURED
+    return ValueKind.OTHER

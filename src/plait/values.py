@@ -1,0 +1,354 @@
+"""Values: the data that flows between the nodes of a plait program.
+
+A `Value` is a payload with provenance: ``ref`` names the graph node (or
+parameter, ``param:<dotted.name>``) that produced it and ``meta`` carries
+facts such as token usage, cache hits or tape ids. Errors are data too: a
+failed functional op yields ``Value(ERROR)`` with the op and its sources in
+``meta`` instead of raising, so a pipeline can inspect or replace it.
+
+While a program is traced, modules return *symbolic* values whose payload is
+unknown. Python cannot be allowed to decide anything on them, so ``bool()``,
+``len()``, ``in``, ``int()``, ``==`` and iteration raise `TracingError`.
+Formatting is allowed: a symbolic value formats to a placeholder token that
+the tracer later replaces by the real text, which is how f-strings,
+``str.format``, ``+`` and ``"".join`` over traced outputs work::
+
+    >>> v = Value(ValueKind.TEXT, "hello")
+    >>> f"{v}!"
+    'hello!'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from plait._context import current_trace
+
+__all__ = [
+    "SYMBOLIC",
+    "Value",
+    "ValueKind",
+    "ValueRef",
+    "collect_refs",
+    "error_value",
+    "is_symbolic",
+    "placeholder",
+    "unwrap",
+    "valueify",
+]
+
+
+class ValueKind(StrEnum):
+    """What a payload is, so downstream code can format and check it."""
+
+    TEXT = "text"
+    FSTRING = "fstring"
+    RESPONSE = "response"
+    STRUCTURED = "structured"
+    INT = "int"
+    FLOAT = "float"
+    ERROR = "error"
+    TOOL_RESULT = "tool_result"
+    BINARY = "binary"
+    OTHER = "other"
+
+
+class _Symbolic:
+    """Payload of a traced value: known only once the graph runs."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<symbolic>"
+
+
+SYMBOLIC = _Symbolic()
+"""The single payload object of every symbolic (traced) value."""
+
+# A random per-process marker in Unicode private-use characters, so a token can
+# never be typed by a user or appear in model output by accident.
+_NONCE = os.urandom(4).hex()
+_TOKEN_OPEN = f"\ue000{_NONCE}"
+_TOKEN_CLOSE = "\ue001"
+TOKEN_PATTERN = re.compile(
+    re.escape(_TOKEN_OPEN) + r"\|([sr])\|([^\ue001|]*)\|([^\ue001]*)" + _TOKEN_CLOSE
+)
+"""Matches a placeholder token; groups: mode (``s`` str / ``r`` repr), format spec, ref."""
+
+
+def placeholder(ref: str, mode: str = "s", spec: str = "") -> str:
+    """Returns the token that stands for the text of ``ref`` inside a traced string."""
+    return f"{_TOKEN_OPEN}|{mode}|{spec}|{ref}{_TOKEN_CLOSE}"
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRef:
+    """A reference to a graph node's result inside a recorded node's arguments.
+
+    Execution replaces each ``ValueRef`` by the payload the referenced node
+    produced; keeping it a distinct type avoids confusing node ids with string
+    literals that happen to look like them.
+    """
+
+    ref: str
+
+
+@dataclass(eq=False)
+class Value:
+    """A payload plus its provenance.
+
+    Attributes:
+        kind: what the payload is (see `ValueKind`).
+        payload: the data itself; `SYMBOLIC` while tracing.
+        ref: id of the node (or ``param:<name>``) that produced it, if any.
+        meta: facts about the payload (alias, usage, cache hit, ``_tape_ids`` …).
+
+    Indexing goes through ``F.select`` so that, while tracing, ``value["k"]``
+    records a node instead of failing.
+    """
+
+    kind: ValueKind
+    payload: Any
+    ref: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # ----------------------------------------------------------------- access
+    @property
+    def is_symbolic(self) -> bool:
+        """Whether this value is a placeholder recorded by the tracer."""
+        return self.payload is SYMBOLIC
+
+    @property
+    def is_error(self) -> bool:
+        """Whether this value carries an error instead of data."""
+        return self.kind is ValueKind.ERROR
+
+    def __getitem__(self, key: Any) -> Value:
+        from plait import functional as F  # ops sit above values; imported on use
+
+        return F.select(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Value:
+        """Returns ``self[key]``, or ``default`` (as a Value) when the key is missing."""
+        from plait import functional as F
+
+        return F.select(self, key, default=default)
+
+    # ------------------------------------------------------------- formatting
+    def __str__(self) -> str:
+        if self.payload is SYMBOLIC:
+            return placeholder(self._token_ref())
+        return str(self.payload)
+
+    def __format__(self, spec: str) -> str:
+        if self.payload is SYMBOLIC:
+            return placeholder(self._token_ref(), "s", spec)
+        return format(self.payload, spec)
+
+    def __repr__(self) -> str:
+        if self.payload is SYMBOLIC:
+            # str(dict_of_traced_values) calls repr(); the token resolves to
+            # repr(payload) at run time so traced and eager text are identical.
+            return placeholder(self._token_ref(), "r")
+        return f"Value({self.kind.value}, {self.payload!r}, ref={self.ref!r})"
+
+    def _token_ref(self) -> str:
+        if self.ref is None:
+            raise ValueError("a symbolic Value without a ref cannot be formatted")
+        return self.ref
+
+    def __add__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return format(self) + other
+        from plait import functional as F
+
+        return F.add(self, other)
+
+    def __radd__(self, other: Any) -> Any:
+        if isinstance(other, str):
+            return other + format(self)
+        from plait import functional as F
+
+        return F.add(other, self)
+
+    # ---------------------------------------------- decisions on unknown data
+    def _refuse(self, action: str) -> None:
+        if self.payload is SYMBOLIC:
+            session = current_trace()
+            if session is not None:
+                session.fail(self, action)
+            from plait.errors import TracingError
+
+            raise TracingError(f"a traced value ({self.ref}) was used in {action} outside a trace")
+
+    def __bool__(self) -> bool:
+        self._refuse("an `if`/`while` condition or `bool()`")
+        return bool(self.payload)
+
+    def __len__(self) -> int:
+        self._refuse("`len()`")
+        return len(self.payload)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._refuse("iteration (a `for` loop or unpacking)")
+        return iter(self.payload)
+
+    def __contains__(self, item: Any) -> bool:
+        self._refuse("an `in` test")
+        return item in self.payload
+
+    def __int__(self) -> int:
+        self._refuse("`int()`")
+        return int(self.payload)
+
+    def __float__(self) -> float:
+        self._refuse("`float()`")
+        return float(self.payload)
+
+    def __index__(self) -> int:
+        self._refuse("an index or slice")
+        return self.payload.__index__()
+
+    def __eq__(self, other: object) -> bool:
+        self._refuse("an `==` comparison")
+        if isinstance(other, Value):
+            other._refuse("an `==` comparison")
+            return (self.kind, self.payload, self.ref) == (other.kind, other.payload, other.ref)
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None  # type: ignore[assignment]  # equality is by content
+
+
+def is_symbolic(x: Any) -> bool:
+    """Whether ``x`` is a symbolic (traced) value."""
+    return isinstance(x, Value) and x.payload is SYMBOLIC
+
+
+def error_value(
+    error: BaseException | str, *, op: str | None = None, sources: list[str] | None = None
+) -> Value:
+    """Returns ``Value(ERROR)`` carrying ``error`` and where it came from.
+
+    Args:
+        error: the exception, or a message (wrapped in ``ValueError``).
+        op: name of the operation that failed (``F.select``).
+        sources: refs of the inputs the operation read.
+    """
+    exc = ValueError(error) if isinstance(error, str) else error
+    meta: dict[str, Any] = {"error_type": type(exc).__name__, "message": str(exc)}
+    if op is not None:
+        meta["op"] = op
+    if sources:
+        meta["sources"] = list(sources)
+    if exc.__traceback__ is not None:
+        meta["traceback"] = "".join(traceback.format_exception(exc))
+    return Value(ValueKind.ERROR, exc, meta=meta)
+
+
+def _infer_kind(x: Any) -> ValueKind:
+    if isinstance(x, str):
+        return ValueKind.TEXT
+    if isinstance(x, bool) or x is None:
+        return ValueKind.OTHER
+    if isinstance(x, int):
+        return ValueKind.INT
+    if isinstance(x, float):
+        return ValueKind.FLOAT
+    if isinstance(x, BaseException):
+        return ValueKind.ERROR
+    if isinstance(x, bytes | bytearray | memoryview):
+        return ValueKind.BINARY
+    if isinstance(x, dict | list | tuple) or _is_model_instance(x):
+        return ValueKind.STRUCTURED
+    return ValueKind.OTHER
+
+
+def _is_model_instance(x: Any) -> bool:
+    """Whether ``x`` is a pydantic model or dataclass instance (structured data)."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return True
+    return hasattr(type(x), "model_fields") and hasattr(x, "model_dump")
+
+
+def _lift_parameter(param: Any) -> Value:
+    session = current_trace()
+    ref = session.param_ref(param) if session is not None else f"param:{param.name}"
+    kind = ValueKind.TEXT if isinstance(param.value, str) else ValueKind.STRUCTURED
+    payload = SYMBOLIC if session is not None else param.value
+    return Value(kind, payload, ref=ref, meta={"param_name": ref[6:], "param_id": id(param)})
+
+
+def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:
+    """Wraps raw data into Values, recursing into lists, tuples and dicts.
+
+    Containers keep their shape and each element becomes a Value; pass
+    ``kind`` to wrap a whole container as one Value instead (e.g.
+    ``valueify({"user": ...}, kind=ValueKind.STRUCTURED)``). A `Parameter` is
+    lifted to a Value whose ref is ``param:<dotted.name>``. Values pass
+    through unchanged (``kind`` re-labels them).
+    """
+    if isinstance(x, Value):
+        return x if kind is None or kind is x.kind else dataclasses.replace(x, kind=kind)
+    if getattr(x, "_is_plait_parameter", False):
+        return _lift_parameter(x)
+    if kind is not None:
+        if isinstance(x, BaseException) or kind is ValueKind.ERROR:
+            return error_value(x if isinstance(x, BaseException) else str(x))
+        return Value(kind, x)
+    if isinstance(x, list):
+        return [valueify(item) for item in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(valueify(item) for item in x)
+    if isinstance(x, dict):
+        return {key: valueify(item) for key, item in x.items()}
+    if isinstance(x, BaseException):
+        return error_value(x)
+    return Value(_infer_kind(x), x)
+
+
+def unwrap(x: Any) -> Any:
+    """Returns raw payloads: a Value's payload, containers mapped element-wise."""
+    if isinstance(x, Value):
+        return unwrap(x.payload) if isinstance(x.payload, list | tuple | dict) else x.payload
+    if isinstance(x, list):
+        return [unwrap(item) for item in x]
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(unwrap(item) for item in x)
+    if isinstance(x, dict):
+        return {key: unwrap(item) for key, item in x.items()}
+    return x
+
+
+def collect_refs(*args: Any, **kwargs: Any) -> list[str]:
+    """Returns the refs of Values and ValueRefs in nested args, in first-seen order, once each."""
+    seen: dict[str, None] = {}
+    _collect(args, seen)
+    _collect(kwargs, seen)
+    return list(seen)
+
+
+def _collect(x: Any, seen: dict[str, None]) -> None:
+    if isinstance(x, Value):
+        if x.ref is not None:
+            seen.setdefault(x.ref, None)
+        if isinstance(x.payload, list | tuple | dict):
+            _collect(x.payload, seen)
+    elif isinstance(x, ValueRef):
+        seen.setdefault(x.ref, None)
+    elif isinstance(x, list | tuple):
+        for item in x:
+            _collect(item, seen)
+    elif isinstance(x, dict):
+        for item in x.values():
+            _collect(item, seen)
