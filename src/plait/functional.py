@@ -107,6 +107,7 @@ def _op(name: str, *, handles_errors: bool = False) -> Callable[[Callable[..., A
             return result if isinstance(result, Value) else Value(_infer_kind(result), result)
 
         op.op_name = op_name  # type: ignore[attr-defined]
+        op.handles_errors = handles_errors  # type: ignore[attr-defined]
         return op
 
     return decorate

@@ -1,0 +1,135 @@
+"""One LLMInference call: build the neutral request, call the resources, read the reply.
+
+This is where a module's settings (system prompt, temperature, response
+format) meet the resource layer. Structured replies are validated with
+pydantic; an invalid reply is re-asked once with the validation error shown
+to the model, then the call fails with a `StructuredOutputError` naming the
+alias and the expected type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plait.backends.types import Message, Request, Response, SamplingOptions, Usage
+from plait.errors import StructuredOutputError
+from plait.execution.structured import OutputType, output_type_for
+from plait.module import LLMInference
+from plait.values import Value, ValueKind
+
+__all__ = ["build_request", "call_llm"]
+
+_REASK = (
+    "Your previous reply could not be used: {error}\n"
+    "Reply again with only a JSON object that follows the schema."
+)
+
+
+def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
+    """Returns the conversation for a prompt: text, or a list of messages / role dicts."""
+    head = (Message("system", system),) if system else ()
+    if isinstance(prompt, str):
+        return (*head, Message("user", prompt))
+    if isinstance(prompt, Message):
+        return (*head, prompt)
+    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
+        turns = [_message_of(turn, i) for i, turn in enumerate(prompt)]
+        if head and turns and turns[0].role == "system":
+            head = ()  # an explicit system turn wins over the module's
+        return (*head, *turns)
+    return (*head, Message("user", str(prompt)))
+
+
+def _message_of(turn: Any, index: int) -> Message:
+    if isinstance(turn, Message):
+        return turn
+    if isinstance(turn, Mapping) and "role" in turn:
+        return Message(turn["role"], str(turn.get("content", "")))
+    raise TypeError(
+        f"prompt item {index} is {type(turn).__name__}; expected a Message or "
+        "{'role': ..., 'content': ...}"
+    )
+
+
+def build_request(module: LLMInference, prompt: Any, timeout: float | None = None) -> Request:
+    """Returns the provider-neutral request for calling ``module`` on ``prompt``."""
+    system = module.system_prompt.value if module.system_prompt is not None else None
+    fmt = module.response_format
+    return Request(
+        messages=_messages_of(prompt, str(system) if system else None),
+        options=SamplingOptions(temperature=module.temperature, max_tokens=module.max_tokens),
+        response_schema=output_type_for(fmt).schema if fmt is not None else None,
+        timeout=timeout,
+    )
+
+
+async def call_llm(
+    module: LLMInference, prompt: Any, resources: Any, timeout: float | None = None
+) -> Value:
+    """Calls ``module`` on ``prompt`` through ``resources`` (a ResourceManager).
+
+    Returns:
+        ``Value(RESPONSE)`` with the reply text, or ``Value(STRUCTURED)`` with
+        the typed object; ``meta`` holds alias, model, usage and latency.
+
+    Raises:
+        StructuredOutputError: the reply did not parse even after one re-ask.
+        BackendError: the call failed after the resource layer's retries.
+    """
+    request = build_request(module, prompt, timeout)
+    response = await resources.complete(module.alias, request)
+    if module.response_format is None:
+        return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
+    output = output_type_for(module.response_format)
+    try:
+        parsed = output.parse(response.text)
+        return _value_of(ValueKind.STRUCTURED, parsed, response, response.usage)
+    except StructuredOutputError as first:
+        return await _reask(module, resources, request, response, output, first)
+
+
+async def _reask(
+    module: LLMInference,
+    resources: Any,
+    request: Request,
+    response: Response,
+    output: OutputType,
+    first: StructuredOutputError,
+) -> Value:
+    retry = request.with_messages(
+        (
+            *request.messages,
+            Message("assistant", response.text),
+            Message("user", _REASK.format(error=first)),
+        )
+    )
+    second = await resources.complete(module.alias, retry)
+    usage = Usage()
+    usage.add(response.usage)
+    usage.add(second.usage)
+    try:
+        parsed = output.parse(second.text)
+    except StructuredOutputError as exc:
+        raise StructuredOutputError(
+            f"alias {module.alias!r}: the reply is not a valid {output.name} after one re-ask: "
+            f"{exc}",
+            raw=second.text,
+            target=output.name,
+        ) from first
+    value = _value_of(ValueKind.STRUCTURED, parsed, second, usage)
+    value.meta["reasked"] = True
+    return value
+
+
+def _value_of(kind: ValueKind, payload: Any, response: Response, usage: Usage) -> Value:
+    meta = dict(response.meta)
+    meta["usage"] = usage
+    meta["input_tokens"] = usage.input_tokens
+    meta["output_tokens"] = usage.output_tokens
+    meta["cost"] = usage.cost
+    meta["model"] = response.model
+    meta["finish_reason"] = response.finish_reason
+    if response.tool_calls:
+        meta["tool_calls"] = response.tool_calls
+    return Value(kind, payload, meta=meta)

@@ -1,0 +1,257 @@
+"""Entry points: `run`, ``await module(...)`` when bound, and ``module.run_sync(...)``.
+
+All three resolve the options of the call (call kwargs > bind > the innermost
+``ExecutionSettings`` > defaults), get the shared `ResourceManager` of the
+resources on the running loop, trace the module once per input shape and run
+the graph — once, or once per item of a batch (a list as first argument).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import sys
+import threading
+import weakref
+from collections.abc import Coroutine
+from typing import Any
+
+from plait import _context
+from plait.errors import ExecutionError, PlaitError
+from plait.execution.batch import BatchResult, BatchStream, run_items
+from plait.execution.runner import Runner, trace_cached
+from plait.execution.scheduler import execute_graph
+from plait.execution.settings import OPTION_NAMES, effective_options
+from plait.module import Module
+
+__all__ = ["execute_bound", "run", "run_sync"]
+
+
+async def run(
+    module: Module,
+    *args: Any,
+    resources: Any = None,
+    max_concurrent: int | None = None,
+    checkpoint_dir: Any = None,
+    **kwargs: Any,
+) -> Any:
+    """Runs ``module`` on one input, or on each item when the first argument is a list.
+
+    Args:
+        module: the program.
+        *args: arguments of ``forward``; a list as first argument is a batch.
+        resources: ResourceConfig / ResourceManager / mapping (default: bound
+            or ``ExecutionSettings`` resources).
+        max_concurrent: most LLM calls in flight at once.
+        checkpoint_dir: directory that makes a batch resumable.
+        **kwargs: execution options (``timeout``, ``progress``, ``on_error``) or
+            keyword arguments of ``forward``.
+
+    Returns:
+        The output (raw data in the structure ``forward`` returned), or a list
+        of outputs for a batch.
+
+    Raises:
+        ExecutionError: a node failed; names the node, module path and input index.
+    """
+    call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
+    if resources is not None:
+        call["resources"] = resources
+    result = execute_bound(module, args, {**kwargs, **call})
+    if isinstance(result, BatchStream):
+        return await result
+    return await result
+
+
+def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    forward_kwargs = {k: v for k, v in kwargs.items() if k not in OPTION_NAMES and k != "resources"}
+    options = {k: v for k, v in kwargs.items() if k in OPTION_NAMES}
+    return forward_kwargs, options
+
+
+def _resources_of(module: Module, explicit: Any) -> Any:
+    resources = explicit if explicit is not None else module._bound_resources
+    if resources is None:
+        settings = _context.SETTINGS.get()
+        resources = settings.resources if settings is not None else None
+    if resources is None:
+        raise PlaitError(
+            f"{type(module).__name__} has no resources: bind them with module.bind(config), "
+            "use ExecutionSettings(resources=config), or pass resources= to plait.run"
+        )
+    return resources
+
+
+def execute_bound(
+    module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Coroutine[Any, Any, Any] | BatchStream:
+    """Starts a bound call: returns a coroutine, or a `BatchStream` for a streaming batch.
+
+    Options and resources are read *now*, in the caller's context, so the
+    returned coroutine may run on another thread's loop (``run_sync``).
+    """
+    forward_kwargs, call_options = _split_kwargs(kwargs)
+    options = effective_options(module._bound_config, call_options)
+    resources = _resources_of(module, kwargs.get("resources"))
+    is_batch = bool(args) and isinstance(args[0], list)
+    if is_batch and options["streaming"]:
+        items, extra = args[0], args[1:]
+        return BatchStream(
+            lambda report: _run_batch(
+                module, items, extra, forward_kwargs, resources, options, report
+            ),
+            total=len(items),
+            preserve_order=options["preserve_order"],
+        )
+    if is_batch:
+        return _batch_to_list(module, args[0], args[1:], forward_kwargs, resources, options)
+    return _run_single(module, args, forward_kwargs, resources, options)
+
+
+def _runner(resources: Any, options: dict[str, Any]) -> Runner:
+    from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
+
+    manager = ResourceManager.shared(resources)
+    _remember_for_shutdown(manager)
+    return Runner(manager, options["max_concurrent"], options["timeout"])
+
+
+async def _run_single(
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    resources: Any,
+    options: dict[str, Any],
+) -> Any:
+    runner = _runner(resources, options)
+    graph = trace_cached(module, args, kwargs)
+    output, _ = await execute_graph(graph, runner, args, kwargs)
+    return output
+
+
+async def _run_batch(
+    module: Module,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    resources: Any,
+    options: dict[str, Any],
+    report: Any,
+) -> None:
+    """Runs every item, calling ``report(BatchResult)`` as each finishes."""
+    from plait.execution.progress import BatchProgress
+
+    runner = _runner(resources, options)
+
+    async def run_item(index: int, item: Any) -> Any:
+        item_args = (item, *extra)
+        graph = trace_cached(module, item_args, kwargs)
+        output, _ = await execute_graph(graph, runner, item_args, kwargs, index)
+        return output
+
+    with BatchProgress(len(items), options["progress"], runner.manager) as progress:
+
+        def on_result(result: BatchResult) -> None:
+            progress.advance(result.ok)
+            report(result)
+
+        await run_items(items, run_item, runner.max_concurrent, on_result)
+
+
+async def _batch_to_list(
+    module: Module,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    resources: Any,
+    options: dict[str, Any],
+) -> list[Any]:
+    outputs: list[Any] = [None] * len(items)
+    collect = options["on_error"] == "collect"
+
+    def report(result: BatchResult) -> None:
+        if result.error is not None and not collect:
+            raise _item_error(result)
+        outputs[result.index] = result.output if result.ok else result.error
+
+    await _run_batch(module, items, extra, kwargs, resources, options, report)
+    return outputs
+
+
+def _item_error(result: BatchResult) -> BaseException:
+    if isinstance(result.error, PlaitError):
+        return result.error
+    return ExecutionError(
+        f"input {result.index} failed: {type(result.error).__name__}: {result.error}",
+        input_index=result.index,
+        cause=result.error,
+    )
+
+
+# ---------------------------------------------------------------- run_sync
+class _LoopThread:
+    """One background event loop shared by every ``run_sync`` call.
+
+    A persistent loop keeps connection pools and loaded models alive between
+    calls, and works whether or not the caller already runs a loop (Jupyter).
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="plait-loop", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except KeyboardInterrupt:
+            future.cancel()
+            raise
+
+
+_loop_thread: _LoopThread | None = None
+_loop_lock = threading.Lock()
+_managers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _background() -> _LoopThread:
+    global _loop_thread
+    with _loop_lock:
+        if _loop_thread is None:
+            _loop_thread = _LoopThread()
+            atexit.register(_shutdown)
+        return _loop_thread
+
+
+def _remember_for_shutdown(manager: Any) -> None:
+    if _loop_thread is not None and asyncio.get_running_loop() is _loop_thread.loop:
+        _managers.add(manager)
+
+
+def _shutdown() -> None:
+    """Closes the managers the background loop used, so connections close cleanly."""
+    if _loop_thread is None or not _loop_thread.loop.is_running():
+        return
+    managers = list(_managers)
+
+    async def close_all() -> None:
+        await asyncio.gather(*(m.aclose() for m in managers), return_exceptions=True)
+
+    try:
+        asyncio.run_coroutine_threadsafe(close_all(), _loop_thread.loop).result(timeout=5)
+    except Exception as exc:  # interpreter shutdown: report, never hang
+        print(f"plait: closing connections failed: {exc}", file=sys.stderr)
+
+
+def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Runs a bound call to completion and returns its result, blocking the caller."""
+    work = execute_bound(module, args, kwargs)
+    if isinstance(work, BatchStream):
+        stream = work
+
+        async def collect() -> list[BatchResult]:
+            return await stream
+
+        return _background().run(collect())
+    return _background().run(work)

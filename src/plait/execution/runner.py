@@ -1,0 +1,117 @@
+"""Runner: what one top-level call (or one batch) shares while it executes.
+
+Every graph node of every batch item runs through the same `Runner`: one
+`ResourceManager` (so endpoint limits hold across the whole batch), one
+global limit on LLM calls in flight, one graph per input shape.
+
+The runner is also what ``async def forward`` leaves see: inside them,
+calling a module returns a coroutine that runs it on these same resources.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from typing import Any
+
+from plait.execution.llm_call import call_llm
+from plait.module import LLMInference, Module, is_async_module
+from plait.tracing import InferenceGraph, Tracer, input_signature, is_leaf_module
+from plait.values import Value, unwrap
+
+__all__ = ["Runner", "trace_cached"]
+
+# module -> {(tree fingerprint, input signature): graph}; weak so modules can be collected.
+_GRAPHS: weakref.WeakKeyDictionary[Module, dict[Any, InferenceGraph]] = weakref.WeakKeyDictionary()
+
+
+def _tree_fingerprint(module: Module) -> tuple[Any, ...]:
+    """Returns what, besides the inputs, decides the shape of ``module``'s graph.
+
+    Module identities and their plain settings (numbers, strings, flags that a
+    ``forward`` may loop or branch on); parameter *values* are not included,
+    because they are read at run time, not baked into the graph.
+    """
+    parts: list[Any] = []
+    for path, sub in module.named_modules():
+        settings = tuple(
+            (key, value)
+            for key, value in vars(sub).items()
+            if not key.startswith("_") and isinstance(value, str | int | float | bool | type(None))
+        )
+        parts.append((path, id(sub), settings, tuple(id(p) for p in sub._parameters.values())))
+    return tuple(parts)
+
+
+def trace_cached(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InferenceGraph:
+    """Returns the graph of ``module`` for inputs shaped like ``args``, tracing only once."""
+    key = (_tree_fingerprint(module), input_signature(args, kwargs))
+    graphs = _GRAPHS.setdefault(module, {})
+    graph = graphs.get(key)
+    if graph is None:
+        graph = Tracer().trace(module, *args, **kwargs)
+        if len(graphs) >= 32:  # many input shapes: keep the cache bounded
+            graphs.pop(next(iter(graphs)))
+        graphs[key] = graph
+    return graph
+
+
+class Runner:
+    """Shared state of one execution: resources, the LLM-call limit, timeouts.
+
+    Args:
+        manager: the ResourceManager every call goes through.
+        max_concurrent: most LLM calls in flight at once for this execution.
+        timeout: seconds per LLM call, or None for each endpoint's own.
+    """
+
+    def __init__(self, manager: Any, max_concurrent: int = 100, timeout: float | None = None):
+        self.manager = manager
+        self.timeout = timeout
+        self.max_concurrent = max_concurrent
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._params: dict[int, dict[str, Any]] = {}
+
+    def parameter_table(self, graph: InferenceGraph) -> dict[str, Any]:
+        """Returns ``param:<name>`` → Parameter for the graph's root module."""
+        table = self._params.get(id(graph))
+        if table is None:
+            table = {f"param:{name}": p for name, p in graph.root.named_parameters()}
+            self._params[id(graph)] = table
+        return table
+
+    async def call_llm(
+        self, module: LLMInference, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Value:
+        """Makes one LLM call within the global limit (endpoint limits apply inside)."""
+        if kwargs:
+            prompt = kwargs.get("prompt", next(iter(kwargs.values())))
+        elif args:
+            prompt = args[0]
+        else:
+            raise TypeError(f"LLMInference (alias {module.alias!r}) was called without a prompt")
+        async with self._slots:
+            return await call_llm(module, prompt, self.manager, self.timeout)
+
+    async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        """Runs any module on real inputs with these resources and returns raw output."""
+        from plait.execution.scheduler import execute_graph
+
+        if isinstance(module, LLMInference):
+            return (await self.call_llm(module, args, kwargs)).payload
+        if is_async_module(module):
+            return unwrap(await module.forward(*args, **kwargs))
+        graph = trace_cached(module, args, kwargs)
+        output, _ = await execute_graph(graph, self, args, kwargs)
+        return output
+
+    def call_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Handles ``child(x)`` inside an ``async def forward``.
+
+        Modules that may call an LLM return a coroutine to await; plain-Python
+        modules (no LLM below them) run at once and return their result.
+        """
+        plain = not isinstance(module, LLMInference) and not is_async_module(module)
+        if plain and is_leaf_module(module):
+            return module.forward(*args, **kwargs)
+        return self.run_module(module, args, kwargs)

@@ -1,0 +1,242 @@
+"""The scheduler: runs one traced graph for one input, each node as soon as it can.
+
+A node starts the moment its last dependency finishes. Cheap nodes
+(functional ops and plain-Python leaves) run inline; LLM calls and
+``async def forward`` leaves run as tasks, except when a node is the only
+runnable one, which is then awaited directly: a chain of calls creates no
+tasks at all. Completions arrive through a queue, so each one costs O(1)
+however wide the graph is.
+
+A retried call is retried *inside* its node by the resource layer, so the
+bookkeeping of dependents never changes and fan-in graphs cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from plait import _context
+from plait.errors import ExecutionError
+from plait.module import LLMInference, is_async_module
+from plait.tracing.graph import InferenceGraph, Node, substitute
+from plait.values import Value, ValueKind, _infer_kind, unwrap
+
+if TYPE_CHECKING:
+    from plait.execution.runner import Runner
+
+__all__ = ["execute_graph"]
+
+
+async def execute_graph(
+    graph: InferenceGraph,
+    runner: Runner,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    index: int | None = None,
+) -> tuple[Any, dict[str, Value]]:
+    """Runs ``graph`` on one input.
+
+    Returns:
+        The output in the structure ``forward`` returned (raw payloads), and
+        every node's result Value by id (for training and inspection).
+
+    Raises:
+        ExecutionError: a node failed; names the node, its module path and ``index``.
+    """
+    results = _bind_inputs(graph, args, kwargs)
+    params = runner.parameter_table(graph)
+    run = _GraphRun(graph, runner, results, params, index)
+    await run.run()
+    output_errors = [r for r in graph.output_ids if r in results and results[r].is_error]
+    if output_errors:
+        failed = results[output_errors[0]]
+        raise run.failure(graph.nodes[output_errors[0]], _error_cause(failed))
+    return substitute(graph.output, run.payload), results
+
+
+def _bind_inputs(
+    graph: InferenceGraph, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Value]:
+    if not graph.input_ids:
+        return {}
+    arguments = inspect.signature(graph.root.forward).bind(*args, **kwargs).arguments
+    results: dict[str, Value] = {}
+    for node_id in graph.input_ids:
+        path = graph.nodes[node_id].input_path
+        value = arguments[path[0]]
+        for key in path[1:]:
+            value = value[key]
+        if isinstance(value, Value):
+            results[node_id] = Value(value.kind, value.payload, ref=node_id, meta=value.meta)
+        else:
+            results[node_id] = Value(_infer_kind(value), value, ref=node_id)
+    return results
+
+
+def _error_cause(value: Value) -> BaseException:
+    payload = value.payload
+    return payload if isinstance(payload, BaseException) else RuntimeError(str(payload))
+
+
+class _GraphRun:
+    """Mutable state of one graph execution."""
+
+    def __init__(
+        self,
+        graph: InferenceGraph,
+        runner: Runner,
+        results: dict[str, Value],
+        params: dict[str, Any],
+        index: int | None,
+    ) -> None:
+        self.graph = graph
+        self.runner = runner
+        self.results = results
+        self.params = params
+        self.index = index
+        self.waiting = {
+            node.id: sum(dep not in results for dep in node.dependencies)
+            for node in graph.nodes.values()
+            if node.kind != "input"
+        }
+
+    def payload(self, ref: str) -> Any:
+        """Returns the raw data of a node result or parameter (lookup for `substitute`)."""
+        value = self.results.get(ref)
+        if value is not None:
+            return value.payload
+        return self.params[ref].value
+
+    def value(self, ref: str) -> Any:
+        value = self.results.get(ref)
+        return value if value is not None else self.params[ref].value
+
+    async def run(self) -> None:
+        ready: deque[Node] = deque(
+            self.graph.nodes[node_id] for node_id, count in self.waiting.items() if count == 0
+        )
+        running: set[asyncio.Task[Value]] = set()
+        finished: asyncio.Queue[asyncio.Task[Value]] = asyncio.Queue()
+        try:
+            while ready or running:
+                while ready:
+                    node = ready.popleft()
+                    if self._is_inline(node):
+                        self._complete(node, self._run_inline(node), ready)
+                    elif not ready and not running:
+                        self._complete(node, await self._run_awaited(node), ready)
+                    else:
+                        task = asyncio.create_task(self._run_awaited(node))
+                        task.plait_node = node  # type: ignore[attr-defined]
+                        task.add_done_callback(finished.put_nowait)
+                        running.add(task)
+                if running:
+                    task = await finished.get()
+                    running.discard(task)
+                    self._complete(task.plait_node, task.result(), ready)  # type: ignore[attr-defined]
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+
+    def _complete(self, node: Node, value: Value, ready: deque[Node]) -> None:
+        self.results[node.id] = value
+        for dependent in self.graph.dependents[node.id]:
+            self.waiting[dependent] -= 1
+            if self.waiting[dependent] == 0:
+                ready.append(self.graph.nodes[dependent])
+
+    # ------------------------------------------------------------- one node
+    def _is_inline(self, node: Node) -> bool:
+        if node.kind == "op":
+            return True
+        module = node.module
+        return not isinstance(module, LLMInference) and not is_async_module(module)
+
+    def _run_inline(self, node: Node) -> Value:
+        if node.kind == "op":
+            return self._run_op(node)
+        self._check_inputs(node)
+        call_args, call_kwargs = self._resolve(node)
+        token = _context.RUN.set(None)  # plain-Python leaves call children directly
+        try:
+            output = node.module.forward(*call_args, **call_kwargs)
+        except Exception as exc:
+            raise self.failure(node, exc) from exc
+        finally:
+            _context.RUN.reset(token)
+        return _as_value(output, node.id)
+
+    def _run_op(self, node: Node) -> Value:
+        if getattr(node.op, "handles_errors", False):
+            call_args = substitute(node.args, self.value)
+            call_kwargs = substitute(node.kwargs, self.value)
+        else:
+            failed = next((d for d in node.dependencies if self.results[d].is_error), None)
+            if failed is not None:
+                upstream = self.results[failed]
+                meta = {**upstream.meta, "skipped": [*upstream.meta.get("skipped", []), node.id]}
+                return Value(ValueKind.ERROR, upstream.payload, ref=node.id, meta=meta)
+            call_args, call_kwargs = self._resolve(node)
+        result: Value = node.op(*call_args, **call_kwargs)  # type: ignore[misc]
+        meta = result.meta
+        if result.is_error:
+            meta = {**meta, "node_id": node.id, "sources": list(node.dependencies)}
+        return Value(result.kind, result.payload, ref=node.id, meta=meta)
+
+    async def _run_awaited(self, node: Node) -> Value:
+        self._check_inputs(node)
+        call_args, call_kwargs = self._resolve(node)
+        try:
+            if isinstance(node.module, LLMInference):
+                value = await self.runner.call_llm(node.module, call_args, call_kwargs)
+            else:
+                token = _context.RUN.set(self.runner)
+                try:
+                    value = _as_value(await node.module.forward(*call_args, **call_kwargs), None)
+                finally:
+                    _context.RUN.reset(token)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise self.failure(node, exc) from exc
+        value.ref = node.id
+        return value
+
+    def _resolve(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return substitute(node.args, self.payload), substitute(node.kwargs, self.payload)
+
+    def _check_inputs(self, node: Node) -> None:
+        for dep in node.dependencies:
+            upstream = self.results[dep]
+            if upstream.is_error:
+                origin = upstream.meta.get("node_id", dep)
+                raise self.failure(
+                    node,
+                    _error_cause(upstream),
+                    note=f" (its input from {origin} is an error Value)",
+                )
+
+    def failure(self, node: Node, cause: BaseException, note: str = "") -> ExecutionError:
+        """Returns the ExecutionError for ``node`` failing with ``cause``."""
+        where = "" if self.index is None else f" on input {self.index}"
+        path = node.module_path or (type(node.module).__name__ if node.module else node.id)
+        label = node.id if node.id == path else f"{node.id} ({path})"
+        return ExecutionError(
+            f"{label} failed{where}{note}: {type(cause).__name__}: {cause}",
+            node_id=node.id,
+            module_path=path,
+            input_index=self.index,
+            cause=cause,
+        )
+
+
+def _as_value(output: Any, ref: str | None) -> Value:
+    if isinstance(output, Value):
+        return Value(output.kind, output.payload, ref=ref, meta=output.meta)
+    payload = unwrap(output)
+    return Value(_infer_kind(payload), payload, ref=ref)

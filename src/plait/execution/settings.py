@@ -1,0 +1,106 @@
+"""ExecutionSettings: scoped execution options, as an async or a sync context manager.
+
+Settings nest: an inner block overrides only the fields it sets. Priority of
+an option for one call, highest first: keyword arguments of the call, the
+module's `bind(...)`, the innermost ``ExecutionSettings``, the defaults.
+
+Example::
+
+    async with ExecutionSettings(resources=config, streaming=True):
+        async for result in pipeline(batch):
+            ...
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from plait import _context
+
+__all__ = ["DEFAULTS", "OPTION_NAMES", "ExecutionSettings", "effective_options"]
+
+
+@dataclass
+class ExecutionSettings:
+    """Options for every bound call made inside the block. None means "not set here"."""
+
+    resources: Any = None
+    """A ResourceConfig, ResourceManager or mapping used by modules that are not bound."""
+    max_concurrent: int | None = None
+    """Most LLM calls in flight at once for one call or batch (endpoint limits apply too)."""
+    checkpoint_dir: str | Path | None = None
+    """Directory where finished batch items are written, so a rerun resumes."""
+    streaming: bool | None = None
+    """Batches yield `BatchResult`s as items finish instead of returning a list."""
+    preserve_order: bool | None = None
+    """Streaming yields results in input order instead of completion order."""
+    timeout: float | None = None
+    """Seconds allowed for each LLM call (overrides the endpoint's timeout)."""
+    progress: bool | None = None
+    """Show a progress bar for batches (default: when stderr is a terminal)."""
+    on_error: str | None = None
+    """``raise`` (default): a failed item fails the batch; ``collect``: it becomes its error."""
+
+    def __post_init__(self) -> None:
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        if self.on_error not in (None, "raise", "collect"):
+            raise ValueError(f"on_error must be 'raise' or 'collect', got {self.on_error!r}")
+        self._tokens: list[contextvars.Token[Any]] = []
+
+    def merged_over(self, outer: ExecutionSettings | None) -> ExecutionSettings:
+        """Returns these settings with unset fields taken from ``outer``."""
+        if outer is None:
+            return self
+        values = {
+            f.name: getattr(self, f.name)
+            if getattr(self, f.name) is not None
+            else getattr(outer, f.name)
+            for f in fields(self)
+        }
+        return ExecutionSettings(**values)
+
+    def __enter__(self) -> ExecutionSettings:
+        self._tokens.append(_context.SETTINGS.set(self.merged_over(_context.SETTINGS.get())))
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        _context.SETTINGS.reset(self._tokens.pop())
+
+    async def __aenter__(self) -> ExecutionSettings:
+        return self.__enter__()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__(*exc_info)
+
+
+DEFAULTS: dict[str, Any] = {
+    "max_concurrent": 100,
+    "checkpoint_dir": None,
+    "streaming": False,
+    "preserve_order": False,
+    "timeout": None,
+    "progress": None,
+    "on_error": "raise",
+}
+OPTION_NAMES = frozenset(DEFAULTS)
+"""Keyword arguments of a call that are execution options, not forward() arguments."""
+
+
+def effective_options(bound: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    """Returns the options of one call: call kwargs > bind > ExecutionSettings > defaults."""
+    options = dict(DEFAULTS)
+    settings = _context.SETTINGS.get()
+    if settings is not None:
+        for name in OPTION_NAMES:
+            value = getattr(settings, name)
+            if value is not None:
+                options[name] = value
+    for layer in (bound, call):
+        for name, value in layer.items():
+            if value is not None:
+                options[name] = value
+    return options
