@@ -51,3 +51,6 @@ def current_run() -> Any:
 
 SETTINGS: ContextVar[Any] = ContextVar("plait_settings", default=None)
 """The innermost active ``ExecutionSettings``, if any (has ``.resources``)."""
+
+PROFILE: ContextVar[Any] = ContextVar("plait_profile", default=None)
+"""The active profiler (``plait.profiling.Profiler``), if any; the scheduler reports to it."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
+import contextvars
 import sys
 import threading
 import weakref
@@ -202,12 +204,36 @@ class _LoopThread:
         self.thread.start()
 
     def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        """Runs ``coro`` on the background loop in the caller's context; blocks for the result.
+
+        The caller's context variables (an active profiler, settings) are
+        copied into the task, as if the coroutine ran in the calling thread.
+        """
+        context = contextvars.copy_context()
+        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        tasks: list[asyncio.Task[Any]] = []
+
+        def start() -> None:
+            task = self.loop.create_task(coro, context=context)
+            tasks.append(task)
+            task.add_done_callback(lambda done: _transfer(done, result))
+
+        self.loop.call_soon_threadsafe(start)
         try:
-            return future.result()
+            return result.result()
         except KeyboardInterrupt:
-            future.cancel()
+            for task in tasks:
+                self.loop.call_soon_threadsafe(task.cancel)
             raise
+
+
+def _transfer(task: asyncio.Task[Any], result: concurrent.futures.Future[Any]) -> None:
+    if task.cancelled():
+        result.cancel()
+    elif task.exception() is not None:
+        result.set_exception(task.exception())  # type: ignore[arg-type]
+    else:
+        result.set_result(task.result())
 
 
 _loop_thread: _LoopThread | None = None

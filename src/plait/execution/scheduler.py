@@ -191,6 +191,8 @@ class _GraphRun:
     async def _run_awaited(self, node: Node) -> Value:
         self._check_inputs(node)
         call_args, call_kwargs = self._resolve(node)
+        profiler = _context.PROFILE.get()
+        started = profiler.now() if profiler is not None else 0.0
         try:
             if isinstance(node.module, LLMInference):
                 value = await self.runner.call_llm(node.module, call_args, call_kwargs)
@@ -205,6 +207,8 @@ class _GraphRun:
         except Exception as exc:
             raise self.failure(node, exc) from exc
         value.ref = node.id
+        if profiler is not None:
+            profiler.record(node.id, node.module_path, self.index, started, value.meta)
         return value
 
     def _resolve(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
