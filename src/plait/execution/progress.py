@@ -33,6 +33,7 @@ class BatchProgress:
 
     def __enter__(self) -> BatchProgress:
         if self.enabled:
+            from rich.console import Console
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -51,6 +52,8 @@ class BatchProgress:
                 TimeElapsedColumn(),
                 TimeRemainingColumn(),
                 TextColumn("{task.fields[waiting]}"),
+                # stderr, as the module says: stdout belongs to the program's output.
+                console=Console(stderr=True),
                 transient=False,
             )
             self._progress.start()

@@ -21,6 +21,7 @@ from typing import Any
 from plait import _context
 from plait.errors import ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
+from plait.execution.checkpoint import Checkpoint
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.execution.settings import OPTION_NAMES, effective_options
@@ -144,20 +145,57 @@ async def _run_batch(
     from plait.execution.progress import BatchProgress
 
     runner = _runner(resources, options)
+    usage_by_index: dict[int, dict[str, Any]] = {}
 
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
         graph = trace_cached(module, item_args, kwargs)
-        output, _ = await execute_graph(graph, runner, item_args, kwargs, index)
+        output, results = await execute_graph(graph, runner, item_args, kwargs, index)
+        usage_by_index[index] = _usage_of(results)
         return output
 
-    with BatchProgress(len(items), options["progress"], runner.manager) as progress:
+    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"])
+    try:
+        with BatchProgress(len(items), options["progress"], runner.manager) as progress:
 
-        def on_result(result: BatchResult) -> None:
-            progress.advance(result.ok)
-            report(result)
+            def on_result(result: BatchResult) -> None:
+                usage = usage_by_index.pop(result.index, None)
+                if checkpoint is not None and result.ok:
+                    checkpoint.write(result.index, result.output, usage)
+                progress.advance(result.ok)
+                report(result)
 
-        await run_items(items, run_item, runner.max_concurrent, on_result)
+            if checkpoint is not None:
+                for index, output in sorted(checkpoint.done.items()):
+                    progress.advance(True)
+                    report(BatchResult(index, items[index], output))
+            skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
+            await run_items(items, run_item, runner.max_concurrent, on_result, skip)
+    finally:
+        if checkpoint is not None:
+            checkpoint.close()
+
+
+def _open_checkpoint(
+    module: Module,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    directory: Any,
+) -> Checkpoint | None:
+    if not directory or not items:
+        return None
+    graph = trace_cached(module, (items[0], *extra), kwargs)
+    return Checkpoint(directory, graph.structural_hash(), items)
+
+
+def _usage_of(results: dict[str, Any]) -> dict[str, Any]:
+    """Returns the tokens and cost an item's LLM calls used."""
+    totals = {"input_tokens": 0, "output_tokens": 0, "cost": 0.0}
+    for value in results.values():
+        for key in totals:
+            totals[key] += value.meta.get(key, 0)
+    return totals
 
 
 async def _batch_to_list(

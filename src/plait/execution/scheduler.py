@@ -240,7 +240,34 @@ class _GraphRun:
 
 
 def _as_value(output: Any, ref: str | None) -> Value:
+    """Returns a leaf's output as one Value; an error Value anywhere inside makes it an error.
+
+    Unwrapping a structure that holds an error Value (say ``{"topic": F.select(...)}``
+    in a plain-Python leaf) would otherwise put the exception object into the
+    output as if it were data.
+    """
+    if isinstance(output, Value) and output.is_error:
+        return Value(output.kind, output.payload, ref=ref, meta=output.meta)
+    failed = _first_error(output)
+    if failed is not None:
+        return Value(ValueKind.ERROR, failed.payload, ref=ref, meta=failed.meta)
     if isinstance(output, Value):
         return Value(output.kind, output.payload, ref=ref, meta=output.meta)
     payload = unwrap(output)
     return Value(_infer_kind(payload), payload, ref=ref)
+
+
+def _first_error(x: Any) -> Value | None:
+    """Returns the first error Value in a (nested) output, or None."""
+    if isinstance(x, Value):
+        if x.is_error:
+            return x
+        x = x.payload
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, list | tuple):
+        for item in x:
+            found = _first_error(item)
+            if found is not None:
+                return found
+    return None
