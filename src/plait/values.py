@@ -33,6 +33,7 @@ from plait._context import current_trace
 
 __all__ = [
     "SYMBOLIC",
+    "TracedValue",
     "Value",
     "ValueKind",
     "ValueRef",
@@ -40,6 +41,7 @@ __all__ = [
     "error_value",
     "is_symbolic",
     "placeholder",
+    "symbolic",
     "unwrap",
     "valueify",
 ]
@@ -165,14 +167,14 @@ class Value:
         return self.ref
 
     def __add__(self, other: Any) -> Any:
-        if isinstance(other, str):
+        if isinstance(other, str) and not isinstance(other, Value):
             return format(self) + other
         from plait import functional as F
 
         return F.add(self, other)
 
     def __radd__(self, other: Any) -> Any:
-        if isinstance(other, str):
+        if isinstance(other, str) and not isinstance(other, Value):
             return other + format(self)
         from plait import functional as F
 
@@ -227,7 +229,67 @@ class Value:
         equal = self.__eq__(other)
         return equal if equal is NotImplemented else not equal
 
-    __hash__ = None  # type: ignore[assignment]  # equality is by content
+    def __hash__(self) -> int:
+        # Equality is by content, so Values are unhashable; a traced one must
+        # still refuse with a TracingError (`reply in {"yes", "no"}` hashes first).
+        self._refuse("a dict key, a set, or an `in` test on a dict or set")
+        raise TypeError("unhashable type: 'Value'")
+
+
+class TracedValue(Value, str):
+    """A symbolic Value that is also a ``str`` whose text is its placeholder token.
+
+    Being a ``str`` lets the traced value pass through APIs that accept only
+    real strings, ``"".join([a, b])`` above all; the tracer later turns the
+    tokens into a `Template`. Everything that would *decide* on the unknown
+    text (comparisons, ``len``, ``in``, string methods like ``.upper()``)
+    raises `TracingError` instead of silently working on the token.
+    """
+
+    def __new__(
+        cls, kind: ValueKind, payload: Any = SYMBOLIC, ref: str | None = None, meta: Any = None
+    ) -> TracedValue:
+        if ref is None:
+            raise ValueError("a traced value needs the ref of the node that produces it")
+        return str.__new__(cls, placeholder(ref))
+
+    def __lt__(self, other: object) -> bool:
+        self._refuse("a `<` comparison")
+        return NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        self._refuse("a `<=` comparison")
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        self._refuse("a `>` comparison")
+        return NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        self._refuse("a `>=` comparison")
+        return NotImplemented
+
+
+def _refusing_str_method(name: str) -> Any:
+    op = name if name in {"strip", "lower", "upper"} else None
+    hint = f" (use F.{op})" if op else ""
+
+    def method(self: TracedValue, *args: Any, **kwargs: Any) -> Any:
+        self._refuse(f"the string method `.{name}()`{hint}")
+
+    method.__name__ = name
+    return method
+
+
+for _name in dir(str):
+    if not _name.startswith("_") and _name not in vars(Value):
+        setattr(TracedValue, _name, _refusing_str_method(_name))
+del _name
+
+
+def symbolic(kind: ValueKind, ref: str) -> TracedValue:
+    """Returns the traced value produced by node (or input, or parameter) ``ref``."""
+    return TracedValue(kind, SYMBOLIC, ref=ref)
 
 
 def is_symbolic(x: Any) -> bool:
@@ -285,8 +347,12 @@ def _lift_parameter(param: Any) -> Value:
     session = current_trace()
     ref = session.param_ref(param) if session is not None else f"param:{param.name}"
     kind = ValueKind.TEXT if isinstance(param.value, str) else ValueKind.STRUCTURED
-    payload = SYMBOLIC if session is not None else param.value
-    return Value(kind, payload, ref=ref, meta={"param_name": ref[6:], "param_id": id(param)})
+    meta = {"param_name": ref[6:], "param_id": id(param)}
+    if session is not None:
+        traced = symbolic(kind, ref)
+        traced.meta.update(meta)
+        return traced
+    return Value(kind, param.value, ref=ref, meta=meta)
 
 
 def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:

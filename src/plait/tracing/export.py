@@ -11,8 +11,24 @@ if TYPE_CHECKING:
 __all__ = ["to_dot", "to_mermaid"]
 
 
-def _safe_id(node_id: str) -> str:
-    return re.sub(r"\W", "_", node_id)
+def _mermaid_ids(graph: InferenceGraph) -> dict[str, str]:
+    """Returns a Mermaid-safe id for each node, unique within the graph.
+
+    Replacing punctuation can merge ids (``input:text`` and a module named
+    ``input_text``), and Mermaid cannot parse a node called ``end``; either
+    case gets a numeric suffix.
+    """
+    ids: dict[str, str] = {}
+    used: set[str] = set()
+    for node_id in graph.nodes:
+        base = candidate = re.sub(r"\W", "_", node_id)
+        n = 2
+        while candidate in used or candidate.lower() == "end":
+            candidate = f"{base}_{n}"
+            n += 1
+        used.add(candidate)
+        ids[node_id] = candidate
+    return ids
 
 
 def _label(node: Node) -> str:
@@ -25,14 +41,15 @@ def _label(node: Node) -> str:
 
 def to_mermaid(graph: InferenceGraph) -> str:
     """Returns a Mermaid ``graph TD`` flowchart: one box per node, one arrow per dependency."""
+    ids = _mermaid_ids(graph)
     lines = ["graph TD"]
     for node in graph:
         label = _label(node).replace("\n", "<br/>").replace('"', "#quot;")
         shape = f'(["{label}"])' if node.kind == "input" else f'["{label}"]'
-        lines.append(f"    {_safe_id(node.id)}{shape}")
+        lines.append(f"    {ids[node.id]}{shape}")
     for node in graph:
         for dep in node.dependencies:
-            lines.append(f"    {_safe_id(dep)} --> {_safe_id(node.id)}")
+            lines.append(f"    {ids[dep]} --> {ids[node.id]}")
     return "\n".join(lines)
 
 
@@ -41,10 +58,16 @@ def to_dot(graph: InferenceGraph) -> str:
     shapes = {"input": "ellipse", "call": "box", "op": "note"}
     lines = ["digraph plait {", "    rankdir=TB;"]
     for node in graph:
-        label = _label(node).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-        lines.append(f'    "{node.id}" [label="{label}", shape={shapes[node.kind]}];')
+        label = _dot_quote(_label(node))
+        lines.append(f"    {_dot_quote(node.id)} [label={label}, shape={shapes[node.kind]}];")
     for node in graph:
         for dep in node.dependencies:
-            lines.append(f'    "{dep}" -> "{node.id}";')
+            lines.append(f"    {_dot_quote(dep)} -> {_dot_quote(node.id)};")
     lines.append("}")
     return "\n".join(lines)
+
+
+def _dot_quote(text: str) -> str:
+    """Returns ``text`` as a DOT quoted string (ids come from user keys and may hold quotes)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'

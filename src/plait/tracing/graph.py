@@ -307,5 +307,16 @@ def _module_fingerprint(module: Any) -> str:
         for key, value in vars(module).items()
         if not key.startswith("_") and isinstance(value, str | int | float | bool | type(None))
     }
-    fmt = getattr(module, "response_format", None)
-    return f"{type(module).__qualname__}{sorted(settings.items())}{getattr(fmt, '__name__', fmt)}"
+    fmt = _type_name(getattr(module, "response_format", None))
+    return f"{type(module).__qualname__}{sorted(settings.items())}{fmt}"
+
+
+def _type_name(fmt: Any) -> str:
+    """Returns a stable name for a response format.
+
+    A generic alias's ``__name__`` drops its arguments (``list[str]`` and
+    ``list[int]`` are both ``list``), so anything but a class is named by its repr.
+    """
+    if isinstance(fmt, type):
+        return f"{fmt.__module__}.{fmt.__qualname__}"
+    return repr(fmt)

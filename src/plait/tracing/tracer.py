@@ -25,8 +25,8 @@ from plait import _context
 from plait.errors import TracingError
 from plait.module import LLMInference, Module, is_async_module
 from plait.parameter import Parameter
-from plait.tracing.graph import InferenceGraph, Node, Slot, Template, iter_refs
-from plait.values import SYMBOLIC, TOKEN_PATTERN, Value, ValueKind, ValueRef
+from plait.tracing.graph import InferenceGraph, Node, Slot, Template
+from plait.values import SYMBOLIC, TOKEN_PATTERN, Value, ValueKind, ValueRef, symbolic
 
 __all__ = ["Tracer", "input_signature", "is_leaf_module"]
 
@@ -109,6 +109,8 @@ class _TraceSession:
         self.scope: list[str] = []
         self._leaf_cache: dict[int, bool] = {}
         self._id_counts: dict[str, int] = {}
+        self._sites: dict[tuple[str, int], str] = {}
+        """Cache of ``file.py:line`` by (filename, line) of frames outside plait."""
 
     # ----------------------------------------------------------------- inputs
     def bind_inputs(
@@ -143,7 +145,7 @@ class _TraceSession:
         self.nodes[node_id] = Node(id=node_id, kind="input", name="input", input_path=path)
         self.input_ids.append(node_id)
         kind = x.kind if isinstance(x, Value) else _kind_of(x)
-        return Value(kind, SYMBOLIC, ref=node_id)
+        return symbolic(kind, node_id)
 
     # ------------------------------------------------------------------ calls
     def record_call(
@@ -174,11 +176,16 @@ class _TraceSession:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Value:
-        rec_args = tuple(self._record(a) for a in args)
-        rec_kwargs = {k: self._record(v) for k, v in kwargs.items()}
-        refs = _refs_of((rec_args, rec_kwargs))
-        deps = tuple(r for r in refs if not r.startswith("param:"))
-        params = tuple(r for r in refs if r.startswith("param:"))
+        # Refs are gathered while recording (one pass, no generators): this is
+        # the hot path of tracing, run once per node (benchmarks/trace_bench.py).
+        refs: dict[str, None] = {}
+        record = self._record
+        rec_args = tuple([record(a, refs) for a in args])
+        rec_kwargs = {k: record(v, refs) for k, v in kwargs.items()}
+        deps: list[str] = []
+        params: list[str] = []
+        for ref in refs:
+            (params if ref.startswith("param:") else deps).append(ref)
         if op is not None:
             base, name, fn = op[0], op[0], op[1]
         else:
@@ -192,18 +199,27 @@ class _TraceSession:
             module_path=path,
             args=rec_args,
             kwargs=rec_kwargs,
-            dependencies=deps,
-            parameters=params,
+            dependencies=tuple(deps),
+            parameters=tuple(params),
             op=fn,
             name=name,
-            source=self._user_site()[0],
+            source=self._call_site(),
         )
-        return Value(_output_kind(module), SYMBOLIC, ref=node_id)
+        return symbolic(_output_kind(module), node_id)
 
     def _unique(self, base: str) -> str:
+        """Returns ``base``, or ``base_2``, ``base_3`` … for repeats, never an id already taken.
+
+        A module may itself be called ``llm_2``; its id must not collide with
+        the second call of ``llm``.
+        """
         count = self._id_counts.get(base, 0) + 1
+        node_id = base if count == 1 else f"{base}_{count}"
+        while node_id in self.nodes:
+            count += 1
+            node_id = f"{base}_{count}"
         self._id_counts[base] = count
-        return base if count == 1 else f"{base}_{count}"
+        return node_id
 
     def _is_leaf(self, module: Module) -> bool:
         cached = self._leaf_cache.get(id(module))
@@ -221,22 +237,36 @@ class _TraceSession:
         return f"{scope}.{local}" if scope else local
 
     # ------------------------------------------------------- recorded values
-    def _record(self, x: Any) -> Any:
-        """Returns the recorded form of an argument: refs, templates, constants."""
+    def _record(self, x: Any, refs: dict[str, None]) -> Any:
+        """Returns the recorded form of an argument (refs, templates, constants).
+
+        Adds the refs it reads to ``refs``, in the order `iter_refs` would yield them.
+        """
         if isinstance(x, Value):
-            if x.payload is SYMBOLIC or (x.ref or "").startswith("param:"):
-                return ValueRef(x.ref)  # type: ignore[arg-type]
+            ref = x.ref
+            if x.payload is SYMBOLIC or (ref is not None and ref.startswith("param:")):
+                refs[ref] = None  # type: ignore[index]
+                return ValueRef(ref)  # type: ignore[arg-type]
             return x
-        if isinstance(x, Parameter):
-            return ValueRef(self.param_ref(x))
         if isinstance(x, str):
-            return _template_of(x) if "\ue000" in x else x
+            if "\ue000" not in x:
+                return x
+            recorded = _template_of(x)
+            if isinstance(recorded, Template):
+                for part in recorded.parts:
+                    if isinstance(part, Slot):
+                        refs[part.ref] = None
+            return recorded
+        if isinstance(x, Parameter):
+            ref = self.param_ref(x)
+            refs[ref] = None
+            return ValueRef(ref)
         if isinstance(x, list):
-            return [self._record(item) for item in x]
+            return [self._record(item, refs) for item in x]
         if isinstance(x, tuple) and not hasattr(x, "_fields"):
-            return tuple(self._record(item) for item in x)
+            return tuple([self._record(item, refs) for item in x])
         if isinstance(x, dict):
-            return {k: self._record(v) for k, v in x.items()}
+            return {k: self._record(v, refs) for k, v in x.items()}
         return x
 
     def param_ref(self, param: Any) -> str:
@@ -247,9 +277,9 @@ class _TraceSession:
 
     def finish(self, output: Any) -> InferenceGraph:
         """Builds the graph once forward returned ``output``."""
-        recorded = self._record(output)
-        output_ids = _refs_of(recorded)
-        return InferenceGraph(self.nodes, self.input_ids, recorded, output_ids, root=self.root)
+        refs: dict[str, None] = {}
+        recorded = self._record(output, refs)
+        return InferenceGraph(self.nodes, self.input_ids, recorded, list(refs), root=self.root)
 
     # ----------------------------------------------------------------- errors
     def fail(self, value: Value, action: str) -> NoReturn:
@@ -267,6 +297,21 @@ class _TraceSession:
         if line:
             message += f"\n    {line}"
         raise TracingError(message)
+
+    def _call_site(self) -> str | None:
+        """Returns ``file.py:line`` of the innermost frame outside plait (the user's call)."""
+        frame = sys._getframe(2)
+        while frame is not None:
+            code = frame.f_code
+            key = (code.co_filename, frame.f_lineno)
+            site = self._sites.get(key)
+            if site is not None:
+                return site
+            if not code.co_filename.startswith(_PLAIT_DIR):
+                site = self._sites[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+                return site
+            frame = frame.f_back  # type: ignore[assignment]
+        return None
 
     @staticmethod
     def _user_site() -> tuple[str | None, str | None]:
@@ -294,10 +339,6 @@ def _template_of(text: str) -> str | Template:
     if last < len(text):
         parts.append(text[last:])
     return Template(tuple(parts))
-
-
-def _refs_of(recorded: Any) -> list[str]:
-    return list(dict.fromkeys(iter_refs(recorded)))
 
 
 def _kind_of(x: Any) -> ValueKind:
