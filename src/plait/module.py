@@ -62,15 +62,20 @@ class Module:
                 f"cannot assign {name!r} before Module.__init__() has run; "
                 f"call super().__init__() first in {type(self).__name__}.__init__"
             )
-        self._children.pop(name, None)
-        self._parameters.pop(name, None)
+        # Replacing an entry keeps its place (dict assignment), so named_modules()
+        # order does not change when a child is swapped, as in torch.
         if isinstance(value, Module):
+            self._parameters.pop(name, None)
             self._children[name] = value
             object.__setattr__(value, "_name", name)
         elif isinstance(value, Parameter):
+            self._children.pop(name, None)
             self._parameters[name] = value
             if value._name is None:
                 value._name = name
+        else:
+            self._children.pop(name, None)
+            self._parameters.pop(name, None)
         object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
