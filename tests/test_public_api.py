@@ -1,0 +1,57 @@
+"""The public surface of `plait` (SPEC §3): complete, sorted, importable, and cheap to import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import plait
+
+SPEC_NAMES = {
+    "Module", "Parameter", "LLMInference",
+    "Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict",
+    "Value", "ValueKind", "ValueRef", "valueify", "unwrap", "collect_refs",
+    "ResourceConfig", "ResourceManager", "ExecutionSettings", "run", "BatchResult",
+    "TracingError",
+}  # fmt: skip
+
+
+def test_all_is_sorted_and_holds_every_spec_name() -> None:
+    assert plait.__all__ == sorted(plait.__all__)
+    assert set(plait.__all__) >= SPEC_NAMES
+
+
+def test_every_exported_name_resolves() -> None:
+    for name in plait.__all__:
+        assert getattr(plait, name) is not None, name
+
+
+def test_graph_names_import_from_tracing() -> None:
+    from plait.tracing import InferenceGraph, Tracer
+
+    assert callable(Tracer().trace) and InferenceGraph.topological_order
+
+
+def test_functional_imports_as_f() -> None:
+    import plait.functional as F
+
+    assert F.select({"a": 1}, "a").payload == 1
+
+
+def test_import_loads_no_network_stack_or_sdk() -> None:
+    code = (
+        "import sys, plait; "
+        "heavy = [m for m in ('aiohttp', 'openai', 'anthropic', 'llama_cpp', 'rich', 'pydantic') "
+        "if m in sys.modules]; print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_attribute_says_so() -> None:
+    try:
+        plait.NoSuchThing  # noqa: B018
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("expected AttributeError")
