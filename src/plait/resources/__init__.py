@@ -1,0 +1,21 @@
+"""Resources: which endpoint serves each alias, and the limits, retries and costs of calls.
+
+`ResourceConfig` maps the aliases a program uses to validated endpoints;
+`ResourceManager` sends each call through its endpoint's backend within the
+endpoint's limits (`limits.Limiter`), retries it in place (`RetryPolicy`),
+and records usage and cost (`usage`).
+"""
+
+from plait.resources.config import EndpointConfig, ResourceConfig
+from plait.resources.manager import EndpointStats, ResourceManager
+from plait.resources.retry import RetryPolicy
+from plait.resources.usage import Price
+
+__all__ = [
+    "EndpointConfig",
+    "EndpointStats",
+    "Price",
+    "ResourceConfig",
+    "ResourceManager",
+    "RetryPolicy",
+]

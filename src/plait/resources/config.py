@@ -1,0 +1,499 @@
+"""`ResourceConfig`: which endpoint serves each alias, and with what limits.
+
+A program names the models it uses by alias (``"fast"``, ``"judge"``); the
+configuration maps each alias to an endpoint: a provider, a model and the
+limits, retries, prices and budget that apply to it. It is validated when it
+is built, and every problem is reported at once, each naming its alias and
+key, so a malformed file is fixed in one pass.
+
+Example::
+
+    config = ResourceConfig({
+        "fast": {"provider": "openai", "model": "gpt-4o-mini", "max_concurrent": 10},
+        "judge": {"provider": "anthropic", "model": "claude-3-5-haiku", "rpm": 50},
+        "*": {"provider": "local"},       # every other alias: the embedded model
+    })
+    config.resolve("fast").max_concurrent   # 10
+    config.resolve("summarise").provider    # 'local' (through "*")
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from plait.errors import ConfigError, UnknownAliasError
+from plait.resources.usage import Price, price_for
+
+__all__ = ["PROVIDERS", "WILDCARD", "EndpointConfig", "ResourceConfig"]
+
+WILDCARD = "*"
+"""The alias that serves every alias not listed explicitly."""
+
+PROVIDERS = ("anthropic", "local", "openai")
+"""Provider names an endpoint may use."""
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointConfig:
+    """The validated settings of one endpoint; built by `ResourceConfig`, never by hand.
+
+    Unset limits are None and mean "no limit". Secrets (``api_key``,
+    ``headers``) are left out of the repr.
+    """
+
+    name: str
+    """The alias this entry is listed under in the configuration (may be ``"*"``)."""
+    provider: str
+    """``openai``, ``anthropic`` or ``local``."""
+    model: str | None = None
+    """Model name sent to the provider; optional for ``local``."""
+    max_concurrent: int | None = None
+    """Calls in flight at once on this endpoint."""
+    rpm: float | None = None
+    """Requests per minute."""
+    tpm: float | None = None
+    """Tokens (prompt + completion) per minute."""
+    timeout: float | None = 60.0
+    """Seconds for one attempt of a call; None waits forever."""
+    max_retries: int = 3
+    """Retries after the first attempt for retryable failures (429, 5xx, timeouts)."""
+    retry_base_delay: float = 0.5
+    """First backoff delay in seconds; it doubles on each retry."""
+    retry_max_delay: float = 30.0
+    """Upper bound of one backoff delay, in seconds."""
+    adaptive: bool = True
+    """Lower the endpoint's rate on repeated 429s and recover it on success."""
+    price: Price | None = None
+    """Dollars per million tokens; None uses the built-in table (`price_for`)."""
+    budget: float | None = None
+    """Dollars this endpoint may spend; later calls raise `BudgetExceededError`."""
+    cache: bool | str = False
+    """Response cache: False, True (default location) or a path to the store."""
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    api_key_env: str | None = None
+    """Environment variable the key is read from when ``api_key`` is not given."""
+    transport: str | None = None
+    """OpenAI-compatible transport: ``aiohttp`` (default) or ``sdk``."""
+    headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY, repr=False)
+    """Extra HTTP headers sent with every request (may hold secrets)."""
+    max_connections: int | None = None
+    """Connection pool size; defaults to ``max_concurrent``."""
+    dialect: str | None = None
+    """OpenAI-compatible server variant: ``openai`` or ``llama_cpp``; None detects it."""
+    model_path: str | None = None
+    """GGUF file for the ``local`` provider; None uses the embedded model."""
+    n_ctx: int | None = None
+    """Context window for the ``local`` provider."""
+    backend_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, repr=False)
+    """Extra keyword arguments passed to the backend's constructor as they are."""
+
+    @property
+    def effective_price(self) -> Price | None:
+        """The configured price, else the built-in one for the model, else None."""
+        return self.price if self.price is not None else price_for(self.provider, self.model)
+
+    def describe(self) -> str:
+        """Returns a one-line summary of the settings that differ from the defaults."""
+        parts = [self.provider if self.model is None else f"{self.provider}:{self.model}"]
+        for f in fields(self):
+            if f.name in _NOT_DESCRIBED:
+                continue
+            value = getattr(self, f.name)
+            if value != f.default:
+                parts.append(f"{f.name}={value!r}")
+        return " ".join(parts)
+
+
+_NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "backend_options"})
+
+
+# -- validation -----------------------------------------------------------------------
+# Each checker returns an error text ("must be ...") or None, and the value to store.
+
+Checker = Callable[[Any], tuple[str | None, Any]]
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _got(value: Any) -> str:
+    return f"got {value!r} ({type(value).__name__})"
+
+
+def _positive_int(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return None, value
+    return f"must be a positive integer, {_got(value)}", None
+
+
+def _non_negative_int(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return None, value
+    return f"must be an integer >= 0, {_got(value)}", None
+
+
+def _positive_number(value: Any) -> tuple[str | None, Any]:
+    if _is_number(value) and value > 0:
+        return None, float(value)
+    return f"must be a number > 0, {_got(value)}", None
+
+
+def _non_negative_number(value: Any) -> tuple[str | None, Any]:
+    if _is_number(value) and value >= 0:
+        return None, float(value)
+    return f"must be a number >= 0, {_got(value)}", None
+
+
+def _text(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, str) and value:
+        return None, value
+    return f"must be a non-empty string, {_got(value)}", None
+
+
+def _path(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    return _text(value)
+
+
+def _flag(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, bool):
+        return None, value
+    return f"must be true or false, {_got(value)}", None
+
+
+def _transport(value: Any) -> tuple[str | None, Any]:
+    if value in ("aiohttp", "sdk"):
+        return None, value
+    return f"must be 'aiohttp' or 'sdk', {_got(value)}", None
+
+
+def _dialect(value: Any) -> tuple[str | None, Any]:
+    if value in ("openai", "llama_cpp"):
+        return None, value
+    return f"must be 'openai' or 'llama_cpp' (omit it to detect), {_got(value)}", None
+
+
+def _cache(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, bool):
+        return None, value
+    if isinstance(value, str | os.PathLike) and os.fspath(value):
+        return None, os.fspath(value)
+    return f"must be true, false or a path to the cache file, {_got(value)}", None
+
+
+def _headers(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        return None, MappingProxyType(dict(value))
+    return "must be a mapping of header names to string values", None
+
+
+def _options(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return None, MappingProxyType(dict(value))
+    return "must be a mapping of keyword arguments (string keys)", None
+
+
+def _price(value: Any) -> tuple[str | None, Any]:
+    expected = 'must be {"input": <$ per Mtok>, "output": <$ per Mtok>}'
+    if isinstance(value, Price):
+        return None, value
+    if not isinstance(value, Mapping) or set(value) != {"input", "output"}:
+        return f"{expected}, {_got(value)}", None
+    if not all(_is_number(v) and v >= 0 for v in value.values()):
+        return f"{expected} with numbers >= 0, {_got(value)}", None
+    return None, Price(float(value["input"]), float(value["output"]))
+
+
+_COMMON: dict[str, Checker] = {
+    "model": _text,
+    "max_concurrent": _positive_int,
+    "rpm": _positive_number,
+    "tpm": _positive_number,
+    "timeout": _positive_number,
+    "max_retries": _non_negative_int,
+    "retry_base_delay": _non_negative_number,
+    "retry_max_delay": _positive_number,
+    "adaptive": _flag,
+    "price": _price,
+    "budget": _non_negative_number,
+    "cache": _cache,
+    "backend_options": _options,
+}
+_REMOTE: dict[str, Checker] = {"base_url": _text, "api_key": _text, "api_key_env": _text}
+_BY_PROVIDER: dict[str, dict[str, Checker]] = {
+    "openai": {
+        **_COMMON,
+        **_REMOTE,
+        "transport": _transport,
+        "headers": _headers,
+        "max_connections": _positive_int,
+        "dialect": _dialect,
+    },
+    "anthropic": {**_COMMON, **_REMOTE},
+    "local": {**_COMMON, "model_path": _path, "n_ctx": _positive_int},
+}
+_ALL_KEYS = sorted({"provider"}.union(*_BY_PROVIDER.values()))
+
+# The embedded model runs one call at a time in-process, and a call cannot be
+# interrupted once it runs in its thread: queueing in the limiter (not inside
+# the backend) and no default timeout keep a long batch from timing out calls
+# that merely waited their turn.
+_PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "local": {"max_concurrent": 1, "timeout": None},
+}
+
+
+def _quote_list(names: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
+    import difflib  # only needed to explain an error
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConfig | None:
+    """Checks one alias entry, appending a line per problem; returns it when valid."""
+    where = f"alias {alias!r}"
+    if not isinstance(entry, Mapping):
+        problems.append(
+            f'{where}: expected a mapping like {{"provider": "openai", "model": ...}}, '
+            f"got {type(entry).__name__}"
+        )
+        return None
+    provider = entry.get("provider")
+    if provider is None:
+        problems.append(f"{where}: missing key 'provider'; one of {_quote_list(PROVIDERS)}")
+        return None
+    if provider not in _BY_PROVIDER:
+        problems.append(
+            f"{where}: unknown provider {provider!r} in key 'provider'; "
+            f"known: {_quote_list(PROVIDERS)}{_suggest(str(provider), PROVIDERS)}"
+        )
+        return None
+    checkers = _BY_PROVIDER[provider]
+    before = len(problems)
+    values: dict[str, Any] = dict(_PROVIDER_DEFAULTS.get(provider, ()))
+    for key, value in entry.items():
+        if key == "provider":
+            continue
+        checker = checkers.get(key) if isinstance(key, str) else None
+        if checker is None:
+            problems.append(f"{where}: {_unknown_key_text(key, provider)}")
+            continue
+        if value is None:  # an explicit null means "not set" (YAML ``rpm: null``)
+            continue
+        error, clean = checker(value)
+        if error is not None:
+            problems.append(f"{where}: key {key!r} {error}")
+        else:
+            values[key] = clean
+    if provider != "local" and entry.get("model") is None:
+        problems.append(
+            f"{where}: missing key 'model' (required for provider {provider!r}), "
+            f'e.g. "model": "{_EXAMPLE_MODELS[provider]}"'
+        )
+    if len(problems) > before:
+        return None
+    endpoint = EndpointConfig(name=alias, provider=provider, **values)
+    if endpoint.budget is not None and endpoint.effective_price is None:
+        problems.append(
+            f"{where}: key 'budget' is set but the price of model {endpoint.model!r} is "
+            'unknown; add "price": {"input": <$ per Mtok>, "output": <$ per Mtok>}'
+        )
+        return None
+    return endpoint
+
+
+_EXAMPLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
+
+
+def _unknown_key_text(key: Any, provider: str) -> str:
+    for other, checkers in _BY_PROVIDER.items():
+        if other != provider and key in checkers:
+            return f"key {key!r} does not apply to provider {provider!r} (it is for {other!r})"
+    valid = ["provider", *_BY_PROVIDER[provider]]
+    return f"unknown key {key!r}{_suggest(str(key), valid)}"
+
+
+class ResourceConfig:
+    """Maps aliases to validated endpoints.
+
+    Args:
+        mapping: ``{alias: {"provider": ..., "model": ..., <options>}}``. The
+            alias ``"*"`` serves every alias not listed.
+
+    Raises:
+        ConfigError: listing every problem found, one per line, each naming
+            the alias and the key (``problems`` holds the lines).
+
+    Example::
+
+        config = ResourceConfig({"fast": {"provider": "openai", "model": "gpt-4o-mini",
+                                          "max_concurrent": 10, "rpm": 500}})
+        "fast" in config            # True
+        config.resolve("slow")      # UnknownAliasError: unknown alias 'slow' ...; known: 'fast'
+
+    Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
+    ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
+    ``adaptive``, ``price``, ``budget``, ``cache``, ``backend_options``; for
+    ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
+    ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
+    ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
+    and ``n_ctx``. See `EndpointConfig` for what each means.
+    """
+
+    def __init__(self, mapping: Mapping[str, Any], *, source: str | None = None) -> None:
+        prefix = f"in {source}: " if source else ""
+        if not isinstance(mapping, Mapping):
+            raise ConfigError(
+                f"{prefix}ResourceConfig expects a mapping of alias -> endpoint settings, "
+                f"got {type(mapping).__name__}"
+            )
+        problems: list[str] = []
+        endpoints: dict[str, EndpointConfig] = {}
+        for alias, entry in mapping.items():
+            if not isinstance(alias, str) or not alias:
+                problems.append(f"alias {alias!r}: aliases must be non-empty strings")
+                continue
+            endpoint = _validate_entry(alias, entry, problems)
+            if endpoint is not None:
+                endpoints[alias] = endpoint
+        if not mapping:
+            problems.append('no aliases; add at least one, e.g. {"*": {"provider": "local"}}')
+        if problems:
+            raise _config_error(problems, prefix)
+        self._endpoints = endpoints
+        self._wildcard = endpoints.get(WILDCARD)
+        self.source = source
+        """The file the configuration was read from, if any."""
+        # ResourceManager.shared() keeps one manager per running loop here, so
+        # the managers live exactly as long as this configuration.
+        self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ResourceConfig:
+        """Reads a configuration from a ``.json``, ``.toml``, ``.yaml`` or ``.yml`` file.
+
+        The file holds the same mapping the constructor takes (in TOML, one
+        table per alias; quote the wildcard as ``["*"]``).
+
+        Raises:
+            ConfigError: when the file is missing, cannot be parsed, has an
+                unknown extension, or its content is invalid; the message
+                names the file.
+        """
+        file = Path(path)
+        suffix = file.suffix.lower()
+        if suffix not in _READERS:
+            raise ConfigError(
+                f"{file}: unknown config file type {suffix or '(none)'!r}; "
+                f"use one of {_quote_list(sorted(_READERS))}"
+            )
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read config file: {exc.strerror or exc}") from exc
+        data = _READERS[suffix](text, file)
+        return cls(data, source=str(file))
+
+    def resolve(self, alias: str) -> EndpointConfig:
+        """Returns the endpoint that serves ``alias`` (its own entry, else ``"*"``).
+
+        Raises:
+            UnknownAliasError: no entry and no ``"*"``; names the known aliases.
+        """
+        endpoint = self._endpoints.get(alias, self._wildcard)
+        if endpoint is None:
+            raise UnknownAliasError(alias, list(self._endpoints))
+        return endpoint
+
+    __getitem__ = resolve
+
+    def aliases(self) -> list[str]:
+        """Returns the aliases listed in the configuration, in order (with ``"*"`` if set)."""
+        return list(self._endpoints)
+
+    def endpoints(self) -> list[EndpointConfig]:
+        """Returns every listed endpoint, in order."""
+        return list(self._endpoints.values())
+
+    def __contains__(self, alias: object) -> bool:
+        """Whether `resolve(alias)` succeeds (always true when ``"*"`` is listed)."""
+        return self._wildcard is not None or alias in self._endpoints
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._endpoints)
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{a!r}: {e.describe()}" for a, e in self._endpoints.items())
+        return f"ResourceConfig({{{inner}}})"
+
+
+def _config_error(problems: list[str], prefix: str) -> ConfigError:
+    if len(problems) == 1:
+        message = f"{prefix}invalid ResourceConfig: {problems[0]}"
+    else:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        message = f"{prefix}invalid ResourceConfig, {len(problems)} problems:\n{lines}"
+    error = ConfigError(message)
+    error.problems = problems  # type: ignore[attr-defined]
+    return error
+
+
+def _read_json(text: str, file: Path) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from exc
+
+
+def _read_toml(text: str, file: Path) -> Any:
+    import tomllib
+
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
+
+
+def _read_yaml(text: str, file: Path) -> Any:
+    try:
+        import yaml
+    except ImportError as exc:
+        raise ConfigError(
+            f"{file}: reading YAML needs PyYAML; install it with pip install 'plait[yaml]' "
+            "or use a .json or .toml file"
+        ) from exc
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
+
+
+_READERS: dict[str, Callable[[str, Path], Any]] = {
+    ".json": _read_json,
+    ".toml": _read_toml,
+    ".yaml": _read_yaml,
+    ".yml": _read_yaml,
+}

@@ -1,0 +1,219 @@
+"""`Endpoint`: one configured endpoint at run time, and how its backend is built.
+
+The manager keeps one `Endpoint` per configuration entry. It holds the
+backend (created on first use, inside the running loop), the `Limiter`, the
+`RetryPolicy`, the usage totals and the counters that `EndpointStats`
+reports. `ResponseCache` is the protocol a response cache implements to be
+plugged into an endpoint whose configuration sets ``cache``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from plait.backends.base import Backend
+from plait.backends.types import Request, Response, Usage
+from plait.resources.config import EndpointConfig
+from plait.resources.limits import Limiter
+from plait.resources.retry import RetryPolicy
+from plait.resources.usage import Price, UsageTotals
+
+__all__ = ["Endpoint", "EndpointStats", "ResponseCache", "create_backend", "estimate_tokens"]
+
+_BACKENDS = {
+    "openai": ("plait.backends.openai_compat", "OpenAICompatBackend"),
+    "anthropic": ("plait.backends.anthropic", "AnthropicBackend"),
+    "local": ("plait.backends.local", "LocalBackend"),
+}
+
+# Reserved for the reply when a request sets no max_tokens; the reservation is
+# corrected from the reported usage as soon as the call returns.
+_DEFAULT_OUTPUT_ESTIMATE = 256
+
+
+class ResponseCache(Protocol):
+    """What the manager needs from a response cache (implemented in ``cache.py``).
+
+    ``key`` must depend only on what determines the reply (provider, model,
+    messages, sampling options, tools, schema, ``rollout_id``), never on
+    credentials or URLs. ``get`` returns a fresh `Response` the caller may
+    change, or None on a miss.
+    """
+
+    def key(self, endpoint: EndpointConfig, request: Request) -> str: ...
+
+    async def get(self, key: str) -> Response | None: ...
+
+    async def put(self, key: str, response: Response) -> None: ...
+
+
+def create_backend(config: EndpointConfig) -> Backend:
+    """Builds the backend of an endpoint, importing its provider's module only now."""
+    module_name, class_name = _BACKENDS[config.provider]
+    backend_class = getattr(importlib.import_module(module_name), class_name)
+    kwargs: dict[str, Any] = {}
+    if config.provider == "local":
+        kwargs["model_path"] = config.model_path
+        if config.n_ctx is not None:
+            kwargs["n_ctx"] = config.n_ctx
+    else:
+        kwargs["model"] = config.model
+        if config.timeout is not None or config.provider == "openai":
+            kwargs["timeout"] = config.timeout  # AnthropicBackend takes numbers only
+        for key in ("base_url", "api_key", "api_key_env", "transport", "dialect"):
+            value = getattr(config, key, None)
+            if value is not None:
+                kwargs[key] = value
+        if config.headers:
+            kwargs["headers"] = dict(config.headers)
+        if config.provider == "openai":
+            pool = config.max_connections or config.max_concurrent
+            if pool is not None:
+                kwargs["max_connections"] = pool
+    kwargs.update(config.backend_options)
+    backend: Backend = backend_class(**kwargs)
+    return backend
+
+
+def estimate_tokens(request: Request) -> int:
+    """Returns a rough token count of a call before it is made (prompt + reply budget).
+
+    About four characters per token plus a few per message for the chat
+    template, and the request's ``max_tokens`` (or 256) for the reply. It only
+    has to be close: the tpm reservation is corrected from real usage.
+    """
+    chars = 0
+    for message in request.messages:
+        chars += len(message.content)
+    reply = request.options.max_tokens or _DEFAULT_OUTPUT_ESTIMATE
+    return chars // 4 + 4 * len(request.messages) + reply
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointStats:
+    """A snapshot of one endpoint's traffic and waiting, from `ResourceManager.stats`."""
+
+    name: str
+    """The configuration entry (alias, or ``"*"``)."""
+    provider: str
+    model: str | None
+    calls: int
+    """Calls that finished successfully (cache hits included)."""
+    requests: int
+    """Requests sent to the provider, retries included."""
+    retries: int
+    """Requests that were retries of a failed attempt."""
+    rate_limited: int
+    """429 answers received."""
+    failures: int
+    """Calls that raised after their last attempt."""
+    cache_hits: int
+    in_flight: int
+    """Requests holding a slot now."""
+    queue_depth: int
+    """Calls waiting for a slot, a rate or a pause now."""
+    wait_time_total: float
+    """Seconds calls spent waiting for limits, summed."""
+    wait_time_avg: float
+    """Average seconds a request waited for limits."""
+    effective_rpm: float | None
+    """Requests per minute allowed now (lowered after 429s), None if unlimited."""
+    effective_tpm: float | None
+    effective_max_concurrent: int | None
+    paused_for: float
+    """Seconds left of a Retry-After pause."""
+    usage: Usage
+    """Tokens and cost of this endpoint so far."""
+
+
+class Endpoint:
+    """One configured endpoint at run time: its backend, limiter, policy and totals.
+
+    The backend is created on first use, inside the running event loop, so
+    building a manager costs nothing and imports no provider SDK.
+    """
+
+    __slots__ = (
+        "backend",
+        "budget",
+        "cache",
+        "cache_hits",
+        "config",
+        "failures",
+        "limiter",
+        "name",
+        "price",
+        "requests",
+        "retries",
+        "retry",
+        "timeout",
+        "totals",
+    )
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        *,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[object]],
+        seed: int | None,
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.limiter = Limiter(
+            max_concurrent=config.max_concurrent,
+            rpm=config.rpm,
+            tpm=config.tpm,
+            adaptive=config.adaptive,
+            clock=clock,
+            sleep=sleep,
+        )
+        self.retry = RetryPolicy(
+            max_retries=config.max_retries,
+            base_delay=config.retry_base_delay,
+            max_delay=config.retry_max_delay,
+            seed=seed,
+        )
+        self.timeout = config.timeout
+        self.price: Price | None = config.effective_price
+        self.budget = config.budget
+        self.backend: Backend | None = None
+        self.cache: ResponseCache | None = None
+        self.totals = UsageTotals()
+        self.requests = 0
+        self.retries = 0
+        self.failures = 0
+        self.cache_hits = 0
+
+    def get_backend(self) -> Backend:
+        """Returns the endpoint's backend, creating it on first use."""
+        if self.backend is None:
+            self.backend = create_backend(self.config)
+        return self.backend
+
+    def stats(self) -> EndpointStats:
+        """Returns a snapshot of this endpoint's counters."""
+        limiter = self.limiter
+        return EndpointStats(
+            name=self.name,
+            provider=self.config.provider,
+            model=self.config.model,
+            calls=self.totals.calls + self.cache_hits,
+            requests=self.requests,
+            retries=self.retries,
+            rate_limited=limiter.rate_limited,
+            failures=self.failures,
+            cache_hits=self.cache_hits,
+            in_flight=limiter.in_flight,
+            queue_depth=limiter.queue_depth,
+            wait_time_total=limiter.wait_time_total,
+            wait_time_avg=limiter.wait_time_total / limiter.acquired if limiter.acquired else 0.0,
+            effective_rpm=limiter.effective_rpm,
+            effective_tpm=limiter.effective_tpm,
+            effective_max_concurrent=limiter.effective_max_concurrent,
+            paused_for=limiter.paused_for,
+            usage=self.totals.snapshot(),
+        )

@@ -1,0 +1,485 @@
+"""`ResourceManager`: sends every model call of a run through its endpoint's limits.
+
+The execution layer never talks to a backend directly. It calls
+``await manager.complete(alias, request)`` and the manager:
+
+1. resolves the alias to its endpoint (``UnknownAliasError`` names the known ones);
+2. answers from the response cache when the endpoint has one and it hits;
+3. refuses the call when a cost budget is spent (``BudgetExceededError``, nothing sent);
+4. waits for the endpoint's limiter (slot, rpm, tpm, pause);
+5. calls the backend under the per-call timeout, retrying in place what the
+   endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint);
+6. records usage and cost, and returns the `Response` with ``meta`` filled in.
+
+One manager holds one backend (one connection pool) and one limiter per
+endpoint. `ResourceManager.shared` returns the same manager for the same
+configuration object on the same event loop, so every call and every batch
+item that uses a configuration shares its limits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from types import TracebackType
+from typing import Any
+
+from plait.backends.types import Request, Response, StreamChunk, Usage
+from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
+from plait.resources.config import EndpointConfig, ResourceConfig
+from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
+from plait.resources.retry import RetryPolicy, exhausted
+from plait.resources.usage import UsageTotals
+
+__all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
+
+logger = logging.getLogger("plait.resources")
+
+
+def _default_cache_factory(config: EndpointConfig) -> ResponseCache:
+    try:
+        module = importlib.import_module("plait.resources.cache")
+    except ModuleNotFoundError as exc:
+        if exc.name != "plait.resources.cache":
+            raise
+        raise ConfigError(
+            f"alias {config.name!r}: key 'cache' is set but the response cache "
+            "(plait.resources.cache) is not available in this installation"
+        ) from exc
+    cache: ResponseCache = module.create_cache(config)
+    return cache
+
+
+class _Route:
+    """An alias as the program names it, bound to the endpoint that serves it."""
+
+    __slots__ = ("alias", "endpoint", "totals")
+
+    def __init__(self, alias: str, endpoint: Endpoint) -> None:
+        self.alias = alias
+        self.endpoint = endpoint
+        self.totals = UsageTotals()
+
+
+class ResourceManager:
+    """Runs model calls for the aliases of a `ResourceConfig`, within their limits.
+
+    Args:
+        config: the configuration, or a mapping to build one from.
+        budget: dollars all endpoints together may spend; later calls raise
+            `BudgetExceededError` without sending anything.
+        cache_factory: builds the response cache of an endpoint whose config
+            sets ``cache``; defaults to ``plait.resources.cache.create_cache``.
+        clock: monotonic clock for the limiters (tests inject a fake one).
+        sleep: sleep for limiter waits and retry backoff, on ``clock``'s scale.
+        seed: seeds retry jitter, for reproducible tests.
+
+    Example::
+
+        async with ResourceManager({"fast": {"provider": "local"}}) as manager:
+            request = Request(messages=(Message("user", "Say hi"),))
+            response = await manager.complete("fast", request)
+            response.meta["attempts"], manager.usage()["fast"].output_tokens
+
+    Most code should not build managers: `ResourceManager.shared` returns the
+    one for a configuration on the running loop.
+    """
+
+    def __init__(
+        self,
+        config: ResourceConfig | Mapping[str, Any],
+        *,
+        budget: float | None = None,
+        cache_factory: Callable[[EndpointConfig], ResponseCache] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+        seed: int | None = None,
+    ) -> None:
+        if not isinstance(config, ResourceConfig):
+            config = ResourceConfig(config)
+        if budget is not None and budget < 0:
+            raise ValueError(f"budget must be >= 0 dollars, got {budget}")
+        self.config = config
+        self.budget = budget
+        self._cache_factory = cache_factory or _default_cache_factory
+        self._clock = clock
+        self._sleep = sleep
+        self._seed = seed
+        self._endpoints: dict[str, Endpoint] = {}
+        self._routes: dict[str, _Route] = {}
+        self._total = UsageTotals()
+        self._closed = False
+
+    @classmethod
+    def shared(
+        cls, resources: ResourceConfig | ResourceManager | Mapping[str, Any]
+    ) -> ResourceManager:
+        """Returns the manager of ``resources`` for the running event loop.
+
+        A `ResourceConfig` gets one manager per event loop, kept with the
+        config object, so everything that runs with the same config object
+        on the same loop shares backends and limits. A manager is returned as
+        it is. A plain mapping is turned into a new config first, so each call
+        with a mapping gets a new manager: convert it once and pass the config.
+
+        Raises:
+            RuntimeError: when called outside a running event loop.
+            TypeError: for anything but a config, a manager or a mapping.
+        """
+        if isinstance(resources, ResourceManager):
+            return resources
+        if isinstance(resources, Mapping):
+            resources = ResourceConfig(resources)
+        elif not isinstance(resources, ResourceConfig):
+            raise TypeError(
+                "resources must be a ResourceConfig, a ResourceManager or a mapping of "
+                f"alias -> endpoint settings, got {type(resources).__name__}"
+            )
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "ResourceManager.shared() must be called inside a running event loop "
+                "(from async code); outside one, build ResourceManager(config) yourself"
+            ) from None
+        registry = resources._shared
+        manager: ResourceManager | None = registry.get(loop)
+        if manager is None or manager._closed:
+            for old_loop in [old for old in registry if old.is_closed()]:
+                del registry[old_loop]
+            manager = cls(resources)
+            registry[loop] = manager
+        return manager
+
+    # -- calls --------------------------------------------------------------------------
+
+    def _route(self, alias: str) -> _Route:
+        """Resolves an alias seen for the first time (the hot path hits `_routes`)."""
+        if self._closed:
+            raise RuntimeError("this ResourceManager is closed; create a new one")
+        config = self.config.resolve(alias)  # raises UnknownAliasError
+        endpoint = self._endpoints.get(config.name)
+        if endpoint is None:
+            endpoint = Endpoint(config, clock=self._clock, sleep=self._sleep, seed=self._seed)
+            if config.cache:
+                endpoint.cache = self._cache_factory(config)
+            self._endpoints[config.name] = endpoint
+        route = _Route(alias, endpoint)
+        self._routes[alias] = route
+        return route
+
+    async def complete(
+        self,
+        alias: str,
+        request: Request,
+        *,
+        cache: bool = True,
+        max_retries: int | None = None,
+    ) -> Response:
+        """Makes one model call on the endpoint serving ``alias``, within its limits.
+
+        Args:
+            alias: the name the program uses for the model.
+            request: what to send; ``request.timeout`` overrides the
+                endpoint's timeout for each attempt.
+            cache: False skips the endpoint's response cache for this call.
+            max_retries: overrides the endpoint's ``max_retries`` for this call.
+
+        Returns:
+            The response, with ``usage.cost`` set when the price is known and
+            ``meta`` holding ``alias``, ``attempts``, ``latency`` (seconds of
+            the whole call, waits and retries included) and ``wait_time``
+            (seconds of it spent waiting for limits and backoff); a cache hit
+            has ``meta["cached"] = True`` and costs nothing.
+
+        Raises:
+            UnknownAliasError: no endpoint serves ``alias``.
+            BudgetExceededError: a budget is spent; nothing was sent.
+            BackendError: the call failed and will not be retried, or retries
+                ran out; ``alias`` and ``attempts`` are set and the message
+                says both and the last status.
+        """
+        route = self._routes.get(alias) or self._route(alias)
+        endpoint = route.endpoint
+        response_cache = endpoint.cache if cache else None
+        if response_cache is not None:
+            key = response_cache.key(endpoint.config, request)
+            hit = await response_cache.get(key)
+            if hit is not None:
+                return self._cache_hit(route, hit)
+        response = await self._complete(route, request, max_retries)
+        if response_cache is not None:
+            await response_cache.put(key, response)
+        return response
+
+    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
+        endpoint = route.endpoint
+        self._check_budget(route)
+        backend = endpoint.get_backend()
+        limiter = endpoint.limiter
+        policy = (
+            endpoint.retry if max_retries is None else endpoint.retry.with_max_retries(max_retries)
+        )
+        timeout = request.timeout if request.timeout is not None else endpoint.timeout
+        reserved = 0 if limiter.tpm is None else estimate_tokens(request)
+        started = time.perf_counter()
+        waited = 0.0
+        attempts = 0
+        while True:
+            attempts += 1
+            waited += await limiter.acquire(reserved)
+            if endpoint.budget is not None or self.budget is not None:
+                self._check_budget(route, holding=reserved)
+            endpoint.requests += 1
+            try:
+                if timeout is None:
+                    response = await backend.complete(request)
+                else:
+                    async with asyncio.timeout(timeout):
+                        response = await backend.complete(request)
+            except TimeoutError as exc:
+                error: BackendError = BackendTimeout(
+                    f"no answer within {timeout:g} s", alias=route.alias
+                )
+                error.__cause__ = exc
+            except BackendError as exc:
+                error = exc
+            except BaseException:
+                limiter.release(reserved, 0)
+                raise
+            else:
+                usage = response.usage
+                used = usage.input_tokens + usage.output_tokens
+                limiter.release(reserved, used or None)
+                limiter.on_success()
+                self._record(route, usage)
+                meta = response.meta
+                meta["alias"] = route.alias
+                meta["attempts"] = attempts
+                meta["latency"] = time.perf_counter() - started
+                meta["wait_time"] = waited
+                return response
+            waited += await self._after_failure(route, error, attempts, policy, reserved)
+
+    async def _after_failure(
+        self,
+        route: _Route,
+        error: BackendError,
+        attempts: int,
+        policy: RetryPolicy,
+        reserved: int,
+    ) -> float:
+        """Frees the attempt's slot; raises the final error or sleeps the backoff.
+
+        Returns:
+            The seconds slept before the retry.
+        """
+        endpoint = route.endpoint
+        limiter = endpoint.limiter
+        # The pause must be in place before the slot is released, or the next
+        # waiter would be sent straight into the rate limit.
+        if error.status == 429:
+            limiter.on_rate_limited(error.retry_after)
+        elif error.retry_after:
+            limiter.pause_for(error.retry_after)
+        limiter.release(reserved, 0)
+        if not policy.should_retry(error, attempts):
+            endpoint.failures += 1
+            raise exhausted(error, route.alias, attempts, policy)
+        endpoint.retries += 1
+        delay = policy.delay(attempts, error)
+        logger.debug(
+            "alias %r: attempt %d failed (%s); retrying in %.2f s",
+            route.alias,
+            attempts,
+            error,
+            delay,
+        )
+        await self._sleep(delay)
+        return delay
+
+    async def stream(
+        self, alias: str, request: Request, *, max_retries: int | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        """Streams one model call on the endpoint serving ``alias``, within its limits.
+
+        The endpoint's slot is held until the stream ends or is closed; close
+        an abandoned stream (``contextlib.aclosing``) to free it at once. A
+        failure before the first chunk is retried like `complete`; after a
+        chunk was yielded it is raised, since the caller has already seen
+        part of the reply. The timeout covers the whole stream. The last
+        chunk's usage gets its cost, and is added to the totals.
+
+        Raises:
+            The same errors as `complete`.
+        """
+        route = self._routes.get(alias) or self._route(alias)
+        endpoint = route.endpoint
+        self._check_budget(route)
+        backend = endpoint.get_backend()
+        limiter = endpoint.limiter
+        policy = (
+            endpoint.retry if max_retries is None else endpoint.retry.with_max_retries(max_retries)
+        )
+        timeout = request.timeout if request.timeout is not None else endpoint.timeout
+        reserved = 0 if limiter.tpm is None else estimate_tokens(request)
+        attempts = 0
+        while True:
+            attempts += 1
+            await limiter.acquire(reserved)
+            if endpoint.budget is not None or self.budget is not None:
+                self._check_budget(route, holding=reserved)
+            endpoint.requests += 1
+            loop = asyncio.get_running_loop()
+            deadline = None if timeout is None else loop.time() + timeout
+            chunks = backend.stream(request).__aiter__()
+            usage: Usage | None = None
+            yielded = False
+            try:
+                # The deadline guards each wait for the backend, never a yield: a
+                # timeout spanning a yield would cancel the consumer's code instead.
+                while True:
+                    try:
+                        async with asyncio.timeout_at(deadline):
+                            chunk = await anext(chunks)
+                    except StopAsyncIteration:
+                        break
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                        if endpoint.price is not None:  # priced before the caller sees it
+                            usage.cost = endpoint.price.cost(
+                                usage.input_tokens, usage.output_tokens
+                            )
+                    yielded = True
+                    yield chunk
+            except TimeoutError as exc:
+                error: BackendError = BackendTimeout(
+                    f"stream not finished within {timeout:g} s", alias=alias
+                )
+                error.__cause__ = exc
+            except BackendError as exc:
+                error = exc
+            except BaseException:
+                limiter.release(reserved, 0)
+                raise
+            else:
+                used = 0 if usage is None else usage.input_tokens + usage.output_tokens
+                limiter.release(reserved, used or None)
+                limiter.on_success()
+                self._record(route, usage or Usage())
+                return
+            finally:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            if yielded:  # the caller has part of the reply: a retry would repeat it
+                limiter.release(reserved, None)
+                endpoint.failures += 1
+                error.alias, error.attempts = alias, attempts
+                error.args = (f"alias {alias!r}: stream broke after its first chunk: {error}",)
+                raise error
+            await self._after_failure(route, error, attempts, policy, reserved)
+
+    # -- usage, budget, cache -------------------------------------------------------------
+
+    def _record(self, route: _Route, usage: Usage) -> None:
+        price = route.endpoint.price
+        if price is not None:
+            usage.cost = price.cost(usage.input_tokens, usage.output_tokens)
+        route.totals.record(usage)
+        route.endpoint.totals.record(usage)
+        self._total.record(usage)
+
+    def _check_budget(self, route: _Route, holding: int | None = None) -> None:
+        """Raises `BudgetExceededError` when a budget is spent.
+
+        It is checked before a call queues and again once it holds a slot
+        (``holding`` is then its token reservation, released on refusal), so
+        calls that queued while the last ones spent the budget are not sent.
+        """
+        endpoint = route.endpoint
+        error = None
+        if endpoint.budget is not None and endpoint.totals.usage.cost >= endpoint.budget:
+            error = self._budget_error(route, f"endpoint {endpoint.name!r}", endpoint.budget)
+        elif self.budget is not None and self._total.usage.cost >= self.budget:
+            error = self._budget_error(route, "this ResourceManager", self.budget)
+        if error is not None:
+            if holding is not None:
+                endpoint.limiter.release(holding, 0)
+            raise error
+
+    def _budget_error(self, route: _Route, owner: str, budget: float) -> BudgetExceededError:
+        spent = (
+            route.endpoint.totals.usage.cost
+            if owner.startswith("endpoint")
+            else self._total.usage.cost
+        )
+        return BudgetExceededError(
+            f"alias {route.alias!r}: the budget of ${budget:.4f} for {owner} is spent "
+            f"(${spent:.4f} used); the call was not sent. Raise 'budget' in the "
+            "configuration to continue.",
+            alias=route.alias,
+            attempts=0,
+        )
+
+    def _cache_hit(self, route: _Route, response: Response) -> Response:
+        route.endpoint.cache_hits += 1
+        response.usage.cost = 0.0
+        meta = response.meta
+        meta["cached"] = True
+        meta["alias"] = route.alias
+        meta["attempts"] = 0
+        meta["latency"] = 0.0
+        meta["wait_time"] = 0.0
+        return response
+
+    # -- observation --------------------------------------------------------------------
+
+    def usage(self) -> dict[str, Usage]:
+        """Returns tokens and cost so far per alias, as the program named them."""
+        return {alias: route.totals.snapshot() for alias, route in self._routes.items()}
+
+    def total_usage(self) -> Usage:
+        """Returns tokens and cost so far over all aliases."""
+        return self._total.snapshot()
+
+    def stats(self) -> dict[str, EndpointStats]:
+        """Returns a snapshot of each endpoint used so far, by configuration entry name."""
+        return {name: endpoint.stats() for name, endpoint in self._endpoints.items()}
+
+    # -- lifetime -----------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether `aclose` was called; a closed manager refuses new aliases."""
+        return self._closed
+
+    async def aclose(self) -> None:
+        """Closes every backend (connection pools, models) and any caches."""
+        self._closed = True
+        self._routes.clear()
+        for endpoint in self._endpoints.values():
+            backend, endpoint.backend = endpoint.backend, None
+            if backend is not None:
+                await backend.aclose()
+            cache_close = getattr(endpoint.cache, "aclose", None)
+            if cache_close is not None:
+                await cache_close()
+
+    async def __aenter__(self) -> ResourceManager:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._endpoints)} endpoints in use"
+        return f"ResourceManager({self.config.aliases()!r}, {state})"

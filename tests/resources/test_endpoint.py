@@ -1,0 +1,51 @@
+"""Endpoint helpers: building each provider's backend, and the tpm estimate."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from plait.backends.types import Message, Request, SamplingOptions
+from plait.resources import ResourceConfig
+from plait.resources.endpoint import create_backend, estimate_tokens
+
+
+def test_estimate_counts_prompt_characters_and_the_reply_budget() -> None:
+    request = Request(messages=(Message("system", "x" * 40), Message("user", "y" * 80)))
+    assert estimate_tokens(request) == 30 + 2 * 4 + 256
+    limited = Request(messages=request.messages, options=SamplingOptions(max_tokens=10))
+    assert estimate_tokens(limited) == 30 + 8 + 10
+
+
+def test_each_provider_gets_its_backend_with_the_endpoint_settings() -> None:
+    config = ResourceConfig(
+        {
+            "o": {
+                "provider": "openai",
+                "model": "gpt-4o-mini",
+                "base_url": "http://127.0.0.1:9/v1/",
+                "timeout": 12,
+            },
+            "a": {"provider": "anthropic", "model": "claude-3-5-haiku", "api_key": "k"},
+            "l": {"provider": "local"},
+        }
+    )
+    openai = create_backend(config.resolve("o"))
+    assert (openai.provider, openai.model, openai.timeout) == ("openai", "gpt-4o-mini", 12.0)
+    assert openai.base_url == "http://127.0.0.1:9/v1"
+    assert create_backend(config.resolve("a")).provider == "anthropic"
+    assert create_backend(config.resolve("l")).provider == "local"
+
+
+def test_building_a_manager_imports_no_provider_module() -> None:
+    code = (
+        "import sys\n"
+        "from plait.resources import ResourceManager\n"
+        "ResourceManager({'o': {'provider': 'openai', 'model': 'm'}, '*': {'provider': 'local'}})\n"
+        "heavy = ('aiohttp', 'openai', 'anthropic', 'llama_cpp', 'plait.backends.openai_compat')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert result.stdout.strip() == "[]"
