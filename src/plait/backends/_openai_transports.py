@@ -1,0 +1,335 @@
+"""The two ways `OpenAICompatBackend` reaches a server: raw aiohttp, or the official SDK.
+
+Both take a chat-completions body (a dict), send it, and hand back decoded
+JSON: one dict for a completion, an async iterator of dicts for a stream.
+Both map every failure onto plait's errors the same way (`_errors.py`), and
+neither retries (the resource layer owns retries; SPEC §4.4).
+
+aiohttp is the default because it is cheap: one ``ClientSession`` and one
+``TCPConnector`` per endpoint, orjson for both directions, no cookie jar, a
+pre-parsed URL and cached timeout objects, so a call costs about what aiohttp
+itself costs. The SDK validates every reply into pydantic models and costs
+several times more CPU per call (SPEC §4.4); it is here for users who need
+its authentication or proxy features.
+
+Neither aiohttp nor openai is imported until a transport is first used, so
+``import plait`` stays fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import orjson
+
+from plait.backends._errors import error_from_status
+from plait.backends._sse import DONE, iter_sse_data
+from plait.errors import BackendConnectionError, BackendError, BackendTimeout
+
+if TYPE_CHECKING:
+    import aiohttp
+
+__all__ = ["AiohttpTransport", "SdkTransport", "Transport"]
+
+
+def describe_endpoint(base_url: str, model: str) -> str:
+    """Returns how errors name an endpoint: URL and model, never the key."""
+    return f"OpenAI-compatible endpoint {base_url} (model {model!r})"
+
+
+def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> BackendTimeout:
+    limit = f"within {timeout:g} s" if timeout is not None else "before the transport timed out"
+    return BackendTimeout(
+        f"{where} did not answer {limit}; raise the endpoint's timeout if the model is slow"
+    )
+
+
+def _connection_error(where: str, exc: BaseException) -> BackendConnectionError:
+    detail = str(exc) or "no detail"
+    return BackendConnectionError(
+        f"{where}: connection failed or dropped ({type(exc).__name__}: {detail})"
+    )
+
+
+class Transport:
+    """What the backend needs from a transport; both implementations follow it."""
+
+    async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
+        """Sends a non-streamed request; returns the decoded JSON reply."""
+        raise NotImplementedError
+
+    def stream(
+        self, body: dict[str, Any], timeout: float | None, where: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Sends a streamed request; yields each decoded chunk until ``[DONE]``."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Closes the connections this transport holds."""
+        raise NotImplementedError
+
+
+class AiohttpTransport(Transport):
+    """Chat completions over one lazily created aiohttp session.
+
+    The session belongs to the event loop that first used it. When a later
+    call runs in another loop (``run_sync`` creates one per call), a fresh
+    session is made for it; the old one cannot be closed from a foreign loop
+    and is left to the garbage collector.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        headers: Mapping[str, str],
+        timeout: float | None,
+        max_connections: int | None,
+    ) -> None:
+        self._endpoint = f"{base_url}/chat/completions"
+        self._headers = dict(headers)
+        self._timeout = timeout
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._url: Any = None
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
+        self._client_error: type[BaseException] = Exception
+
+    def _open(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is not None and self._loop is loop and not session.closed:
+            return session
+        import aiohttp
+        import yarl
+
+        # limit=0: no connection cap here. The resource layer's max_concurrent
+        # is the one concurrency limit; a second, hidden cap of 100 (aiohttp's
+        # default) would queue calls that the scheduler believes are running.
+        connector = aiohttp.TCPConnector(limit=self._max_connections or 0, ttl_dns_cache=300)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            cookie_jar=aiohttp.DummyCookieJar(),
+        )
+        self._loop = loop
+        self._url = yarl.URL(self._endpoint)
+        self._client_error = aiohttp.ClientError
+        self._timeouts = {}
+        return self._session
+
+    def _timeout_for(self, timeout: float | None) -> aiohttp.ClientTimeout:
+        cached = self._timeouts.get(timeout)
+        if cached is None:
+            import aiohttp
+
+            cached = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
+        return cached
+
+    async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
+        session = self._open()
+        limit = self._timeout if timeout is None else timeout
+        try:
+            async with session.post(
+                self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
+            ) as response:
+                raw = await response.read()
+                if response.status >= 400:
+                    raise error_from_status(
+                        response.status, raw, response.headers, where=where, reason=response.reason
+                    )
+        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
+            raise _timeout_error(where, limit, exc) from exc
+        except self._client_error as exc:
+            raise _connection_error(where, exc) from exc
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BackendError(
+                f"{where} answered HTTP {response.status} with a body that is not JSON: "
+                f"{raw[:200]!r}",
+                status=response.status,
+                body=raw.decode("utf-8", "replace"),
+            ) from exc
+
+    async def stream(
+        self, body: dict[str, Any], timeout: float | None, where: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        session = self._open()
+        limit = self._timeout if timeout is None else timeout
+        try:
+            async with session.post(
+                self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
+            ) as response:
+                if response.status >= 400:
+                    raw = await response.read()
+                    raise error_from_status(
+                        response.status, raw, response.headers, where=where, reason=response.reason
+                    )
+                done = False
+                async for data in iter_sse_data(response.content.iter_any()):
+                    # After [DONE] keep reading to the end of the body (the server
+                    # ends it at once), so the connection goes back to the pool.
+                    if done:
+                        continue
+                    if data == DONE:
+                        done = True
+                        continue
+                    yield _decode_chunk(data, where)
+        except TimeoutError as exc:
+            raise _timeout_error(where, limit, exc) from exc
+        except self._client_error as exc:
+            raise _connection_error(where, exc) from exc
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
+            await session.close()
+
+
+def _decode_chunk(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(
+            f"{where} streamed an event that is not JSON: {data[:200]!r}", body=data.decode()
+        ) from exc
+
+
+class SdkTransport(Transport):
+    """Chat completions through the official ``openai`` SDK, with its retries off.
+
+    Replies are turned back into plain dicts (``model_dump``) so the backend
+    parses them exactly as it parses aiohttp's.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        headers: Mapping[str, str],
+        timeout: float | None,
+    ) -> None:
+        self._base_url = base_url
+        self._api_key = api_key
+        # The SDK sets its own Authorization and Content-Type.
+        self._headers = {
+            k: v for k, v in headers.items() if k.lower() not in ("authorization", "content-type")
+        }
+        self._timeout = timeout
+        self._client: Any = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._errors: _SdkErrors | None = None
+
+    def _open(self) -> Any:
+        loop = asyncio.get_running_loop()
+        if self._client is not None and self._loop is loop:
+            return self._client
+        try:
+            import openai
+        except ImportError as exc:
+            raise ImportError(
+                "OpenAICompatBackend(transport='sdk') needs the openai package; "
+                "install it with: pip install 'plait[openai]' (or use transport='aiohttp')"
+            ) from exc
+        self._client = openai.AsyncOpenAI(
+            # A local server needs no key, but the SDK refuses to start without one.
+            api_key=self._api_key or "no-key",
+            base_url=self._base_url,
+            timeout=self._timeout,
+            max_retries=0,  # the resource layer is the only retry owner (SPEC §4.4)
+            default_headers=self._headers,
+        )
+        self._loop = loop
+        self._errors = _SdkErrors(openai)
+        return self._client
+
+    async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
+        client = self._open()
+        extra = {} if timeout is None else {"timeout": timeout}
+        try:
+            completion = await client.chat.completions.create(**body, **extra)
+        except Exception as exc:
+            self._reraise(exc, where, timeout)
+        return completion.model_dump()
+
+    async def stream(
+        self, body: dict[str, Any], timeout: float | None, where: str
+    ) -> AsyncIterator[dict[str, Any]]:
+        client = self._open()
+        extra = {} if timeout is None else {"timeout": timeout}
+        try:
+            stream = await client.chat.completions.create(**body, **extra)
+        except Exception as exc:
+            self._reraise(exc, where, timeout)
+        try:
+            async for chunk in stream:
+                yield chunk.model_dump()
+        except Exception as exc:
+            self._reraise(exc, where, timeout)
+        finally:
+            await stream.close()
+
+    def _reraise(self, exc: Exception, where: str, timeout: float | None) -> NoReturn:
+        """Raises the plait error for ``exc`` (chained), or ``exc`` itself if it is foreign."""
+        errors = self._errors
+        mapped = None
+        if errors is not None:
+            mapped = errors.map(exc, where, self._timeout if timeout is None else timeout)
+        if mapped is None:
+            raise exc
+        raise mapped from exc
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None and self._loop is asyncio.get_running_loop():
+            await client.close()
+
+
+class _SdkErrors:
+    """Sorts the SDK's exceptions (and its HTTP library's) into plait's.
+
+    openai 1.x sits on httpx and later versions on httpx2; errors raised while
+    a stream is being read come straight from that library, unwrapped, so
+    both are recognised when loaded.
+    """
+
+    def __init__(self, openai: Any) -> None:
+        self._openai = openai
+        libraries = [sys.modules[name] for name in ("httpx", "httpx2") if name in sys.modules]
+        self._timeouts: tuple[type[BaseException], ...] = (
+            openai.APITimeoutError,
+            TimeoutError,
+            *(lib.TimeoutException for lib in libraries),
+        )
+        self._connections: tuple[type[BaseException], ...] = (
+            openai.APIConnectionError,
+            *(lib.TransportError for lib in libraries),
+        )
+
+    def map(self, exc: Exception, where: str, timeout: float | None) -> BackendError | None:
+        """Returns the plait error for ``exc``, or None when ``exc`` is not the SDK's."""
+        openai = self._openai
+        if isinstance(exc, openai.APIStatusError):
+            response = exc.response
+            try:
+                raw: Any = response.content
+            except Exception:  # a streamed response whose body was never read
+                raw = orjson.dumps(exc.body) if exc.body is not None else None
+            return error_from_status(
+                exc.status_code,
+                raw,
+                response.headers,
+                where=where,
+                reason=getattr(response, "reason_phrase", None),
+            )
+        if isinstance(exc, self._timeouts):
+            return _timeout_error(where, timeout, exc)
+        if isinstance(exc, self._connections):
+            return _connection_error(where, exc)
+        if isinstance(exc, openai.APIError):  # an error event inside a stream
+            return BackendError(f"{where}: {exc}", retryable=True, body=exc.body)
+        return None

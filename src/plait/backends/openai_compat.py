@@ -1,0 +1,291 @@
+"""`OpenAICompatBackend`: any server that speaks OpenAI's chat-completions protocol.
+
+OpenAI itself, Azure OpenAI, vLLM, Ollama, llama.cpp's server, OpenRouter …
+all take the same ``POST {base_url}/chat/completions``, with small
+differences of dialect (see `_openai_wire`). This backend turns a neutral
+`Request` into that body, sends it over a transport, and turns the reply
+back into a `Response` or a stream of `StreamChunk`.
+
+Structured output is where servers differ most, so the dialect is chosen per
+endpoint (SPEC §8):
+
+* ``dialect="openai"`` or a base URL on ``api.openai.com`` / ``*.azure.com``:
+  ``response_format`` of type ``json_schema``, ``max_completion_tokens``.
+* ``dialect="llama_cpp"``: ``{"type": "json_object", "schema": ...}``,
+  ``max_tokens``.
+* ``dialect=None`` for any other server: ``json_schema`` and ``max_tokens``
+  first. If the server rejects that with an error whose message mentions
+  ``response_format``, the same call is sent once more as ``llama_cpp``, and
+  the endpoint keeps ``llama_cpp`` from then on. Once a ``json_schema``
+  request has succeeded the choice is settled and never revisited.
+
+  The rejection may come as 400 or 422, or, from llama_cpp.server 0.3.36, as
+  a 500 whose message is the pydantic validation error ("'loc': ('body',
+  'response_format', 'type') ... Input should be 'text' or 'json_object'");
+  verified against that server by tests/backends/test_openai_llama_server.py.
+
+The backend never retries a failure: it raises a `BackendError` carrying the
+status, ``retryable`` and ``retry_after``, and the resource layer decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator, Mapping
+from typing import Literal
+from urllib.parse import urlsplit
+
+from plait.backends._openai_transports import (
+    AiohttpTransport,
+    SdkTransport,
+    Transport,
+    describe_endpoint,
+)
+from plait.backends._openai_wire import (
+    GENERIC,
+    LLAMA_CPP,
+    OPENAI,
+    StreamAssembler,
+    WireDialect,
+    build_body,
+    parse_completion,
+)
+from plait.backends.base import Backend
+from plait.backends.types import Request, Response, StreamChunk
+from plait.errors import BackendConnectionError, BackendError, ConfigError
+
+__all__ = ["OpenAICompatBackend"]
+
+logger = logging.getLogger("plait.backends")
+
+Dialect = Literal["openai", "llama_cpp"]
+TransportName = Literal["aiohttp", "sdk"]
+
+_DIALECTS: dict[str, WireDialect] = {"openai": OPENAI, "llama_cpp": LLAMA_CPP}
+_TRANSPORTS = ("aiohttp", "sdk")
+# How servers refuse a response_format they do not know: 400 (OpenAI-style),
+# 422 (FastAPI validation), 500 (llama_cpp.server wraps its validation error).
+_REJECTION_STATUSES = frozenset({400, 422, 500})
+
+
+def _is_openai_host(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host == "api.openai.com" or host.endswith((".openai.azure.com", ".azure.com"))
+
+
+class OpenAICompatBackend(Backend):
+    """Calls one OpenAI-compatible chat-completions endpoint.
+
+    Example::
+
+        backend = OpenAICompatBackend("gpt-4o-mini")          # OPENAI_API_KEY from the env
+        local = OpenAICompatBackend("smollm2", base_url="http://127.0.0.1:8000/v1")
+        reply = await local.complete(Request(messages=(Message("user", "Hi"),)))
+        print(reply.text, reply.usage.output_tokens)
+        await local.aclose()
+
+    One backend holds one connection pool, so create one per endpoint and
+    share it between concurrent calls; close it with `aclose`.
+
+    Args:
+        model: the model name sent with every request (a `Request.model`
+            overrides it per call).
+        base_url: the API root, up to and including ``/v1``.
+        api_key: the key; when None it is read from ``api_key_env``. A server
+            that needs no key (llama.cpp, Ollama) gets no Authorization header.
+        api_key_env: the environment variable to read the key from.
+        timeout: seconds for a whole call (a `Request.timeout` overrides it);
+            None waits forever.
+        transport: ``"aiohttp"`` (lean, the default) or ``"sdk"`` (the
+            official ``openai`` package, installed with ``plait[openai]``).
+        headers: extra HTTP headers for every request (e.g. Azure's
+            ``api-key``, OpenRouter's ``HTTP-Referer``).
+        max_connections: cap on open connections (aiohttp transport); None
+            leaves concurrency entirely to the resource layer's limits.
+        dialect: ``"openai"``, ``"llama_cpp"`` or None to choose from the URL
+            and learn from the server (see the module docstring).
+
+    Raises:
+        ConfigError: an unknown ``transport`` or ``dialect``, or an empty model.
+    """
+
+    provider = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str = "https://api.openai.com/v1",
+        api_key: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        timeout: float | None = 60.0,
+        transport: TransportName = "aiohttp",
+        headers: Mapping[str, str] | None = None,
+        max_connections: int | None = None,
+        dialect: Dialect | None = None,
+    ) -> None:
+        if not model:
+            raise ConfigError("OpenAICompatBackend needs a model name; got an empty one")
+        if transport not in _TRANSPORTS:
+            raise ConfigError(
+                f"OpenAICompatBackend: unknown transport {transport!r}; use 'aiohttp' or 'sdk'"
+            )
+        if dialect is not None and dialect not in _DIALECTS:
+            raise ConfigError(
+                f"OpenAICompatBackend: unknown dialect {dialect!r}; "
+                "use 'openai', 'llama_cpp' or None (detect)"
+            )
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.transport_name: TransportName = transport
+        key = api_key if api_key is not None else (os.environ.get(api_key_env or "") or None)
+        # A cloud endpoint with no credential at all fails at the first call with
+        # the fix, instead of a bare 401; a key in headers (Azure's api-key) counts.
+        credential_headers = {name.lower() for name in headers or {}} & {"authorization", "api-key"}
+        self._missing_key = (
+            key is None and not credential_headers and _is_openai_host(self.base_url)
+        )
+        self._api_key_env = api_key_env
+        if dialect is not None:
+            self._wire, self._dialect_settled = _DIALECTS[dialect], True
+        elif _is_openai_host(self.base_url):
+            self._wire, self._dialect_settled = OPENAI, True
+        else:
+            self._wire, self._dialect_settled = GENERIC, False
+        wire_headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if key:
+            wire_headers["Authorization"] = f"Bearer {key}"
+        wire_headers.update(headers or {})
+        self._transport: Transport
+        if transport == "aiohttp":
+            self._transport = AiohttpTransport(
+                self.base_url, wire_headers, timeout, max_connections
+            )
+        else:
+            self._transport = SdkTransport(self.base_url, key, wire_headers, timeout)
+
+    @property
+    def dialect(self) -> str:
+        """The dialect requests are sent in now: ``openai``, ``generic`` or ``llama_cpp``."""
+        return self._wire.name
+
+    def __repr__(self) -> str:
+        return (
+            f"OpenAICompatBackend(model={self.model!r}, base_url={self.base_url!r}, "
+            f"transport={self.transport_name!r}, dialect={self.dialect!r})"
+        )
+
+    async def complete(self, request: Request) -> Response:
+        """Makes one chat-completions call and returns the whole reply.
+
+        Raises:
+            RateLimitError: HTTP 429, with ``retry_after`` when the server sent one.
+            BackendTimeout: no full answer within the timeout.
+            BackendConnectionError: the connection was refused, reset or dropped.
+            BackendError: any other failure; ``retryable`` for 408 and 5xx.
+        """
+        self._check_key()
+        wire = self._wire
+        where = describe_endpoint(self.base_url, request.model or self.model)
+        body = build_body(request, self.model, wire, stream=False)
+        try:
+            data = await self._transport.post(body, request.timeout, where)
+        except BackendError as exc:
+            fallback = self._fallback_dialect(request, wire, exc)
+            if fallback is None:
+                raise
+            body = build_body(request, self.model, fallback, stream=False)
+            data = await self._transport.post(body, request.timeout, where)
+        else:
+            self._settle(request, wire)
+        return parse_completion(data, where)
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Makes one streamed call; yields text as it arrives, then one final chunk.
+
+        The final chunk carries the whole tool calls (fragments are joined
+        here), the finish reason, and usage when the server reports it.
+        Failures raise as in `complete`; a stream that ends before the
+        server said why it stopped raises `BackendConnectionError`.
+        """
+        self._check_key()
+        wire = self._wire
+        where = describe_endpoint(self.base_url, request.model or self.model)
+        started = False
+        try:
+            async for chunk in self._stream_once(request, wire, where):
+                started = True
+                yield chunk
+            return
+        except BackendError as exc:
+            fallback = None if started else self._fallback_dialect(request, wire, exc)
+            if fallback is None:
+                raise
+        async for chunk in self._stream_once(request, fallback, where):
+            yield chunk
+
+    async def _stream_once(
+        self, request: Request, wire: WireDialect, where: str
+    ) -> AsyncIterator[StreamChunk]:
+        body = build_body(request, self.model, wire, stream=True)
+        assembler = StreamAssembler()
+        settled = False
+        async for raw in self._transport.stream(body, request.timeout, where):
+            if not settled:  # the server accepted the request and is answering
+                self._settle(request, wire)
+                settled = True
+            text = assembler.feed(raw, where)
+            if text:
+                yield StreamChunk(text=text)
+        if not assembler.has_finished:
+            raise BackendConnectionError(
+                f"{where}: the stream ended before the server sent a finish reason"
+            )
+        yield assembler.final_chunk()
+
+    async def aclose(self) -> None:
+        """Closes the connection pool; a later call opens a new one."""
+        await self._transport.aclose()
+
+    def _check_key(self) -> None:
+        if self._missing_key:
+            raise BackendError(
+                f"{describe_endpoint(self.base_url, self.model)} needs an API key and none "
+                f"was given: pass api_key= or set the environment variable "
+                f"{self._api_key_env or 'OPENAI_API_KEY'}"
+            )
+
+    def _settle(self, request: Request, wire: WireDialect) -> None:
+        """Records that the server accepted ``wire``'s structured-output form."""
+        if not self._dialect_settled and request.response_schema is not None and wire.json_schema:
+            self._dialect_settled = True
+
+    def _fallback_dialect(
+        self, request: Request, wire: WireDialect, exc: BackendError
+    ) -> WireDialect | None:
+        """Returns the dialect to retry a rejected structured-output call in, or None.
+
+        Only an endpoint whose dialect was not given or confirmed falls back,
+        only from ``json_schema``, and only on a 400, 422 or 500 whose message
+        names ``response_format``: any other failure is the caller's to see.
+        Override this to teach the backend another server's dialect.
+        """
+        if (
+            request.response_schema is None
+            or not wire.json_schema
+            or exc.status not in _REJECTION_STATUSES
+            or "response_format" not in f"{exc} {exc.body!r}"
+        ):
+            return None
+        if self._dialect_settled:
+            # A call that was in flight while another one learned the dialect
+            # retries in what was learned; a settled json_schema endpoint does not.
+            return None if self._wire.json_schema else self._wire
+        logger.info(
+            "%s rejected response_format type json_schema; using llama_cpp's "
+            "json_object+schema for this endpoint from now on",
+            self.base_url,
+        )
+        self._wire, self._dialect_settled = LLAMA_CPP, True
+        return LLAMA_CPP

@@ -1,0 +1,50 @@
+"""Test helpers that ship with plait: a scripted OpenAI-compatible server.
+
+`ScriptedServer` runs inside a test's event loop; `start_server_process`
+runs the same server in a child process for benchmarks. See
+`plait.testing.scripted_server` for the full story.
+
+Names are loaded on first use, so ``python -m plait.testing.scripted_server``
+does not import its own module twice and ``import plait.testing`` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plait.testing._faults import Fault
+    from plait.testing._process import fetch_stats, start_server_process
+    from plait.testing.scripted_server import RequestRecord, ScriptedServer, ServerStats
+
+__all__ = [
+    "Fault",
+    "RequestRecord",
+    "ScriptedServer",
+    "ServerStats",
+    "fetch_stats",
+    "start_server_process",
+]
+
+_HOMES = {
+    "Fault": "plait.testing._faults",
+    "RequestRecord": "plait.testing.scripted_server",
+    "ScriptedServer": "plait.testing.scripted_server",
+    "ServerStats": "plait.testing.scripted_server",
+    "fetch_stats": "plait.testing._process",
+    "start_server_process": "plait.testing._process",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'plait.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
