@@ -1,0 +1,327 @@
+"""Translates plait requests into Anthropic Messages API bodies, and replies back.
+
+Pure data mapping with no SDK import, so it is cheap to load and to test.
+The facts it relies on (Messages API, 2023-06-01 version):
+
+* the system prompt is the top-level ``system`` field, not a turn;
+* tool results are ``tool_result`` blocks inside a *user* turn, and all
+  results answering one assistant turn must sit in the turn right after it;
+* ``max_tokens`` is required;
+* a tool's ``input_schema`` must be a JSON-schema ``object``.
+
+Structured output forces one extra tool whose ``input_schema`` is the
+response schema; the tool's input is the reply. This works on every Claude
+model with tool use, unlike the newer native output formats.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.backends.types import Message, Request, Response, StreamChunk, ToolCall, Usage
+
+__all__ = ["StreamAssembler", "WirePlan", "build_body", "read_message"]
+
+# end_turn and stop_sequence are both a normal stop; refusal is the model declining.
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+_TOOL_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+@dataclass(slots=True)
+class WirePlan:
+    """How to read the reply of the body built alongside it."""
+
+    schema_tool: str | None = None
+    """Name of the forced tool that carries a structured reply, if any."""
+    wrapped: bool = False
+    """The response schema was not an object and sits under ``{"value": ...}``."""
+
+
+class WireError(ValueError):
+    """A request that cannot be expressed in the Messages API (the backend wraps it)."""
+
+
+def build_body(
+    request: Request, *, model: str, max_tokens_default: int
+) -> tuple[dict[str, Any], WirePlan]:
+    """Returns the keyword arguments of ``messages.create`` and how to read the reply.
+
+    Temperature and top_p travel in ``extra_body``: newer SDKs (2.x) dropped
+    them from ``create``'s signature, older ones accept both ways. Options the
+    API lacks (seed, presence and frequency penalties) are not sent.
+
+    Raises:
+        WireError: a tool choice names no tool of the request, or an assistant
+            turn holds tool-call arguments that are not a JSON object.
+    """
+    system, turns = _map_messages(request.messages)
+    opts = request.options
+    body: dict[str, Any] = {
+        "model": request.model or model,
+        "max_tokens": opts.max_tokens if opts.max_tokens is not None else max_tokens_default,
+        "messages": turns,
+    }
+    if system:
+        body["system"] = system
+    if opts.stop:
+        body["stop_sequences"] = list(opts.stop)
+    extra = {
+        k: v for k, v in (("temperature", opts.temperature), ("top_p", opts.top_p)) if v is not None
+    }
+    if extra:
+        body["extra_body"] = extra
+    tools = [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters}
+        for t in request.tools
+    ]
+    plan = WirePlan()
+    choice = _map_tool_choice(request)
+    if request.response_schema is not None and choice is None:
+        plan = _schema_plan(request, {t["name"] for t in tools})
+        schema = request.response_schema.schema
+        if plan.wrapped:
+            schema = {"type": "object", "properties": {"value": schema}, "required": ["value"]}
+        tools.append(
+            {
+                "name": plan.schema_tool,
+                "description": f"Give the answer as {request.response_schema.name}.",
+                "input_schema": schema,
+            }
+        )
+        choice = {"type": "tool", "name": plan.schema_tool}
+    if tools:
+        body["tools"] = tools
+    if choice is not None:
+        body["tool_choice"] = choice
+    return body, plan
+
+
+def _map_tool_choice(request: Request) -> dict[str, Any] | None:
+    """Maps plait's choice; None means "not forced" (the API's own default, auto)."""
+    choice = request.tool_choice
+    if choice is None or not request.tools:
+        return None
+    if choice == "auto":
+        return {"type": "auto"}
+    if choice == "required":
+        return {"type": "any"}
+    if choice == "none":
+        return {"type": "none"}
+    names = [t.name for t in request.tools]
+    if choice not in names:
+        known = ", ".join(repr(n) for n in names)
+        raise WireError(f"tool_choice {choice!r} is not among the request's tools ({known})")
+    return {"type": "tool", "name": choice}
+
+
+def _schema_plan(request: Request, taken: set[str]) -> WirePlan:
+    assert request.response_schema is not None
+    name = _TOOL_NAME.sub("_", request.response_schema.name)[:64] or "structured_output"
+    while name in taken:
+        name = f"{name[:60]}_out"
+    wrapped = request.response_schema.schema.get("type") != "object"
+    return WirePlan(schema_tool=name, wrapped=wrapped)
+
+
+def _map_messages(messages: tuple[Message, ...]) -> tuple[str, list[dict[str, Any]]]:
+    """Returns the system text and the turns, consecutive same-role turns merged."""
+    system: list[str] = []
+    turns: list[tuple[str, list[dict[str, Any]]]] = []
+    for index, message in enumerate(messages):
+        if message.role == "system":
+            # The API has no mid-conversation system turn; every system text joins `system`.
+            system.append(message.content)
+            continue
+        role = "assistant" if message.role == "assistant" else "user"
+        blocks = _blocks(message, index)
+        if not blocks:
+            continue
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+    out = []
+    for role, blocks in turns:
+        if len(blocks) == 1 and blocks[0]["type"] == "text":
+            out.append({"role": role, "content": blocks[0]["text"]})
+        else:
+            out.append({"role": role, "content": blocks})
+    return "\n\n".join(s for s in system if s), out
+
+
+def _blocks(message: Message, index: int) -> list[dict[str, Any]]:
+    if message.role == "tool":
+        return [
+            {
+                "type": "tool_result",
+                "tool_use_id": message.tool_call_id or "",
+                "content": message.content,
+            }
+        ]
+    blocks: list[dict[str, Any]] = []
+    if message.content:
+        blocks.append({"type": "text", "text": message.content})
+    for call in message.tool_calls:
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call, index)}
+        )
+    return blocks
+
+
+def _input(call: ToolCall, index: int) -> dict[str, Any]:
+    try:
+        value = json.loads(call.arguments or "{}")
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise WireError(
+            f"messages[{index}] calls tool {call.name!r} with arguments that are not a JSON "
+            f"object ({call.arguments[:80]!r}); Anthropic needs an object as tool input"
+        )
+    return value
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    # Cached prompt tokens are reported apart from input_tokens; all of them were read.
+    total_in = (
+        (getattr(usage, "input_tokens", 0) or 0)
+        + (getattr(usage, "cache_creation_input_tokens", 0) or 0)
+        + (getattr(usage, "cache_read_input_tokens", 0) or 0)
+    )
+    return Usage(input_tokens=total_in, output_tokens=getattr(usage, "output_tokens", 0) or 0)
+
+
+def _finish(stop_reason: str | None, plan: WirePlan) -> str | None:
+    if stop_reason is None:
+        return None
+    if plan.schema_tool and stop_reason == "tool_use":
+        return "stop"
+    return _FINISH.get(stop_reason, stop_reason)
+
+
+def _schema_text(data: Any, plan: WirePlan) -> str:
+    if plan.wrapped and isinstance(data, dict):
+        data = data.get("value")
+    return json.dumps(data, ensure_ascii=False)
+
+
+def read_message(message: Any, plan: WirePlan) -> Response:
+    """Turns an SDK ``Message`` into a `Response`."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in message.content:
+        kind = getattr(block, "type", None)
+        if kind == "text":
+            texts.append(block.text)
+        elif kind == "tool_use" and block.name == plan.schema_tool:
+            texts = [_schema_text(block.input, plan)]
+        elif kind == "tool_use":
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input)))
+    return Response(
+        text="".join(texts),
+        tool_calls=tuple(calls),
+        usage=_usage(message.usage),
+        finish_reason=_finish(message.stop_reason, plan),
+        model=message.model,
+    )
+
+
+@dataclass(slots=True)
+class _OpenBlock:
+    kind: str
+    id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)
+
+
+class StreamAssembler:
+    """Turns raw Messages API stream events into `StreamChunk`s.
+
+    Text deltas pass straight through; a tool call's input JSON arrives in
+    fragments and is handed on whole when its block closes. Usage comes from
+    ``message_start`` (input) and ``message_delta`` (cumulative output).
+    A structured reply (the forced schema tool) is also delivered whole, as
+    text, so streamed and whole replies carry the same JSON.
+    """
+
+    def __init__(self, plan: WirePlan) -> None:
+        self._plan = plan
+        self._blocks: dict[int, _OpenBlock] = {}
+        self._usage = Usage()
+        self._stop_reason: str | None = None
+        self.model: str | None = None
+
+    def feed(self, event: Any) -> StreamChunk | None:
+        """Takes one event; returns the chunk it completes, if any."""
+        kind = getattr(event, "type", None)
+        if kind == "message_start":
+            self.model = event.message.model
+            self._usage = _usage(event.message.usage)
+        elif kind == "content_block_start":
+            return self._start(event.index, event.content_block)
+        elif kind == "content_block_delta":
+            return self._delta(event.index, event.delta)
+        elif kind == "content_block_stop":
+            return self._stop(event.index)
+        elif kind == "message_delta":
+            self._stop_reason = event.delta.stop_reason or self._stop_reason
+            self._merge_usage(event.usage)
+        return None
+
+    def finish(self) -> StreamChunk:
+        """Returns the last chunk, with finish reason and usage."""
+        return StreamChunk(finish_reason=_finish(self._stop_reason, self._plan), usage=self._usage)
+
+    def _start(self, index: int, block: Any) -> StreamChunk | None:
+        kind = getattr(block, "type", "")
+        if kind == "tool_use":
+            self._blocks[index] = _OpenBlock("tool_use", block.id, block.name)
+            return None
+        self._blocks[index] = _OpenBlock(kind)
+        text = getattr(block, "text", "") if kind == "text" else ""
+        return StreamChunk(text=text) if text else None
+
+    def _delta(self, index: int, delta: Any) -> StreamChunk | None:
+        block = self._blocks.get(index)
+        kind = getattr(delta, "type", None)
+        if kind == "text_delta":
+            return StreamChunk(text=delta.text) if delta.text else None
+        if kind == "input_json_delta" and block is not None:
+            block.parts.append(delta.partial_json)
+        return None
+
+    def _stop(self, index: int) -> StreamChunk | None:
+        block = self._blocks.pop(index, None)
+        if block is None or block.kind != "tool_use":
+            return None
+        arguments = "".join(block.parts) or "{}"
+        if block.name == self._plan.schema_tool:
+            try:
+                return StreamChunk(text=_schema_text(json.loads(arguments), self._plan))
+            except ValueError:
+                return StreamChunk(text=arguments)  # cut short by max_tokens: shown as sent
+        return StreamChunk(
+            tool_calls=(ToolCall(id=block.id, name=block.name, arguments=arguments),)
+        )
+
+    def _merge_usage(self, usage: Any) -> None:
+        if usage is None:
+            return
+        self._usage.output_tokens = usage.output_tokens or self._usage.output_tokens
+        if getattr(usage, "input_tokens", None):
+            # Newer API versions repeat cumulative input counts here.
+            self._usage = Usage(
+                input_tokens=_usage(usage).input_tokens, output_tokens=self._usage.output_tokens
+            )

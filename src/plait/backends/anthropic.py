@@ -1,0 +1,213 @@
+"""The Anthropic backend: Claude models through the official ``anthropic`` SDK.
+
+The SDK is imported on first use, never by ``import plait``. It runs with
+``max_retries=0``: the resource layer owns retries, and sees every failure as
+a `BackendError` with its status, ``retryable`` and ``retry_after`` (from
+``retry-after-ms`` or ``retry-after``). Request and reply translation lives in
+`plait.backends._anthropic_wire`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from plait.backends._anthropic_wire import (
+    StreamAssembler,
+    WireError,
+    WirePlan,
+    build_body,
+    read_message,
+)
+from plait.backends._errors import error_from_status
+from plait.backends.base import Backend
+from plait.backends.types import Request, Response, StreamChunk
+from plait.errors import (
+    BackendConnectionError,
+    BackendError,
+    BackendTimeout,
+    ConfigError,
+    RateLimitError,
+)
+
+if TYPE_CHECKING:
+    from anthropic import AsyncAnthropic
+
+__all__ = ["AnthropicBackend"]
+
+# Errors that arrive as an SSE ``error`` event inside a 200 stream carry only a type;
+# these are the statuses the same errors have as HTTP answers (Anthropic's error docs).
+_STATUS_OF_ERROR_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "timeout_error": 504,
+    "overloaded_error": 529,
+}
+
+
+class AnthropicBackend(Backend):
+    """Talks to Anthropic's Messages API (or a server that speaks it).
+
+    Example::
+
+        backend = AnthropicBackend("claude-sonnet-4-5")       # key from ANTHROPIC_API_KEY
+        reply = await backend.complete(Request(messages=(Message("user", "Hi"),)))
+
+    Structured output (``Request.response_schema``) forces a tool whose input
+    schema is the response schema; the reply's ``text`` is that tool's input
+    as JSON, and the tool does not appear in ``tool_calls``.
+
+    Args:
+        model: the model id used when a request names none.
+        api_key: the key; None reads the variable named by ``api_key_env``.
+        api_key_env: environment variable holding the key.
+        base_url: another endpoint (a proxy, or a test server); None is Anthropic's.
+        timeout: seconds per call, unless the request sets its own.
+        max_tokens_default: ``max_tokens`` for requests that set none (the API requires it).
+
+    Raises:
+        ConfigError: no key was given and the variable is unset or empty.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str = "ANTHROPIC_API_KEY",
+        base_url: str | None = None,
+        timeout: float = 60.0,
+        max_tokens_default: int = 1024,
+    ) -> None:
+        key = api_key if api_key is not None else os.environ.get(api_key_env)
+        if not key:
+            raise ConfigError(
+                f"AnthropicBackend(model={model!r}) has no API key: pass api_key=..., or set "
+                f"the environment variable {api_key_env}."
+            )
+        self.model = model
+        self.base_url = base_url
+        self.timeout = timeout
+        self.max_tokens_default = max_tokens_default
+        self._api_key = key
+        self._client: AsyncAnthropic | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+
+    async def complete(self, request: Request) -> Response:
+        """Sends one Messages API call and returns the whole reply.
+
+        Raises:
+            RateLimitError: HTTP 429, with ``retry_after`` when the server sent one.
+            BackendTimeout: no answer within the timeout.
+            BackendConnectionError: the connection failed.
+            BackendError: any other failure; ``retryable`` for 5xx and 529.
+        """
+        body, plan = self._body(request)
+        client = self._get_client()
+        sdk = _sdk()
+        try:
+            message = await client.messages.create(**body, timeout=self._timeout(request))
+        except sdk.AnthropicError as exc:
+            raise self._map_error(exc, body["model"], request) from exc
+        return read_message(message, plan)
+
+    async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Streams one call; text as it arrives, tool calls whole, usage on the last chunk."""
+        body, plan = self._body(request)
+        client = self._get_client()
+        sdk = _sdk()
+        assembler = StreamAssembler(plan)
+        try:
+            events = await client.messages.create(
+                **body, stream=True, timeout=self._timeout(request)
+            )
+            try:
+                async for event in events:
+                    chunk = assembler.feed(event)
+                    if chunk is not None:
+                        yield chunk
+            finally:
+                await events.close()
+        except sdk.AnthropicError as exc:
+            raise self._map_error(exc, body["model"], request) from exc
+        yield assembler.finish()
+
+    async def aclose(self) -> None:
+        """Closes the SDK client's connections."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def _body(self, request: Request) -> tuple[dict[str, Any], WirePlan]:
+        try:
+            return build_body(request, model=self.model, max_tokens_default=self.max_tokens_default)
+        except WireError as exc:
+            raise BackendError(f"{self!r}: {exc}") from exc
+
+    def _timeout(self, request: Request) -> float:
+        return request.timeout if request.timeout is not None else self.timeout
+
+    def _get_client(self) -> AsyncAnthropic:
+        """Returns the SDK client, made anew on another event loop.
+
+        Its connection pool belongs to the loop it first ran on, and blocking
+        callers (``run_sync``) start a fresh loop per call.
+        """
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = _sdk().AsyncAnthropic(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,
+            )
+            self._client_loop = loop
+        return self._client
+
+    def _map_error(self, exc: Exception, model: str, request: Request) -> BackendError:
+        """Wraps an SDK exception in plait's error family (the caller chains it)."""
+        sdk = _sdk()
+        where = f"Anthropic endpoint {self.base_url or 'api.anthropic.com'} (model {model!r})"
+        if isinstance(exc, sdk.APITimeoutError):
+            return BackendTimeout(f"{where} did not answer within {self._timeout(request)} s")
+        if isinstance(exc, sdk.APIConnectionError):
+            return BackendConnectionError(f"{where}: connection failed ({exc})")
+        if not isinstance(exc, sdk.APIStatusError):
+            return BackendError(f"{where}: {type(exc).__name__}: {exc}")
+        status = exc.status_code
+        if status < 400:  # an ``error`` event inside a streamed 200 answer
+            status = _STATUS_OF_ERROR_TYPE.get(str(getattr(exc, "type", None)), 500)
+        headers = exc.response.headers
+        body = exc.body
+        raw = body if body is None or isinstance(body, str | bytes) else orjson.dumps(body)
+        error = error_from_status(status, raw, headers, where=where)
+        # Anthropic tells clients whether a retry can help; its own SDK obeys this header.
+        advice = headers.get("x-should-retry")
+        if advice in ("true", "false") and not isinstance(error, RateLimitError):
+            error.retryable = advice == "true"
+        return error
+
+
+def _sdk() -> Any:
+    try:
+        import anthropic
+    except ImportError as exc:
+        raise ConfigError(
+            "AnthropicBackend needs the anthropic SDK; install it with "
+            "`pip install 'plait[anthropic]'`"
+        ) from exc
+    return anthropic
