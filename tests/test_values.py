@@ -450,3 +450,27 @@ def test_value_refs_are_hashable_and_equal_by_ref() -> None:
     assert len({ValueRef("n1"), ValueRef("n1"), ValueRef("n2")}) == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         ValueRef("n1").ref = "n2"  # type: ignore[misc]
+
+
+def test_attribute_access_on_structured_values_selects_the_field() -> None:
+    structured = valueify({"answer": 3}, kind=ValueKind.STRUCTURED)
+    assert structured.answer.payload == 3
+    assert structured.missing.kind is ValueKind.ERROR
+    with pytest.raises(AttributeError):
+        valueify("plain text").answer  # noqa: B018 - text has no fields
+
+
+def test_attribute_access_on_a_traced_reply_records_a_select_node() -> None:
+    from plait import LLMInference, Module
+    from plait.tracing import Tracer
+
+    class Reads(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = LLMInference("x")
+
+        def forward(self, question: str) -> object:
+            return self.llm(question).answer
+
+    graph = Tracer().trace(Reads(), "q")
+    assert graph.nodes["F.select"].args == (ValueRef("llm"), "answer")

@@ -137,6 +137,17 @@ class Value:
 
         return F.select(self, key)
 
+    def __getattr__(self, name: str) -> Value:
+        # Reached only when normal lookup fails: `reply.answer` on a traced or
+        # structured value selects the field (one F.select node while tracing).
+        payload = self.__dict__.get("payload")
+        kind = self.__dict__.get("kind")
+        if name.startswith("_") or not (payload is SYMBOLIC or kind is ValueKind.STRUCTURED):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        from plait import functional as F
+
+        return F.select(self, name)
+
     def get(self, key: Any, default: Any = None) -> Value:
         """Returns ``self[key]``, or ``default`` (as a Value) when the key is missing."""
         from plait import functional as F
