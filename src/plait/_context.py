@@ -54,3 +54,9 @@ SETTINGS: ContextVar[Any] = ContextVar("plait_settings", default=None)
 
 PROFILE: ContextVar[Any] = ContextVar("plait_profile", default=None)
 """The active profiler (``plait.profiling.Profiler``), if any; the scheduler reports to it."""
+
+ROLLOUT: ContextVar[str | None] = ContextVar("plait_rollout", default=None)
+"""Rollout id stamped on every LLM request made in this context (deliberate fresh samples).
+
+``BestOfN`` sets a different one per attempt so the response cache keeps them apart.
+"""

@@ -9,16 +9,25 @@ alias and the expected type.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions, Usage
-from plait.errors import StructuredOutputError
+from plait.errors import PlaitError, StructuredOutputError
 from plait.execution.structured import OutputType, output_type_for
 from plait.module import LLMInference
 from plait.values import Value, ValueKind
 
-__all__ = ["build_request", "call_llm"]
+__all__ = ["USE_CACHE", "build_request", "call_llm", "generate"]
+
+USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cache", default=True)
+"""Whether LLM calls may use the endpoints' response caches (the execution option ``cache``).
+
+`plait.execution.run` sets it for the duration of a call or batch; the
+scheduler's tasks and ``async def forward`` leaves inherit it.
+"""
 
 _REASK = (
     "Your previous reply could not be used: {error}\n"
@@ -61,6 +70,7 @@ def build_request(module: LLMInference, prompt: Any, timeout: float | None = Non
         options=SamplingOptions(temperature=module.temperature, max_tokens=module.max_tokens),
         response_schema=output_type_for(fmt).schema if fmt is not None else None,
         timeout=timeout,
+        rollout_id=_context.ROLLOUT.get(),
     )
 
 
@@ -78,7 +88,7 @@ async def call_llm(
         BackendError: the call failed after the resource layer's retries.
     """
     request = build_request(module, prompt, timeout)
-    response = await resources.complete(module.alias, request)
+    response = await resources.complete(module.alias, request, cache=USE_CACHE.get())
     if module.response_format is None:
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
     output = output_type_for(module.response_format)
@@ -104,7 +114,7 @@ async def _reask(
             Message("user", _REASK.format(error=first)),
         )
     )
-    second = await resources.complete(module.alias, retry)
+    second = await resources.complete(module.alias, retry, cache=USE_CACHE.get())
     usage = Usage()
     usage.add(response.usage)
     usage.add(second.usage)
@@ -133,3 +143,24 @@ def _value_of(kind: ValueKind, payload: Any, response: Response, usage: Usage) -
     if response.tool_calls:
         meta["tool_calls"] = response.tool_calls
     return Value(kind, payload, meta=meta)
+
+
+async def generate(alias: str, request: Request) -> Response:
+    """Makes one LLM call from inside a running program, through that program's resources.
+
+    For ``async def forward`` leaves that build their own requests (signature
+    adapters, tool loops): the call counts against the run's global limit and
+    the endpoint's limits, is retried and cached like any other, and carries
+    the context's rollout id.
+
+    Raises:
+        PlaitError: no program is running in this context.
+    """
+    runner = _context.current_run()
+    if runner is None:
+        raise PlaitError(
+            f"generate({alias!r}, ...) needs a running program: call it inside an "
+            "`async def forward` of a module executed with resources (bound, "
+            "ExecutionSettings, or plait.run)"
+        )
+    return await runner.complete(alias, request)

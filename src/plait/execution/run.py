@@ -22,6 +22,7 @@ from plait import _context
 from plait.errors import ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
 from plait.execution.checkpoint import Checkpoint
+from plait.execution.llm_call import USE_CACHE
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.execution.settings import OPTION_NAMES, effective_options
@@ -47,8 +48,8 @@ async def run(
             or ``ExecutionSettings`` resources).
         max_concurrent: most LLM calls in flight at once.
         checkpoint_dir: directory that makes a batch resumable.
-        **kwargs: execution options (``timeout``, ``progress``, ``on_error``) or
-            keyword arguments of ``forward``.
+        **kwargs: execution options (``timeout``, ``progress``, ``on_error``,
+            ``cache=False`` to skip response caches) or keyword arguments of ``forward``.
 
     Returns:
         The output (raw data in the structure ``forward`` returned), or a list
@@ -128,7 +129,11 @@ async def _run_single(
 ) -> Any:
     runner = _runner(resources, options)
     graph = trace_cached(module, args, kwargs)
-    output, _ = await execute_graph(graph, runner, args, kwargs)
+    token = USE_CACHE.set(options["cache"])
+    try:
+        output, _ = await execute_graph(graph, runner, args, kwargs)
+    finally:
+        USE_CACHE.reset(token)
     return output
 
 
@@ -155,6 +160,7 @@ async def _run_batch(
         return output
 
     checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"])
+    cache_token = USE_CACHE.set(options["cache"])
     try:
         with BatchProgress(len(items), options["progress"], runner.manager) as progress:
 
@@ -172,6 +178,7 @@ async def _run_batch(
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
             await run_items(items, run_item, runner.max_concurrent, on_result, skip)
     finally:
+        USE_CACHE.reset(cache_token)
         if checkpoint is not None:
             checkpoint.close()
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from dataclasses import replace
 from typing import Any
 
+from plait import _context
+from plait.backends.types import Request, Response
 from plait.execution.llm_call import call_llm
+from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
 from plait.module import LLMInference, Module, is_async_module
 from plait.tracing import InferenceGraph, Tracer, input_signature, is_leaf_module
 from plait.values import Value, unwrap
@@ -93,17 +97,43 @@ class Runner:
         async with self._slots:
             return await call_llm(module, prompt, self.manager, self.timeout)
 
-    async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
-        """Runs any module on real inputs with these resources and returns raw output."""
-        from plait.execution.scheduler import execute_graph
+    async def complete(self, alias: str, request: Request) -> Response:
+        """Makes one raw call within the global limit; used by `generate` in async leaves.
 
+        The runner's timeout and the context's rollout id fill in what the
+        request leaves unset.
+        """
+        rollout = _context.ROLLOUT.get()
+        if request.timeout is None and self.timeout is not None:
+            request = replace(request, timeout=self.timeout)
+        if request.rollout_id is None and rollout is not None:
+            request = replace(request, rollout_id=rollout)
+        async with self._slots:
+            return await self.manager.complete(alias, request)
+
+    async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        """Runs any module on real inputs with these resources and returns raw output.
+
+        Called inside an ``async def forward`` leaf: the child is named (for
+        profiling and errors) by its path under that leaf, e.g. ``triage.classify``.
+        """
+        path = scoped(module._name or type(module).__name__)
         if isinstance(module, LLMInference):
-            return (await self.call_llm(module, args, kwargs)).payload
-        if is_async_module(module):
-            return unwrap(await module.forward(*args, **kwargs))
-        graph = trace_cached(module, args, kwargs)
-        output, _ = await execute_graph(graph, self, args, kwargs)
-        return output
+            profiler = _context.PROFILE.get()
+            started = profiler.now() if profiler is not None else 0.0
+            value = await self.call_llm(module, args, kwargs)
+            if profiler is not None:
+                profiler.record(path, path, NODE_SCOPE.get()[1], started, value.meta)
+            return value.payload
+        scope = NODE_SCOPE.set((path, NODE_SCOPE.get()[1]))
+        try:
+            if is_async_module(module):
+                return unwrap(await module.forward(*args, **kwargs))
+            graph = trace_cached(module, args, kwargs)
+            output, _ = await execute_graph(graph, self, args, kwargs)
+            return output
+        finally:
+            NODE_SCOPE.reset(scope)
 
     def call_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Handles ``child(x)`` inside an ``async def forward``.

@@ -14,6 +14,7 @@ bookkeeping of dependents never changes and fan-in graphs cannot deadlock.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,24 @@ from plait.values import Value, ValueKind, _infer_kind, unwrap
 if TYPE_CHECKING:
     from plait.execution.runner import Runner
 
-__all__ = ["execute_graph"]
+__all__ = ["NODE_SCOPE", "execute_graph", "scoped"]
+
+NODE_SCOPE: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
+    "plait_node_scope", default=("", None)
+)
+"""(module path, batch index) of the ``async def forward`` leaf running now, if any.
+
+Calls made inside such a leaf run outside the traced graph; the scope lets
+them be profiled (and fail) under their full path and the item's index.
+"""
+
+
+def scoped(path: str) -> str:
+    """Returns ``path`` under the current async leaf's path (unchanged at the top level)."""
+    prefix = NODE_SCOPE.get()[0]
+    if not prefix:
+        return path
+    return f"{prefix}.{path}" if path else prefix
 
 
 async def execute_graph(
@@ -48,6 +66,8 @@ async def execute_graph(
     """
     results = _bind_inputs(graph, args, kwargs)
     params = runner.parameter_table(graph)
+    if index is None:  # a graph run inside an async leaf belongs to that leaf's item
+        index = NODE_SCOPE.get()[1]
     run = _GraphRun(graph, runner, results, params, index)
     await run.run()
     output_errors = [r for r in graph.output_ids if r in results and results[r].is_error]
@@ -198,9 +218,12 @@ class _GraphRun:
                 value = await self.runner.call_llm(node.module, call_args, call_kwargs)
             else:
                 token = _context.RUN.set(self.runner)
+                # The root module's path is "": its children keep their own paths.
+                scope = NODE_SCOPE.set((scoped(node.module_path), self.index))
                 try:
                     value = _as_value(await node.module.forward(*call_args, **call_kwargs), None)
                 finally:
+                    NODE_SCOPE.reset(scope)
                     _context.RUN.reset(token)
         except asyncio.CancelledError:
             raise
@@ -208,7 +231,8 @@ class _GraphRun:
             raise self.failure(node, exc) from exc
         value.ref = node.id
         if profiler is not None:
-            profiler.record(node.id, node.module_path, self.index, started, value.meta)
+            path = node.module_path or node.id
+            profiler.record(scoped(node.id), scoped(path), self.index, started, value.meta)
         return value
 
     def _resolve(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -228,11 +252,12 @@ class _GraphRun:
     def failure(self, node: Node, cause: BaseException, note: str = "") -> ExecutionError:
         """Returns the ExecutionError for ``node`` failing with ``cause``."""
         where = "" if self.index is None else f" on input {self.index}"
-        path = node.module_path or (type(node.module).__name__ if node.module else node.id)
-        label = node.id if node.id == path else f"{node.id} ({path})"
+        path = scoped(node.module_path or (type(node.module).__name__ if node.module else node.id))
+        node_id = scoped(node.id)
+        label = node_id if node_id == path else f"{node_id} ({path})"
         return ExecutionError(
             f"{label} failed{where}{note}: {type(cause).__name__}: {cause}",
-            node_id=node.id,
+            node_id=node_id,
             module_path=path,
             input_index=self.index,
             cause=cause,

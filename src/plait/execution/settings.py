@@ -43,6 +43,8 @@ class ExecutionSettings:
     """Show a progress bar for batches (default: when stderr is a terminal)."""
     on_error: str | None = None
     """``raise`` (default): a failed item fails the batch; ``collect``: it becomes its error."""
+    cache: bool | None = None
+    """False skips the endpoints' response caches (no lookup, no store) for these calls."""
 
     def __post_init__(self) -> None:
         if self.max_concurrent is not None and self.max_concurrent < 1:
@@ -85,6 +87,7 @@ DEFAULTS: dict[str, Any] = {
     "timeout": None,
     "progress": None,
     "on_error": "raise",
+    "cache": True,
 }
 OPTION_NAMES = frozenset(DEFAULTS)
 """Keyword arguments of a call that are execution options, not forward() arguments."""
