@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
 from plait import _context
+from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter
 
 __all__ = ["LLMInference", "Module", "is_async_module"]
@@ -121,13 +122,32 @@ class Module:
         """Runs ``forward`` with no resources. Override to refuse (as LLMInference does)."""
         return self.forward(*args, **kwargs)
 
+    # --------------------------------------------------------------- backward
+    def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult | Any:
+        """Says how feedback on this node's output reaches its inputs and parameters.
+
+        Called for leaf nodes during ``await loss.backward()``, with the real
+        inputs and output of the forward pass in ``ctx``. The default passes
+        the feedback to every input and tells each learnable parameter of
+        this module (and its children) what went in, what came out and what
+        was said about it. Override to route more precisely; may be ``async``
+        and make LLM calls (they run through the training resources).
+        """
+        result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
+        report = _call_report(ctx)
+        for name, param in self.named_parameters():
+            if param.requires_grad:
+                result.parameter_feedback[name] = report
+        return result
+
     # ---------------------------------------------------------------- binding
-    def bind(self, resources: Any, max_concurrent: int = 100, **kwargs: Any) -> Self:
+    def bind(self, resources: Any, max_concurrent: int | None = None, **kwargs: Any) -> Self:
         """Binds resources so ``await module(x)`` and ``run_sync`` execute for real.
 
         Args:
             resources: a ``ResourceConfig``, ``ResourceManager`` or mapping.
-            max_concurrent: most graph nodes running at once in one call.
+            max_concurrent: most LLM calls in flight at once (None: from
+                ``ExecutionSettings``, else 100).
             **kwargs: other execution options (``checkpoint_dir``, ``timeout`` …).
 
         Returns:
@@ -255,6 +275,16 @@ class Module:
         return head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
+def _call_report(ctx: BackwardContext) -> str:
+    """Returns the bounded account of one call that a parameter's feedback quotes."""
+    inputs = "\n".join(f"{name}: {clip(value, 600)}" for name, value in ctx.inputs.items())
+    return (
+        f"Step {ctx.module_path or ctx.node_id} received:\n{inputs}\n"
+        f"It produced:\n{clip(ctx.output, 600)}\n"
+        f"Feedback on that output:\n{clip(ctx.feedback)}"
+    )
+
+
 def is_async_module(module: Module) -> bool:
     """Whether ``module.forward`` is ``async def`` (it then runs eagerly as one node)."""
     return inspect.iscoroutinefunction(type(module).forward)
@@ -305,6 +335,13 @@ class LLMInference(Module):
             "LLMInference.forward() is run by plait's executor; call the module "
             "(bound, or inside ExecutionSettings) instead"
         )
+
+    def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult:
+        """Sends the feedback to the prompt's producers and, if learnable, to the system prompt."""
+        result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
+        if self.system_prompt is not None and self.system_prompt.requires_grad:
+            result.parameter_feedback["system_prompt"] = _call_report(ctx)
+        return result
 
     def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         path = self._name or type(self).__name__

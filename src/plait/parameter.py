@@ -39,7 +39,7 @@ class Parameter:
 
     _is_plait_parameter = True
 
-    __slots__ = ("_feedback", "_name", "description", "requires_grad", "value")
+    __slots__ = ("_feedback", "_name", "description", "dropped_feedback", "requires_grad", "value")
 
     def __init__(
         self, value: Any, description: str | None = None, requires_grad: bool = True
@@ -55,6 +55,8 @@ class Parameter:
         self.requires_grad = requires_grad
         self._name: str | None = None
         self._feedback: list[str] = []
+        self.dropped_feedback = 0
+        """Feedback items dropped since the last update because the buffer was full."""
 
     @property
     def name(self) -> str:
@@ -83,10 +85,27 @@ class Parameter:
         return f"Parameter({self.value!r}{flag})"
 
     # ---------------------------------------------------------------- feedback
+    max_feedback = 16
+    """Most feedback items kept between updates; older ones are dropped (and counted)."""
+    max_feedback_chars = 2000
+    """Longest single feedback item kept; longer ones are cut."""
+
     def accumulate_feedback(self, feedback: str) -> None:
-        """Stores feedback from a backward pass (ignored when frozen)."""
-        if self.requires_grad:
-            self._feedback.append(feedback)
+        """Stores feedback from a backward pass (ignored when frozen).
+
+        The buffer is bounded (`max_feedback` items of at most
+        `max_feedback_chars`), so an optimizer prompt built from it stays
+        small however long training runs; the newest items are kept.
+        """
+        if not self.requires_grad:
+            return
+        text = str(feedback)
+        if len(text) > self.max_feedback_chars:
+            text = text[: self.max_feedback_chars] + " …[cut]"
+        self._feedback.append(text)
+        if len(self._feedback) > self.max_feedback:
+            del self._feedback[0]
+            self.dropped_feedback += 1
 
     def get_accumulated_feedback(self) -> list[str]:
         """Returns a copy of the feedback collected since the last update."""
@@ -95,8 +114,9 @@ class Parameter:
     def apply_update(self, new_value: Any) -> None:
         """Sets an optimizer-computed value and clears the consumed feedback."""
         self.value = new_value
-        self._feedback.clear()
+        self.zero_feedback()
 
     def zero_feedback(self) -> None:
         """Clears collected feedback, like ``zero_grad``."""
         self._feedback.clear()
+        self.dropped_feedback = 0

@@ -154,6 +154,24 @@ class Value:
 
         return F.select(self, key, default=default)
 
+    # --------------------------------------------------------------- training
+    async def backward(self, grad: Any = None, **options: Any) -> Any:
+        """Sends feedback backward from this training-mode output (``await loss.backward()``).
+
+        Also callable as ``await Value.backward(outputs, grad=feedback)`` for
+        several outputs at once. See ``plait.optimization.backward``.
+        """
+        from plait.optimization.backward import backward  # learning layer, loaded on use
+
+        return await backward(self, grad, **options)
+
+    def detach_tape(self) -> None:
+        """Releases the forward records of this output early (backward is then impossible)."""
+        from plait.execution.tape import release_tape
+
+        for tape_id in self.meta.pop("_tape_ids", []):
+            release_tape(tape_id)
+
     # ------------------------------------------------------------- formatting
     def __str__(self) -> str:
         if self.payload is SYMBOLIC:

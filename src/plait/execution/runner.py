@@ -19,6 +19,7 @@ from plait import _context
 from plait.backends.types import Request, Response
 from plait.execution.llm_call import call_llm
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
+from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, Module, is_async_module
 from plait.tracing import InferenceGraph, Tracer, input_signature, is_leaf_module
 from plait.values import Value, unwrap
@@ -69,9 +70,17 @@ class Runner:
         timeout: seconds per LLM call, or None for each endpoint's own.
     """
 
-    def __init__(self, manager: Any, max_concurrent: int = 100, timeout: float | None = None):
+    def __init__(
+        self,
+        manager: Any,
+        max_concurrent: int = 100,
+        timeout: float | None = None,
+        training: bool = False,
+    ):
         self.manager = manager
         self.timeout = timeout
+        self.training = training
+        """Record tapes: outputs carry ``_tape_ids`` and async leaves note their inner calls."""
         self.max_concurrent = max_concurrent
         self._slots = asyncio.Semaphore(max_concurrent)
         self._params: dict[int, dict[str, Any]] = {}
@@ -95,7 +104,20 @@ class Runner:
         else:
             raise TypeError(f"LLMInference (alias {module.alias!r}) was called without a prompt")
         async with self._slots:
-            return await call_llm(module, prompt, self.manager, self.timeout)
+            value = await call_llm(module, prompt, self.manager, self.timeout)
+        calls = INNER_CALLS.get()
+        if calls is not None:
+            path = scoped(module._name or type(module).__name__)
+            calls.append(
+                {
+                    "module": module,
+                    "path": path,
+                    "args": (prompt,),
+                    "kwargs": {},
+                    "output": value.payload,
+                }
+            )
+        return value
 
     async def complete(self, alias: str, request: Request) -> Response:
         """Makes one raw call within the global limit; used by `generate` in async leaves.
@@ -109,7 +131,13 @@ class Runner:
         if request.rollout_id is None and rollout is not None:
             request = replace(request, rollout_id=rollout)
         async with self._slots:
-            return await self.manager.complete(alias, request)
+            response = await self.manager.complete(alias, request)
+        calls = INNER_CALLS.get()
+        if calls is not None:
+            calls.append(
+                {"module": None, "path": scoped(alias), "request": request, "output": response.text}
+            )
+        return response
 
     async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
         """Runs any module on real inputs with these resources and returns raw output.

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait import _context
 from plait.errors import ExecutionError
+from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, is_async_module
 from plait.tracing.graph import InferenceGraph, Node, substitute
 from plait.values import Value, ValueKind, _infer_kind, unwrap
@@ -220,11 +221,16 @@ class _GraphRun:
                 token = _context.RUN.set(self.runner)
                 # The root module's path is "": its children keep their own paths.
                 scope = NODE_SCOPE.set((scoped(node.module_path), self.index))
+                calls: list[dict[str, Any]] | None = [] if self.runner.training else None
+                noting = INNER_CALLS.set(calls)
                 try:
                     value = _as_value(await node.module.forward(*call_args, **call_kwargs), None)
                 finally:
+                    INNER_CALLS.reset(noting)
                     NODE_SCOPE.reset(scope)
                     _context.RUN.reset(token)
+                if calls:
+                    value.meta["_inner_calls"] = calls
         except asyncio.CancelledError:
             raise
         except Exception as exc:

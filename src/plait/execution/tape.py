@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from plait.tracing.graph import InferenceGraph
@@ -34,11 +34,10 @@ class Tape:
     id: str
     graph: InferenceGraph
     results: dict[str, Value]
-    """Each node's result Value, by node id."""
+    """Each node's result Value, by node id; an ``async def forward`` node's result
+    lists the calls it made in ``meta["_inner_calls"]``."""
     parameters: dict[str, Any]
     """``param:<name>`` → Parameter, for the graph's root module."""
-    inner_calls: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    """Node id → calls its ``async def forward`` made (module, path, input, output)."""
     index: int | None = None
     """Batch index of the input, if any."""
 
