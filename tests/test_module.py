@@ -459,9 +459,15 @@ def test_bind_returns_self_and_stores_resources_and_config() -> None:
     assert m._bound_config == {"max_concurrent": 7, "checkpoint_dir": "ckpt"}
 
 
-def test_bind_defaults_max_concurrent() -> None:
+def test_bind_leaves_max_concurrent_to_settings_and_defaults() -> None:
+    from plait.execution import ExecutionSettings
+    from plait.execution.settings import effective_options
+
     m = Upper().bind({"x": {}})
-    assert m._bound_config == {"max_concurrent": 100}
+    assert m._bound_config == {"max_concurrent": None}
+    assert effective_options(m._bound_config, {})["max_concurrent"] == 100
+    with ExecutionSettings(max_concurrent=3):
+        assert effective_options(m._bound_config, {})["max_concurrent"] == 3
 
 
 def test_module_without_llm_runs_eagerly() -> None:
