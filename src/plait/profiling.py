@@ -68,7 +68,7 @@ class Profiler:
                 input_tokens=meta.get("input_tokens", 0),
                 output_tokens=meta.get("output_tokens", 0),
                 cost=meta.get("cost", 0.0),
-                cache_hit=bool(meta.get("cache_hit", False)),
+                cache_hit=bool(meta.get("cached", False)),
             )
         )
 

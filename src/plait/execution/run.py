@@ -26,7 +26,9 @@ from plait.execution.llm_call import USE_CACHE
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.execution.settings import OPTION_NAMES, effective_options
+from plait.execution.tape import Tape, attach_tape, new_tape_id
 from plait.module import Module
+from plait.values import Value, ValueKind, valueify
 
 __all__ = ["execute_bound", "run", "run_sync"]
 
@@ -112,12 +114,28 @@ def execute_bound(
     return _run_single(module, args, forward_kwargs, resources, options)
 
 
-def _runner(resources: Any, options: dict[str, Any]) -> Runner:
+def _runner(module: Module, resources: Any, options: dict[str, Any]) -> Runner:
     from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
 
     manager = ResourceManager.shared(resources)
     _remember_for_shutdown(manager)
-    return Runner(manager, options["max_concurrent"], options["timeout"])
+    return Runner(manager, options["max_concurrent"], options["timeout"], module.training)
+
+
+def _taped(
+    graph: Any, runner: Runner, output: Any, results: dict[str, Any], index: int | None
+) -> Any:
+    """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
+    if not runner.training:
+        return output
+    tape = Tape(new_tape_id(), graph, results, runner.parameter_table(graph), index=index)
+    value = output if isinstance(output, Value) else valueify(output, kind=_kind_of(output))
+    attach_tape(value, tape)
+    return value
+
+
+def _kind_of(output: Any) -> ValueKind:
+    return ValueKind.TEXT if isinstance(output, str) else ValueKind.STRUCTURED
 
 
 async def _run_single(
@@ -127,14 +145,14 @@ async def _run_single(
     resources: Any,
     options: dict[str, Any],
 ) -> Any:
-    runner = _runner(resources, options)
+    runner = _runner(module, resources, options)
     graph = trace_cached(module, args, kwargs)
     token = USE_CACHE.set(options["cache"])
     try:
-        output, _ = await execute_graph(graph, runner, args, kwargs)
+        output, results = await execute_graph(graph, runner, args, kwargs)
     finally:
         USE_CACHE.reset(token)
-    return output
+    return _taped(graph, runner, output, results, None)
 
 
 async def _run_batch(
@@ -149,7 +167,7 @@ async def _run_batch(
     """Runs every item, calling ``report(BatchResult)`` as each finishes."""
     from plait.execution.progress import BatchProgress
 
-    runner = _runner(resources, options)
+    runner = _runner(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
 
     async def run_item(index: int, item: Any) -> Any:
@@ -157,7 +175,7 @@ async def _run_batch(
         graph = trace_cached(module, item_args, kwargs)
         output, results = await execute_graph(graph, runner, item_args, kwargs, index)
         usage_by_index[index] = _usage_of(results)
-        return output
+        return _taped(graph, runner, output, results, index)
 
     checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"])
     cache_token = USE_CACHE.set(options["cache"])

@@ -17,7 +17,7 @@ from typing import Any
 
 from plait import _context
 from plait.backends.types import Request, Response
-from plait.execution.llm_call import call_llm
+from plait.execution.llm_call import USE_CACHE, call_llm
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, Module, is_async_module
@@ -131,7 +131,7 @@ class Runner:
         if request.rollout_id is None and rollout is not None:
             request = replace(request, rollout_id=rollout)
         async with self._slots:
-            response = await self.manager.complete(alias, request)
+            response = await self.manager.complete(alias, request, cache=USE_CACHE.get())
         calls = INNER_CALLS.get()
         if calls is not None:
             calls.append(

@@ -221,6 +221,7 @@ class _GraphRun:
                 token = _context.RUN.set(self.runner)
                 # The root module's path is "": its children keep their own paths.
                 scope = NODE_SCOPE.set((scoped(node.module_path), self.index))
+                enclosing = INNER_CALLS.get()
                 calls: list[dict[str, Any]] | None = [] if self.runner.training else None
                 noting = INNER_CALLS.set(calls)
                 try:
@@ -231,6 +232,10 @@ class _GraphRun:
                     _context.RUN.reset(token)
                 if calls:
                     value.meta["_inner_calls"] = calls
+                    if enclosing is not None:
+                        # This graph runs inside another async leaf, which discards
+                        # its results: that leaf's backward must replay these calls.
+                        enclosing.extend(calls)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

@@ -75,8 +75,9 @@ class EndpointConfig:
     """Dollars per million tokens; None uses the built-in table (`price_for`)."""
     budget: float | None = None
     """Dollars this endpoint may spend; later calls raise `BudgetExceededError`."""
-    cache: bool | str = False
-    """Response cache: False, True (default location) or a path to the store."""
+    cache: bool | str | Mapping[str, Any] = False
+    """Response cache: False, True (default file), a path to the SQLite file, or
+    ``{"path": ..., "memory_entries": ...}``; see `plait.resources.cache`."""
     base_url: str | None = None
     api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None
@@ -184,12 +185,34 @@ def _dialect(value: Any) -> tuple[str | None, Any]:
     return f"must be 'openai' or 'llama_cpp' (omit it to detect), {_got(value)}", None
 
 
+_CACHE_KEYS = ("memory_entries", "path")
+
+
 def _cache(value: Any) -> tuple[str | None, Any]:
+    expected = (
+        'must be true, false or a path to the cache file, or {"path": ..., '
+        '"memory_entries": <int >= 0>} (both optional)'
+    )
     if isinstance(value, bool):
         return None, value
     if isinstance(value, str | os.PathLike) and os.fspath(value):
         return None, os.fspath(value)
-    return f"must be true, false or a path to the cache file, {_got(value)}", None
+    if not isinstance(value, Mapping):
+        return f"{expected}, {_got(value)}", None
+    unknown = sorted(str(k) for k in value if k not in _CACHE_KEYS)
+    if unknown:
+        return f"{expected}; unknown key(s) {', '.join(map(repr, unknown))}", None
+    # Both keys always present (None: the default), so an empty mapping is still truthy: on.
+    clean: dict[str, Any] = {"path": None, "memory_entries": None}
+    if value.get("path") is not None:
+        error, clean["path"] = _path(value["path"])
+        if error is not None:
+            return f"{expected}; 'path' {error}", None
+    if value.get("memory_entries") is not None:
+        error, clean["memory_entries"] = _non_negative_int(value["memory_entries"])
+        if error is not None:
+            return f"{expected}; 'memory_entries' {error}", None
+    return None, MappingProxyType(clean)
 
 
 def _headers(value: Any) -> tuple[str | None, Any]:
