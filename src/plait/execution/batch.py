@@ -9,6 +9,7 @@ completion order (or input order with ``preserve_order``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,9 @@ from typing import Any
 from plait.errors import ExecutionError
 
 __all__ = ["BatchResult", "BatchStream", "run_items"]
+
+_QUEUE_SIZE = 256
+"""Finished results a streaming batch holds for a slow consumer before workers pause."""
 
 
 @dataclass(slots=True)
@@ -45,13 +49,14 @@ async def run_items(
     items: Sequence[Any],
     run_item: ItemRunner,
     window: int,
-    on_result: Callable[[BatchResult], None],
+    on_result: Callable[[BatchResult], Awaitable[None] | None],
     skip: Callable[[int], bool] = lambda index: False,
 ) -> None:
     """Runs every item not skipped, at most ``window`` at once, reporting each result.
 
     Exceptions of an item become its `BatchResult.error`; ``on_result`` may
-    raise to stop the whole batch (remaining items are cancelled).
+    return an awaitable (backpressure: the worker waits for it before its next
+    item) and     raise to stop the whole batch (remaining items are cancelled).
     """
     pending = (i for i in range(len(items)) if not skip(i))
 
@@ -62,9 +67,12 @@ async def run_items(
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                on_result(BatchResult(index, items[index], error=exc))
+                result = BatchResult(index, items[index], error=exc)
             else:
-                on_result(BatchResult(index, items[index], output))
+                result = BatchResult(index, items[index], output)
+            waiting = on_result(result)
+            if waiting is not None:
+                await waiting  # a streaming consumer that falls behind holds the workers back
 
     workers = [asyncio.create_task(worker()) for _ in range(max(1, min(window, len(items))))]
     try:
@@ -94,7 +102,9 @@ class BatchStream:
         self._preserve_order = preserve_order
 
     async def __aiter__(self) -> AsyncIterator[BatchResult]:
-        queue: asyncio.Queue[BatchResult | None] = asyncio.Queue()
+        # Bounded: results wait here only while the consumer is busy; when it
+        # falls further behind, workers pause, so memory stays flat.
+        queue: asyncio.Queue[BatchResult | None] = asyncio.Queue(maxsize=_QUEUE_SIZE)
         producer = asyncio.create_task(self._produce(queue))
         held: dict[int, BatchResult] = {}
         next_index = 0
@@ -120,9 +130,10 @@ class BatchStream:
 
     async def _produce(self, queue: asyncio.Queue[BatchResult | None]) -> None:
         try:
-            await self._start(queue.put_nowait)
+            await self._start(queue.put)
         finally:
-            queue.put_nowait(None)
+            with contextlib.suppress(asyncio.CancelledError):
+                await queue.put(None)
 
     async def _collect(self) -> list[BatchResult]:
         return [result async for result in self]

@@ -182,17 +182,19 @@ async def _run_batch(
     try:
         with BatchProgress(len(items), options["progress"], runner.manager) as progress:
 
-            def on_result(result: BatchResult) -> None:
+            def on_result(result: BatchResult) -> Any:
                 usage = usage_by_index.pop(result.index, None)
                 if checkpoint is not None and result.ok:
                     checkpoint.write(result.index, result.output, usage)
                 progress.advance(result.ok)
-                report(result)
+                return report(result)
 
             if checkpoint is not None:
                 for index, output in sorted(checkpoint.done.items()):
                     progress.advance(True)
-                    report(BatchResult(index, items[index], output))
+                    waiting = report(BatchResult(index, items[index], output))
+                    if waiting is not None:
+                        await waiting
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
             await run_items(items, run_item, runner.max_concurrent, on_result, skip)
     finally:
