@@ -527,3 +527,44 @@ def test_repr_shows_the_tree() -> None:
         ")"
     )
     assert repr(Upper()) == "Upper()"
+
+
+# ------------------------------------------------------------------ copies
+class Tuned(Module):
+    """A module with its own parameter and a child holding another (for copy tests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompt = Parameter("Be brief.", description="tone of the reply")
+        self.inner = LLMInference(alias="llm", system_prompt="Summarise.")
+        self.inner.extra = Parameter(["demo"], description="few-shot examples")
+
+
+def test_deep_copy_is_independent_but_shares_bound_resources() -> None:
+    resources = object()  # stands for a manager: must be shared, never copied
+    original = Tuned().bind(resources, max_concurrent=4)
+    clone = original.copy()
+
+    assert clone is not original and clone.inner is not original.inner
+    assert [n for n, _ in clone.named_parameters()] == [n for n, _ in original.named_parameters()]
+    assert clone.state_dict() == original.state_dict()
+    assert clone._bound_resources is resources and clone.inner._bound_resources is None
+    clone.prompt.value = "Be thorough."
+    clone.inner.extra.value.append("another")
+    clone.inner.system_prompt.value = "Translate."
+    assert original.state_dict() == {
+        "prompt": "Be brief.",
+        "inner.system_prompt": "Summarise.",
+        "inner.extra": ["demo"],
+    }
+
+
+def test_shallow_copy_shares_children_and_parameters() -> None:
+    original = Tuned()
+    clone = original.copy(deep=False)
+
+    assert clone is not original
+    assert clone.inner is original.inner and clone.prompt is original.prompt
+    clone.inner = LLMInference(alias="other")  # re-registering on the copy …
+    assert original.inner.alias == "llm"  # … leaves the original's tree alone
+    assert [n for n, _ in original.named_children()] == ["inner"]

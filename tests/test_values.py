@@ -474,3 +474,21 @@ def test_attribute_access_on_a_traced_reply_records_a_select_node() -> None:
 
     graph = Tracer().trace(Reads(), "q")
     assert graph.nodes["F.select"].args == (ValueRef("llm"), "answer")
+
+
+def test_a_field_named_like_a_str_method_is_selected_not_the_method() -> None:
+    from plait import LLMInference, Module
+    from plait.tracing import Tracer
+
+    class Headline(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extract = LLMInference("x")
+            self.write = LLMInference("y")
+
+        def forward(self, text: str) -> object:
+            return self.write(self.extract(text).title)
+
+    graph = Tracer().trace(Headline(), "doc")
+    assert graph.nodes["F.select"].args == (ValueRef("extract"), "title")
+    assert graph.nodes["write"].dependencies == ("F.select",)

@@ -17,6 +17,8 @@ Calling a module does one of four things, decided by context:
 
 from __future__ import annotations
 
+import copy as _copy
+import dataclasses
 import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any, Self
@@ -46,6 +48,9 @@ class Module:
 
     _plait_leaf: bool = False
     """Set true on a subclass to make tracing record it as one node instead of following it."""
+
+    trace_limit: int = 1000
+    """Most trace records kept per module (the oldest are dropped); see `traces`."""
 
     def __init__(self) -> None:
         object.__setattr__(self, "_children", {})
@@ -238,6 +243,24 @@ class Module:
         for name, value in state_dict.items():
             params[name].value = value
 
+    def save(self, path: Any, optimizer: Any = None) -> Any:
+        """Writes parameters (values, descriptions) and optimizer state to ``path`` as JSON.
+
+        See `plait.optimization.serialization.save_module`; never pickle.
+        """
+        from plait.optimization.serialization import save_module  # learning layer
+
+        return save_module(self, path, optimizer)
+
+    def load(self, path: Any) -> Any:
+        """Loads parameter values saved by `save`; returns the saved optimizer state or None.
+
+        Unknown parameter names raise one ``KeyError`` listing them, and nothing changes.
+        """
+        from plait.optimization.serialization import load_module  # learning layer
+
+        return load_module(self, path)
+
     # --------------------------------------------------------------- training
     @property
     def training(self) -> bool:
@@ -259,6 +282,76 @@ class Module:
         for param in self.parameters():
             param.requires_grad = requires_grad
         return self
+
+    # ------------------------------------------------------------------ copies
+    def copy(self, deep: bool = True) -> Self:
+        """Returns an independent copy of this module, e.g. one candidate of an optimizer.
+
+        ``deep=True`` copies the whole tree: children and parameters are new
+        objects, so changing the copy's instructions or demos never touches
+        the original. ``deep=False`` makes a new top-level module that shares
+        its children and parameters with the original (assigning a new child
+        or parameter to the copy does not affect the original).
+
+        Either way, bound resources are shared, not copied (a ResourceManager
+        holds connections and limits that must stay one per program), and the
+        copy starts with no trace records.
+        """
+        if not deep:
+            clone = _copy.copy(self)
+            object.__setattr__(clone, "_children", dict(self._children))
+            object.__setattr__(clone, "_parameters", dict(self._parameters))
+            object.__setattr__(clone, "_bound_config", dict(self._bound_config))
+            clone.__dict__.pop("_traces", None)
+            return clone
+        memo: dict[int, Any] = {}
+        for module in self.modules():
+            resources = module._bound_resources
+            if resources is not None:
+                memo[id(resources)] = resources
+            records = module.__dict__.get("_traces")
+            if records is not None:
+                memo[id(records)] = type(records)(maxlen=records.maxlen)
+        return _copy.deepcopy(self, memo)
+
+    # ----------------------------------------------------------------- traces
+    def traces(self) -> list[Any]:
+        """Returns the records of the LLM calls made by this module and its descendants.
+
+        Oldest first. Program modules (``Predict``, ``ReAct`` …) record every
+        call they make as a ``plait.modules.traces.TraceRecord``: inputs, the
+        messages sent, the output, latency, tokens, cost, cache hit. Each
+        module keeps its last ``trace_limit`` records.
+        """
+        records = [
+            record
+            for _, module in self.named_modules()
+            for record in module.__dict__.get("_traces", ())
+        ]
+        records.sort(key=lambda record: record.timestamp)
+        return records
+
+    def traces_frame(self) -> Any:
+        """Returns `traces` as a pandas DataFrame, one row per LLM call.
+
+        Raises:
+            ImportError: pandas is not installed.
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError(
+                "Module.traces_frame() needs pandas, which is not installed: "
+                "`pip install pandas`, or use module.traces() (a list of records)"
+            ) from None
+        return pandas.DataFrame([dataclasses.asdict(record) for record in self.traces()])
+
+    def clear_traces(self) -> None:
+        """Forgets the trace records of this module and all its descendants."""
+        for module in self.modules():
+            records = module.__dict__.get("_traces")
+            if records is not None:
+                records.clear()
 
     # ------------------------------------------------------------------ print
     def extra_repr(self) -> str:

@@ -39,7 +39,15 @@ class Parameter:
 
     _is_plait_parameter = True
 
-    __slots__ = ("_feedback", "_name", "description", "dropped_feedback", "requires_grad", "value")
+    __slots__ = (
+        "_feedback",
+        "_name",
+        "description",
+        "dropped_feedback",
+        "graph_level",
+        "requires_grad",
+        "value",
+    )
 
     def __init__(
         self, value: Any, description: str | None = None, requires_grad: bool = True
@@ -57,6 +65,9 @@ class Parameter:
         self._feedback: list[str] = []
         self.dropped_feedback = 0
         """Feedback items dropped since the last update because the buffer was full."""
+        self.graph_level: int | None = None
+        """Level in the graph of the earliest node that read it in the backward passes
+        since the last update (0 reads only the inputs); optimizers update lower levels first."""
 
     @property
     def name(self) -> str:
@@ -120,3 +131,4 @@ class Parameter:
         """Clears collected feedback, like ``zero_grad``."""
         self._feedback.clear()
         self.dropped_feedback = 0
+        self.graph_level = None

@@ -299,20 +299,38 @@ class TracedValue(Value, str):
         return NotImplemented
 
 
-def _refusing_str_method(name: str) -> Any:
-    op = name if name in {"strip", "lower", "upper"} else None
-    hint = f" (use F.{op})" if op else ""
+class _FieldOrStrMethod(TracedValue):
+    """``reply.title`` on a traced value: the field ``title``, unless it is called.
 
-    def method(self: TracedValue, *args: Any, **kwargs: Any) -> Any:
+    A traced value is a ``str``, so names like ``title``, ``count`` or ``index``
+    would otherwise resolve to string methods. Reading one selects the field
+    (an ``F.select`` node, like any other attribute); calling it is a string
+    method on unknown text, which is refused.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = self.__dict__.get("_method_name", "?")
+        hint = f" (use F.{name})" if name in {"strip", "lower", "upper"} else ""
         self._refuse(f"the string method `.{name}()`{hint}")
 
-    method.__name__ = name
-    return method
+
+def _field_or_str_method(name: str) -> property:
+    def select(self: TracedValue) -> Any:
+        from plait import functional as F
+
+        selected = F.select(self, name)
+        if not isinstance(selected, TracedValue):  # defensive: selection outside a trace
+            return selected
+        field = _FieldOrStrMethod(selected.kind, SYMBOLIC, ref=selected.ref)
+        field.__dict__["_method_name"] = name
+        return field
+
+    return property(select, doc=f"The field {name!r} of the traced value (not str.{name}).")
 
 
 for _name in dir(str):
     if not _name.startswith("_") and _name not in vars(Value):
-        setattr(TracedValue, _name, _refusing_str_method(_name))
+        setattr(TracedValue, _name, _field_or_str_method(_name))
 del _name
 
 

@@ -20,7 +20,7 @@ import hashlib
 import importlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +40,12 @@ class CheckpointMismatchError(PlaitError):
 def _jsonable(obj: Any) -> Any:
     from pydantic_core import to_jsonable_python
 
-    return to_jsonable_python(obj, fallback=repr)
+    return to_jsonable_python(obj, fallback=_fallback)
+
+
+def _fallback(obj: Any) -> Any:
+    # A Mapping that is not a dict (a program's Prediction) is data, not its repr.
+    return dict(obj) if isinstance(obj, Mapping) else repr(obj)
 
 
 def input_hash(item: Any) -> str:
@@ -51,8 +56,10 @@ def input_hash(item: Any) -> str:
 
 def _encode_output(output: Any) -> dict[str, Any]:
     cls = type(output)
-    is_model = hasattr(cls, "model_validate") or (
-        dataclasses.is_dataclass(output) and not isinstance(output, type)
+    is_model = (
+        hasattr(cls, "model_validate")
+        or (dataclasses.is_dataclass(output) and not isinstance(output, type))
+        or (isinstance(output, Mapping) and not isinstance(output, dict))
     )
     record: dict[str, Any] = {"output": _jsonable(output)}
     if is_model:
@@ -74,6 +81,8 @@ def _decode_output(record: dict[str, Any]) -> Any:
         return data  # the class is gone (e.g. defined in a closure): keep plain JSON
     if hasattr(cls, "model_validate"):
         return cls.model_validate(data)
+    if isinstance(cls, type) and issubclass(cls, Mapping):
+        return cls(data)
     return cls(**data)
 
 

@@ -1,0 +1,199 @@
+"""History: the state of a multi-turn conversation.
+
+A `History` is a list of `Message` turns with its system prompt kept apart,
+so it always comes first however the turns are added, and `clear` forgets
+the conversation but keeps the prompt. It is plain data (no LLM calls): a
+module that takes ``history=`` reads the earlier turns from it and appends
+the new ones, and the same object carries the conversation to the next call.
+
+Example::
+
+    history = History("You are a terse assistant.")
+    history.add_user("What is 2 + 2?")
+    history.add_assistant("4")
+    [m.role for m in history.messages]   # ['system', 'user', 'assistant']
+    len(history)                         # 2 turns (the system prompt is not a turn)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from plait.backends.types import Message, ToolCall
+
+__all__ = ["History"]
+
+
+class History:
+    """A conversation: an optional system prompt, then turns in order.
+
+    Args:
+        system_prompt: text of the system turn, kept first; None for none.
+        messages: turns to start with. A leading ``system`` message is taken
+            as the system prompt (when none was given); a system message
+            anywhere else is refused, so the prompt cannot end up mid-conversation.
+
+    Raises:
+        ValueError: a system message is given after the first turn, or a
+            system prompt is given twice.
+
+    ``len(history)`` counts the turns, not the system prompt; iterating
+    yields ``messages`` (system prompt first). A History is always truthy, even
+    with no turns, so ``if history:`` cannot mistake a fresh conversation for
+    "no history given" (test ``history is None`` for that).
+    """
+
+    def __init__(self, system_prompt: str | None = None, messages: Iterable[Message] = ()) -> None:
+        turns = list(messages)
+        if turns and turns[0].role == "system":
+            if system_prompt is not None:
+                raise ValueError(
+                    "History got a system prompt twice: as system_prompt= and as the first "
+                    "message; pass only one"
+                )
+            system_prompt = turns.pop(0).content
+        self._system = system_prompt
+        self._turns: list[Message] = []
+        for turn in turns:
+            self.add(turn)
+
+    # ---------------------------------------------------------------- prompt
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt (None when there is none); assigning replaces it in place."""
+        return self._system
+
+    @system_prompt.setter
+    def system_prompt(self, text: str | None) -> None:
+        self._system = text
+
+    # ----------------------------------------------------------------- turns
+    def add(self, message: Message) -> None:
+        """Appends one turn (a user, assistant or tool message).
+
+        Raises:
+            ValueError: ``message`` is a system message; set ``system_prompt`` instead.
+        """
+        if not isinstance(message, Message):
+            raise TypeError(f"History.add() takes a Message, got {type(message).__name__}")
+        if message.role == "system":
+            raise ValueError(
+                "History keeps its system prompt first: set history.system_prompt = ... "
+                "instead of adding a system message"
+            )
+        self._turns.append(message)
+
+    def extend(self, messages: Iterable[Message]) -> None:
+        """Appends several turns in order."""
+        for message in messages:
+            self.add(message)
+
+    def add_user(self, text: str) -> None:
+        """Appends a user turn."""
+        self._turns.append(Message("user", text))
+
+    def add_assistant(self, text: str = "", tool_calls: Iterable[ToolCall] = ()) -> None:
+        """Appends an assistant turn, with the tool calls it made if any."""
+        self._turns.append(Message("assistant", text, tool_calls=tuple(tool_calls)))
+
+    def add_tool_result(self, call_id: str, content: str, name: str | None = None) -> None:
+        """Appends the result of the tool call ``call_id`` (a ``tool`` turn)."""
+        self._turns.append(Message("tool", content, tool_call_id=call_id, name=name))
+
+    # ---------------------------------------------------------------- access
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """All messages, the system prompt (if any) first."""
+        head = (Message("system", self._system),) if self._system is not None else ()
+        return (*head, *self._turns)
+
+    @property
+    def turns(self) -> tuple[Message, ...]:
+        """The conversation without the system prompt."""
+        return tuple(self._turns)
+
+    @property
+    def last(self) -> Message | None:
+        """The latest turn, or None when there is none."""
+        return self._turns[-1] if self._turns else None
+
+    def copy(self) -> History:
+        """Returns an independent History with the same prompt and turns (a fork)."""
+        fork = History(self._system)
+        fork._turns = list(self._turns)
+        return fork
+
+    def clear(self) -> None:
+        """Forgets every turn; the system prompt stays."""
+        self._turns.clear()
+
+    def to_list(self) -> list[dict[str, Any]]:
+        """Returns the messages in OpenAI's chat format (JSON-ready)."""
+        return [_as_dict(message) for message in self.messages]
+
+    @classmethod
+    def from_list(cls, items: Iterable[Mapping[str, Any]]) -> History:
+        """Builds a History from OpenAI-format message dicts (inverse of `to_list`)."""
+        return cls(messages=[_from_dict(item, i) for i, item in enumerate(items)])
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self.messages)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, History):
+            return NotImplemented
+        return self._system == other._system and self._turns == other._turns
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        prompt = f"system_prompt={self._system!r}, " if self._system is not None else ""
+        return f"History({prompt}turns={len(self._turns)})"
+
+
+def _as_dict(message: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def _from_dict(item: Mapping[str, Any], index: int) -> Message:
+    role = item.get("role")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise ValueError(
+            f"message {index}: role must be system, user, assistant or tool; got {role!r}"
+        )
+    calls = tuple(
+        ToolCall(
+            id=str(call.get("id", "")),
+            name=str(call.get("function", {}).get("name", "")),
+            arguments=str(call.get("function", {}).get("arguments", "")),
+        )
+        for call in item.get("tool_calls") or ()
+    )
+    return Message(
+        role,
+        str(item.get("content") or ""),
+        tool_calls=calls,
+        tool_call_id=item.get("tool_call_id"),
+        name=item.get("name"),
+    )

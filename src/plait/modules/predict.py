@@ -1,0 +1,388 @@
+"""Predict: one LLM step described by a signature, with learnable instructions and demos.
+
+``Predict`` has an ``async def forward``: it runs as one node of a program,
+with real input values, and makes its call with `plait.execution.generate`
+through the run's resources (limits, retries, cache, usage all apply). In a
+traced composite, several ``Predict`` nodes with independent inputs run
+concurrently like any other nodes.
+
+Its two public helpers are the seam other modules build on:
+`Predict.build_request` (inputs → the neutral `Request`) and
+`Predict.parse_response` (a `Response` → typed outputs). ReAct, for
+example, adds tools to the request and loops; it never re-implements
+prompting or parsing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from plait import _context
+from plait.backends.types import Message, Request, Response, SamplingOptions, ToolCall, Usage
+from plait.errors import PlaitError, StructuredOutputError
+from plait.execution.llm_call import generate
+from plait.execution.settings import OPTION_NAMES
+from plait.module import Module
+from plait.modules.prediction import Prediction
+from plait.modules.traces import record_trace
+from plait.parameter import Parameter
+from plait.signatures.adapters import Adapter, JSONAdapter
+from plait.signatures.signature import Signature, as_signature
+from plait.values import unwrap
+
+__all__ = ["Predict", "history_messages"]
+
+_REASK = (
+    "Your previous reply could not be used: {error}\n"
+    "Reply again with every output field ({fields}) in the format described above."
+)
+
+
+class Predict(Module):
+    """Asks a model for a signature's outputs given its inputs; returns a `Prediction`.
+
+    Args:
+        signature: a `Signature` subclass, or a string such as
+            ``"question -> answer: int"``.
+        alias: the resource alias to call.
+        adapter: how messages are written and replies parsed (default
+            `JSONAdapter`, which uses the backend's JSON-schema mode).
+        temperature: sampling temperature (None: the provider's default).
+        max_tokens: cap on generated tokens (None: the provider's default).
+        demos: few-shot examples, each a dict of input and output field values.
+
+    Learnable parameters (what optimizers change):
+
+    * ``instructions`` — starts as the signature's instructions; the call uses
+      ``signature.with_instructions(instructions.value)``.
+    * ``demos`` — the list of few-shot example dicts.
+
+    An invalid reply is re-asked once with the error shown to the model;
+    a second invalid reply raises `StructuredOutputError` naming the field.
+
+    Example::
+
+        class QA(Signature):
+            \"\"\"Answer with a single number.\"\"\"
+
+            question: str = InputField()
+            answer: int = OutputField()
+
+        qa = Predict(QA).bind(ResourceConfig({"llm": {"provider": "local"}}))
+        pred = qa.run_sync(question="How many legs has a spider?")
+        pred.answer          # an int
+        qa.traces()[-1]      # what was sent, what came back, tokens, latency
+    """
+
+    def __init__(
+        self,
+        signature: type[Signature] | str,
+        *,
+        alias: str = "llm",
+        adapter: Adapter | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        demos: Sequence[Mapping[str, Any]] | None = None,
+    ) -> None:
+        super().__init__()
+        sig = as_signature(signature)
+        if not sig.output_fields:
+            raise ValueError(
+                f"{type(self).__name__} needs a signature with an output field; {sig!r} has none"
+            )
+        if not isinstance(alias, str) or not alias:
+            raise ValueError(f"{type(self).__name__} needs a non-empty alias string, got {alias!r}")
+        adapter = JSONAdapter() if adapter is None else adapter
+        if not isinstance(adapter, Adapter):
+            raise TypeError(
+                f"adapter must have format(), response_schema() and parse() "
+                f"(an Adapter such as JSONAdapter()), got {type(adapter).__name__}"
+            )
+        self.signature = sig
+        self.alias = alias
+        self.adapter = adapter
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        text = sig.signature_text()
+        self.instructions = Parameter(
+            sig.instructions,
+            description=f"Instructions for the step `{text}`: what the model must do.",
+        )
+        self.demos = Parameter(
+            _jsonable(_demo_list(sig, demos or (), "demos")),
+            description=(
+                f"Few-shot examples for the step `{text}`: a list of dicts, each with "
+                "input and output field values."
+            ),
+        )
+        self._call_signature: tuple[str, type[Signature]] | None = None
+
+    # ------------------------------------------------------------------ seam
+    def current_signature(self) -> type[Signature]:
+        """Returns the signature a call uses now: the base one with the current instructions."""
+        text = str(self.instructions.value)
+        cached = self._call_signature
+        if cached is None or cached[0] != text:
+            # Deriving a signature builds a class: do it once per instructions text.
+            sig = self.signature
+            cached = (text, sig if text == sig.instructions else sig.with_instructions(text))
+            self._call_signature = cached
+        return cached[1]
+
+    def build_request(self, inputs: Mapping[str, Any], history: Any = ()) -> Request:
+        """Returns the request for ``inputs``: messages by the adapter, schema, sampling options.
+
+        Args:
+            inputs: input values by field name (not checked here; `forward` checks).
+            history: earlier turns: a sequence of `Message`, or an object
+                with ``.messages`` such as `plait.History`.
+
+        The request carries the context's rollout id. Callers may extend it
+        (``dataclasses.replace(request, tools=...)``) before sending it with
+        `plait.execution.generate`.
+        """
+        sig = self.current_signature()
+        demos = _demo_list(sig, self.demos.value or (), "demos parameter")
+        messages = self.adapter.format(sig, inputs, demos=demos, history=history_messages(history))
+        return Request(
+            messages=messages,
+            options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
+            response_schema=self.adapter.response_schema(sig),
+            rollout_id=_context.ROLLOUT.get(),
+        )
+
+    def parse_response(self, response: Response) -> dict[str, Any]:
+        """Returns the typed outputs in ``response`` by field name.
+
+        Raises:
+            StructuredOutputError: the reply does not hold valid outputs (names the field).
+        """
+        return self.adapter.parse(self.current_signature(), response)
+
+    # --------------------------------------------------------------- forward
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Check input names now, so a typo fails where it was written (at trace
+        # time in a composite), not later as a failed node. A list as first
+        # argument is a batch: its items are checked one by one when they run.
+        if not (args and isinstance(args[0], list)):
+            fields = self.signature.input_fields
+            named = {
+                k: v
+                for k, v in kwargs.items()
+                if k in fields or (k not in OPTION_NAMES and k not in ("resources", "history"))
+            }
+            self._input_values(args, named)
+        return super().__call__(*args, **kwargs)
+
+    async def forward(self, *args: Any, history: Any = None, **inputs: Any) -> Prediction:
+        """Calls the model on the signature's inputs and returns the typed outputs.
+
+        Inputs are keyword arguments named like the input fields. One
+        positional argument is accepted too: the value of the only input
+        field, or a dict of all inputs by name (what a batch item can be).
+        ``history=`` adds earlier turns; when it is a `plait.History`, the new
+        user and assistant turns are appended to it.
+
+        Raises:
+            TypeError: inputs are missing or unknown (all of them are named).
+            StructuredOutputError: the reply stayed invalid after one re-ask.
+        """
+        if history is not None and "history" in self.signature.input_fields:
+            inputs["history"], history = history, None  # a field named history is an input
+        values = {name: unwrap(value) for name, value in self._input_values(args, inputs).items()}
+        request = self.build_request(values, history if history is not None else ())
+        prediction = await self._ask(request, values)
+        _extend_history(history, request.messages[-1], prediction.raw)
+        return prediction
+
+    def _input_values(self, args: tuple[Any, ...], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Returns the inputs by field name, in the signature's order; raises TypeError if wrong."""
+        expected = list(self.signature.input_fields)
+        if args:
+            if len(args) == 1 and not inputs and len(expected) == 1:
+                inputs = {expected[0]: args[0]}
+            elif len(args) == 1 and not inputs and isinstance(args[0], Mapping):
+                inputs = args[0]
+            else:
+                raise TypeError(
+                    f"{self._label()} takes its inputs by keyword "
+                    f"({', '.join(expected) or 'none'}); got {len(args)} positional "
+                    f"argument(s). Call it as {self._example_call(expected)}"
+                )
+        missing = [name for name in expected if name not in inputs]
+        unknown = [name for name in inputs if name not in self.signature.input_fields]
+        if missing or unknown:
+            problems = []
+            if missing:
+                problems.append(f"missing input(s): {', '.join(missing)}")
+            if unknown:
+                problems.append(f"unknown input(s): {', '.join(map(str, unknown))}")
+            raise TypeError(
+                f"{self._label()}: {'; '.join(problems)}. Expected: {self._example_call(expected)}"
+            )
+        return {name: inputs[name] for name in expected}
+
+    async def _ask(self, request: Request, inputs: dict[str, Any]) -> Prediction:
+        response, started = await self._generate(request, inputs)
+        try:
+            outputs = self.parse_response(response)
+        except StructuredOutputError as first:
+            record_trace(self, request, response, started=started, inputs=inputs, error=first)
+            return await self._reask(request, response, inputs, first)
+        record_trace(self, request, response, started=started, inputs=inputs, output=outputs)
+        return Prediction(
+            outputs, usage=_usage(response), raw=response.text, messages=request.messages
+        )
+
+    async def _reask(
+        self,
+        request: Request,
+        response: Response,
+        inputs: dict[str, Any],
+        first: StructuredOutputError,
+    ) -> Prediction:
+        fields = ", ".join(self.current_signature().output_fields)
+        retry = request.with_messages(
+            (
+                *request.messages,
+                Message("assistant", response.text),
+                Message("user", _REASK.format(error=first, fields=fields)),
+            )
+        )
+        second, started = await self._generate(retry, inputs)
+        try:
+            outputs = self.parse_response(second)
+        except StructuredOutputError as exc:
+            record_trace(self, retry, second, started=started, inputs=inputs, error=exc)
+            raise StructuredOutputError(
+                f"{self._label()}: the reply is still invalid after one re-ask: {exc}",
+                raw=second.text,
+                target=exc.target,
+            ) from first
+        record_trace(self, retry, second, started=started, inputs=inputs, output=outputs)
+        return Prediction(
+            outputs, usage=_usage(response, second), raw=second.text, messages=retry.messages
+        )
+
+    async def _generate(self, request: Request, inputs: dict[str, Any]) -> tuple[Response, float]:
+        """Sends ``request``; a failed call is traced (with its error) and re-raised."""
+        started = time.perf_counter()
+        try:
+            return await generate(self.alias, request), started
+        except Exception as exc:
+            record_trace(self, request, None, started=started, inputs=inputs, error=exc)
+            raise
+
+    # ---------------------------------------------------------------- labels
+    def _label(self) -> str:
+        text = self.signature.signature_text()
+        if self._name:
+            return f"{type(self).__name__} {self._name!r} ({text})"
+        return f"{type(self).__name__} ({text})"
+
+    def _example_call(self, expected: list[str]) -> str:
+        args = ", ".join(f"{name}=..." for name in expected)
+        return f"{self._name or type(self).__name__.lower()}({args})"
+
+    def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        raise PlaitError(
+            f"{self._label()} has no resources: bind them with module.bind(ResourceConfig(...)), "
+            "use `async with ExecutionSettings(resources=...)`, or call "
+            "plait.run(module, ..., resources=...)"
+        )
+
+    def extra_repr(self) -> str:
+        parts = [repr(self.signature), f"alias={self.alias!r}"]
+        if not isinstance(self.adapter, JSONAdapter):
+            parts.append(f"adapter={self.adapter!r}")
+        return ", ".join(parts)
+
+
+# ------------------------------------------------------------------ helpers
+def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Returns demos as JSON data (models as dicts, enums as values), so state_dict stays JSON."""
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(demos, fallback=str)
+
+
+def _usage(*responses: Response) -> Usage:
+    total = Usage()
+    for response in responses:
+        total.add(response.usage)
+    return total
+
+
+def _demo_list(sig: type[Signature], demos: Any, where: str) -> list[dict[str, Any]]:
+    """Returns demos as plain dicts; raises ValueError naming a bad demo and its unknown keys."""
+    if isinstance(demos, Mapping | str) or not isinstance(demos, Sequence):
+        raise ValueError(f"{where} must be a list of dicts, got {type(demos).__name__}")
+    out = []
+    for i, demo in enumerate(demos):
+        if not isinstance(demo, Mapping):
+            raise ValueError(
+                f"{where}[{i}] must be a dict of field values, got {type(demo).__name__}"
+            )
+        unknown = [key for key in demo if key not in sig.fields]
+        if unknown:
+            raise ValueError(
+                f"{where}[{i}] has key(s) {', '.join(map(repr, unknown))} that are not fields of "
+                f"{sig.signature_text()!r}"
+            )
+        out.append(dict(demo))
+    return out
+
+
+def history_messages(history: Any) -> tuple[Message, ...]:
+    """Returns the turns of a history: Messages, role dicts, or an object with ``.messages``.
+
+    Raises:
+        TypeError: it is none of these.
+    """
+    if history is None:
+        return ()
+    items = getattr(history, "messages", history)
+    if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+        raise TypeError(
+            "history must be a sequence of Message (or role dicts), or an object with "
+            f".messages such as plait.History; got {type(history).__name__}"
+        )
+    return tuple(_as_message(item, i) for i, item in enumerate(items))
+
+
+def _as_message(item: Any, index: int) -> Message:
+    if isinstance(item, Message):
+        return item
+    if isinstance(item, Mapping) and item.get("role") in ("system", "user", "assistant", "tool"):
+        calls = tuple(
+            ToolCall(
+                id=str(call.get("id", "")),
+                name=str(call.get("name") or call.get("function", {}).get("name", "")),
+                arguments=str(
+                    call.get("arguments") or call.get("function", {}).get("arguments", "")
+                ),
+            )
+            for call in item.get("tool_calls") or ()
+        )
+        return Message(
+            item["role"],
+            str(item.get("content") or ""),
+            tool_calls=calls,
+            tool_call_id=item.get("tool_call_id"),
+            name=item.get("name"),
+        )
+    raise TypeError(
+        f"history item {index} is {type(item).__name__}; expected a Message or "
+        "{'role': ..., 'content': ...}"
+    )
+
+
+def _extend_history(history: Any, user: Message, reply: str) -> None:
+    """Appends the new turns to a History-like object (one with ``.messages`` and ``extend``)."""
+    if history is None or not hasattr(history, "messages"):
+        return
+    extend = getattr(history, "extend", None)
+    if callable(extend):
+        extend([user, Message("assistant", reply)])

@@ -1,0 +1,427 @@
+"""Adapters: a signature + input values (+ demos, + history) → messages; a reply → typed outputs.
+
+An adapter is the only place that knows how a task is *worded* for a model.
+Two ship with plait:
+
+* `JSONAdapter` (the default) asks for one JSON object through the backend's
+  schema mode (OpenAI ``json_schema``, llama.cpp grammars, Anthropic tools),
+  so even a 135M model can only answer in the right shape;
+* `ChatAdapter` marks fields with headers like ``[[ ## answer ## ]]`` for
+  backends without a schema mode, and parses leniently.
+
+Both parse with pydantic through the signature's output model and raise
+`StructuredOutputError` naming the field that is wrong, which `Predict` shows
+to the model in its one re-ask.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from plait.backends.types import Message, Response, ResponseSchema
+from plait.errors import StructuredOutputError
+from plait.signatures.signature import FieldSpec, Signature, type_label
+
+__all__ = ["Adapter", "ChatAdapter", "JSONAdapter", "format_value", "validate_outputs"]
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """What `Predict` needs from an adapter. Implement these three methods to write your own."""
+
+    def format(
+        self,
+        signature: type[Signature],
+        inputs: Mapping[str, Any],
+        demos: Sequence[Mapping[str, Any]] = (),
+        history: Sequence[Message] = (),
+    ) -> tuple[Message, ...]:
+        """Returns the conversation to send: system, demos, history, then the inputs."""
+        ...
+
+    def response_schema(self, signature: type[Signature]) -> ResponseSchema | None:
+        """Returns the JSON schema the reply must follow, or None to send none."""
+        ...
+
+    def parse(self, signature: type[Signature], response: Response) -> dict[str, Any]:
+        """Returns the typed output values by field name.
+
+        Raises:
+            StructuredOutputError: the reply does not hold valid outputs; the
+                message names the field(s) at fault.
+        """
+        ...
+
+
+# ------------------------------------------------------------------ values
+def format_value(value: Any) -> str:
+    """Returns how a value is shown to a model: text as is, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, enum.Enum):
+        return format_value(value.value)
+    from pydantic_core import to_jsonable_python
+
+    return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
+
+
+def _describe_fields(specs: Sequence[FieldSpec]) -> str:
+    lines = []
+    for spec in specs:
+        line = f"- {spec.name} ({_type_hint(spec.annotation)})"
+        if spec.description:
+            line += f": {spec.description}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _type_hint(annotation: Any) -> str:
+    choices = _choices(annotation)
+    if choices is not None:
+        return "one of: " + ", ".join(format_value(c) for c in choices)
+    return type_label(annotation)
+
+
+def _choices(annotation: Any) -> tuple[Any, ...] | None:
+    """Returns the allowed values of a Literal or Enum type, else None."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return tuple(member.value for member in annotation)
+    return None
+
+
+# ----------------------------------------------------------------- parsing
+_FENCE = re.compile(r"```[a-zA-Z0-9_-]*\s*(.*?)```", re.DOTALL)
+
+
+def _lenient_json(text: str) -> Any:
+    """Returns the JSON in ``text``: whole, inside a code fence, or the outermost ``{...}``.
+
+    Raises:
+        ValueError: no JSON could be found (the first decoder error).
+    """
+    fenced = _FENCE.search(text)
+    candidate = (fenced.group(1) if fenced else text).strip()
+    # strict=False: a raw newline inside a string is common in model replies.
+    try:
+        return json.loads(candidate, strict=False)
+    except ValueError as exc:
+        first = exc
+    start, end = candidate.find("{"), candidate.rfind("}")
+    if 0 <= start < end:
+        try:
+            return json.loads(candidate[start : end + 1], strict=False)
+        except ValueError:
+            pass
+    raise first
+
+
+def _normalize_choice(spec: FieldSpec, value: Any) -> Any:
+    """Maps ``'Positive.'`` to the allowed ``'positive'`` (models capitalise and punctuate)."""
+    choices = _choices(spec.annotation)
+    if choices is None or not isinstance(value, str) or value in choices:
+        return value
+    wanted = value.strip().strip("\"'`.").strip().casefold()
+    for choice in choices:
+        if isinstance(choice, str) and choice.casefold() == wanted:
+            return choice
+    return value
+
+
+def validate_outputs(
+    signature: type[Signature], data: Mapping[str, Any], raw: str
+) -> dict[str, Any]:
+    """Returns the typed outputs in ``data`` validated by the signature's output model.
+
+    Raises:
+        StructuredOutputError: a field is missing or invalid; the message names each one.
+    """
+    from pydantic import ValidationError
+
+    from plait.signatures._models import outputs_of
+
+    specs = tuple(signature.output_fields.values())
+    cleaned = dict(data)
+    for spec in specs:
+        if spec.name in cleaned:
+            cleaned[spec.name] = _normalize_choice(spec, cleaned[spec.name])
+    try:
+        instance = signature.output_model().model_validate(cleaned)
+    except ValidationError as exc:
+        problems = "; ".join(_problem(error) for error in exc.errors())
+        raise StructuredOutputError(
+            f"the reply does not fit the outputs of {signature.__name__}: {problems}",
+            raw=raw,
+            target=signature.__name__,
+        ) from None
+    return outputs_of(specs, instance)
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    loc = error.get("loc") or ()
+    field = f"field `{loc[0]}`" if loc else "the reply"
+    if len(loc) > 1:
+        field += " at " + ".".join(str(part) for part in loc[1:])
+    if error.get("type") == "missing":
+        return f"{field} is missing"
+    got = repr(error.get("input"))
+    if len(got) > 60:
+        got = got[:57] + "..."
+    return f"{field}: {error.get('msg')} (got {got})"
+
+
+def _fail(signature: type[Signature], message: str, raw: str) -> StructuredOutputError:
+    return StructuredOutputError(
+        f"the reply to {signature.__name__} {message}", raw=raw, target=signature.__name__
+    )
+
+
+# --------------------------------------------------------------- base class
+class _MessageAdapter:
+    """Shared assembly: system turn, demo pairs, history turns, the inputs turn."""
+
+    def format(
+        self,
+        signature: type[Signature],
+        inputs: Mapping[str, Any],
+        demos: Sequence[Mapping[str, Any]] = (),
+        history: Sequence[Message] = (),
+    ) -> tuple[Message, ...]:
+        # One system turn, always first (seed 003): a history's own system
+        # prompt (say, a persona) leads it, then the task and its fields.
+        preface = [m.content for m in history if m.role == "system" and m.content]
+        system = "\n\n".join([*preface, self.format_system(signature)])
+        messages = [Message("system", system)]
+        for demo in demos:
+            pair = self._demo_pair(signature, demo)
+            if pair is not None:
+                messages.extend(pair)
+        messages.extend(m for m in history if m.role != "system")
+        messages.append(Message("user", self.format_inputs(signature, inputs, final=True)))
+        return tuple(messages)
+
+    def _demo_pair(
+        self, signature: type[Signature], demo: Mapping[str, Any]
+    ) -> tuple[Message, Message] | None:
+        outputs = {k: demo[k] for k in signature.output_fields if k in demo}
+        if not outputs:
+            return None  # a demo without an answer teaches nothing
+        inputs = {k: demo[k] for k in signature.input_fields if k in demo}
+        return (
+            Message("user", self.format_inputs(signature, inputs, final=False)),
+            Message("assistant", self.format_outputs(signature, outputs)),
+        )
+
+    def format_system(self, signature: type[Signature]) -> str:
+        """Returns the system turn: instructions, then the input and output fields."""
+        parts = []
+        if signature.instructions:
+            parts.append(signature.instructions)
+        if signature.input_fields:
+            parts.append(
+                "Input fields:\n" + _describe_fields(list(signature.input_fields.values()))
+            )
+        parts.append("Output fields:\n" + _describe_fields(list(signature.output_fields.values())))
+        parts.append(self.reply_format(signature))
+        return "\n\n".join(parts)
+
+    def reply_format(self, signature: type[Signature]) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def format_inputs(
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+    ) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def format_outputs(
+        self, signature: type[Signature], outputs: Mapping[str, Any]
+    ) -> str:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+# ------------------------------------------------------------------- JSON
+class JSONAdapter(_MessageAdapter):
+    """Asks for the outputs as one JSON object, enforced by the backend's schema mode.
+
+    Example of what it sends for ``"question -> answer: int"``::
+
+        system:  Given the fields `question`, produce the fields `answer`.
+                 Input fields: - question (str)
+                 Output fields: - answer (int)
+                 Reply with a JSON object with the keys: "answer".
+        user:    question: How many legs has a cat?
+
+    Parsing is lenient about what small models do: code fences, prose around
+    the object, a bare value when there is exactly one output field.
+    """
+
+    def reply_format(self, signature: type[Signature]) -> str:
+        keys = ", ".join(f'"{name}"' for name in signature.output_fields)
+        return f"Reply with a JSON object with the keys: {keys}."
+
+    def format_inputs(
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+    ) -> str:
+        lines = [
+            f"{name}: {format_value(inputs[name])}"
+            for name in signature.input_fields
+            if name in inputs
+        ]
+        return "\n".join(lines)
+
+    def format_outputs(self, signature: type[Signature], outputs: Mapping[str, Any]) -> str:
+        from pydantic_core import to_jsonable_python
+
+        return json.dumps(to_jsonable_python(dict(outputs), fallback=str), ensure_ascii=False)
+
+    def response_schema(self, signature: type[Signature]) -> ResponseSchema:
+        """Returns the output model's JSON schema, named after the signature."""
+        from plait.execution.structured import output_type_for
+
+        return output_type_for(signature.output_model()).schema
+
+    def parse(self, signature: type[Signature], response: Response) -> dict[str, Any]:
+        text = response.text
+        specs = list(signature.output_fields.values())
+        single = specs[0].name if len(specs) == 1 else None
+        try:
+            data = _lenient_json(text)
+        except ValueError as exc:
+            if single is None or not text.strip():
+                names = ", ".join(f"`{s.name}`" for s in specs)
+                raise _fail(
+                    signature, f"is not a JSON object with the fields {names}: {exc}", text
+                ) from None
+            data = {single: text.strip()}  # one field: the bare text is its value
+        if single is not None and not (isinstance(data, dict) and single in data):
+            data = {single: data}
+        if not isinstance(data, dict):
+            names = ", ".join(f"`{s.name}`" for s in specs)
+            kind = type(data).__name__
+            raise _fail(signature, f"is a JSON {kind}, not an object with the fields {names}", text)
+        return validate_outputs(signature, data, text)
+
+
+# ------------------------------------------------------------------- chat
+_MARKER = re.compile(r"\[\[\s*##\s*([A-Za-z_][A-Za-z0-9_]*)\s*##\s*\]\]")
+
+
+def _marker(name: str) -> str:
+    return f"[[ ## {name} ## ]]"
+
+
+class ChatAdapter(_MessageAdapter):
+    """Marks each field with a header ``[[ ## name ## ]]``; for backends without a schema mode.
+
+    Parsing is lenient, because small models do not follow meta-formats: with
+    exactly one output field and no headers, the whole reply is that field; a
+    reply that is a JSON object is accepted too; values are coerced to the
+    field's type by pydantic (``"3"`` → 3), and a list may come as lines or
+    comma-separated text.
+    """
+
+    def reply_format(self, signature: type[Signature]) -> str:
+        lines = [
+            "Reply with each output field under its header, in this order, "
+            f"then end with {_marker('completed')}:"
+        ]
+        for spec in signature.output_fields.values():
+            lines.append(f"\n{_marker(spec.name)}\n{{{spec.name}: {_value_hint(spec)}}}")
+        lines.append(f"\n{_marker('completed')}")
+        return "\n".join(lines)
+
+    def format_inputs(
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+    ) -> str:
+        blocks = [
+            f"{_marker(name)}\n{format_value(inputs[name])}"
+            for name in signature.input_fields
+            if name in inputs
+        ]
+        if final:
+            order = ", ".join(_marker(name) for name in signature.output_fields)
+            blocks.append(f"Respond with {order}, then {_marker('completed')}.")
+        return "\n\n".join(blocks)
+
+    def format_outputs(self, signature: type[Signature], outputs: Mapping[str, Any]) -> str:
+        blocks = [f"{_marker(name)}\n{format_value(value)}" for name, value in outputs.items()]
+        blocks.append(_marker("completed"))
+        return "\n\n".join(blocks)
+
+    def response_schema(self, signature: type[Signature]) -> None:
+        """Returns None: this adapter is for backends without a schema mode."""
+        return None
+
+    def parse(self, signature: type[Signature], response: Response) -> dict[str, Any]:
+        text = response.text
+        specs = list(signature.output_fields.values())
+        sections = _sections(text)
+        missing = [s.name for s in specs if s.name not in sections]
+        if missing and len(specs) == 1:
+            sections = {specs[0].name: _MARKER.sub("", text).strip()}
+        elif missing:
+            data = _json_object(text)
+            if data is not None:
+                return validate_outputs(signature, data, text)
+            names = ", ".join(f"`{name}` ({_marker(name)})" for name in missing)
+            raise _fail(signature, f"has no section for field(s) {names}", text)
+        data = {spec.name: _coerce_text(spec, sections[spec.name]) for spec in specs}
+        return validate_outputs(signature, data, text)
+
+
+def _value_hint(spec: FieldSpec) -> str:
+    choices = _choices(spec.annotation)
+    if choices is not None:
+        return "one of " + ", ".join(format_value(c) for c in choices)
+    if spec.annotation is str:
+        return "text"
+    if spec.annotation in (int, float, bool):
+        return spec.annotation.__name__
+    return f"{type_label(spec.annotation)}, as JSON"
+
+
+def _sections(text: str) -> dict[str, str]:
+    """Returns the text under each ``[[ ## name ## ]]`` header; the first one of a name wins."""
+    found: dict[str, str] = {}
+    matches = list(_MARKER.finditer(text))
+    for i, match in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        found.setdefault(match.group(1), text[match.end() : end].strip())
+    found.pop("completed", None)
+    return found
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = _lenient_json(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s*")
+
+
+def _coerce_text(spec: FieldSpec, text: str) -> Any:
+    """Returns the section text as the value pydantic should validate for ``spec``."""
+    if spec.annotation is str:
+        return text
+    try:
+        return _lenient_json(text)
+    except ValueError:
+        pass
+    origin = typing.get_origin(spec.annotation) or spec.annotation
+    if origin in (list, tuple, set, frozenset):
+        lines = [line for line in text.splitlines() if line.strip()]
+        items = lines if len(lines) > 1 else text.split(",")
+        return [_BULLET.sub("", item).strip() for item in items if item.strip()]
+    return text

@@ -1,0 +1,442 @@
+"""Tools: Python functions a model may call, described by a JSON schema.
+
+`Tool` wraps a sync or async function. The JSON schema of its arguments is
+built from the type hints (a pydantic model is made from the signature), and
+descriptions come from ``Annotated[T, Field(description=...)]``, a
+``Field(...)`` default, or the docstring's ``Args:`` section, in that order.
+
+`Tool.call` is what an agent loop uses: it takes the arguments as the model
+sent them (JSON text or a dict) and *never raises* for a bad call. Invalid
+JSON, arguments that fail validation (each problem named by argument) and
+exceptions raised by the function all come back as a `ToolResult` with
+``ok=False`` whose ``content`` is written for the model to read and correct
+itself. Only cancellation propagates.
+
+Example::
+
+    from typing import Annotated
+    from pydantic import Field
+    from plait import tool
+
+    @tool
+    def add(a: float, b: Annotated[float, Field(description="Second addend")]) -> float:
+        \"\"\"Adds two numbers.
+
+        Args:
+            a: First addend.
+        \"\"\"
+        return a + b
+
+    add.spec.parameters["properties"]["a"]   # {'type': 'number', 'description': 'First addend.'}
+    await add.call('{"a": 1, "b": 2}')        # ToolResult(ok=True, content='3.0', ...)
+    add(1, 2)                                 # 3.0 — still the plain function
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import re
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, overload
+
+from plait.backends.types import Message, ToolSpec
+
+__all__ = ["Tool", "ToolResult", "tool"]
+
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""Tool names OpenAI accepts (Anthropic's rule is the same); checked when a tool is made."""
+
+_SECTION = re.compile(
+    r"^(Args|Arguments|Parameters|Params|Keyword Args|Returns?|Yields?|Raises|"
+    r"Examples?|Notes?|Attributes|See Also|Warnings?):\s*$"
+)
+_ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The outcome of one tool call, ready to be shown to the model."""
+
+    name: str
+    """The tool's name (as the model called it)."""
+    content: str
+    """The text the model sees: the return value as text, or the error explained."""
+    ok: bool = True
+    """False when the call was refused (bad arguments, unknown tool) or the tool raised."""
+    value: Any = None
+    """The function's return value (None when the call failed)."""
+    error: str | None = None
+    """Kind of failure: ``invalid_arguments``, ``unknown_tool``, ``timeout`` or ``exception``."""
+    exception: BaseException | None = None
+    """The exception the tool raised, for the program (the model only sees ``content``)."""
+    call_id: str | None = None
+    """The id of the model's tool call this answers, when known."""
+
+    def to_message(self) -> Message:
+        """Returns the ``tool`` turn that answers the call."""
+        return Message("tool", self.content, tool_call_id=self.call_id, name=self.name)
+
+
+class Tool:
+    """A function the model can call, with a JSON schema of its arguments.
+
+    Args:
+        func: a sync or async function (or callable). Every parameter must be
+            nameable by keyword; ``*args`` and ``**kwargs`` are refused.
+        name: the name the model sees; defaults to ``func.__name__``.
+        description: what the tool does; defaults to the docstring's text
+            before its first section (``Args:``, ``Returns:`` …).
+        in_thread: run a *sync* function in a worker thread, so a blocking
+            tool does not stall the event loop (and several calls of one turn
+            overlap). Off by default: most tools are quick, pure Python.
+        timeout: seconds a call may take; a slower call becomes an error
+            result (the model is told) instead of hanging the agent. A sync
+            function can only be timed out when it runs ``in_thread``.
+
+    Raises:
+        ValueError: the name is not 1-64 letters, digits, ``_`` or ``-``.
+        TypeError: the function takes ``*args``/``**kwargs`` or a type hint
+            cannot be resolved.
+
+    A `Tool` is still the function: ``tool(2, 3)`` calls it directly (and
+    returns a coroutine for an async one). Used as a method decorator, it
+    binds to the instance like a function does.
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        name: str | None = None,
+        description: str | None = None,
+        *,
+        in_thread: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        if not callable(func):
+            raise TypeError(f"Tool needs a callable, got {type(func).__name__}")
+        self.func = func
+        self.name = name if name is not None else getattr(func, "__name__", "")
+        if not _NAME.match(self.name):
+            raise ValueError(
+                f"tool name {self.name!r} is not valid: use 1-64 letters, digits, '_' or '-'; "
+                "pass name=... (e.g. Tool(fn, name='search'))"
+            )
+        summary, arg_docs = _parse_docstring(inspect.getdoc(func) or "")
+        self.description = description if description is not None else summary
+        self.in_thread = in_thread
+        self.timeout = timeout
+        self._is_async = _is_async_callable(func)
+        self._params = _keyword_parameters(func, self.name)
+        self.args_model = _build_args_model(func, self.name, self._params)
+        self.parameters = _schema_of(self.args_model, arg_docs)
+        functools.update_wrapper(self, func, updated=())  # type: ignore[arg-type]
+
+    @property
+    def spec(self) -> ToolSpec:
+        """Returns the provider-neutral description sent in ``Request.tools``."""
+        return ToolSpec(name=self.name, description=self.description, parameters=self.parameters)
+
+    @property
+    def is_async(self) -> bool:
+        """Whether the function is a coroutine function."""
+        return self._is_async
+
+    # ----------------------------------------------------------------- calling
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Tool:
+        if instance is None or not hasattr(self.func, "__get__"):
+            return self
+        bound = Tool.__new__(Tool)
+        bound.__dict__.update(self.__dict__)
+        bound.func = self.func.__get__(instance, owner)  # type: ignore[attr-defined]
+        return bound
+
+    async def call(
+        self, arguments: str | Mapping[str, Any] | None = None, *, call_id: str | None = None
+    ) -> ToolResult:
+        """Validates the model's arguments, runs the tool and returns the result.
+
+        Never raises for a bad call: invalid JSON, failed validation and
+        exceptions from the tool become a `ToolResult` with ``ok=False``
+        whose content tells the model what went wrong. Cancellation propagates.
+
+        Args:
+            arguments: the arguments as JSON text (as the model sent them) or
+                a mapping; None or ``""`` means no arguments.
+            call_id: the id of the model's tool call, copied to the result.
+        """
+        data, problem = _decode_arguments(arguments)
+        kwargs: dict[str, Any] = {}
+        if data is not None:
+            kwargs, problem = self._validate(data)
+        if problem is not None:
+            return ToolResult(
+                self.name,
+                f"Error: invalid arguments for tool '{self.name}': {problem}",
+                ok=False,
+                error="invalid_arguments",
+                call_id=call_id,
+            )
+        return await self._run(kwargs, call_id)
+
+    async def _run(self, kwargs: dict[str, Any], call_id: str | None) -> ToolResult:
+        deadline = asyncio.timeout(self.timeout)  # None: no deadline
+        try:
+            async with deadline:
+                value = await self._invoke(kwargs)
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and deadline.expired():
+                content = (
+                    f"Error: tool '{self.name}' did not finish within {self.timeout:g} seconds"
+                )
+                kind = "timeout"
+            else:  # including a TimeoutError the tool raised itself
+                content = f"Error: tool '{self.name}' raised {type(exc).__name__}: {exc}"
+                kind = "exception"
+            return ToolResult(
+                self.name, content, ok=False, error=kind, exception=exc, call_id=call_id
+            )
+        return ToolResult(self.name, _render(value), value=value, call_id=call_id)
+
+    def _validate(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        from pydantic import ValidationError
+
+        try:
+            model = self.args_model.model_validate(data)
+        except ValidationError as exc:
+            return {}, _describe_errors(exc, self.parameters)
+        return {name: getattr(model, field) for field, name in self._params.items()}, None
+
+    async def _invoke(self, kwargs: dict[str, Any]) -> Any:
+        if self.in_thread and not self._is_async:
+            return await asyncio.to_thread(self.func, **kwargs)
+        value = self.func(**kwargs)
+        if inspect.isawaitable(value):
+            value = await value
+        return value
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+
+@overload
+def tool(func: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    in_thread: bool = False,
+    timeout: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    func: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    in_thread: bool = False,
+    timeout: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Turns a function into a `Tool`; use bare (``@tool``) or with options.
+
+    Example::
+
+        @tool(name="web_search", description="Searches the web.")
+        async def search(query: str, limit: int = 5) -> list[str]: ...
+    """
+    options = {"name": name, "description": description, "in_thread": in_thread, "timeout": timeout}
+    if func is not None:
+        return Tool(func, **options)
+
+    def decorate(fn: Callable[..., Any]) -> Tool:
+        return Tool(fn, **options)
+
+    return decorate
+
+
+# ------------------------------------------------------------------ schema
+def _is_async_callable(func: Any) -> bool:
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)  # noqa: B004 — an object with async __call__
+    )
+
+
+def _keyword_parameters(func: Callable[..., Any], name: str) -> dict[str, str]:
+    """Returns internal field name → parameter name; refuses what keywords cannot pass."""
+    params: dict[str, str] = {}
+    for i, param in enumerate(inspect.signature(func).parameters.values()):
+        if i == 0 and param.name == "self":
+            continue  # a method decorated in its class: bound by __get__, not sent by the model
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(
+                f"tool {name!r}: parameter '{param.name}' is *args/**kwargs, which a JSON "
+                "schema cannot describe; give the tool named parameters instead"
+            )
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(
+                f"tool {name!r}: parameter '{param.name}' is positional-only; tools are called "
+                "with keyword arguments"
+            )
+        params[f"p{i}"] = param.name
+    return params
+
+
+def _build_args_model(func: Callable[..., Any], name: str, params: dict[str, str]) -> Any:
+    """Returns a pydantic model of the arguments.
+
+    Fields get internal names (``p0``, ``p1`` …) and the parameter name as
+    alias: a parameter may be called ``json`` or ``copy``, which would shadow
+    BaseModel's attributes.
+    """
+    from pydantic import ConfigDict, Field, create_model
+    from pydantic.fields import FieldInfo
+
+    try:
+        hints = typing.get_type_hints(func, include_extras=True)
+    except Exception as exc:
+        raise TypeError(
+            f"tool {name!r}: cannot resolve the type hints of its parameters ({exc}); "
+            "define the types at module level or pass them as real objects"
+        ) from exc
+    signature = inspect.signature(func)
+    fields: dict[str, Any] = {}
+    for field, param_name in params.items():
+        param = signature.parameters[param_name]
+        annotation = hints.get(param_name, Any)
+        default: Any = ... if param.default is param.empty else param.default
+        if not isinstance(default, FieldInfo):
+            default = Field(default)
+        fields[field] = (typing.Annotated[annotation, Field(alias=param_name)], default)
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    return create_model(f"{name}_arguments", __config__=config, **fields)
+
+
+def _schema_of(model: Any, arg_docs: Mapping[str, str]) -> dict[str, Any]:
+    schema = _drop_titles(model.model_json_schema())
+    schema.pop("additionalProperties", None)  # extras are refused when validating anyway
+    schema.setdefault("properties", {})
+    for arg, text in arg_docs.items():
+        prop = schema["properties"].get(arg)
+        if prop is not None and "description" not in prop:
+            prop["description"] = text
+    return schema
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "not")
+
+
+def _drop_titles(schema: Any) -> Any:
+    """Returns the schema without pydantic's generated ``title`` keys (noise in a prompt).
+
+    Only schema keywords are touched: a property that is *named* ``title`` stays.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v for k, v in schema.items() if k != "title"}
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: _drop_titles(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [_drop_titles(sub) for sub in out[key]]
+    for key in _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = _drop_titles(out[key])
+    return out
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Returns the summary (text before the first section) and ``Args:`` descriptions.
+
+    Understands Google style: ``name: text`` or ``name (type): text`` lines,
+    indented under ``Args:``, with indented continuation lines.
+    """
+    lines = doc.splitlines()
+    summary: list[str] = []
+    args: dict[str, str] = {}
+    i = 0
+    while i < len(lines) and not _SECTION.match(lines[i].strip()):
+        summary.append(lines[i])
+        i += 1
+    while i < len(lines):
+        header = lines[i].strip()
+        i += 1
+        in_args = header.split(":")[0] in ("Args", "Arguments", "Parameters", "Params")
+        current: str | None = None
+        base_indent: int | None = None
+        while i < len(lines) and not _SECTION.match(lines[i].strip()):
+            line = lines[i]
+            i += 1
+            if not in_args or not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            if base_indent is None:
+                base_indent = indent
+            match = _ARG_LINE.match(line.strip())
+            if indent <= base_indent and match:
+                current = match.group(1).lstrip("*")
+                args[current] = match.group(2).strip()
+            elif current is not None:
+                args[current] = f"{args[current]} {line.strip()}".strip()
+    return "\n".join(summary).strip(), args
+
+
+# ---------------------------------------------------------------- calling
+def _decode_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Returns (arguments as a dict, None), or (None, what is wrong with them)."""
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        return {}, None
+    if isinstance(arguments, Mapping):
+        return dict(arguments), None
+    if not isinstance(arguments, str | bytes):
+        return None, f"expected a JSON object, got {type(arguments).__name__}"
+    import orjson
+
+    try:
+        data = orjson.loads(arguments)
+    except orjson.JSONDecodeError as exc:
+        return None, f"the arguments are not valid JSON ({exc}); send one JSON object"
+    if not isinstance(data, dict):
+        return None, f"expected a JSON object of named arguments, got {type(data).__name__}"
+    return data, None
+
+
+def _describe_errors(exc: Any, schema: Mapping[str, Any]) -> str:
+    """Returns one line per validation problem, each naming its argument."""
+    problems = []
+    for err in exc.errors():
+        loc = ".".join(str(part) for part in err["loc"]) or "(arguments)"
+        if err["type"] == "missing":
+            problems.append(f"argument '{loc}' is required but missing")
+        elif err["type"] == "extra_forbidden":
+            known = ", ".join(schema.get("properties", {})) or "none"
+            problems.append(f"argument '{loc}' is not a parameter of this tool (known: {known})")
+        else:
+            problems.append(f"argument '{loc}': {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(problems)
+
+
+def _render(value: Any) -> str:
+    """Returns a tool's return value as text for the model (JSON for data)."""
+    if isinstance(value, str):
+        return value
+    from pydantic_core import to_json
+
+    return to_json(value, fallback=str).decode()
