@@ -14,8 +14,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Seque
 from dataclasses import dataclass
 from typing import Any
 
-from plait.errors import ExecutionError
-
 __all__ = ["BatchResult", "BatchStream", "run_items"]
 
 _QUEUE_SIZE = 256
@@ -140,16 +138,3 @@ class BatchStream:
 
     def __await__(self) -> Generator[Any, None, list[BatchResult]]:
         return self._collect().__await__()
-
-
-def raise_first_error(results: Sequence[BatchResult]) -> None:
-    """Raises the error of the first failed result (by index), if any."""
-    for result in sorted(results, key=lambda r: r.index):
-        if result.error is not None:
-            if isinstance(result.error, ExecutionError):
-                raise result.error
-            raise ExecutionError(
-                f"input {result.index} failed: {result.error}",
-                input_index=result.index,
-                cause=result.error,
-            ) from result.error
