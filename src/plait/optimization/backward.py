@@ -31,7 +31,7 @@ from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.tracing.graph import Node, iter_refs, substitute
 from plait.values import Value
 
-__all__ = ["BackwardReport", "backward"]
+__all__ = ["BackwardReport", "backward", "node_levels"]
 
 _MAX_ITEMS_PER_NODE = 6
 """Feedback texts combined for one node; more (from many readers) are summarised by count."""
@@ -45,6 +45,8 @@ class BackwardReport:
     """Dotted parameter name → feedback items it received."""
     nodes: list[str] = field(default_factory=list)
     """Node ids visited, in visiting order."""
+    levels: dict[str, int] = field(default_factory=dict)
+    """Dotted parameter name → level of the earliest node that read it (see `node_levels`)."""
 
 
 def _as_text(grad: Any) -> str:
@@ -75,13 +77,16 @@ async def backward(
     Raises:
         ValueError: an output has no tape (it was not produced in training mode).
     """
-    values = [outputs] if isinstance(outputs, Value) else list(outputs)
+    # Only a list or tuple means "several outputs": anything else (an eval-mode
+    # Feedback, a plain string) is one output, refused below with the hint.
+    values = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
     jobs: list[tuple[Tape, str]] = []
     for position, value in enumerate(values):
         tape_ids = value.meta.get("_tape_ids") if isinstance(value, Value) else None
         if not tape_ids:
             raise ValueError(
-                f"output {position} has no tape ids: it was not produced in training mode; "
+                f"output {position} ({type(value).__name__}) has no tape ids: it was not "
+                "produced in training mode; "
                 "call module.train() (or TrainingStep(...).train()) before the forward pass"
             )
         text = _as_text(grad if grad is not None else value)
@@ -114,6 +119,19 @@ async def _runner_for(resources: Any) -> Any:
     return Runner(ResourceManager.shared(resources))
 
 
+def node_levels(graph: Any) -> dict[str, int]:
+    """Returns each node's level: 0 for inputs, else one more than its deepest dependency.
+
+    Nodes on one level never depend on each other, so optimizers update the
+    parameters read on one level together, lower (upstream) levels first.
+    """
+    levels: dict[str, int] = {}
+    for node_id in graph.topological_order():
+        deps = [levels[d] for d in graph.nodes[node_id].dependencies if d in levels]
+        levels[node_id] = 1 + max(deps) if deps else 0
+    return levels
+
+
 def _waves(tape: Tape) -> list[list[Node]]:
     """Returns the nodes grouped so that every node comes after all nodes reading it."""
     graph = tape.graph
@@ -129,14 +147,16 @@ def _waves(tape: Tape) -> list[list[Node]]:
 
 async def _backward_tape(tape: Tape, feedback: str, report: BackwardReport) -> None:
     pending: dict[str, list[str]] = defaultdict(list)
+    levels = node_levels(tape.graph)
     for output_id in tape.graph.output_ids:
         if output_id in tape.graph.nodes:
             pending[output_id].append(feedback)
         elif output_id in tape.parameters:
-            _to_parameter(tape.parameters[output_id], output_id[6:], feedback, report)
+            last = 1 + max(levels.values(), default=0)
+            _to_parameter(tape.parameters[output_id], output_id[6:], feedback, report, last)
     for wave in _waves(tape):
         ready = [node for node in wave if pending.get(node.id) and node.kind != "input"]
-        await asyncio.gather(*(_visit(tape, node, pending, report) for node in ready))
+        await asyncio.gather(*(_visit(tape, node, pending, report, levels) for node in ready))
 
 
 def _combined(items: list[str]) -> str:
@@ -148,21 +168,26 @@ def _combined(items: list[str]) -> str:
 
 
 async def _visit(
-    tape: Tape, node: Node, pending: dict[str, list[str]], report: BackwardReport
+    tape: Tape,
+    node: Node,
+    pending: dict[str, list[str]],
+    report: BackwardReport,
+    levels: dict[str, int],
 ) -> None:
     report.nodes.append(node.id)
     feedback = _combined(pending[node.id])
+    level = levels[node.id]
     if node.kind == "op":
         for ref in _refs((node.args, node.kwargs)):
-            _send(tape, ref, feedback, pending, report, via=node.id)
+            _send(tape, ref, feedback, pending, report, via=node.id, level=level)
         return
     ctx = _context_of(tape, node, feedback)
     result = node.module.backward(feedback, ctx)
     if inspect.isawaitable(result):
         result = await result
-    _apply(tape, node, ctx, result, pending, report)
+    _apply(tape, node, ctx, result, pending, report, level)
     for call in ctx.inner_calls:
-        await _replay_inner_call(tape, node, call, feedback, report)
+        await _replay_inner_call(tape, node, call, feedback, report, level)
 
 
 def _context_of(tape: Tape, node: Node, feedback: str) -> BackwardContext:
@@ -202,10 +227,11 @@ def _apply(
     result: BackwardResult,
     pending: dict[str, list[str]],
     report: BackwardReport,
+    level: int,
 ) -> None:
     for name, text in result.input_feedback.items():
         for ref in _refs(_recorded_input(node, ctx, name)):
-            _send(tape, ref, text, pending, report, via=node.id)
+            _send(tape, ref, text, pending, report, via=node.id, level=level)
     own = dict(node.module.named_parameters())
     for name, text in result.parameter_feedback.items():
         param = own.get(name)
@@ -215,15 +241,34 @@ def _apply(
                 f"{name!r}; its parameters: {', '.join(own) or 'none'}"
             )
         full = f"{node.module_path}.{name}" if node.module_path else name
-        _to_parameter(param, full, text, report)
+        _to_parameter(param, full, text, report, level)
 
 
 def _recorded_input(node: Node, ctx: BackwardContext, name: str) -> Any:
+    """Returns what input ``name`` was recorded as; ``name[i]`` is item i of a list input.
+
+    Raises:
+        KeyError: ``name`` is not a parameter of the module's ``forward`` (a
+            typo would otherwise drop the feedback silently).
+    """
     if name in node.kwargs:
         return node.kwargs[name]
     if name in ctx.input_names:
         return node.args[ctx.input_names.index(name)]
-    return ()
+    base, bracket, index = name.partition("[")
+    if bracket and index[:-1].isdigit() and index.endswith("]"):
+        whole = _recorded_input(node, ctx, base)
+        if not isinstance(whole, list | tuple):
+            return whole  # one node produced the whole list: it hears about each item
+        position = int(index[:-1])
+        return whole[position] if position < len(whole) else ()
+    accepted = inspect.signature(node.module.forward).parameters.values()
+    if any(p.name == name or p.kind is p.VAR_KEYWORD for p in accepted):
+        return ()  # an optional input this call did not pass
+    raise KeyError(
+        f"{type(node.module).__name__}.backward ({node.id}) gave feedback for unknown input "
+        f"{name!r}; its inputs: {', '.join(ctx.input_names + tuple(ctx.kwargs)) or 'none'}"
+    )
 
 
 def _refs(recorded: Any) -> list[str]:
@@ -237,24 +282,33 @@ def _send(
     pending: dict[str, list[str]],
     report: BackwardReport,
     via: str,
+    level: int,
 ) -> None:
     if ref.startswith("param:"):
         param = tape.parameters.get(ref)
         if param is not None:
             note = f"This text was part of the input of step {via}.\n{text}"
-            _to_parameter(param, ref[6:], note, report)
+            _to_parameter(param, ref[6:], note, report, level)
         return
     pending[ref].append(text)
 
 
-def _to_parameter(param: Any, name: str, text: str, report: BackwardReport) -> None:
+def _to_parameter(param: Any, name: str, text: str, report: BackwardReport, level: int) -> None:
     if param.requires_grad:
         param.accumulate_feedback(text)
         report.parameters[name] = report.parameters.get(name, 0) + 1
+        report.levels[name] = min(report.levels.get(name, level), level)
+        known = param.graph_level
+        param.graph_level = level if known is None else min(known, level)
 
 
 async def _replay_inner_call(
-    tape: Tape, node: Node, call: dict[str, Any], feedback: str, report: BackwardReport
+    tape: Tape,
+    node: Node,
+    call: dict[str, Any],
+    feedback: str,
+    report: BackwardReport,
+    level: int,
 ) -> None:
     """Gives a call made inside an async node its own backward, with its real input and output.
 
@@ -280,4 +334,4 @@ async def _replay_inner_call(
     own = dict(module.named_parameters())
     for name, text in result.parameter_feedback.items():
         if name in own:
-            _to_parameter(own[name], f"{call['path']}.{name}", text, report)
+            _to_parameter(own[name], f"{call['path']}.{name}", text, report, level)

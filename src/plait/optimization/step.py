@@ -1,9 +1,9 @@
 """TrainingStep: a program and its loss traced together, so backward sees both.
 
-    step = TrainingStep(pipeline, VerifierLoss(exact_match))
-    step.train()
-    loss = await step(question, target=answer)   # a Value holding Feedback, with a tape
-    await loss.backward()                         # feedback reaches pipeline's parameters
+step = TrainingStep(pipeline, VerifierLoss(exact_match))
+step.train()
+loss = await step(question, target=answer)   # a Value holding Feedback, with a tape
+await loss.backward()                         # feedback reaches pipeline's parameters
 """
 
 from __future__ import annotations

@@ -1,0 +1,718 @@
+"""Optimizers: rewrite learnable parameters from the feedback backward left on them.
+
+    optimizer = SFAOptimizer(program.named_parameters()).bind(resources)
+    optimizer.zero_feedback()
+    losses = await step(examples)                  # a TrainingStep in training mode
+    await Value.backward(losses)                   # feedback reaches the parameters
+    report = await optimizer.step()                # one structured LLM call or two per parameter
+
+Every call an optimizer makes asks for a structured reply (a JSON schema the
+backend enforces where it can: a grammar on the embedded model), so even a
+135M model answers in a parseable shape. A reply is still *unusable* when it
+does not parse, or when the value it proposes fails `check_update`: empty,
+unchanged, absurdly long, missing a ``{placeholder}`` the old value had, or a
+bigger edit than the ``conservatism`` allows. An unusable reply is re-asked
+(showing the model why it was rejected) up to ``max_retries`` times; if no
+usable value comes, the update is *rejected*: logged, recorded in
+`Optimizer.history` with the reason, never applied, and ``step()`` goes on.
+
+The conservatism rule (see `plait.optimization.updates`): ``conservatism`` c
+in [0, 1] is told to the model in words (0: rewrite freely, 1: minimal edits)
+and enforced on the result: the share of words changed may be at most
+``1 - 0.9 * c`` (c = 0: anything; the default 0.5: 55 %; c = 1: 10 %).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import asdict
+from typing import Any, Self
+
+from pydantic import BaseModel
+
+from plait import _context
+from plait.backends.types import Message, Request, SamplingOptions
+from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
+from plait.execution.structured import OutputType, output_type_for
+from plait.feedback import clip
+from plait.module import Module
+from plait.optimization.updates import (
+    FeedbackSummary,
+    ParameterUpdate,
+    StepReport,
+    UpdateRecord,
+    allowed_change,
+    as_text,
+    change_ratio,
+    check_update,
+    clip_middle,
+    kind_of,
+    parse_leniently,
+    placeholders,
+)
+from plait.parameter import Parameter
+
+__all__ = [
+    "Optimizer",
+    "SFAOptimizer",
+    "StepReport",
+    "TextGradOptimizer",
+    "UpdateRecord",
+    "change_ratio",
+    "check_update",
+]
+
+logger = logging.getLogger("plait.optimization")
+
+STATE_FORMAT = "plait.optimizer/1"
+
+_SYSTEM = (
+    "You improve the prompts and instructions of a program made of LLM calls. "
+    "Answer with one JSON object and nothing else."
+)
+
+
+class _Unusable(Exception):
+    def __init__(self, reason: str, raw: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+# ----------------------------------------------------------------- optimizer
+ParamsArg = Iterable[Parameter] | Iterable[tuple[str, Parameter]] | Module
+
+
+class Optimizer:
+    """Base class of optimizers: bookkeeping, ordering, checks, retries and validation.
+
+    Subclasses implement `_propose`, which asks the model for a parameter's
+    new value; everything else (which parameters, in what order, what is
+    applied, reverted and recorded) is shared.
+
+    Args:
+        params: the parameters to optimise: ``module.named_parameters()``
+            (names are kept for prompts and history), ``module.parameters()``,
+            any iterable of `Parameter`, or a module.
+        alias: the resource alias the optimizer's LLM calls use.
+        max_retries: re-asks after an unusable reply, per call.
+        conservatism: 0 (rewrite freely) to 1 (minimal edits); see the module docs.
+        validate: ``async def validate() -> float`` (higher is better). When
+            given, ``step()`` scores before and after its updates and reverts
+            them all when the score fell. The score of unchanged parameters is
+            remembered, so it is computed once per step in a training loop.
+
+    Raises:
+        ValueError: no parameters, a non-`Parameter`, or a setting out of range.
+    """
+
+    history_limit = 100
+    """Records kept per parameter; older ones are dropped."""
+    max_feedback_shown = 8
+    """Feedback items shown to the model per parameter (the newest)."""
+    feedback_item_chars = 500
+    """Characters of one feedback item shown to the model."""
+    temperature = 0.7
+    """Sampling temperature of the optimizer's calls."""
+
+    def __init__(
+        self,
+        params: ParamsArg,
+        *,
+        alias: str = "optimizer",
+        max_retries: int = 2,
+        conservatism: float = 0.5,
+        validate: Callable[[], Awaitable[float]] | None = None,
+    ) -> None:
+        if not 0.0 <= conservatism <= 1.0:
+            raise ValueError(f"conservatism must be in [0, 1], got {conservatism}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"max_retries must be an int >= 0, got {max_retries!r}")
+        if validate is not None and not callable(validate):
+            raise ValueError(
+                f"validate must be an async callable returning a score, got {validate!r}"
+            )
+        self._entries = _named_entries(params, type(self).__name__)
+        self.alias = alias
+        self.max_retries = max_retries
+        self.conservatism = conservatism
+        self.validate = validate
+        self.resources: Any = None
+        self.step_count = 0
+        self.history: dict[str, list[UpdateRecord]] = {name: [] for name, _ in self._entries}
+        """Per parameter name: what each step did with it, oldest first."""
+        self._score: tuple[str, float] | None = None
+
+    # ------------------------------------------------------------ setup
+    def bind(self, resources: Any) -> Self:
+        """Sets the resources (config, manager or mapping) the optimizer's calls use; returns self.
+
+        Unbound, ``step()`` uses the resources of the active ``ExecutionSettings``.
+        """
+        self.resources = resources
+        return self
+
+    def named_parameters(self) -> list[tuple[str, Parameter]]:
+        """Returns the optimised parameters with the names the optimizer uses."""
+        return list(self._entries)
+
+    def zero_feedback(self) -> None:
+        """Clears the feedback of every optimised parameter, like ``zero_grad``."""
+        for _, param in self._entries:
+            param.zero_feedback()
+
+    def __repr__(self) -> str:
+        names = ", ".join(name for name, _ in self._entries)
+        return (
+            f"{type(self).__name__}([{names}], alias={self.alias!r}, "
+            f"conservatism={self.conservatism:g}, max_retries={self.max_retries})"
+        )
+
+    # ------------------------------------------------------------- step
+    async def step(self) -> StepReport:
+        """Updates every parameter that has feedback, upstream levels first; returns a report.
+
+        Parameters read on one graph level update concurrently; each later
+        level is shown what changed before it. Feedback is consumed: after the
+        step every updated parameter's buffer is empty, whatever the outcome.
+        An unusable reply never raises; a failing ``validate`` hook reverts
+        the step's updates and re-raises.
+        """
+        self.step_count += 1
+        report = StepReport(step=self.step_count)
+        todo = [
+            (index, name, param)
+            for index, (name, param) in enumerate(self._entries)
+            if param.requires_grad and param.get_accumulated_feedback()
+        ]
+        if not todo:
+            return report
+        manager = self._manager()
+        if self.validate is not None:
+            report.score_before = await self._current_score()
+        applied: list[tuple[UpdateRecord, Parameter]] = []
+        for level, group in _levels(todo):
+            report.levels.append([name for name, _ in group])
+            upstream = [record for record, _ in applied]
+            records = await asyncio.gather(
+                *(self._update(manager, name, param, level, upstream) for name, param in group)
+            )
+            for record, (_, param) in zip(records, group, strict=True):
+                if record.status == "accepted":
+                    param.apply_update(record.new)
+                    applied.append((record, param))
+                else:
+                    param.zero_feedback()
+                report.updates.append(record)
+        if self.validate is not None and applied:
+            await self._validate_step(report, applied)
+        for record in report.updates:
+            self._remember(record)
+        return report
+
+    async def _update(
+        self, manager: Any, name: str, param: Parameter, level: int | None, upstream: list[Any]
+    ) -> UpdateRecord:
+        record = UpdateRecord(self.step_count, name, old=param.value, level=level)
+        try:
+            await self._propose(manager, name, param, upstream, record)
+        except BudgetExceededError:
+            raise
+        except BackendError as exc:
+            record.status, record.new = "rejected", None
+            record.reason = f"the optimizer's call failed: {exc}"
+        if record.status == "accepted":
+            logger.info(
+                "%s: step %d accepted an update of %s", type(self).__name__, record.step, name
+            )
+        else:
+            logger.warning(
+                "%s: step %d %s the update of %s: %s",
+                type(self).__name__,
+                record.step,
+                record.status,
+                name,
+                record.reason,
+            )
+        return record
+
+    async def _propose(
+        self,
+        manager: Any,
+        name: str,
+        param: Parameter,
+        upstream: list[UpdateRecord],
+        record: UpdateRecord,
+    ) -> None:
+        """Asks the model for ``param``'s new value and fills ``record`` in. Override this.
+
+        Set ``record.status`` to ``accepted`` with ``record.new``, or leave it
+        ``rejected`` / set ``skipped`` with a ``record.reason``. `_ask_for_value`
+        does the asking, checking and re-asking.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement _propose")
+
+    async def _validate_step(
+        self, report: StepReport, applied: list[tuple[UpdateRecord, Parameter]]
+    ) -> None:
+        try:
+            after = float(await _maybe_await(self.validate()))  # type: ignore[misc]
+        except BaseException:
+            _revert(applied, "the validation hook failed after this update; reverted")
+            report.reverted = True
+            raise
+        report.score_after = after
+        before = report.score_before
+        if before is not None and after < before:
+            _revert(applied, f"the validation score fell from {before:.4g} to {after:.4g}")
+            report.reverted = True
+            self._score = (self._fingerprint(), before)
+            logger.warning(
+                "%s: step %d reverted %d update(s): validation %.4g -> %.4g",
+                type(self).__name__,
+                report.step,
+                len(applied),
+                before,
+                after,
+            )
+        else:
+            self._score = (self._fingerprint(), after)
+
+    async def _current_score(self) -> float:
+        fingerprint = self._fingerprint()
+        if self._score is not None and self._score[0] == fingerprint:
+            return self._score[1]
+        score = float(await _maybe_await(self.validate()))  # type: ignore[misc]
+        self._score = (fingerprint, score)
+        return score
+
+    def _fingerprint(self) -> str:
+        values = [as_text(param.value) for _, param in self._entries]
+        return hashlib.sha256(json.dumps(values).encode()).hexdigest()
+
+    def _remember(self, record: UpdateRecord) -> None:
+        records = self.history.setdefault(record.parameter, [])
+        records.append(record)
+        del records[: max(len(records) - self.history_limit, 0)]
+
+    def _manager(self) -> Any:
+        from plait.resources import ResourceManager
+
+        resources = self.resources
+        if resources is None:
+            settings = _context.SETTINGS.get()
+            resources = settings.resources if settings is not None else None
+        if resources is None:
+            raise PlaitError(
+                f"{type(self).__name__} has no resources for its LLM calls (alias "
+                f"{self.alias!r}): call optimizer.bind(resources) or step inside "
+                "`async with ExecutionSettings(resources=...)`"
+            )
+        return ResourceManager.shared(resources)
+
+    # ------------------------------------------------------- model calls
+    async def _ask(
+        self,
+        manager: Any,
+        messages: list[Message],
+        output: OutputType,
+        max_tokens: int,
+    ) -> tuple[Any, str]:
+        """Makes one structured call; returns (parsed, raw text) or raises `_Unusable`."""
+        request = Request(
+            messages=tuple(messages),
+            options=SamplingOptions(temperature=self.temperature, max_tokens=max_tokens),
+            response_schema=output.schema,
+        )
+        response = await manager.complete(self.alias, request)
+        try:
+            return output.parse(response.text), response.text
+        except StructuredOutputError as exc:
+            lenient = parse_leniently(response.text, output.target)
+            if lenient is not None:
+                return lenient, response.text
+            reason = str(exc)
+            if response.finish_reason == "length":
+                reason = f"the reply was cut off at {max_tokens} tokens; {reason}"
+            raise _Unusable(reason, response.text) from None
+
+    async def _ask_structured(
+        self,
+        manager: Any,
+        prompt: str,
+        target: type[BaseModel],
+        max_tokens: int,
+        record: UpdateRecord,
+        check: Callable[[Any], str | None] = lambda parsed: None,
+    ) -> Any:
+        """Asks until ``check`` accepts a parsed reply; returns it, or raises `_Unusable`.
+
+        Each re-ask shows the model its rejected reply and the reason, as a
+        structured-output re-ask does.
+        """
+        messages = [Message("system", _SYSTEM), Message("user", prompt)]
+        output = output_type_for(target)
+        reasons: list[str] = []
+        for _ in range(1 + self.max_retries):
+            record.attempts += 1
+            try:
+                parsed, raw = await self._ask(manager, messages, output, max_tokens)
+                reason = check(parsed)
+            except _Unusable as exc:
+                raw, reason = exc.raw, exc.reason
+            if reason is None:
+                return parsed
+            reasons.append(reason)
+            messages += [
+                Message("assistant", clip(raw, 1000)),
+                Message(
+                    "user",
+                    f"That reply was rejected: {reason}. Reply again with one JSON object "
+                    f"with the keys {', '.join(target.model_fields)}, fixing this.",
+                ),
+            ]
+        if len(reasons) == 1:
+            raise _Unusable(reasons[0], "")
+        listed = "; ".join(f"attempt {i}: {reason}" for i, reason in enumerate(reasons, 1))
+        raise _Unusable(f"no usable reply in {len(reasons)} attempts ({listed})", "")
+
+    async def _ask_for_value(
+        self, manager: Any, param: Parameter, prompt: str, record: UpdateRecord
+    ) -> None:
+        """Asks for a `ParameterUpdate`, checks it with `check_update`, fills ``record``."""
+        old_text = as_text(param.value)
+        proposals: list[Any] = []
+
+        def usable(update: ParameterUpdate) -> str | None:
+            value, reason = check_update(param.value, update.new_value, self.conservatism)
+            proposals.append((update, value))
+            return reason
+
+        max_tokens = min(4096, 256 + len(old_text) // 2)
+        try:
+            await self._ask_structured(
+                manager, prompt, ParameterUpdate, max_tokens, record, check=usable
+            )
+        except _Unusable as exc:
+            record.status, record.reason = "rejected", exc.reason
+            if proposals:
+                record.new = proposals[-1][0].new_value
+            return
+        update, value = proposals[-1]
+        record.status, record.new, record.rationale = "accepted", value, update.rationale
+
+    def _instructions(self, param: Parameter) -> str:
+        """Returns the closing rules of an update prompt: how much to change, what to keep."""
+        c = self.conservatism
+        if c <= 0.2:
+            how = "You may rewrite it completely if that serves the changes better."
+        elif c < 0.7:
+            how = "Keep what already works and most of the wording; change what the changes need."
+        else:
+            how = "Make the smallest edit that carries out the changes; keep every other word."
+        lines = [f"{how} (At most {allowed_change(c):.0%} of the words may change.)"]
+        if isinstance(param.value, str):
+            fields = sorted(placeholders(param.value))
+            if fields:
+                lines.append(f"Keep the placeholders {', '.join(fields)} exactly as written.")
+        else:
+            lines.append(f"The value is a {kind_of(param.value)}: give new_value as JSON text.")
+        lines.append(
+            # No quotable phrase here: SmolLM2-135M copied "the complete improved
+            # value" into new_value; the schema already fixes the keys.
+            "Reply with JSON: your reason in rationale, then the whole rewritten text "
+            f"of {'it' if isinstance(param.value, str) else 'the JSON'} in new_value."
+        )
+        return "\n".join(lines)
+
+    def _feedback_lines(self, param: Parameter) -> tuple[str, int]:
+        """Returns the newest feedback items, numbered and clipped, and how many exist."""
+        items = param.get_accumulated_feedback()
+        total = len(items) + param.dropped_feedback
+        shown = items[-self.max_feedback_shown :]
+        text = "\n".join(
+            f"{i}. {clip_middle(item, self.feedback_item_chars)}" for i, item in enumerate(shown, 1)
+        )
+        return text, total
+
+    # ------------------------------------------------------------- state
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "alias": self.alias,
+            "max_retries": self.max_retries,
+            "conservatism": self.conservatism,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Returns the optimizer's state as JSON-compatible data.
+
+        Per parameter: its current value and description and the history of
+        every step (old and proposed values, feedback summaries, accepted or
+        rejected with the reason). Parameter values themselves are restored
+        from the module's ``state_dict``, not from here.
+        """
+        return {
+            "format": STATE_FORMAT,
+            "type": type(self).__name__,
+            "settings": self._settings(),
+            "step": self.step_count,
+            "score": None
+            if self._score is None
+            else {"fingerprint": self._score[0], "value": self._score[1]},
+            "parameters": {
+                name: {
+                    "value": param.value,
+                    "description": param.description,
+                    "history": [asdict(record) for record in self.history.get(name, [])],
+                }
+                for name, param in self._entries
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
+        """Restores history, step count and the remembered validation score.
+
+        Args:
+            state: what `state_dict` returned, or its JSON text.
+
+        Raises:
+            ValueError: ``state`` is not an optimizer state.
+            KeyError: it names parameters this optimizer does not have (all
+                listed, one per line; nothing is changed).
+        """
+        if isinstance(state, str):
+            state = json.loads(state)
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"not an optimizer state (expected a mapping with format {STATE_FORMAT!r}); "
+                "pass what optimizer.state_dict() returned"
+            )
+        params = state.get("parameters", {})
+        unknown = [name for name in params if name not in self.history]
+        if unknown:
+            lines = "\n".join(f"  {name}" for name in unknown)
+            known = ", ".join(self.history) or "none"
+            raise KeyError(f"unknown parameter(s) in optimizer state:\n{lines}\nknown: {known}")
+        for name, entry in params.items():
+            self.history[name] = [UpdateRecord(**r) for r in entry.get("history", [])]
+        self.step_count = int(state.get("step", 0))
+        score = state.get("score")
+        self._score = None if score is None else (score["fingerprint"], float(score["value"]))
+
+
+def _named_entries(params: ParamsArg, owner: str) -> list[tuple[str, Parameter]]:
+    items = list(params.named_parameters() if isinstance(params, Module) else params)
+    entries: list[tuple[str, Parameter]] = []
+    seen: set[int] = set()
+    names: set[str] = set()
+    for position, item in enumerate(items):
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], Parameter):
+            name, param = str(item[0]), item[1]
+        elif isinstance(item, Parameter):
+            name, param = item.name if item._name else f"param{position}", item
+        else:
+            raise ValueError(
+                f"{owner} got {type(item).__name__} at position {position}; pass "
+                "module.named_parameters(), module.parameters() or Parameters"
+            )
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        unique, n = name, 2
+        while unique in names:  # two unnamed-path prompts, e.g. two system_prompts
+            unique, n = f"{name}#{n}", n + 1
+        names.add(unique)
+        entries.append((unique, param))
+    if not entries:
+        raise ValueError(f"{owner} got an empty parameter list")
+    return entries
+
+
+def _levels(
+    todo: list[tuple[int, str, Parameter]],
+) -> list[tuple[int | None, list[tuple[str, Parameter]]]]:
+    """Groups parameters by graph level, upstream first; unknown levels follow one by one."""
+    known = sorted({p.graph_level for _, _, p in todo if p.graph_level is not None})
+    groups: list[tuple[int | None, list[tuple[str, Parameter]]]] = [
+        (level, [(name, p) for _, name, p in todo if p.graph_level == level]) for level in known
+    ]
+    groups += [(None, [(name, p)]) for _, name, p in todo if p.graph_level is None]
+    return groups
+
+
+def _revert(applied: list[tuple[UpdateRecord, Parameter]], reason: str) -> None:
+    for record, param in applied:
+        param.value = record.old
+        record.status, record.reason = "reverted", reason
+
+
+async def _maybe_await(result: Any) -> Any:
+    return await result if inspect.isawaitable(result) else result
+
+
+def _upstream_lines(upstream: list[UpdateRecord]) -> str:
+    return "\n".join(
+        f"- {r.parameter} changed from {clip(as_text(r.old), 300)!r} to "
+        f"{clip(as_text(r.new), 300)!r}" + (f" ({clip(r.rationale, 200)})" if r.rationale else "")
+        for r in upstream
+    )
+
+
+def _header(name: str, param: Parameter) -> str:
+    return (
+        f"Part of the program: {name}\n"
+        f"Its role: {param.description}\n"
+        f"Current value:\n<<<\n{as_text(param.value)}\n>>>"
+    )
+
+
+# ----------------------------------------------------------------------- SFA
+class SFAOptimizer(Optimizer):
+    """Structured feedback aggregation: summarise the feedback, then rewrite, upstream first.
+
+    For each parameter with feedback, two structured calls: the first turns
+    the (bounded) feedback items into at most five concrete changes
+    (``{"summary", "changes"}``); the second writes the new value
+    (``{"new_value", "rationale"}``) from the description, the current value,
+    those changes and what changed upstream in this same step. Parameters are
+    updated level by level in the order of the graphs of the last backward
+    pass (falling back to the order they were given in); independent ones
+    concurrently. If aggregation yields nothing usable, the raw feedback is
+    used as the list of changes; if it asks for no change, the parameter is
+    skipped.
+
+    Example::
+
+        optimizer = SFAOptimizer(program.named_parameters(), conservatism=0.3)
+        optimizer.bind(ResourceConfig({"*": {"provider": "local"}}))
+        ...                                  # forward + backward in training mode
+        report = await optimizer.step()
+        report.accepted, optimizer.history["stage1.instructions"][-1].reason
+
+    Args: as `Optimizer`.
+    """
+
+    max_changes = 5
+    """Most changes the aggregation keeps."""
+
+    async def _propose(
+        self,
+        manager: Any,
+        name: str,
+        param: Parameter,
+        upstream: list[UpdateRecord],
+        record: UpdateRecord,
+    ) -> None:
+        feedback, total = self._feedback_lines(param)
+        summary, changes = await self._aggregate(manager, name, param, feedback, total, record)
+        record.feedback, record.changes = summary, changes
+        if not changes:
+            record.status, record.reason = "skipped", "the feedback asked for no change"
+            return
+        parts = [
+            "Rewrite this part of an LLM program so that it makes the changes listed.",
+            _header(name, param),
+            "Changes to make:\n" + "\n".join(f"- {change}" for change in changes),
+        ]
+        if upstream:
+            parts.append(
+                "Earlier parts of the program were already changed in this step:\n"
+                + _upstream_lines(upstream)
+            )
+        parts.append(self._instructions(param))
+        await self._ask_for_value(manager, param, "\n\n".join(parts), record)
+
+    async def _aggregate(
+        self,
+        manager: Any,
+        name: str,
+        param: Parameter,
+        feedback: str,
+        total: int,
+        record: UpdateRecord,
+    ) -> tuple[str, list[str]]:
+        shown = min(total, self.max_feedback_shown)
+        prompt = (
+            "Below is feedback on runs of an LLM program. Turn it into a short list of "
+            "concrete changes to one part of the program.\n\n"
+            f"{_header(name, param)}\n\n"
+            f"Feedback from {total} runs (the newest {shown} shown):\n{feedback}\n\n"
+            'Reply with JSON: "summary": one sentence on what goes wrong, "changes": at most '
+            f"{self.max_changes} short, concrete edits to the value (an empty list if it "
+            "should stay as it is)."
+        )
+        try:
+            result = await self._ask_structured(manager, prompt, FeedbackSummary, 400, record)
+        except _Unusable as exc:
+            # Fail soft: the raw feedback still says what to change.
+            items = param.get_accumulated_feedback()[-self.max_changes :]
+            note = f"aggregation failed ({exc.reason}); the raw feedback was used"
+            return note, [clip_middle(item, 300) for item in items]
+        changes = [clip(c.strip(), 300) for c in result.changes if c.strip()]
+        return clip(result.summary.strip(), 400), changes[: self.max_changes]
+
+
+# ------------------------------------------------------------------ TextGrad
+class TextGradOptimizer(Optimizer):
+    """Textual gradient descent: one structured call per parameter, feedback as the gradient.
+
+    The call shows the description, the current value, the (bounded)
+    feedback and what changed upstream in this step, and asks for
+    ``{"new_value", "rationale"}``. With ``momentum=k`` it also shows the
+    parameter's last ``k`` past values, the feedback each got and whether its
+    update was kept, so the model does not walk back into an old mistake.
+
+    Args:
+        params, alias, max_retries, conservatism, validate: as `Optimizer`.
+        momentum: past values shown per parameter (0: none).
+    """
+
+    def __init__(self, params: ParamsArg, *, momentum: int = 0, **options: Any) -> None:
+        super().__init__(params, **options)
+        if not isinstance(momentum, int) or momentum < 0:
+            raise ValueError(f"momentum must be an int >= 0 (past values shown), got {momentum!r}")
+        self.momentum = momentum
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "momentum": self.momentum}
+
+    async def _propose(
+        self,
+        manager: Any,
+        name: str,
+        param: Parameter,
+        upstream: list[UpdateRecord],
+        record: UpdateRecord,
+    ) -> None:
+        feedback, total = self._feedback_lines(param)
+        items = param.get_accumulated_feedback()
+        record.feedback = f"{total} item(s); newest: {clip_middle(items[-1], 300)}"
+        parts = [
+            "Improve this part of an LLM program. The feedback below is its gradient: "
+            "change the value in the direction the feedback points.",
+            _header(name, param),
+            f"Feedback from {total} runs (the newest {min(total, self.max_feedback_shown)} "
+            f"shown):\n{feedback}",
+        ]
+        past = self.history.get(name, [])[-self.momentum :] if self.momentum else []
+        if past:
+            parts.append(
+                "Earlier values of this part and the feedback they got (oldest first):\n"
+                + "\n".join(
+                    f"{i}. value {clip(as_text(r.old), 400)!r}; feedback: "
+                    f"{clip(r.feedback, 300)}; its update was {r.status}"
+                    for i, r in enumerate(past, 1)
+                )
+            )
+        if upstream:
+            parts.append(
+                "Earlier parts of the program were already changed in this step:\n"
+                + _upstream_lines(upstream)
+            )
+        parts.append(self._instructions(param))
+        await self._ask_for_value(manager, param, "\n\n".join(parts), record)

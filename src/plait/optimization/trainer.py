@@ -1,0 +1,375 @@
+"""Trainer: epochs of minibatches, validation, keep-best, progress and resumable checkpoints.
+
+    trainer = Trainer(program, VerifierLoss(exact_match), SFAOptimizer(program.named_parameters()),
+                      resources=config, train_set=train, val_set=val, metric=exact_match,
+                      epochs=3, batch_size=8, checkpoint_dir="runs/prompt")
+    report = await trainer.fit()      # the program ends with its best validated parameters
+
+How a minibatch runs: its examples go through the `TrainingStep` as *one
+batch* (one resource manager and one limit on calls in flight, every example
+concurrently). A batch passes its list as the first argument and shares the
+keyword arguments, so a per-example ``target=`` cannot ride along as a
+keyword; instead each item is the ``(input, target)`` pair itself, and a small
+wrapper module unpacks it into ``step(input, target=target)`` while tracing.
+Then one backward over all the losses, and one ``optimizer.step()``.
+
+Keep-best: the validation score is measured before training and after each
+epoch; the initial parameters are a candidate like any other, the best
+parameters (ties keep the earlier) are restored at the end, so the validation
+score never ends below where it started (for a deterministic program).
+
+Checkpoints: with ``checkpoint_dir``, ``trainer.json`` there is rewritten
+(atomically) after every minibatch and every validation: parameters,
+optimizer state, position (epoch, next minibatch), scores and the best
+parameters. A new `Trainer` on the same directory continues from there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait.evaluation import Metric, evaluate, examples_of
+from plait.feedback import Feedback
+from plait.module import Module
+from plait.optimization.backward import backward
+from plait.optimization.optimizers import Optimizer, StepReport
+from plait.optimization.step import TrainingStep
+from plait.values import Value
+
+__all__ = ["TrainReport", "Trainer"]
+
+logger = logging.getLogger("plait.optimization")
+
+CHECKPOINT_FILE = "trainer.json"
+CHECKPOINT_FORMAT = "plait.trainer/1"
+
+
+@dataclass
+class TrainReport:
+    """What `Trainer.fit` did."""
+
+    initial_score: float
+    """Validation score of the parameters training started from."""
+    best_score: float
+    """Validation score of the parameters the program holds now."""
+    best_epoch: int
+    """Epoch whose parameters were kept (0: the initial ones)."""
+    scores: list[float] = field(default_factory=list)
+    """Validation score after each epoch."""
+    steps: int = 0
+    """Optimizer steps taken by this call (a resumed run counts only its own)."""
+    accepted: int = 0
+    """Updates kept by those steps (before keep-best)."""
+    rejected: int = 0
+    """Updates rejected or reverted by those steps."""
+    resumed_from: tuple[int, int] | None = None
+    """(epoch, minibatch) a checkpoint resumed from, if one did."""
+
+
+class _OnExample(Module):
+    """Runs a training step on an ``(input, target)`` pair, so a batch carries its targets."""
+
+    def __init__(self, step: TrainingStep) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, example: Any) -> Any:
+        inputs, target = example
+        return self.step(inputs, target=target)
+
+
+class Trainer:
+    """Trains a program's parameters on a dataset with a loss and an optimizer.
+
+    Args:
+        step_or_module: a `TrainingStep`, or the program (then ``loss_fn`` is required).
+        loss_fn: a `Loss` or a ``check(output, target)`` function (see `TrainingStep`);
+            None when a `TrainingStep` is given.
+        optimizer: the optimizer of the program's parameters; bound to
+            ``resources`` if it has none.
+        resources: ResourceConfig / ResourceManager / mapping for every call.
+        train_set: ``(input, target)`` pairs or mappings with ``input``/``target``.
+        val_set: the same, for validation.
+        metric: ``metric(output, target)`` → bool, number or Feedback; default exact match.
+        epochs: passes over ``train_set``.
+        batch_size: examples per optimizer step (run concurrently).
+        checkpoint_dir: directory that makes training resumable.
+        progress: show a progress bar (None: when stderr is a terminal).
+        shuffle: shuffle the training set each epoch (reproducibly, from ``seed``).
+        seed: the shuffling seed.
+        max_concurrent: most LLM calls in flight at once (None: the default).
+
+    Raises:
+        ValueError: empty datasets, bad sizes, or both/neither of a step and a loss.
+    """
+
+    def __init__(
+        self,
+        step_or_module: TrainingStep | Module,
+        loss_fn: Any = None,
+        optimizer: Optimizer | None = None,
+        *,
+        resources: Any,
+        train_set: Any,
+        val_set: Any,
+        metric: Metric | None = None,
+        epochs: int = 1,
+        batch_size: int = 8,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        progress: bool | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        max_concurrent: int | None = None,
+    ) -> None:
+        if isinstance(step_or_module, TrainingStep):
+            if loss_fn is not None:
+                raise ValueError(
+                    "Trainer got a TrainingStep and a loss_fn, but the step has its loss: "
+                    "Trainer(step, None, optimizer, ...) or Trainer(program, loss, optimizer, ...)"
+                )
+            step = step_or_module
+        elif loss_fn is None:
+            raise ValueError("Trainer(program, loss_fn, optimizer, ...) needs a loss_fn")
+        else:
+            step = TrainingStep(step_or_module, loss_fn)
+        if optimizer is None:
+            raise ValueError(
+                "Trainer needs an optimizer, e.g. SFAOptimizer(program.named_parameters())"
+            )
+        if epochs < 1 or batch_size < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1; got {epochs} and {batch_size}")
+        self.step = step
+        self.module: Module = step.module
+        self.optimizer = optimizer
+        if optimizer.resources is None:
+            optimizer.bind(resources)
+        self.resources = resources
+        self.train_set = examples_of(train_set)
+        self.val_set = examples_of(val_set)
+        if not self.train_set or not self.val_set:
+            raise ValueError("Trainer needs a non-empty train_set and val_set")
+        self.metric = metric
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.progress = progress
+        self.shuffle = shuffle
+        self.seed = seed
+        self.max_concurrent = max_concurrent
+        self._examples = _OnExample(step)
+
+    # ------------------------------------------------------------------ public
+    async def evaluate(self) -> float:
+        """Returns the program's validation score with its current parameters."""
+        return await evaluate(
+            self.module,
+            self.val_set,
+            self.metric,
+            resources=self.resources,
+            max_concurrent=self.max_concurrent,
+        )
+
+    async def fit(self) -> TrainReport:
+        """Trains for the remaining epochs and leaves the program with its best parameters."""
+        state = self._load()
+        resumed = None
+        if state is None:
+            initial = await self.evaluate()
+            logger.info("Trainer: validation score before training: %.4g", initial)
+            state = {
+                "epoch": 0,
+                "batch": 0,
+                "initial_score": initial,
+                "scores": [],
+                "best": {"score": initial, "epoch": 0, "parameters": self.module.state_dict()},
+            }
+            self._save(state)
+        else:
+            resumed = (state["epoch"], state["batch"])
+        report = TrainReport(
+            initial_score=state["initial_score"],
+            best_score=state["best"]["score"],
+            best_epoch=state["best"]["epoch"],
+            scores=state["scores"],
+            resumed_from=resumed,
+        )
+        batches = math.ceil(len(self.train_set) / self.batch_size)
+        with _Progress(self.progress, self.epochs * batches) as progress:
+            progress.advance_to(state["epoch"] * batches + state["batch"], report)
+            while state["epoch"] < self.epochs:
+                order = self._order(state["epoch"])
+                while state["batch"] < batches:
+                    start = state["batch"] * self.batch_size
+                    batch = [self.train_set[i] for i in order[start : start + self.batch_size]]
+                    train_score = await self._train_batch(batch, report)
+                    state["batch"] += 1
+                    self._save(state)
+                    progress.advance(report, train_score)
+                await self._end_epoch(state, report)
+        self.module.load_state_dict(state["best"]["parameters"])
+        return report
+
+    # ---------------------------------------------------------------- epochs
+    async def _train_batch(self, batch: list[tuple[Any, Any]], report: TrainReport) -> float | None:
+        from plait.execution import run
+
+        self._examples.train()
+        self.optimizer.zero_feedback()
+        try:
+            losses = await run(
+                self._examples,
+                list(batch),
+                resources=self.resources,
+                max_concurrent=self.max_concurrent,
+                on_error="collect",
+                progress=False,
+            )
+        finally:
+            self._examples.eval()
+        taped = [loss for loss in losses if isinstance(loss, Value)]
+        if len(taped) < len(losses):
+            logger.warning(
+                "Trainer: %d of %d examples of a minibatch failed; training on the rest",
+                len(losses) - len(taped),
+                len(losses),
+            )
+        if taped:
+            await backward(taped, resources=self.resources)
+        step: StepReport = await self.optimizer.step()
+        report.steps += 1
+        report.accepted += len(step.accepted)
+        report.rejected += sum(r.status in ("rejected", "reverted") for r in step.updates)
+        scores = [
+            loss.payload.score
+            for loss in taped
+            if isinstance(loss.payload, Feedback) and loss.payload.score is not None
+        ]
+        return sum(scores) / len(scores) if scores else None
+
+    async def _end_epoch(self, state: dict[str, Any], report: TrainReport) -> None:
+        score = await self.evaluate()
+        state["scores"].append(score)
+        epoch = state["epoch"] + 1
+        logger.info("Trainer: validation score after epoch %d: %.4g", epoch, score)
+        if score > state["best"]["score"]:
+            state["best"] = {"score": score, "epoch": epoch, "parameters": self.module.state_dict()}
+        report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
+        state["epoch"], state["batch"] = epoch, 0
+        self._save(state)
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.train_set)))
+        if self.shuffle:
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order
+
+    # ----------------------------------------------------------- checkpoint
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "train_size": len(self.train_set),
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+        }
+
+    def _save(self, state: dict[str, Any]) -> None:
+        if self.checkpoint_dir is None:
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        data = {
+            "format": CHECKPOINT_FORMAT,
+            "settings": self._settings(),
+            **state,
+            "parameters": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        temporary = path.with_suffix(".json.tmp")
+        temporary.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
+        os.replace(temporary, path)  # a crash mid-write leaves the previous checkpoint whole
+
+    def _load(self) -> dict[str, Any] | None:
+        if self.checkpoint_dir is None:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a plait Trainer checkpoint")
+        if data["settings"] != self._settings():
+            raise ValueError(
+                f"{path} was written for {data['settings']}; this Trainer has "
+                f"{self._settings()}. Use another checkpoint_dir, or delete the file to start over"
+            )
+        self.module.load_state_dict(data["parameters"])
+        self.optimizer.load_state_dict(data["optimizer"])
+        logger.info(
+            "Trainer: resuming from %s at epoch %d, minibatch %d",
+            path,
+            data["epoch"],
+            data["batch"],
+        )
+        keys = ("epoch", "batch", "initial_score", "scores", "best")
+        return {key: data[key] for key in keys}
+
+
+class _Progress:
+    """A rich progress bar over minibatches on stderr (a no-op when disabled)."""
+
+    def __init__(self, enabled: bool | None, total: int) -> None:
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.total = total
+        self._bar: Any = None
+        self._task: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn("[bold]training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[scores]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+            )
+            self._bar.start()
+            self._task = self._bar.add_task("training", total=self.total, scores="")
+        return self
+
+    def advance_to(self, done: int, report: TrainReport, train_score: float | None = None) -> None:
+        if self._bar is None:
+            return
+        scores = f"val best {report.best_score:.3f}"
+        if train_score is not None:
+            scores = f"train {train_score:.3f} · {scores}"
+        self._bar.update(self._task, completed=done, scores=scores)
+
+    def advance(self, report: TrainReport, train_score: float | None) -> None:
+        if self._bar is None:
+            return
+        done = self._bar.tasks[0].completed + 1
+        self.advance_to(int(done), report, train_score)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
