@@ -282,6 +282,23 @@ class TracedValue(Value, str):
             raise ValueError("a traced value needs the ref of the node that produces it")
         return str.__new__(cls, placeholder(ref))
 
+    def __init__(
+        self, kind: Any, payload: Any = SYMBOLIC, ref: str | None = None, meta: Any = None
+    ) -> None:
+        if isinstance(kind, TracedValue):
+            # ``str(traced)`` returns the traced value itself, and Python then
+            # calls __init__ again with it as the argument: nothing to change.
+            return
+        Value.__init__(self, kind, payload, ref, {} if meta is None else meta)
+
+    def __str__(self) -> str:
+        # ``f"{v!s:>30}"`` formats what str() returns: returning self (whose text
+        # is the plain token) keeps the format spec in our hands.
+        return self
+
+    def __repr__(self) -> str:
+        return _ReprToken(self._token_ref())
+
     def __lt__(self, other: object) -> bool:
         self._refuse("a `<` comparison")
         return NotImplemented
@@ -297,6 +314,18 @@ class TracedValue(Value, str):
     def __ge__(self, other: object) -> bool:
         self._refuse("a `>=` comparison")
         return NotImplemented
+
+
+class _ReprToken(str):
+    """``repr()`` of a traced value: the ``r`` token, which keeps a format spec applied to it."""
+
+    def __new__(cls, ref: str) -> _ReprToken:
+        token = str.__new__(cls, placeholder(ref, "r"))
+        token.ref = ref  # type: ignore[attr-defined]
+        return token
+
+    def __format__(self, spec: str) -> str:
+        return placeholder(self.ref, "r", spec) if spec else str(self)  # type: ignore[attr-defined]
 
 
 class _FieldOrStrMethod(TracedValue):

@@ -36,7 +36,7 @@ class Slot:
 
     ref: str
     mode: str = "s"
-    """``s`` formats with ``format(payload, spec)``, ``r`` uses ``repr(payload)``."""
+    """``s`` formats with ``format(payload, spec)``, ``r`` with ``format(repr(payload), spec)``."""
     spec: str = ""
 
 
@@ -58,7 +58,7 @@ class Template:
             if isinstance(part, str):
                 out.append(part)
             elif part.mode == "r":
-                out.append(repr(lookup(part.ref)))
+                out.append(format(repr(lookup(part.ref)), part.spec))
             else:
                 out.append(format(lookup(part.ref), part.spec))
         return "".join(out)
