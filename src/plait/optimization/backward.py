@@ -186,8 +186,9 @@ async def _visit(
     if inspect.isawaitable(result):
         result = await result
     _apply(tape, node, ctx, result, pending, report, level)
-    for call in ctx.inner_calls:
-        await _replay_inner_call(tape, node, call, feedback, report, level)
+    await asyncio.gather(
+        *(_replay_inner_call(tape, node, call, feedback, report, level) for call in ctx.inner_calls)
+    )
 
 
 def _context_of(tape: Tape, node: Node, feedback: str) -> BackwardContext:
