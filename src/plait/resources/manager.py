@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage
 from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
 from plait.resources.config import EndpointConfig, ResourceConfig
@@ -215,16 +216,28 @@ class ResourceManager:
             await response_cache.put(key, response)
         return response
 
-    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
+    def _plan(
+        self, route: _Route, request: Request, max_retries: int | None
+    ) -> tuple[Backend, RetryPolicy, float | None, int]:
+        """Checks the budget and returns what every attempt of a call uses.
+
+        Returns:
+            The backend, the retry policy, the per-attempt timeout, and the
+            tokens to reserve on the endpoint's tpm bucket.
+        """
         endpoint = route.endpoint
         self._check_budget(route)
-        backend = endpoint.get_backend()
-        limiter = endpoint.limiter
         policy = (
             endpoint.retry if max_retries is None else endpoint.retry.with_max_retries(max_retries)
         )
         timeout = request.timeout if request.timeout is not None else endpoint.timeout
-        reserved = 0 if limiter.tpm is None else estimate_tokens(request)
+        reserved = 0 if endpoint.limiter.tpm is None else estimate_tokens(request)
+        return endpoint.get_backend(), policy, timeout, reserved
+
+    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
+        endpoint = route.endpoint
+        limiter = endpoint.limiter
+        backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         started = time.perf_counter()
         waited = 0.0
         attempts = 0
@@ -318,14 +331,8 @@ class ResourceManager:
         """
         route = self._routes.get(alias) or self._route(alias)
         endpoint = route.endpoint
-        self._check_budget(route)
-        backend = endpoint.get_backend()
         limiter = endpoint.limiter
-        policy = (
-            endpoint.retry if max_retries is None else endpoint.retry.with_max_retries(max_retries)
-        )
-        timeout = request.timeout if request.timeout is not None else endpoint.timeout
-        reserved = 0 if limiter.tpm is None else estimate_tokens(request)
+        backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         attempts = 0
         while True:
             attempts += 1
