@@ -108,14 +108,13 @@ class ModelOutputThunk:
         response = await thunk         # the same call, now finished
     """
 
-    __slots__ = ("_backend", "_chunks", "_consumed", "_response", "_task", "request")
+    __slots__ = ("_backend", "_consumed", "_response", "_task", "request")
 
     def __init__(self, backend: Backend, request: Request) -> None:
         self._backend = backend
         self.request = request
         self._task: asyncio.Task[Response] | None = None
         self._response: Response | None = None
-        self._chunks: list[str] = []
         self._consumed = False
 
     @property
