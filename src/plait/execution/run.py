@@ -63,10 +63,8 @@ async def run(
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
     if resources is not None:
         call["resources"] = resources
-    result = execute_bound(module, args, {**kwargs, **call})
-    if isinstance(result, BatchStream):
-        return await result
-    return await result
+    # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
+    return await execute_bound(module, args, {**kwargs, **call})
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
