@@ -32,6 +32,7 @@ from plait.values import (
     _infer_kind,
     collect_refs,
     error_value,
+    first_error,
     unwrap,
 )
 
@@ -64,21 +65,6 @@ __all__ = [
 _MISSING: Any = object()
 
 
-def _first_error(x: Any) -> Value | None:
-    if isinstance(x, Value):
-        if x.kind is ValueKind.ERROR:
-            return x
-        return _first_error(x.payload) if isinstance(x.payload, list | tuple | dict) else None
-    if isinstance(x, list | tuple):
-        for item in x:
-            found = _first_error(item)
-            if found is not None:
-                return found
-    elif isinstance(x, dict):
-        return _first_error(list(x.values()))
-    return None
-
-
 def _op(name: str, *, handles_errors: bool = False) -> Callable[[Callable[..., Any]], Any]:
     """Makes ``impl`` a graph-aware op named ``F.<name>``.
 
@@ -94,7 +80,7 @@ def _op(name: str, *, handles_errors: bool = False) -> Callable[[Callable[..., A
             if session is not None:
                 return session.record_op(op_name, op, args, kwargs)
             if not handles_errors:
-                failed = _first_error((args, kwargs))
+                failed = first_error((args, kwargs))
                 if failed is not None:
                     return _propagate(failed, op_name)
                 call_args, call_kwargs = unwrap(args), unwrap(kwargs)

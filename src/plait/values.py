@@ -39,6 +39,7 @@ __all__ = [
     "ValueRef",
     "collect_refs",
     "error_value",
+    "first_error",
     "is_symbolic",
     "placeholder",
     "symbolic",
@@ -392,6 +393,22 @@ def error_value(
     if exc.__traceback__ is not None:
         meta["traceback"] = "".join(traceback.format_exception(exc))
     return Value(ValueKind.ERROR, exc, meta=meta)
+
+
+def first_error(x: Any) -> Value | None:
+    """Returns the first error Value inside ``x`` (a Value or nested containers), or None."""
+    if isinstance(x, Value):
+        if x.kind is ValueKind.ERROR:
+            return x
+        x = x.payload
+    if isinstance(x, dict):
+        x = list(x.values())
+    if isinstance(x, list | tuple):
+        for item in x:
+            found = first_error(item)
+            if found is not None:
+                return found
+    return None
 
 
 def _infer_kind(x: Any) -> ValueKind:

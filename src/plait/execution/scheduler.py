@@ -24,7 +24,7 @@ from plait.errors import ExecutionError
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, is_async_module
 from plait.tracing.graph import InferenceGraph, Node, substitute
-from plait.values import Value, ValueKind, _infer_kind, unwrap
+from plait.values import Value, ValueKind, _infer_kind, first_error, unwrap
 
 if TYPE_CHECKING:
     from plait.execution.runner import Runner
@@ -284,26 +284,10 @@ def _as_value(output: Any, ref: str | None) -> Value:
     """
     if isinstance(output, Value) and output.is_error:
         return Value(output.kind, output.payload, ref=ref, meta=output.meta)
-    failed = _first_error(output)
+    failed = first_error(output)
     if failed is not None:
         return Value(ValueKind.ERROR, failed.payload, ref=ref, meta=failed.meta)
     if isinstance(output, Value):
         return Value(output.kind, output.payload, ref=ref, meta=output.meta)
     payload = unwrap(output)
     return Value(_infer_kind(payload), payload, ref=ref)
-
-
-def _first_error(x: Any) -> Value | None:
-    """Returns the first error Value in a (nested) output, or None."""
-    if isinstance(x, Value):
-        if x.is_error:
-            return x
-        x = x.payload
-    if isinstance(x, dict):
-        x = list(x.values())
-    if isinstance(x, list | tuple):
-        for item in x:
-            found = _first_error(item)
-            if found is not None:
-                return found
-    return None
