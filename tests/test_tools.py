@@ -263,3 +263,16 @@ async def test_a_timeout_raised_by_the_tool_itself_is_an_exception_result() -> N
     result = await call_api.call()
     assert result.error == "exception"
     assert result.content == "Error: tool 'call_api' raised TimeoutError: upstream took too long"
+
+
+async def test_a_long_result_is_cut_for_the_model_but_kept_whole_as_value() -> None:
+    @tool(max_result_chars=50)
+    def dump(n: int) -> str:
+        """Returns n letters."""
+        return "x" * n
+
+    result = await dump.call({"n": 500})
+    assert result.ok
+    assert result.content.startswith("x" * 50)
+    assert "[... 450 more characters cut]" in result.content
+    assert len(result.value) == 500

@@ -96,6 +96,9 @@ class Tool:
         timeout: seconds a call may take; a slower call becomes an error
             result (the model is told) instead of hanging the agent. A sync
             function can only be timed out when it runs ``in_thread``.
+        max_result_chars: longest result text shown to the model; longer
+            results are cut (saying how much), so one verbose tool cannot
+            overflow the agent's context. ``ToolResult.value`` stays whole.
 
     Raises:
         ValueError: the name is not 1-64 letters, digits, ``_`` or ``-``.
@@ -115,6 +118,7 @@ class Tool:
         *,
         in_thread: bool = False,
         timeout: float | None = None,
+        max_result_chars: int = 8000,
     ) -> None:
         if not callable(func):
             raise TypeError(f"Tool needs a callable, got {type(func).__name__}")
@@ -129,6 +133,7 @@ class Tool:
         self.description = description if description is not None else summary
         self.in_thread = in_thread
         self.timeout = timeout
+        self.max_result_chars = max_result_chars
         self._is_async = _is_async_callable(func)
         self._params = _keyword_parameters(func, self.name)
         self.args_model = _build_args_model(func, self.name, self._params)
@@ -204,7 +209,11 @@ class Tool:
             return ToolResult(
                 self.name, content, ok=False, error=kind, exception=exc, call_id=call_id
             )
-        return ToolResult(self.name, _render(value), value=value, call_id=call_id)
+        text = _render(value)
+        if len(text) > self.max_result_chars:
+            cut = len(text) - self.max_result_chars
+            text = f"{text[: self.max_result_chars]}\n[... {cut} more characters cut]"
+        return ToolResult(self.name, text, value=value, call_id=call_id)
 
     def _validate(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         from pydantic import ValidationError
@@ -238,6 +247,7 @@ def tool(
     description: str | None = None,
     in_thread: bool = False,
     timeout: float | None = None,
+    max_result_chars: int = 8000,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -249,6 +259,7 @@ def tool(
     description: str | None = None,
     in_thread: bool = False,
     timeout: float | None = None,
+    max_result_chars: int = 8000,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turns a function into a `Tool`; use bare (``@tool``) or with options.
 
@@ -257,7 +268,13 @@ def tool(
         @tool(name="web_search", description="Searches the web.")
         async def search(query: str, limit: int = 5) -> list[str]: ...
     """
-    options = {"name": name, "description": description, "in_thread": in_thread, "timeout": timeout}
+    options = {
+        "name": name,
+        "description": description,
+        "in_thread": in_thread,
+        "timeout": timeout,
+        "max_result_chars": max_result_chars,
+    }
     if func is not None:
         return Tool(func, **options)
 
