@@ -389,7 +389,10 @@ async def test_memory_bound_from_the_config_through_the_manager(
 # -- configuration ----------------------------------------------------------------------
 
 
-def test_config_accepts_a_mapping_and_rejects_unknown_keys(tmp_path: Path) -> None:
+def test_config_accepts_a_mapping_and_rejects_unknown_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_CACHE_DIR", str(tmp_path))
     base = {"provider": "openai", "model": "gpt-4o-mini"}
     config = ResourceConfig({"x": {**base, "cache": {"memory_entries": 5}}})
     assert create_cache(config["x"]).memory.max_entries == 5
