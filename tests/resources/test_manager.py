@@ -424,3 +424,16 @@ def test_shared_gives_each_event_loop_its_own_manager() -> None:
         second_loop.close()
     with pytest.raises(RuntimeError, match="running event loop"):
         ResourceManager.shared(config)
+
+
+def test_a_shared_manager_is_closed_when_asyncio_run_ends() -> None:
+    config = ResourceConfig(
+        {"x": {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}}
+    )
+    managers = []
+
+    async def main() -> None:
+        managers.append(ResourceManager.shared(config))
+
+    asyncio.run(main())
+    assert managers[0].is_closed

@@ -113,6 +113,7 @@ class ResourceManager:
         self._routes: dict[str, _Route] = {}
         self._total = UsageTotals()
         self._closed = False
+        self._closer: AsyncIterator[None] | None = None
 
     @classmethod
     def shared(
@@ -153,6 +154,7 @@ class ResourceManager:
                 del registry[old_loop]
             manager = cls(resources)
             registry[loop] = manager
+            _close_when_loop_shuts_down(manager, loop)
         return manager
 
     # -- calls --------------------------------------------------------------------------
@@ -490,3 +492,27 @@ class ResourceManager:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._endpoints)} endpoints in use"
         return f"ResourceManager({self.config.aliases()!r}, {state})"
+
+
+async def _closer(manager: ResourceManager) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await manager.aclose()
+
+
+def _close_when_loop_shuts_down(manager: ResourceManager, loop: asyncio.AbstractEventLoop) -> None:
+    """Closes a shared manager when its loop shuts down (the end of ``asyncio.run``).
+
+    A shared manager is created implicitly, so nobody closes it; left open, its
+    connection pools are reported as unclosed when the loop ends. A started
+    async generator is what ``loop.shutdown_asyncgens()`` closes before the loop
+    stops, so its ``finally`` runs on that loop at the right time.
+    """
+    closer = _closer(manager)
+    manager._closer = closer  # keeps it alive until the loop closes it
+
+    async def start() -> None:
+        await closer.__anext__()  # first step: the loop now tracks the generator
+
+    loop.create_task(start())
