@@ -37,7 +37,7 @@ from plait.resources.cache import (
     create_cache,
     default_cache_path,
 )
-from plait.testing import ScriptedServer
+from plait.testing import Fault, ScriptedServer
 
 
 def ask(text: str = "hello", **kwargs: Any) -> Request:
@@ -442,3 +442,34 @@ async def test_caches_of_one_file_share_one_store_until_the_last_closes(
     reopened = ResponseCacheStore(cache_file)  # warnings are errors: it opens cleanly
     assert (await reopened.get("k")) is not None
     await reopened.aclose()
+
+
+async def test_identical_calls_in_flight_together_make_one_request(
+    server: ScriptedServer, cache_file: Path
+) -> None:
+    server.latency = 0.2
+    async with ResourceManager({"fast": endpoint(server, str(cache_file))}) as manager:
+        first, second, third = await asyncio.gather(
+            *(manager.complete("fast", ask()) for _ in "abc")
+        )
+        assert server.stats.requests == 1
+        assert first.text == second.text == third.text
+        followers = [r for r in (first, second, third) if r.meta.get("cached")]
+        assert len(followers) == 2 and all(r.usage.cost == 0.0 for r in followers)
+        assert manager.stats()["fast"].cache_hits == 2
+
+
+async def test_a_follower_makes_its_own_call_when_the_first_one_fails(
+    server: ScriptedServer, cache_file: Path
+) -> None:
+    server.latency = 0.2
+    server.inject(Fault(status=400, times=1))
+    async with ResourceManager({"fast": endpoint(server, str(cache_file))}) as manager:
+        results = await asyncio.gather(
+            manager.complete("fast", ask()), manager.complete("fast", ask()), return_exceptions=True
+        )
+        failures = [r for r in results if isinstance(r, BaseException)]
+        assert len(failures) == 1 and "400" in str(failures[0])
+        answer = next(r for r in results if not isinstance(r, BaseException))
+        assert answer.text and not answer.meta.get("cached")
+        assert server.stats.requests == 2

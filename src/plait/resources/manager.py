@@ -20,6 +20,7 @@ item that uses a configuration shares its limits.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import logging
 import time
@@ -114,6 +115,7 @@ class ResourceManager:
         self._total = UsageTotals()
         self._closed = False
         self._closer: AsyncIterator[None] | None = None
+        self._in_flight: dict[str, asyncio.Future[Response]] = {}
 
     @classmethod
     def shared(
@@ -208,15 +210,44 @@ class ResourceManager:
         route = self._routes.get(alias) or self._route(alias)
         endpoint = route.endpoint
         response_cache = endpoint.cache if cache else None
-        if response_cache is not None:
-            key = response_cache.key(endpoint.config, request)
-            hit = await response_cache.get(key)
-            if hit is not None:
-                return self._cache_hit(route, hit)
-        response = await self._complete(route, request, max_retries)
-        if response_cache is not None:
+        if response_cache is None:
+            return await self._complete(route, request, max_retries)
+        key = response_cache.key(endpoint.config, request)
+        hit = await response_cache.get(key)
+        if hit is not None:
+            return self._cache_hit(route, hit)
+        shared = await self._join_in_flight(key)
+        if shared is not None:
+            return self._cache_hit(route, _copy_response(shared))
+        leader: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = leader
+        try:
+            response = await self._complete(route, request, max_retries)
             await response_cache.put(key, response)
+        except BaseException:
+            leader.cancel()  # followers make their own call
+            raise
+        finally:
+            del self._in_flight[key]
+        leader.set_result(_copy_response(response))
         return response
+
+    async def _join_in_flight(self, key: str) -> Response | None:
+        """Waits for an identical cacheable call already in flight; None if there is none.
+
+        A batch with repeated inputs would otherwise pay for each repeat while
+        the first answer is still on its way. If that call fails, the follower
+        gets None and makes its own call.
+        """
+        leader = self._in_flight.get(key)
+        if leader is None:
+            return None
+        try:
+            return await asyncio.shield(leader)
+        except asyncio.CancelledError:
+            if leader.cancelled():
+                return None
+            raise  # this caller itself was cancelled
 
     def _plan(
         self, route: _Route, request: Request, max_retries: int | None
@@ -492,6 +523,13 @@ class ResourceManager:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._endpoints)} endpoints in use"
         return f"ResourceManager({self.config.aliases()!r}, {state})"
+
+
+def _copy_response(response: Response) -> Response:
+    """Returns a response another caller may mark and mutate without touching the original."""
+    return dataclasses.replace(
+        response, usage=dataclasses.replace(response.usage), meta=dict(response.meta)
+    )
 
 
 async def _closer(manager: ResourceManager) -> AsyncIterator[None]:
