@@ -9,70 +9,9 @@ import pytest
 
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
+from seed_programs import DeepPipeline, MultiPerspectiveAnalysis, SummarizeAndAnalyze, Synthesizer
 
 # ----------------------------------------------------------- seed 000 programs
-
-
-class SummarizeAndAnalyze(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.summarizer = LLMInference(
-            alias="fast_llm", system_prompt="You are a concise summarizer."
-        )
-        self.analyzer = LLMInference(alias="smart_llm", system_prompt="You are a thorough analyst.")
-
-    def forward(self, text: str) -> str:
-        summary = self.summarizer(text)
-        return self.analyzer(summary)
-
-
-class MultiPerspectiveAnalysis(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.technical = LLMInference(
-            alias="llm", system_prompt="Analyze from a technical perspective."
-        )
-        self.business = LLMInference(
-            alias="llm", system_prompt="Analyze from a business perspective."
-        )
-        self.user = LLMInference(alias="llm", system_prompt="Analyze from a user perspective.")
-
-    def forward(self, text: str) -> dict[str, str]:
-        return {
-            "technical": self.technical(text),
-            "business": self.business(text),
-            "user": self.user(text),
-        }
-
-
-class Synthesizer(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.analyzer = MultiPerspectiveAnalysis()
-        self.synthesizer = LLMInference(
-            alias="smart_llm",
-            system_prompt="Synthesize multiple perspectives into a cohesive report.",
-        )
-
-    def forward(self, text: str) -> str:
-        perspectives = self.analyzer(text)
-        combined = "\n\n".join(
-            f"## {name.title()} Perspective\n{analysis}" for name, analysis in perspectives.items()
-        )
-        return self.synthesizer(combined)
-
-
-class DeepPipeline(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stage1 = SummarizeAndAnalyze()
-        self.stage2 = MultiPerspectiveAnalysis()
-        self.stage3 = Synthesizer()
-
-    def forward(self, text: str) -> str:
-        result1 = self.stage1(text)
-        result2 = self.stage2(result1)
-        return self.stage3(str(result2))
 
 
 class AssistantGeneration(Module):

@@ -105,67 +105,6 @@ def llm_ancestors(graph: InferenceGraph, node_id: str) -> set[str]:
 
 
 # ------------------------------------------------------------------ programs
-class SummarizeAndAnalyze(Module):
-    """Seed 000: a chain of two calls."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.summarizer = LLMInference(alias="fast_llm", system_prompt="Summarize.")
-        self.analyzer = LLMInference(alias="smart_llm", system_prompt="Analyze.")
-
-    def forward(self, text: str) -> str:
-        summary = self.summarizer(text)
-        return self.analyzer(summary)
-
-
-class MultiPerspectiveAnalysis(Module):
-    """Seed 000: three independent calls on the same input."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.technical = LLMInference(alias="llm", system_prompt="Technical view.")
-        self.business = LLMInference(alias="llm", system_prompt="Business view.")
-        self.user = LLMInference(alias="llm", system_prompt="User view.")
-
-    def forward(self, text: str) -> dict[str, str]:
-        return {
-            "technical": self.technical(text),
-            "business": self.business(text),
-            "user": self.user(text),
-        }
-
-
-class Synthesizer(Module):
-    """Seed 000: fan-out to three perspectives, fan-in to one synthesis."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.analyzer = MultiPerspectiveAnalysis()
-        self.synthesizer = LLMInference(alias="smart_llm", system_prompt="Synthesize.")
-
-    def forward(self, text: str) -> str:
-        perspectives = self.analyzer(text)
-        combined = "\n\n".join(
-            f"## {name.title()} Perspective\n{analysis}" for name, analysis in perspectives.items()
-        )
-        return self.synthesizer(combined)
-
-
-class DeepPipeline(Module):
-    """Seed 000: the three programs above nested into one (nine calls)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.stage1 = SummarizeAndAnalyze()
-        self.stage2 = MultiPerspectiveAnalysis()
-        self.stage3 = Synthesizer()
-
-    def forward(self, text: str) -> str:
-        result1 = self.stage1(text)
-        result2 = self.stage2(result1)
-        return self.stage3(str(result2))
-
-
 class Ask(Module):
     """One LLM call under a composite (so its node id is ``ask``)."""
 

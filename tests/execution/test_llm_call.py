@@ -19,8 +19,12 @@ from plait import (
 from plait.backends.types import Message
 from plait.errors import UnknownAliasError
 from plait.execution.llm_call import build_request, call_llm
+from seed_programs import SummarizeAndAnalyze
 
-from .support import Ask, SummarizeAndAnalyze, endpoint
+from .support import (
+    Ask,
+    endpoint,
+)
 
 
 async def test_module_settings_reach_the_wire(server, manager):

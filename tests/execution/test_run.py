@@ -17,11 +17,10 @@ from plait import (
     run,
 )
 from plait.execution.runner import _GRAPHS
+from seed_programs import MultiPerspectiveAnalysis, SummarizeAndAnalyze
 
 from .support import (
-    MultiPerspectiveAnalysis,
     Shout,
-    SummarizeAndAnalyze,
     config_for,
     label_prompts,
     path_of,
@@ -304,7 +303,7 @@ async def test_a_batch_of_same_shape_inputs_is_traced_once(manager):
 
 async def test_a_failure_inside_an_async_leafs_child_graph_names_the_full_path(server, manager):
     def refuse_business(body: dict[str, Any]) -> str:
-        if system_of(body) == "Business view." and "T1" in user_of(body):
+        if system_of(body) == "Analyze from a business perspective." and "T1" in user_of(body):
             raise RuntimeError("no business today")
         return "echo: " + user_of(body)
 

@@ -16,13 +16,10 @@ import plait.functional as F
 from plait import ExecutionError, LLMInference, Module, ResourceManager, run
 from plait.errors import BackendError
 from plait.tracing import Tracer
+from seed_programs import DeepPipeline, MultiPerspectiveAnalysis, SummarizeAndAnalyze, Synthesizer
 
 from .support import (
-    DeepPipeline,
-    MultiPerspectiveAnalysis,
     Shout,
-    SummarizeAndAnalyze,
-    Synthesizer,
     by_path,
     config_for,
     label_prompts,

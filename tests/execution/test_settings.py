@@ -10,8 +10,12 @@ from plait import ExecutionError, ExecutionSettings, ResourceManager, run
 from plait._context import SETTINGS
 from plait.errors import BackendTimeout
 from plait.execution.settings import DEFAULTS, effective_options
+from seed_programs import MultiPerspectiveAnalysis
 
-from .support import Ask, MultiPerspectiveAnalysis, config_for
+from .support import (
+    Ask,
+    config_for,
+)
 
 # ------------------------------------------------------------ pure priority
 

@@ -11,12 +11,14 @@ import gc
 import json
 import tracemalloc
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 import plait.functional as F
+import seed_programs
 from plait import LLMInference, Module, Parameter, ResourceConfig, ResourceManager, Value, valueify
 from plait.backends.types import Message, Request
 from plait.execution import generate
@@ -82,58 +84,19 @@ def feedback_of(param: Parameter) -> str:
 
 
 # ---------------------------------------------------- seed 000 programs
-class SummarizeAndAnalyze(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.summarizer = LLMInference("fast_llm", system_prompt=learnable("Summarize concisely."))
-        self.analyzer = LLMInference("smart_llm", system_prompt="You are a thorough analyst.")
-
-    def forward(self, text: str) -> str:
-        return self.analyzer(self.summarizer(text))
-
-
-class MultiPerspectiveAnalysis(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.technical = LLMInference("llm", system_prompt=learnable("Technical view."))
-        self.business = LLMInference(
-            "llm", system_prompt=Parameter("Business view.", requires_grad=False)
-        )
-        self.user = LLMInference("llm", system_prompt=learnable("User view."))
-
-    def forward(self, text: str) -> dict[str, str]:
-        return {
-            "technical": self.technical(text),
-            "business": self.business(text),
-            "user": self.user(text),
-        }
+def mixed_prompt(role: str, text: str) -> str | Parameter:
+    """Makes most seed prompts learnable; the analyzer stays text, the business view frozen."""
+    if role == "analyzer":
+        return text
+    if role == "business":
+        return Parameter(text, requires_grad=False)
+    return learnable(text)
 
 
-class Synthesizer(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.analyzer = MultiPerspectiveAnalysis()
-        self.synthesizer = LLMInference("smart_llm", system_prompt=learnable("Synthesize."))
-
-    def forward(self, text: str) -> str:
-        perspectives = self.analyzer(text)
-        combined = "\n\n".join(
-            f"## {name.title()} Perspective\n{analysis}" for name, analysis in perspectives.items()
-        )
-        return self.synthesizer(combined)
-
-
-class DeepPipeline(Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stage1 = SummarizeAndAnalyze()
-        self.stage2 = MultiPerspectiveAnalysis()
-        self.stage3 = Synthesizer()
-
-    def forward(self, text: str) -> str:
-        result1 = self.stage1(text)
-        result2 = self.stage2(result1)
-        return self.stage3(str(result2))
+SummarizeAndAnalyze = partial(seed_programs.SummarizeAndAnalyze, prompt=mixed_prompt)
+MultiPerspectiveAnalysis = partial(seed_programs.MultiPerspectiveAnalysis, prompt=mixed_prompt)
+Synthesizer = partial(seed_programs.Synthesizer, prompt=mixed_prompt)
+DeepPipeline = partial(seed_programs.DeepPipeline, prompt=mixed_prompt)
 
 
 @pytest.mark.parametrize(

@@ -19,8 +19,13 @@ import pytest
 from plait import LLMInference, Module
 from plait.tracing import InferenceGraph, Tracer, substitute
 from plait.values import Value, unwrap
-
-Leaf = Callable[..., Module]
+from seed_programs import (
+    DeepPipeline,
+    Leaf,
+    MultiPerspectiveAnalysis,
+    SummarizeAndAnalyze,
+    Synthesizer,
+)
 
 
 class Echo(Module):
@@ -37,71 +42,6 @@ class Echo(Module):
 def echo(alias: str, prompt: Any) -> str:
     """The reply both `Echo` and the reference interpreter give."""
     return f"{alias}<{prompt}>"
-
-
-class SummarizeAndAnalyze(Module):
-    """Seed 000: a sequential pipeline."""
-
-    def __init__(self, leaf: Leaf = LLMInference) -> None:
-        super().__init__()
-        self.summarizer = leaf(alias="fast_llm", system_prompt="You are a concise summarizer.")
-        self.analyzer = leaf(alias="smart_llm", system_prompt="You are a thorough analyst.")
-
-    def forward(self, text: str) -> str:
-        summary = self.summarizer(text)
-        analysis = self.analyzer(summary)
-        return analysis
-
-
-class MultiPerspectiveAnalysis(Module):
-    """Seed 000: fan-out to three perspectives."""
-
-    def __init__(self, leaf: Leaf = LLMInference) -> None:
-        super().__init__()
-        self.technical = leaf(alias="llm", system_prompt="Analyze from a technical perspective.")
-        self.business = leaf(alias="llm", system_prompt="Analyze from a business perspective.")
-        self.user = leaf(alias="llm", system_prompt="Analyze from a user perspective.")
-
-    def forward(self, text: str) -> dict[str, str]:
-        return {
-            "technical": self.technical(text),
-            "business": self.business(text),
-            "user": self.user(text),
-        }
-
-
-class Synthesizer(Module):
-    """Seed 000: fan-in of the perspectives into one report."""
-
-    def __init__(self, leaf: Leaf = LLMInference) -> None:
-        super().__init__()
-        self.analyzer = MultiPerspectiveAnalysis(leaf)
-        self.synthesizer = leaf(
-            alias="smart_llm",
-            system_prompt="Synthesize multiple perspectives into a cohesive report.",
-        )
-
-    def forward(self, text: str) -> str:
-        perspectives = self.analyzer(text)
-        combined = "\n\n".join(
-            f"## {name.title()} Perspective\n{analysis}" for name, analysis in perspectives.items()
-        )
-        return self.synthesizer(combined)
-
-
-class DeepPipeline(Module):
-    """Seed 000: nested composition, flattened into one graph."""
-
-    def __init__(self, leaf: Leaf = LLMInference) -> None:
-        super().__init__()
-        self.stage1 = SummarizeAndAnalyze(leaf)
-        self.stage2 = MultiPerspectiveAnalysis(leaf)
-        self.stage3 = Synthesizer(leaf)
-
-    def forward(self, text: str) -> str:
-        result1 = self.stage1(text)
-        result2 = self.stage2(result1)
-        return self.stage3(str(result2))
 
 
 SEED = SimpleNamespace(
