@@ -382,9 +382,25 @@ class Optimizer:
         raise _Unusable(f"no usable reply in {len(reasons)} attempts ({listed})", "")
 
     async def _ask_for_value(
-        self, manager: Any, param: Parameter, prompt: str, record: UpdateRecord
+        self,
+        manager: Any,
+        param: Parameter,
+        parts: list[str],
+        upstream: list[UpdateRecord],
+        record: UpdateRecord,
     ) -> None:
-        """Asks for a `ParameterUpdate`, checks it with `check_update`, fills ``record``."""
+        """Asks for a `ParameterUpdate`, checks it with `check_update`, fills ``record``.
+
+        ``parts`` is the optimizer's own account of the parameter; what changed
+        upstream in this step and the update instructions are added to it here.
+        """
+        if upstream:
+            parts.append(
+                "Earlier parts of the program were already changed in this step:\n"
+                + _upstream_lines(upstream)
+            )
+        parts.append(self._instructions(param))
+        prompt = "\n\n".join(parts)
         old_text = as_text(param.value)
         proposals: list[Any] = []
 
@@ -619,13 +635,7 @@ class SFAOptimizer(Optimizer):
             _header(name, param),
             "Changes to make:\n" + "\n".join(f"- {change}" for change in changes),
         ]
-        if upstream:
-            parts.append(
-                "Earlier parts of the program were already changed in this step:\n"
-                + _upstream_lines(upstream)
-            )
-        parts.append(self._instructions(param))
-        await self._ask_for_value(manager, param, "\n\n".join(parts), record)
+        await self._ask_for_value(manager, param, parts, upstream, record)
 
     async def _aggregate(
         self,
@@ -709,10 +719,4 @@ class TextGradOptimizer(Optimizer):
                     for i, r in enumerate(past, 1)
                 )
             )
-        if upstream:
-            parts.append(
-                "Earlier parts of the program were already changed in this step:\n"
-                + _upstream_lines(upstream)
-            )
-        parts.append(self._instructions(param))
-        await self._ask_for_value(manager, param, "\n\n".join(parts), record)
+        await self._ask_for_value(manager, param, parts, upstream, record)
