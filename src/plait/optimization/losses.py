@@ -178,10 +178,13 @@ class _JudgeLoss(Loss):
     """Shared machinery of the LLM losses: one structured call, parsed or failed soft."""
 
     default_instructions = ""
+    default_criteria = ""
+    """What the judge weighs when ``criteria`` is not given (losses that take criteria)."""
 
     def __init__(
         self,
         alias: str,
+        criteria: str | None = None,
         *,
         instructions: str | None = None,
         temperature: float = 0.0,
@@ -191,6 +194,7 @@ class _JudgeLoss(Loss):
         if not isinstance(alias, str) or not alias:
             raise ValueError(f"{type(self).__name__} needs a non-empty alias string, got {alias!r}")
         self.alias = alias
+        self.criteria = self.default_criteria if criteria is None else criteria
         self.instructions = instructions or self.default_instructions
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -289,12 +293,12 @@ class LLMJudge(_JudgeLoss):
         _check_scale(scale)
         super().__init__(
             alias,
+            criteria,
             instructions=instructions or self.default_instructions.format(scale=scale),
             temperature=temperature,
             max_tokens=max_tokens,
         )
         self.scale = scale
-        self.criteria = criteria
 
     async def forward(self, output: Any, target: Any = None) -> Feedback:
         parts = [f"Criteria: {self.criteria}", _shown("Output to judge", output)]
@@ -440,19 +444,7 @@ class LLMPreferenceLoss(_JudgeLoss):
         "make the candidate better (empty if none). Reply with a JSON object."
     )
 
-    def __init__(
-        self,
-        alias: str,
-        criteria: str = "Which answer is more correct, complete and clear?",
-        *,
-        instructions: str | None = None,
-        temperature: float = 0.0,
-        max_tokens: int | None = None,
-    ) -> None:
-        super().__init__(
-            alias, instructions=instructions, temperature=temperature, max_tokens=max_tokens
-        )
-        self.criteria = criteria
+    default_criteria = "Which answer is more correct, complete and clear?"
 
     async def forward(self, output: Any, target: Any = None) -> Feedback:
         if target is None or (isinstance(target, list | tuple) and not target):
@@ -523,19 +515,7 @@ class LLMRankingLoss(_JudgeLoss):
         "that would improve the weaker candidates (empty if none). Reply with a JSON object."
     )
 
-    def __init__(
-        self,
-        alias: str,
-        criteria: str = "Which candidate is the most correct, complete and clear?",
-        *,
-        instructions: str | None = None,
-        temperature: float = 0.0,
-        max_tokens: int | None = None,
-    ) -> None:
-        super().__init__(
-            alias, instructions=instructions, temperature=temperature, max_tokens=max_tokens
-        )
-        self.criteria = criteria
+    default_criteria = "Which candidate is the most correct, complete and clear?"
 
     async def forward(self, outputs: Sequence[Any], target: Any = None) -> Feedback:
         if isinstance(outputs, str | bytes) or not isinstance(outputs, Sequence):
