@@ -25,17 +25,7 @@ def answer(body: dict[str, Any]) -> str:
 @pytest.fixture
 async def manager() -> AsyncIterator[ResourceManager]:
     async with ScriptedServer(responder=answer) as server:
-        config = ResourceConfig(
-            {
-                "*": {
-                    "provider": "openai",
-                    "model": "scripted-model",
-                    "base_url": server.base_url,
-                    "api_key": "test-key",
-                    "max_retries": 0,
-                }
-            }
-        )
+        config = ResourceConfig({"*": server.endpoint(max_retries=0)})
         async with ResourceManager(config) as running:
             yield running
 

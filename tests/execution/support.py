@@ -23,14 +23,7 @@ FAST_RETRY = {"retry_base_delay": 0.01, "retry_max_delay": 0.02}
 
 def endpoint(server: ScriptedServer, **options: Any) -> dict[str, Any]:
     """Returns the settings of an OpenAI-compatible endpoint on the scripted server."""
-    return {
-        "provider": "openai",
-        "model": "scripted-model",
-        "base_url": server.base_url,
-        "api_key": "test-key",
-        **FAST_RETRY,
-        **options,
-    }
+    return server.endpoint(**{**FAST_RETRY, **options})
 
 
 def config_for(server: ScriptedServer, **options: Any) -> ResourceConfig:

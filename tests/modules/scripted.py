@@ -26,16 +26,10 @@ async def scripted(
     ``endpoint`` options override the defaults (no retries, no limit), e.g.
     ``cache=str(tmp_path / "cache.sqlite")``.
     """
-    options = {
-        "provider": "openai",
-        "model": "scripted-model",
-        "api_key": "test-key",
-        "max_retries": 0,
-        **FAST_RETRY,
-        **endpoint,
-    }
     async with ScriptedServer(latency=latency, responder=responder) as server:
-        config = ResourceConfig({"*": {**options, "base_url": server.base_url}})
+        config = ResourceConfig(
+            {"*": server.endpoint(**{"max_retries": 0, **FAST_RETRY, **endpoint})}
+        )
         async with ResourceManager(config) as manager:
             yield server, manager
 

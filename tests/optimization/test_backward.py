@@ -30,17 +30,7 @@ from plait.testing import ScriptedServer
 
 # ------------------------------------------------------------------ fixtures
 def config_for(server: ScriptedServer) -> ResourceConfig:
-    return ResourceConfig(
-        {
-            "*": {
-                "provider": "openai",
-                "model": "scripted-model",
-                "base_url": server.base_url,
-                "api_key": "test-key",
-                "max_retries": 0,
-            }
-        }
-    )
+    return ResourceConfig({"*": server.endpoint(max_retries=0)})
 
 
 @pytest.fixture

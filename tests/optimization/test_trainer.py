@@ -85,17 +85,7 @@ async def server() -> AsyncIterator[ScriptedServer]:
 
 @pytest.fixture
 async def manager(server: ScriptedServer) -> AsyncIterator[ResourceManager]:
-    config = ResourceConfig(
-        {
-            "*": {
-                "provider": "openai",
-                "model": "scripted-model",
-                "base_url": server.base_url,
-                "api_key": "test-key",
-                "max_retries": 0,
-            }
-        }
-    )
+    config = ResourceConfig({"*": server.endpoint(max_retries=0)})
     async with ResourceManager(config) as running:
         yield running
 

@@ -233,6 +233,21 @@ class ScriptedServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
 
+    def endpoint(self, **options: Any) -> dict[str, Any]:
+        """Returns `ResourceConfig` settings of an OpenAI-compatible endpoint that is this server.
+
+        Example::
+
+            ResourceConfig({"*": server.endpoint(max_retries=0)})
+        """
+        return {
+            "provider": "openai",
+            "model": "scripted-model",
+            "base_url": self.base_url,
+            "api_key": "test-key",
+            **options,
+        }
+
     async def start(self) -> ScriptedServer:
         """Starts listening; returns the server itself."""
         from aiohttp import web
