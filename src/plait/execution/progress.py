@@ -8,12 +8,43 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-__all__ = ["BatchProgress"]
+__all__ = ["BatchProgress", "progress_bar"]
 
 _REFRESH_SECONDS = 0.25
+
+
+def progress_bar(label: str, texts: Sequence[str], trailing: Sequence[str] = ()) -> Any:
+    """Returns plait's rich progress layout on stderr (imports rich only when called).
+
+    ``label | bar | done/total | texts… | elapsed | remaining | trailing…``;
+    ``texts`` and ``trailing`` are rich column templates such as
+    ``"{task.fields[failed]} failed"``. Stderr, because stdout belongs to the
+    program's output.
+    """
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn(f"[bold]{label}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        *(TextColumn(text) for text in texts),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        *(TextColumn(text) for text in trailing),
+        console=Console(stderr=True),
+    )
 
 
 class BatchProgress:
@@ -33,28 +64,10 @@ class BatchProgress:
 
     def __enter__(self) -> BatchProgress:
         if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("[bold]batch"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[failed]} failed"),
-                TextColumn("{task.fields[rate]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[waiting]}"),
-                # stderr, as the module says: stdout belongs to the program's output.
-                console=Console(stderr=True),
-                transient=False,
+            self._progress = progress_bar(
+                "batch",
+                ["{task.fields[failed]} failed", "{task.fields[rate]}"],
+                trailing=["{task.fields[waiting]}"],
             )
             self._progress.start()
             self._task = self._progress.add_task(

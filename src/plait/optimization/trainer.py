@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from plait.evaluation import Metric, evaluate, examples_of
+from plait.execution.progress import progress_bar
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
@@ -333,25 +334,7 @@ class _Progress:
 
     def __enter__(self) -> _Progress:
         if self.enabled:
-            from rich.console import Console
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-                TimeRemainingColumn,
-            )
-
-            self._bar = Progress(
-                TextColumn("[bold]training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[scores]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=Console(stderr=True),
-            )
+            self._bar = progress_bar("training", ["{task.fields[scores]}"])
             self._bar.start()
             self._task = self._bar.add_task("training", total=self.total, scores="")
         return self
