@@ -31,8 +31,9 @@ class AllAttemptsFailedError(PlaitError):
         errors: the exception of each attempt, in attempt order.
     """
 
-    def __init__(self, message: str, errors: list[BaseException]) -> None:
-        super().__init__(message)
+    def __init__(self, owner: str, errors: list[BaseException], unit: str = "attempt") -> None:
+        lines = "\n".join(f"  {unit} {i}: {type(e).__name__}: {e}" for i, e in enumerate(errors))
+        super().__init__(f"{owner}: all {len(errors)} {unit}s failed:\n{lines}")
         self.errors = errors
 
 
@@ -119,12 +120,8 @@ class BestOfN(Module):
         """
         done = [a for a in attempts if a.ok]
         if not done:
-            lines = "\n".join(
-                f"  attempt {a.index}: {type(a.error).__name__}: {a.error}" for a in attempts
-            )
             raise AllAttemptsFailedError(
-                f"BestOfN: all {len(attempts)} attempts failed:\n{lines}",
-                [a.error for a in attempts if a.error is not None],
+                "BestOfN", [a.error for a in attempts if a.error is not None]
             )
         if self.threshold is not None:
             for attempt in done:

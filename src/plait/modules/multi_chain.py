@@ -106,10 +106,7 @@ class MultiChainComparison(Module):
                 raise result
         errors = [r for r in results if isinstance(r, BaseException)]
         if len(errors) == len(results):
-            lines = "\n".join(f"  chain {i}: {type(e).__name__}: {e}" for i, e in enumerate(errors))
-            raise AllAttemptsFailedError(
-                f"MultiChainComparison: all {self.m} chains failed:\n{lines}", errors
-            )
+            raise AllAttemptsFailedError("MultiChainComparison", errors, unit="chain")
         attempts = {f"attempt_{i}": _describe(result) for i, result in enumerate(results, start=1)}
         final = await call_child(self.compare, (), {**values, **attempts})
         usage = Usage()

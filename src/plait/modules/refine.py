@@ -169,12 +169,8 @@ class Refine(Module):
     def _best(self, attempts: list[RefineAttempt]) -> RefineAttempt:
         done = [a for a in attempts if a.ok]
         if not done:
-            lines = "\n".join(
-                f"  attempt {a.index}: {type(a.error).__name__}: {a.error}" for a in attempts
-            )
             raise AllAttemptsFailedError(
-                f"Refine: all {len(attempts)} attempts failed:\n{lines}",
-                [a.error for a in attempts if a.error is not None],
+                "Refine", [a.error for a in attempts if a.error is not None]
             )
         return max(done, key=lambda a: (a.score(), -a.index))
 
