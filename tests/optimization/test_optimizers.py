@@ -237,7 +237,7 @@ async def test_a_re_ask_shows_the_reason_and_a_later_good_reply_is_applied(
     assert param.value == "Summarise {text} briefly." and report.accepted == ["prompt"]
     second = requests(server, UPDATE)[1].body["messages"]
     assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
-    assert "rejected" in second[-1]["content"] and "{text}" in second[-1]["content"]
+    assert "could not be used" in second[-1]["content"] and "{text}" in second[-1]["content"]
 
 
 async def test_raw_control_characters_in_a_reply_are_parsed_leniently(

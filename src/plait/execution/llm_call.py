@@ -2,21 +2,22 @@
 
 This is where a module's settings (system prompt, temperature, response
 format) meet the resource layer. Structured replies are validated with
-pydantic; an invalid reply is re-asked once with the validation error shown
-to the model, then the call fails with a `StructuredOutputError` naming the
-alias and the expected type.
+pydantic through `ask_structured`: an invalid (or truncated) reply is
+re-asked once with the validation error shown to the model, then the call
+fails with a `StructuredOutputError` naming the alias and the expected type;
+a refused reply is never stored in the response cache.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions, Usage
-from plait.errors import PlaitError, StructuredOutputError
-from plait.execution.structured import OutputType, output_type_for
+from plait.errors import PlaitError
+from plait.execution.structured import ask_structured, output_type_for
 from plait.module import LLMInference
 from plait.values import Value, ValueKind
 
@@ -28,12 +29,6 @@ USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cach
 `plait.execution.run` sets it for the duration of a call or batch; the
 scheduler's tasks and ``async def forward`` leaves inherit it.
 """
-
-_REASK = (
-    "Your previous reply could not be used: {error}\n"
-    "Reply again with only a JSON object that follows the schema."
-)
-
 
 def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
     """Returns the conversation for a prompt: text, or a list of messages / role dicts."""
@@ -81,54 +76,34 @@ async def call_llm(
 
     Returns:
         ``Value(RESPONSE)`` with the reply text, or ``Value(STRUCTURED)`` with
-        the typed object; ``meta`` holds alias, model, usage and latency.
+        the typed object; ``meta`` holds alias, model, usage, latency and
+        ``finish_reason`` (``"length"`` when the token limit cut the text off).
 
     Raises:
         StructuredOutputError: the reply did not parse even after one re-ask.
         BackendError: the call failed after the resource layer's retries.
     """
     request = build_request(module, prompt, timeout)
-    response = await resources.complete(module.alias, request, cache=USE_CACHE.get())
+    use_cache = USE_CACHE.get()
     if module.response_format is None:
+        response = await resources.complete(module.alias, request, cache=use_cache)
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
     output = output_type_for(module.response_format)
-    try:
-        parsed = output.parse(response.text)
-        return _value_of(ValueKind.STRUCTURED, parsed, response, response.usage)
-    except StructuredOutputError as first:
-        return await _reask(module, resources, request, response, output, first)
 
+    def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
+        return resources.complete(module.alias, request, cache=use_cache, accept=accept)
 
-async def _reask(
-    module: LLMInference,
-    resources: Any,
-    request: Request,
-    response: Response,
-    output: OutputType,
-    first: StructuredOutputError,
-) -> Value:
-    retry = request.with_messages(
-        (
-            *request.messages,
-            Message("assistant", response.text),
-            Message("user", _REASK.format(error=first)),
-        )
+    reply = await ask_structured(
+        complete,
+        request,
+        output.read,
+        expected=output.expected,
+        label=f"alias {module.alias!r}",
+        target=output.name,
     )
-    second = await resources.complete(module.alias, retry, cache=USE_CACHE.get())
-    usage = Usage()
-    usage.add(response.usage)
-    usage.add(second.usage)
-    try:
-        parsed = output.parse(second.text)
-    except StructuredOutputError as exc:
-        raise StructuredOutputError(
-            f"alias {module.alias!r}: the reply is not a valid {output.name} after one re-ask: "
-            f"{exc}",
-            raw=second.text,
-            target=output.name,
-        ) from first
-    value = _value_of(ValueKind.STRUCTURED, parsed, second, usage)
-    value.meta["reasked"] = True
+    value = _value_of(ValueKind.STRUCTURED, reply.value, reply.response, reply.usage)
+    if reply.attempts > 1:
+        value.meta["reasked"] = True
     return value
 
 
@@ -145,13 +120,17 @@ def _value_of(kind: ValueKind, payload: Any, response: Response, usage: Usage) -
     return Value(kind, payload, meta=meta)
 
 
-async def generate(alias: str, request: Request) -> Response:
+async def generate(
+    alias: str, request: Request, *, accept: Callable[[Response], bool] | None = None
+) -> Response:
     """Makes one LLM call from inside a running program, through that program's resources.
 
     For ``async def forward`` leaves that build their own requests (signature
     adapters, tool loops): the call counts against the run's global limit and
     the endpoint's limits, is retried and cached like any other, and carries
-    the context's rollout id.
+    the context's rollout id. ``accept`` decides whether the reply may be
+    cached (see `ResourceManager.complete`); structured callers pass their
+    validation through `ask_structured`.
 
     Raises:
         PlaitError: no program is running in this context.
@@ -163,4 +142,4 @@ async def generate(alias: str, request: Request) -> Response:
             "`async def forward` of a module executed with resources (bound, "
             "ExecutionSettings, or plait.run)"
         )
-    return await runner.complete(alias, request)
+    return await runner.complete(alias, request, accept=accept)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -119,11 +120,13 @@ class Runner:
             )
         return value
 
-    async def complete(self, alias: str, request: Request) -> Response:
+    async def complete(
+        self, alias: str, request: Request, accept: Callable[[Response], bool] | None = None
+    ) -> Response:
         """Makes one raw call within the global limit; used by `generate` in async leaves.
 
         The runner's timeout and the context's rollout id fill in what the
-        request leaves unset.
+        request leaves unset; ``accept`` goes to `ResourceManager.complete`.
         """
         rollout = _context.ROLLOUT.get()
         if request.timeout is None and self.timeout is not None:
@@ -131,7 +134,9 @@ class Runner:
         if request.rollout_id is None and rollout is not None:
             request = replace(request, rollout_id=rollout)
         async with self._slots:
-            response = await self.manager.complete(alias, request, cache=USE_CACHE.get())
+            response = await self.manager.complete(
+                alias, request, cache=USE_CACHE.get(), accept=accept
+            )
         calls = INNER_CALLS.get()
         if calls is not None:
             calls.append(

@@ -1,9 +1,14 @@
-"""Structured outputs: from a Python type to a JSON schema and back to a typed object.
+"""Structured outputs: from a Python type to a JSON schema, and asking until a reply parses.
 
 Providers want an *object* at the root of a response schema (OpenAI's strict
 mode requires it, and llama.cpp grammars are most reliable with it), so a
 type that is not an object — ``list[str]``, ``Literal["a", "b"]``, ``int`` —
 is wrapped as ``{"value": <type>}`` on the wire and unwrapped after parsing.
+
+`ask_structured` is the one path by which plait asks a model for a typed
+reply: it validates, re-asks once with one wording, never lets a refused
+reply into the response cache, and treats a reply cut off by the token limit
+as invalid.
 """
 
 from __future__ import annotations
@@ -11,13 +16,22 @@ from __future__ import annotations
 import functools
 import json
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from plait.backends.types import ResponseSchema
+from plait.backends.types import Message, Request, Response, ResponseSchema, Usage
 from plait.errors import StructuredOutputError
 
-__all__ = ["OutputType", "output_type_for"]
+__all__ = [
+    "REASK",
+    "Attempt",
+    "OutputType",
+    "StructuredReply",
+    "ask_structured",
+    "output_type_for",
+]
 
 _WRAP_KEY = "value"
 
@@ -34,6 +48,15 @@ class OutputType:
     @property
     def name(self) -> str:
         return _type_name(self.target)
+
+    @property
+    def expected(self) -> str:
+        """What a good reply is, in the words of a re-ask."""
+        return f"only a JSON object that follows the schema of {self.name}"
+
+    def read(self, response: Response) -> Any:
+        """Returns the typed object in a reply's text (see `parse`)."""
+        return self.parse(response.text)
 
     def parse(self, text: str) -> Any:
         """Returns the typed object in ``text``; raises StructuredOutputError saying why not."""
@@ -105,3 +128,156 @@ def output_type_for(target: Any) -> OutputType:
         schema = _adapter(_wrapper(target)).json_schema()
     name = re.sub(r"[^a-zA-Z0-9_-]", "_", _type_name(target))[:64] or "response"
     return OutputType(target, ResponseSchema(name=name, schema=schema), wrapped)
+
+
+# ------------------------------------------------------------- asking for it
+REASK = "Your previous reply could not be used: {error}\nReply again with {expected}."
+"""The one re-ask text: what was wrong, then what to send instead."""
+
+_CUT_OFF = (
+    "it was cut off at the token limit (finish_reason 'length') before it was complete; "
+    "keep it shorter"
+)
+
+Complete = Callable[[Request, Callable[[Response], bool]], Awaitable[Response]]
+"""Sends a request with an ``accept`` hook (see `ResourceManager.complete`); returns the reply."""
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One request of a structured call and what came of it (for traces)."""
+
+    request: Request
+    started: float
+    """``time.perf_counter()`` when the request was sent."""
+    response: Response | None = None
+    """The reply; None when the call itself failed."""
+    value: Any = None
+    """What the reply parsed to (when ``error`` is None)."""
+    error: Exception | None = None
+    """Why the reply was refused, or why the call failed."""
+
+
+@dataclass(slots=True)
+class StructuredReply:
+    """A structured call's accepted answer."""
+
+    value: Any
+    """The parsed (and checked) value."""
+    response: Response
+    """The accepted reply."""
+    request: Request
+    """The request that got it: the original one, or the last re-ask."""
+    usage: Usage
+    """Tokens and cost of every attempt together."""
+    attempts: int
+    """Requests made: 1, or more after re-asks."""
+
+
+async def ask_structured(
+    complete: Complete,
+    request: Request,
+    parse: Callable[[Response], Any],
+    *,
+    expected: str,
+    label: str,
+    target: str = "",
+    reasks: int = 1,
+    on_attempt: Callable[[Attempt], None] | None = None,
+) -> StructuredReply:
+    """Asks until a reply parses, re-asking with the error shown; the one path for typed replies.
+
+    Every structured call in plait goes through here (LLMInference with a
+    response format, Predict and its adapters, LLM losses, optimizers), so
+    they share one behaviour:
+
+    * a reply cut off by the token limit is invalid whatever it holds;
+    * ``parse(response)`` decides the rest by raising `StructuredOutputError`
+      (it may check meaning as well as shape);
+    * the decision is made inside ``complete``'s ``accept`` hook, so the
+      response cache stores only accepted replies and never replays one that
+      was refused;
+    * a refused reply is re-asked (up to ``reasks`` times) in one wording
+      (`REASK`): the conversation so far, the reply, what was wrong with it.
+
+    Args:
+        complete: sends one request with an accept hook (the manager's
+            ``complete`` or the running program's ``generate``, bound to an alias).
+        request: the first request.
+        parse: returns the value in a reply, or raises `StructuredOutputError`.
+        expected: what a good reply is, for the re-ask ("only a JSON object
+            that follows the schema").
+        label: names the caller in the final error ("alias 'llm'").
+        target: names the expected type in the final error ("Verdict").
+        reasks: re-asks after the first refused reply.
+        on_attempt: called after every request with what came of it.
+
+    Raises:
+        StructuredOutputError: no reply was accepted; names ``label`` and each
+            attempt's problem, with the last reply in ``raw``.
+        BackendError: a call failed after the resource layer's retries.
+    """
+    usage = Usage()
+    problems: list[StructuredOutputError] = []
+    for attempt_number in range(1, reasks + 2):
+        attempt = Attempt(request, time.perf_counter())
+
+        def accept(response: Response, attempt: Attempt = attempt) -> bool:
+            try:
+                attempt.value, attempt.error = _checked(parse, response), None
+            except StructuredOutputError as exc:
+                attempt.value, attempt.error = None, exc
+            return attempt.error is None
+
+        try:
+            response = await complete(request, accept)
+        except Exception as exc:
+            attempt.error = exc
+            if on_attempt is not None:
+                on_attempt(attempt)
+            raise
+        attempt.response = response
+        usage.add(response.usage)
+        if on_attempt is not None:
+            on_attempt(attempt)
+        if attempt.error is None:
+            return StructuredReply(attempt.value, response, request, usage, attempt_number)
+        problem = attempt.error
+        assert isinstance(problem, StructuredOutputError)
+        problems.append(problem)
+        request = request.with_messages(
+            (
+                *request.messages,
+                Message("assistant", response.text),
+                Message("user", REASK.format(error=problem, expected=expected)),
+            )
+        )
+    raise _final_error(label, target, problems)
+
+
+def _checked(parse: Callable[[Response], Any], response: Response) -> Any:
+    if response.finish_reason == "length":
+        raise StructuredOutputError(
+            f"the reply is not usable: {_CUT_OFF}", raw=response.text, target=""
+        )
+    return parse(response)
+
+
+def _final_error(
+    label: str, target: str, problems: list[StructuredOutputError]
+) -> StructuredOutputError:
+    last = problems[-1]
+    if len(problems) == 1:
+        detail = str(last)
+    else:
+        detail = "; ".join(f"attempt {i}: {p}" for i, p in enumerate(problems, 1))
+    reasks = len(problems) - 1
+    after = {0: "with no re-ask", 1: "after one re-ask"}.get(reasks, f"after {reasks} re-asks")
+    what = f"not a valid {target}" if target else "invalid"
+    error = StructuredOutputError(
+        f"{label}: the reply is still {what} {after}: {detail}",
+        raw=last.raw,
+        target=target or last.target,
+    )
+    error.__cause__ = problems[0]
+    return error

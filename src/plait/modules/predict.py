@@ -15,15 +15,15 @@ prompting or parsing.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
-from plait.backends.types import Message, Request, Response, SamplingOptions, ToolCall, Usage
-from plait.errors import PlaitError, StructuredOutputError
+from plait.backends.types import Message, Request, Response, SamplingOptions, ToolCall
+from plait.errors import PlaitError
 from plait.execution.llm_call import generate
 from plait.execution.settings import OPTION_NAMES
+from plait.execution.structured import Attempt, ask_structured
 from plait.module import Module
 from plait.modules.prediction import Prediction
 from plait.modules.traces import record_trace
@@ -33,12 +33,6 @@ from plait.signatures.signature import Signature, as_signature
 from plait.values import unwrap
 
 __all__ = ["Predict", "history_messages"]
-
-_REASK = (
-    "Your previous reply could not be used: {error}\n"
-    "Reply again with every output field ({fields}) in the format described above."
-)
-
 
 class Predict(Module):
     """Asks a model for a signature's outputs given its inputs; returns a `Prediction`.
@@ -225,55 +219,34 @@ class Predict(Module):
         return {name: inputs[name] for name in expected}
 
     async def _ask(self, request: Request, inputs: dict[str, Any]) -> Prediction:
-        response, started = await self._generate(request, inputs)
-        try:
-            outputs = self.parse_response(response)
-        except StructuredOutputError as first:
-            record_trace(self, request, response, started=started, inputs=inputs, error=first)
-            return await self._reask(request, response, inputs, first)
-        record_trace(self, request, response, started=started, inputs=inputs, output=outputs)
-        return Prediction(
-            outputs, usage=_usage(response), raw=response.text, messages=request.messages
-        )
+        """Asks through `ask_structured` (one re-ask), tracing every request it makes."""
 
-    async def _reask(
-        self,
-        request: Request,
-        response: Response,
-        inputs: dict[str, Any],
-        first: StructuredOutputError,
-    ) -> Prediction:
-        fields = ", ".join(self.current_signature().output_fields)
-        retry = request.with_messages(
-            (
-                *request.messages,
-                Message("assistant", response.text),
-                Message("user", _REASK.format(error=first, fields=fields)),
+        def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
+            return generate(self.alias, request, accept=accept)
+
+        def trace(attempt: Attempt) -> None:
+            record_trace(
+                self,
+                attempt.request,
+                attempt.response,
+                started=attempt.started,
+                inputs=inputs,
+                output=attempt.value,
+                error=attempt.error,
             )
-        )
-        second, started = await self._generate(retry, inputs)
-        try:
-            outputs = self.parse_response(second)
-        except StructuredOutputError as exc:
-            record_trace(self, retry, second, started=started, inputs=inputs, error=exc)
-            raise StructuredOutputError(
-                f"{self._label()}: the reply is still invalid after one re-ask: {exc}",
-                raw=second.text,
-                target=exc.target,
-            ) from first
-        record_trace(self, retry, second, started=started, inputs=inputs, output=outputs)
-        return Prediction(
-            outputs, usage=_usage(response, second), raw=second.text, messages=retry.messages
-        )
 
-    async def _generate(self, request: Request, inputs: dict[str, Any]) -> tuple[Response, float]:
-        """Sends ``request``; a failed call is traced (with its error) and re-raised."""
-        started = time.perf_counter()
-        try:
-            return await generate(self.alias, request), started
-        except Exception as exc:
-            record_trace(self, request, None, started=started, inputs=inputs, error=exc)
-            raise
+        fields = ", ".join(self.current_signature().output_fields)
+        reply = await ask_structured(
+            complete,
+            request,
+            self.parse_response,
+            expected=f"every output field ({fields}) in the format described above",
+            label=self._label(),
+            on_attempt=trace,
+        )
+        return Prediction(
+            reply.value, usage=reply.usage, raw=reply.response.text, messages=reply.request.messages
+        )
 
     # ---------------------------------------------------------------- labels
     def _label(self) -> str:
@@ -306,13 +279,6 @@ def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from pydantic_core import to_jsonable_python
 
     return to_jsonable_python(demos, fallback=str)
-
-
-def _usage(*responses: Response) -> Usage:
-    total = Usage()
-    for response in responses:
-        total.add(response.usage)
-    return total
 
 
 def _demo_list(sig: type[Signature], demos: Any, where: str) -> list[dict[str, Any]]:

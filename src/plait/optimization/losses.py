@@ -19,17 +19,17 @@ import functools
 import inspect
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
-from plait.backends.types import Message, Request, SamplingOptions
+from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.containers import ModuleList
 from plait.errors import StructuredOutputError
 from plait.execution.llm_call import generate
-from plait.execution.structured import output_type_for
+from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.module import Module
 
@@ -135,12 +135,6 @@ class RankingFeedback(Feedback):
     """Per candidate, in input order: the judge's comment."""
 
 
-_REASK = (
-    "Your previous reply could not be used: {error}\n"
-    "Reply again with only a JSON object that follows the schema."
-)
-
-
 _ASKED_ITEMS = 4
 """Most improvements a judge may list. The bound is in the schema only (``maxItems``, so
 llama.cpp's grammar enforces it; verified on the embedded 135M model, which otherwise
@@ -207,26 +201,23 @@ class _JudgeLoss(Loss):
             options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
             response_schema=output.schema,
         )
-        response = await generate(self.alias, request)
+
+        def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
+            return generate(self.alias, request, accept=accept)
+
         try:
-            return output.parse(response.text), None
-        except StructuredOutputError as first:
-            retry = request.with_messages(
-                (
-                    *request.messages,
-                    Message("assistant", response.text),
-                    Message("user", _REASK.format(error=first)),
-                )
+            reply = await ask_structured(
+                complete,
+                request,
+                output.read,
+                expected=output.expected,
+                label=f"{type(self).__name__} (alias {self.alias!r})",
+                target=output.name,
             )
-            second = await generate(self.alias, retry)
-        try:
-            return output.parse(second.text), None
         except StructuredOutputError as exc:
-            text = (
-                f"The judge's reply was unusable ({type(self).__name__}, alias {self.alias!r}), "
-                f"even after one re-ask: {clip(exc, 300)} Reply: {clip(second.text, 300)!r}"
-            )
+            text = f"The judge's reply was unusable: {clip(exc, 600)} Reply: {clip(exc.raw, 300)!r}"
             return None, _Unusable(text)
+        return reply.value, None
 
     def extra_repr(self) -> str:
         return f"alias={self.alias!r}"

@@ -36,9 +36,9 @@ from typing import Any, Self
 from pydantic import BaseModel
 
 from plait import _context
-from plait.backends.types import Message, Request, SamplingOptions
+from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
-from plait.execution.structured import OutputType, output_type_for
+from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
 from plait.optimization.updates import (
@@ -75,13 +75,6 @@ _SYSTEM = (
     "You improve the prompts and instructions of a program made of LLM calls. "
     "Answer with one JSON object and nothing else."
 )
-
-
-class _Unusable(Exception):
-    def __init__(self, reason: str, raw: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.raw = raw
 
 
 # ----------------------------------------------------------------- optimizer
@@ -316,31 +309,6 @@ class Optimizer:
         return ResourceManager.shared(resources)
 
     # ------------------------------------------------------- model calls
-    async def _ask(
-        self,
-        manager: Any,
-        messages: list[Message],
-        output: OutputType,
-        max_tokens: int,
-    ) -> tuple[Any, str]:
-        """Makes one structured call; returns (parsed, raw text) or raises `_Unusable`."""
-        request = Request(
-            messages=tuple(messages),
-            options=SamplingOptions(temperature=self.temperature, max_tokens=max_tokens),
-            response_schema=output.schema,
-        )
-        response = await manager.complete(self.alias, request)
-        try:
-            return output.parse(response.text), response.text
-        except StructuredOutputError as exc:
-            lenient = parse_leniently(response.text, output.target)
-            if lenient is not None:
-                return lenient, response.text
-            reason = str(exc)
-            if response.finish_reason == "length":
-                reason = f"the reply was cut off at {max_tokens} tokens; {reason}"
-            raise _Unusable(reason, response.text) from None
-
     async def _ask_structured(
         self,
         manager: Any,
@@ -350,36 +318,51 @@ class Optimizer:
         record: UpdateRecord,
         check: Callable[[Any], str | None] = lambda parsed: None,
     ) -> Any:
-        """Asks until ``check`` accepts a parsed reply; returns it, or raises `_Unusable`.
+        """Asks until ``check`` accepts a parsed reply; returns it.
 
-        Each re-ask shows the model its rejected reply and the reason, as a
-        structured-output re-ask does.
+        One `ask_structured` call with ``max_retries`` re-asks: a reply is
+        refused when it does not parse (even leniently: a small model's JSON
+        with prose around it still counts) or when ``check`` names a reason,
+        and a refused reply is never cached.
+
+        Raises:
+            StructuredOutputError: no reply was accepted; says why for each attempt.
         """
-        messages = [Message("system", _SYSTEM), Message("user", prompt)]
         output = output_type_for(target)
-        reasons: list[str] = []
-        for _ in range(1 + self.max_retries):
-            record.attempts += 1
+        request = Request(
+            messages=(Message("system", _SYSTEM), Message("user", prompt)),
+            options=SamplingOptions(temperature=self.temperature, max_tokens=max_tokens),
+            response_schema=output.schema,
+        )
+
+        def parse(response: Response) -> Any:
             try:
-                parsed, raw = await self._ask(manager, messages, output, max_tokens)
-                reason = check(parsed)
-            except _Unusable as exc:
-                raw, reason = exc.raw, exc.reason
-            if reason is None:
-                return parsed
-            reasons.append(reason)
-            messages += [
-                Message("assistant", clip(raw, 1000)),
-                Message(
-                    "user",
-                    f"That reply was rejected: {reason}. Reply again with one JSON object "
-                    f"with the keys {', '.join(target.model_fields)}, fixing this.",
-                ),
-            ]
-        if len(reasons) == 1:
-            raise _Unusable(reasons[0], "")
-        listed = "; ".join(f"attempt {i}: {reason}" for i, reason in enumerate(reasons, 1))
-        raise _Unusable(f"no usable reply in {len(reasons)} attempts ({listed})", "")
+                parsed = output.read(response)
+            except StructuredOutputError:
+                parsed = parse_leniently(response.text, target)
+                if parsed is None:
+                    raise
+            reason = check(parsed)
+            if reason is not None:
+                raise StructuredOutputError(reason, raw=response.text, target=output.name)
+            return parsed
+
+        def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
+            return manager.complete(self.alias, request, accept=accept)
+
+        def count(attempt: Attempt) -> None:
+            record.attempts += 1
+
+        reply = await ask_structured(
+            complete,
+            request,
+            parse,
+            expected=f"one JSON object with the keys {', '.join(target.model_fields)}",
+            label=f"{type(self).__name__} (alias {self.alias!r})",
+            reasks=self.max_retries,
+            on_attempt=count,
+        )
+        return reply.value
 
     async def _ask_for_value(
         self,
@@ -414,8 +397,8 @@ class Optimizer:
             await self._ask_structured(
                 manager, prompt, ParameterUpdate, max_tokens, record, check=usable
             )
-        except _Unusable as exc:
-            record.status, record.reason = "rejected", exc.reason
+        except StructuredOutputError as exc:
+            record.status, record.reason = "rejected", str(exc)
             if proposals:
                 record.new = proposals[-1][0].new_value
             return
@@ -658,10 +641,10 @@ class SFAOptimizer(Optimizer):
         )
         try:
             result = await self._ask_structured(manager, prompt, FeedbackSummary, 400, record)
-        except _Unusable as exc:
+        except StructuredOutputError as exc:
             # Fail soft: the raw feedback still says what to change.
             items = param.get_accumulated_feedback()[-self.max_changes :]
-            note = f"aggregation failed ({exc.reason}); the raw feedback was used"
+            note = f"aggregation failed ({exc}); the raw feedback was used"
             return note, [clip_middle(item, 300) for item in items]
         changes = [clip(c.strip(), 300) for c in result.changes if c.strip()]
         return clip(result.summary.strip(), 400), changes[: self.max_changes]

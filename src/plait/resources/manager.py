@@ -4,12 +4,16 @@ The execution layer never talks to a backend directly. It calls
 ``await manager.complete(alias, request)`` and the manager:
 
 1. resolves the alias to its endpoint (``UnknownAliasError`` names the known ones);
-2. answers from the response cache when the endpoint has one and it hits;
+2. answers from the response cache when the endpoint has one and it hits
+   (and the caller accepts the cached reply);
 3. refuses the call when a cost budget is spent (``BudgetExceededError``, nothing sent);
 4. waits for the endpoint's limiter (slot, rpm, tpm, pause);
-5. calls the backend under the per-call timeout, retrying in place what the
-   endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint);
-6. records usage and cost, and returns the `Response` with ``meta`` filled in.
+5. calls the backend under the per-attempt timeout, retrying in place what the
+   endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint, never
+   for longer than ``max_retry_after``);
+6. records usage and cost, stores the reply in the cache only when it was
+   accepted (finished normally, and the caller's ``accept`` said yes), and
+   returns the `Response` with ``meta`` filled in.
 
 One manager holds one backend (one connection pool) and one limiter per
 endpoint. `ResourceManager.shared` returns the same manager for the same
@@ -39,6 +43,12 @@ from plait.resources.usage import UsageTotals
 __all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
 
 logger = logging.getLogger("plait.resources")
+
+Accept = Callable[[Response], bool]
+"""Decides whether a reply is what the caller asked for (see `ResourceManager.complete`)."""
+
+_UNFINISHED = frozenset({"length", "content_filter"})
+"""Finish reasons of replies that were cut off or withheld: returned, never cached."""
 
 
 def _default_cache_factory(config: EndpointConfig) -> ResponseCache:
@@ -183,6 +193,7 @@ class ResourceManager:
         *,
         cache: bool = True,
         max_retries: int | None = None,
+        accept: Accept | None = None,
     ) -> Response:
         """Makes one model call on the endpoint serving ``alias``, within its limits.
 
@@ -192,6 +203,12 @@ class ResourceManager:
                 endpoint's timeout for each attempt.
             cache: False skips the endpoint's response cache for this call.
             max_retries: overrides the endpoint's ``max_retries`` for this call.
+            accept: ``accept(response) -> bool``, called once on the response
+                this call returns (fresh, shared or from the cache) before it
+                is returned. Only a reply it accepts is stored in the cache, and
+                a cached reply it refuses counts as a miss; a structured call
+                passes its validation here, so a reply that failed validation
+                is never replayed from the cache.
 
         Returns:
             The response, with ``usage.cost`` set when the price is known and
@@ -211,33 +228,43 @@ class ResourceManager:
         endpoint = route.endpoint
         response_cache = endpoint.cache if cache else None
         if response_cache is None:
-            return await self._complete(route, request, max_retries)
+            response = await self._complete(route, request, max_retries)
+            if accept is not None:
+                accept(response)
+            return response
         key = response_cache.key(endpoint.config, request)
         hit = await response_cache.get(key)
-        if hit is not None:
+        if hit is not None and _accepts(accept, hit):
             return self._cache_hit(route, hit)
         shared = await self._join_in_flight(key)
         if shared is not None:
-            return self._cache_hit(route, _copy_response(shared))
+            reply = _copy_response(shared)
+            if _accepts(accept, reply):
+                return self._cache_hit(route, reply)
         leader: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = leader
         try:
             response = await self._complete(route, request, max_retries)
-            await response_cache.put(key, response)
+            accepted = _accepts(accept, response)
+            if accepted:
+                await response_cache.put(key, response)
         except BaseException:
             leader.cancel()  # followers make their own call
             raise
         finally:
             del self._in_flight[key]
-        leader.set_result(_copy_response(response))
+        if accepted:
+            leader.set_result(_copy_response(response))
+        else:
+            leader.cancel()  # a refused reply is not handed on: followers ask themselves
         return response
 
     async def _join_in_flight(self, key: str) -> Response | None:
         """Waits for an identical cacheable call already in flight; None if there is none.
 
         A batch with repeated inputs would otherwise pay for each repeat while
-        the first answer is still on its way. If that call fails, the follower
-        gets None and makes its own call.
+        the first answer is still on its way. If that call fails, or its reply
+        is refused, the follower gets None and makes its own call.
         """
         leader = self._in_flight.get(key)
         if leader is None:
@@ -267,19 +294,35 @@ class ResourceManager:
         reserved = 0 if endpoint.limiter.tpm is None else estimate_tokens(request)
         return endpoint.get_backend(), policy, timeout, reserved
 
-    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
+    async def _begin_attempt(self, route: _Route, reserved: int) -> float:
+        """Waits for the endpoint's limits and counts the request; returns the seconds waited.
+
+        The budget is checked again once the slot is held, so calls that queued
+        while the last ones spent it are not sent.
+        """
         endpoint = route.endpoint
-        limiter = endpoint.limiter
+        waited = await endpoint.limiter.acquire(reserved)
+        if endpoint.budget is not None or self.budget is not None:
+            self._check_budget(route, holding=reserved)
+        endpoint.requests += 1
+        return waited
+
+    def _end_attempt(self, route: _Route, reserved: int, usage: Usage) -> None:
+        """Frees a successful attempt's slot, corrects its token reservation, records usage."""
+        limiter = route.endpoint.limiter
+        used = usage.input_tokens + usage.output_tokens
+        limiter.release(reserved, used or None)
+        limiter.on_success()
+        self._record(route, usage)
+
+    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
         backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         started = time.perf_counter()
         waited = 0.0
         attempts = 0
         while True:
             attempts += 1
-            waited += await limiter.acquire(reserved)
-            if endpoint.budget is not None or self.budget is not None:
-                self._check_budget(route, holding=reserved)
-            endpoint.requests += 1
+            waited += await self._begin_attempt(route, reserved)
             try:
                 if timeout is None:
                     response = await backend.complete(request)
@@ -294,14 +337,10 @@ class ResourceManager:
             except BackendError as exc:
                 error = exc
             except BaseException:
-                limiter.release(reserved, 0)
+                route.endpoint.limiter.release(reserved, 0)
                 raise
             else:
-                usage = response.usage
-                used = usage.input_tokens + usage.output_tokens
-                limiter.release(reserved, used or None)
-                limiter.on_success()
-                self._record(route, usage)
+                self._end_attempt(route, reserved, response.usage)
                 meta = response.meta
                 meta["alias"] = route.alias
                 meta["attempts"] = attempts
@@ -320,17 +359,25 @@ class ResourceManager:
     ) -> float:
         """Frees the attempt's slot; raises the final error or sleeps the backoff.
 
+        A ``Retry-After`` pauses the whole endpoint, but never for longer than
+        the policy's ``max_retry_after``: one reply asking for a day must not
+        stall every other call of the run. A call told to wait longer than
+        that fails at once, saying so.
+
         Returns:
             The seconds slept before the retry.
         """
         endpoint = route.endpoint
         limiter = endpoint.limiter
+        pause = error.retry_after
+        if pause is not None:
+            pause = min(pause, policy.max_retry_after)
         # The pause must be in place before the slot is released, or the next
         # waiter would be sent straight into the rate limit.
         if error.status == 429:
-            limiter.on_rate_limited(error.retry_after)
-        elif error.retry_after:
-            limiter.pause_for(error.retry_after)
+            limiter.on_rate_limited(pause)
+        elif pause:
+            limiter.pause_for(pause)
         limiter.release(reserved, 0)
         if not policy.should_retry(error, attempts):
             endpoint.failures += 1
@@ -357,22 +404,19 @@ class ResourceManager:
         failure before the first chunk is retried like `complete`; after a
         chunk was yielded it is raised, since the caller has already seen
         part of the reply. The timeout covers the whole stream. The last
-        chunk's usage gets its cost, and is added to the totals.
+        chunk's usage gets its cost, and is added to the totals. Streams
+        never use the response cache.
 
         Raises:
             The same errors as `complete`.
         """
         route = self._routes.get(alias) or self._route(alias)
         endpoint = route.endpoint
-        limiter = endpoint.limiter
         backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         attempts = 0
         while True:
             attempts += 1
-            await limiter.acquire(reserved)
-            if endpoint.budget is not None or self.budget is not None:
-                self._check_budget(route, holding=reserved)
-            endpoint.requests += 1
+            await self._begin_attempt(route, reserved)
             loop = asyncio.get_running_loop()
             deadline = None if timeout is None else loop.time() + timeout
             chunks = backend.stream(request).__aiter__()
@@ -403,20 +447,17 @@ class ResourceManager:
             except BackendError as exc:
                 error = exc
             except BaseException:
-                limiter.release(reserved, 0)
+                endpoint.limiter.release(reserved, 0)
                 raise
             else:
-                used = 0 if usage is None else usage.input_tokens + usage.output_tokens
-                limiter.release(reserved, used or None)
-                limiter.on_success()
-                self._record(route, usage or Usage())
+                self._end_attempt(route, reserved, usage or Usage())
                 return
             finally:
                 aclose = getattr(chunks, "aclose", None)
                 if aclose is not None:
                     await aclose()
             if yielded:  # the caller has part of the reply: a retry would repeat it
-                limiter.release(reserved, None)
+                endpoint.limiter.release(reserved, None)
                 endpoint.failures += 1
                 error.alias, error.attempts = alias, attempts
                 error.args = (f"alias {alias!r}: stream broke after its first chunk: {error}",)
@@ -523,6 +564,19 @@ class ResourceManager:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._endpoints)} endpoints in use"
         return f"ResourceManager({self.config.aliases()!r}, {state})"
+
+
+def _accepts(accept: Accept | None, response: Response) -> bool:
+    """Whether ``response`` may be cached and handed to other callers.
+
+    A reply cut off by the token limit or withheld by a content filter is
+    returned to its caller (who sees ``finish_reason``) but never cached: a
+    later run should ask again rather than replay a truncated answer.
+    ``accept`` runs on every response a call returns, so the caller's
+    validation sees cache hits too.
+    """
+    accepted = accept is None or bool(accept(response))
+    return accepted and response.finish_reason not in _UNFINISHED
 
 
 def _copy_response(response: Response) -> Response:

@@ -54,7 +54,7 @@ class RetryPolicy:
     base_delay: float = 0.5
     max_delay: float = 30.0
     jitter: float = 0.5
-    max_retry_after: float = 300.0
+    max_retry_after: float = 60.0
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
 
@@ -136,8 +136,9 @@ def exhausted(error: BackendError, alias: str, attempts: int, policy: RetryPolic
         reason = f"gave up after {tries} (max_retries={policy.max_retries}); last: {status}"
     else:
         reason = (
-            f"{status} asked to wait {error.retry_after:g} s, longer than "
-            f"max_retry_after={policy.max_retry_after:g} s; not retried"
+            f"{status} asked to wait {error.retry_after:g} s (its Retry-After header), longer "
+            f"than max_retry_after={policy.max_retry_after:g} s; not retried (raise "
+            "max_retry_after in the endpoint's configuration to wait that long)"
         )
     error.args = (f"alias {alias!r}: {reason}: {original}", *error.args[1:])
     return error
