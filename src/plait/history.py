@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from plait.backends.types import Message, ToolCall
+from plait.backends.types import Message, ToolCall, message_from_dict, message_to_dict
 
 __all__ = ["History"]
 
@@ -130,12 +130,14 @@ class History:
 
     def to_list(self) -> list[dict[str, Any]]:
         """Returns the messages in OpenAI's chat format (JSON-ready)."""
-        return [_as_dict(message) for message in self.messages]
+        return [message_to_dict(message) for message in self.messages]
 
     @classmethod
     def from_list(cls, items: Iterable[Mapping[str, Any]]) -> History:
         """Builds a History from OpenAI-format message dicts (inverse of `to_list`)."""
-        return cls(messages=[_from_dict(item, i) for i, item in enumerate(items)])
+        return cls(
+            messages=[message_from_dict(item, f"message {i}") for i, item in enumerate(items)]
+        )
 
     def __len__(self) -> int:
         return len(self._turns)
@@ -156,44 +158,3 @@ class History:
     def __repr__(self) -> str:
         prompt = f"system_prompt={self._system!r}, " if self._system is not None else ""
         return f"History({prompt}turns={len(self._turns)})"
-
-
-def _as_dict(message: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
-    return out
-
-
-def _from_dict(item: Mapping[str, Any], index: int) -> Message:
-    role = item.get("role")
-    if role not in ("system", "user", "assistant", "tool"):
-        raise ValueError(
-            f"message {index}: role must be system, user, assistant or tool; got {role!r}"
-        )
-    calls = tuple(
-        ToolCall(
-            id=str(call.get("id", "")),
-            name=str(call.get("function", {}).get("name", "")),
-            arguments=str(call.get("function", {}).get("arguments", "")),
-        )
-        for call in item.get("tool_calls") or ()
-    )
-    return Message(
-        role,
-        str(item.get("content") or ""),
-        tool_calls=calls,
-        tool_call_id=item.get("tool_call_id"),
-        name=item.get("name"),
-    )

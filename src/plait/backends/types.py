@@ -8,6 +8,7 @@ cache key and shared between concurrent calls without copying.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -21,6 +22,8 @@ __all__ = [
     "ToolCall",
     "ToolSpec",
     "Usage",
+    "message_from_dict",
+    "message_to_dict",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -176,3 +179,81 @@ class StreamChunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     """Set on the last chunk when the provider reports usage."""
+
+
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    """Returns a message as an OpenAI-style dict with only the parts that are set."""
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments},
+            }
+            for call in message.tool_calls
+        ]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Message:
+    """Returns the `Message` an OpenAI-style dict describes (the inverse of `message_to_dict`).
+
+    Content may be text, None (a turn that only called tools) or a list of
+    text parts (``[{"type": "text", "text": ...}]``); tool calls may be nested
+    (``{"function": {"name", "arguments"}}``) or flat (``{"name", "arguments"}``).
+
+    Raises:
+        ValueError: the role is missing or unknown, or the content is neither
+            text nor text parts; the message names ``where``.
+    """
+    role = item.get("role")
+    if role not in _ROLES:
+        raise ValueError(f"{where}: role must be system, user, assistant or tool; got {role!r}")
+    calls = tuple(
+        _tool_call_from_dict(call, f"{where} tool call {i}")
+        for i, call in enumerate(item.get("tool_calls") or ())
+    )
+    return Message(
+        role,
+        _content_text(item.get("content"), where),
+        tool_calls=calls,
+        tool_call_id=item.get("tool_call_id"),
+        name=item.get("name"),
+    )
+
+
+def _tool_call_from_dict(call: Any, where: str) -> ToolCall:
+    if not isinstance(call, Mapping):
+        raise ValueError(f"{where}: expected a mapping, got {type(call).__name__}")
+    function = call.get("function")
+    source = function if isinstance(function, Mapping) else call
+    arguments = source.get("arguments")
+    if not isinstance(arguments, str):
+        import json
+
+        arguments = "" if arguments is None else json.dumps(arguments)
+    return ToolCall(
+        id=str(call.get("id") or ""), name=str(source.get("name") or ""), arguments=arguments
+    )
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(part, Mapping) and part.get("type") == "text" for part in content
+    ):
+        return "".join(str(part.get("text", "")) for part in content)
+    raise ValueError(
+        f"{where}: content must be text or a list of text parts, got {type(content).__name__}"
+    )

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from plait.backends.types import Message, Request, Response
+from plait.backends.types import Request, Response, message_to_dict
 
-__all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "message_dict", "record_trace"]
+__all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "record_trace"]
 
 DEFAULT_TRACE_LIMIT = 1000
 """Records kept per module when it sets no ``trace_limit`` of its own."""
@@ -68,21 +68,6 @@ class TraceRecord:
     def as_dict(self) -> dict[str, Any]:
         """Returns the record as a plain dict (one row of `Module.traces_frame`)."""
         return asdict(self)
-
-
-def message_dict(message: Message) -> dict[str, Any]:
-    """Returns a message as an OpenAI-style dict with only the parts that are set."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": call.id, "name": call.name, "arguments": call.arguments}
-            for call in message.tool_calls
-        ]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.name is not None:
-        out["name"] = message.name
-    return out
 
 
 def _module_path(module: Any) -> str:
@@ -128,7 +113,7 @@ def record_trace(
         module_type=type(module).__name__,
         alias=alias or meta.get("alias") or getattr(module, "alias", None),
         inputs=dict(inputs),
-        messages=[message_dict(m) for m in request.messages],
+        messages=[message_to_dict(m) for m in request.messages],
         output=output,
         latency=elapsed,
         input_tokens=usage.input_tokens if usage is not None else 0,
