@@ -13,7 +13,19 @@ catch the whole family with one clause and still tell the cases apart::
     │   ├── RateLimitError        429; carries retry_after when the provider sent one
     │   └── BudgetExceededError   the run's cost budget is spent
     ├── StructuredOutputError a reply could not be parsed into the requested type
-    └── ExecutionError        a node failed while running; names node, path and input index
+    ├── ExecutionError        a node failed while running; names node, path and input index
+    │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
+    │
+    │   defined where they are raised:
+    ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
+    │                             plait.signatures.parser
+    ├── CheckpointError           a checkpoint directory or file cannot be used;
+    │   │                         plait.execution.checkpoint
+    │   └── CheckpointMismatchError  it was written by another program or for other inputs
+    ├── AllAttemptsFailedError    every attempt of BestOfN / Refine failed;
+    │                             plait.modules.best_of_n
+    └── RequirementsNotMetError   outputs still break requirements after repair;
+                                  plait.modules.requirements
 
 Foreign exceptions are wrapped at one boundary (the backend adapters) and
 chained with ``raise ... from exc``, so the original traceback is never lost.
@@ -29,6 +41,7 @@ __all__ = [
     "BackendTimeout",
     "BudgetExceededError",
     "ConfigError",
+    "DeadlineExceededError",
     "ExecutionError",
     "PlaitError",
     "RateLimitError",
@@ -166,3 +179,15 @@ class ExecutionError(PlaitError):
         self.module_path = module_path
         self.input_index = input_index
         self.cause = cause
+
+
+class DeadlineExceededError(ExecutionError):
+    """A call or batch ran past its ``deadline``; the work still running was cancelled.
+
+    Attributes:
+        deadline: the seconds the call or batch was allowed.
+    """
+
+    def __init__(self, message: str, *, deadline: float, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.deadline = deadline

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy as _copy
 import dataclasses
 import inspect
+import typing
 from collections.abc import Iterator, Mapping
 from typing import Any, Self
 
@@ -144,6 +145,22 @@ class Module:
             if param.requires_grad:
                 result.parameter_feedback[name] = report
         return result
+
+    def declared_output_types(self) -> tuple[Any, ...]:
+        """Returns the types this module says its outputs are made of.
+
+        Checkpoints restore an output only as one of the types the program
+        itself declares (never a class named in the file). The default is the
+        return annotation of ``forward``, when it can be resolved. Override this
+        to add the types a module builds its output from (a response format,
+        a signature's output fields).
+        """
+        try:
+            hints = typing.get_type_hints(type(self).forward)
+        except Exception:  # an annotation naming a local or missing class: nothing declared
+            return ()
+        returned = hints.get("return")
+        return () if returned is None else (returned,)
 
     # ---------------------------------------------------------------- binding
     def bind(self, resources: Any, max_concurrent: int | None = None, **kwargs: Any) -> Self:
@@ -394,8 +411,12 @@ class LLMInference(Module):
         response_format: a pydantic model, dataclass, ``list[str]``,
             ``Literal[...]`` … — the reply is parsed into it (JSON-schema mode).
 
-    Calling it with a string (or a list of messages) returns the reply text,
-    or the typed object when ``response_format`` is set.
+    Called with text, a `Message`, a conversation (a list of Messages or
+    ``{"role": ..., "content": ...}`` dicts) or a `plait.History`, it makes
+    one call and returns the reply text, or the typed object when
+    ``response_format`` is set; its system prompt goes first unless the
+    conversation starts with its own. A list of anything else is a batch (one
+    call per item), and so is a list of conversations.
     """
 
     _plait_leaf = True
@@ -428,6 +449,10 @@ class LLMInference(Module):
             "LLMInference.forward() is run by plait's executor; call the module "
             "(bound, or inside ExecutionSettings) instead"
         )
+
+    def declared_output_types(self) -> tuple[Any, ...]:
+        """Returns the response format, when there is one (the reply is text otherwise)."""
+        return () if self.response_format is None else (self.response_format,)
 
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult:
         """Sends the feedback to the prompt's producers and, if learnable, to the system prompt."""

@@ -15,7 +15,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
-from plait.backends.types import Message, Request, Response, SamplingOptions, Usage
+from plait.backends.types import (
+    Message,
+    Request,
+    Response,
+    SamplingOptions,
+    Usage,
+    message_from_dict,
+)
 from plait.errors import PlaitError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import LLMInference
@@ -30,13 +37,23 @@ USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cach
 scheduler's tasks and ``async def forward`` leaves inherit it.
 """
 
+
 def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
-    """Returns the conversation for a prompt: text, or a list of messages / role dicts."""
+    """Returns the conversation for a prompt.
+
+    A prompt is text (one user turn), a `Message`, a conversation (a list of
+    Messages or ``{"role", "content"}`` dicts), or an object with ``.messages``
+    such as `plait.History`. The module's system prompt goes first, unless the
+    conversation starts with its own system turn.
+    """
     head = (Message("system", system),) if system else ()
     if isinstance(prompt, str):
         return (*head, Message("user", prompt))
     if isinstance(prompt, Message):
         return (*head, prompt)
+    turns_of = getattr(prompt, "messages", None)
+    if turns_of is not None and not isinstance(prompt, Mapping):
+        prompt = turns_of
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
         turns = [_message_of(turn, i) for i, turn in enumerate(prompt)]
         if head and turns and turns[0].role == "system":
@@ -48,8 +65,8 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
 def _message_of(turn: Any, index: int) -> Message:
     if isinstance(turn, Message):
         return turn
-    if isinstance(turn, Mapping) and "role" in turn:
-        return Message(turn["role"], str(turn.get("content", "")))
+    if isinstance(turn, Mapping):
+        return message_from_dict(turn, f"prompt message {index}")
     raise TypeError(
         f"prompt item {index} is {type(turn).__name__}; expected a Message or "
         "{'role': ..., 'content': ...}"

@@ -15,17 +15,18 @@ import contextvars
 import sys
 import threading
 import weakref
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from plait import _context
-from plait.errors import ExecutionError, PlaitError
+from plait.backends.types import Message
+from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
-from plait.execution.checkpoint import Checkpoint
+from plait.execution.checkpoint import Checkpoint, program_identity
+from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
 from plait.execution.llm_call import USE_CACHE
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
-from plait.execution.settings import OPTION_NAMES, effective_options
+from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
 from plait.execution.tape import Tape, attach_tape, new_tape_id
 from plait.module import Module
 from plait.values import Value, ValueKind, valueify
@@ -45,13 +46,15 @@ async def run(
 
     Args:
         module: the program.
-        *args: arguments of ``forward``; a list as first argument is a batch.
+        *args: arguments of ``forward``; a list as first argument is a batch
+            (unless it is one conversation, a list of chat messages: see `is_batch`).
         resources: ResourceConfig / ResourceManager / mapping (default: bound
             or ``ExecutionSettings`` resources).
         max_concurrent: most LLM calls in flight at once.
         checkpoint_dir: directory that makes a batch resumable.
-        **kwargs: execution options (``timeout``, ``progress``, ``on_error``,
-            ``cache=False`` to skip response caches) or keyword arguments of ``forward``.
+        **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
+            the whole call or batch, ``progress``, ``on_error``, ``cache=False``
+            to skip response caches) or keyword arguments of ``forward``.
 
     Returns:
         The output (raw data in the structure ``forward`` returned), or a list
@@ -59,6 +62,7 @@ async def run(
 
     Raises:
         ExecutionError: a node failed; names the node, module path and input index.
+        DeadlineExceededError: the ``deadline`` passed before the work was done.
     """
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
     if resources is not None:
@@ -74,16 +78,30 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
 
 
 def _resources_of(module: Module, explicit: Any) -> Any:
-    resources = explicit if explicit is not None else module._bound_resources
-    if resources is None:
-        settings = _context.SETTINGS.get()
-        resources = settings.resources if settings is not None else None
+    resources = find_resources(explicit, bound=module._bound_resources, module=module)
     if resources is None:
         raise PlaitError(
             f"{type(module).__name__} has no resources: bind them with module.bind(config), "
             "use ExecutionSettings(resources=config), or pass resources= to plait.run"
         )
     return resources
+
+
+def is_batch(first: Any) -> bool:
+    """Whether a first argument means "run once per item": a list that is not one conversation.
+
+    A list whose every item is a chat message (a `Message`, or a mapping with a
+    ``role``) is one conversation, the input of a single call; a batch of
+    conversations is a list of such lists. Any other list is a batch. An empty
+    list is an empty batch.
+    """
+    if not isinstance(first, list):
+        return False
+    return not first or not all(_is_message(item) for item in first)
+
+
+def _is_message(item: Any) -> bool:
+    return isinstance(item, Message) or (isinstance(item, Mapping) and "role" in item)
 
 
 def execute_bound(
@@ -97,8 +115,8 @@ def execute_bound(
     forward_kwargs, call_options = _split_kwargs(kwargs)
     options = effective_options(module._bound_config, call_options)
     resources = _resources_of(module, kwargs.get("resources"))
-    is_batch = bool(args) and isinstance(args[0], list)
-    if is_batch and options["streaming"]:
+    batch = bool(args) and is_batch(args[0])
+    if batch and options["streaming"]:
         items, extra = args[0], args[1:]
         return BatchStream(
             lambda report: _run_batch(
@@ -107,7 +125,7 @@ def execute_bound(
             total=len(items),
             preserve_order=options["preserve_order"],
         )
-    if is_batch:
+    if batch:
         return _batch_to_list(module, args[0], args[1:], forward_kwargs, resources, options)
     return _run_single(module, args, forward_kwargs, resources, options)
 
@@ -146,8 +164,18 @@ async def _run_single(
     runner = _runner(module, resources, options)
     graph = trace_cached(module, args, kwargs)
     token = USE_CACHE.set(options["cache"])
+    deadline = options["deadline"]
     try:
-        output, results = await execute_graph(graph, runner, args, kwargs)
+        async with asyncio.timeout(deadline) as scope:
+            output, results = await execute_graph(graph, runner, args, kwargs)
+    except TimeoutError as exc:
+        if not scope.expired():
+            raise
+        raise DeadlineExceededError(
+            f"{type(module).__name__} did not finish within its deadline of {deadline:g} s; "
+            "the call was cancelled (raise deadline= to allow more time)",
+            deadline=deadline,
+        ) from exc
     finally:
         USE_CACHE.reset(token)
     return _taped(graph, runner, output, results, None)
@@ -175,12 +203,14 @@ async def _run_batch(
         usage_by_index[index] = _usage_of(results)
         return _taped(graph, runner, output, results, index)
 
-    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"])
+    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], runner)
     cache_token = USE_CACHE.set(options["cache"])
+    reported: set[int] = set()
     try:
         with BatchProgress(len(items), options["progress"], runner.manager) as progress:
 
             def on_result(result: BatchResult) -> Any:
+                reported.add(result.index)
                 usage = usage_by_index.pop(result.index, None)
                 if checkpoint is not None and result.ok:
                     checkpoint.write(result.index, result.output, usage)
@@ -189,16 +219,46 @@ async def _run_batch(
 
             if checkpoint is not None:
                 for index, output in sorted(checkpoint.done.items()):
+                    reported.add(index)
                     progress.advance(True)
                     waiting = report(BatchResult(index, items[index], output))
                     if waiting is not None:
                         await waiting
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
-            await run_items(items, run_item, runner.max_concurrent, on_result, skip)
+            deadline = options["deadline"]
+            try:
+                async with asyncio.timeout(deadline) as scope:
+                    await run_items(items, run_item, runner.max_concurrent, on_result, skip)
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+                await _fail_unfinished(items, reported, deadline, on_result)
     finally:
         USE_CACHE.reset(cache_token)
         if checkpoint is not None:
             checkpoint.close()
+
+
+async def _fail_unfinished(
+    items: list[Any],
+    reported: set[int],
+    deadline: float,
+    on_result: Any,
+) -> None:
+    """Reports every item that had not finished when the batch's deadline passed."""
+    unfinished = len(items) - len(reported)
+    for index, item in enumerate(items):
+        if index in reported:
+            continue
+        error = DeadlineExceededError(
+            f"input {index} did not finish within the batch's deadline of {deadline:g} s "
+            f"({unfinished} of {len(items)} items unfinished); its work was cancelled",
+            deadline=deadline,
+            input_index=index,
+        )
+        waiting = on_result(BatchResult(index, item, error=error))
+        if waiting is not None:
+            await waiting
 
 
 def _open_checkpoint(
@@ -207,11 +267,20 @@ def _open_checkpoint(
     extra: tuple[Any, ...],
     kwargs: dict[str, Any],
     directory: Any,
+    runner: Runner,
 ) -> Checkpoint | None:
     if not directory or not items:
         return None
+    if runner.training:
+        raise CheckpointError(
+            f"checkpoint_dir={directory!s} with {type(module).__name__} in training mode: a "
+            "training-mode output carries a tape that cannot be saved. Checkpoint eval-mode "
+            "runs (module.eval()); the Trainer has its own checkpoint_dir for training"
+        )
     graph = trace_cached(module, (items[0], *extra), kwargs)
-    return Checkpoint(directory, graph.structural_hash(), items)
+    identity = program_identity(module, graph.structural_hash(), runner.manager.config)
+    codec = OutputCodec(t for sub in module.modules() for t in sub.declared_output_types())
+    return Checkpoint(directory, identity, items, codec)
 
 
 def _usage_of(results: dict[str, Any]) -> dict[str, Any]:

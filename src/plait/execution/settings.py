@@ -3,6 +3,8 @@
 Settings nest: an inner block overrides only the fields it sets. Priority of
 an option for one call, highest first: keyword arguments of the call, the
 module's `bind(...)`, the innermost ``ExecutionSettings``, the defaults.
+`find_resources` is the one rule by which every caller (a bound call,
+``plait.run``, backward, an optimizer) finds the resources to use.
 
 Example::
 
@@ -14,13 +16,14 @@ Example::
 from __future__ import annotations
 
 import contextvars
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from plait import _context
 
-__all__ = ["DEFAULTS", "OPTION_NAMES", "ExecutionSettings", "effective_options"]
+__all__ = ["DEFAULTS", "OPTION_NAMES", "ExecutionSettings", "effective_options", "find_resources"]
 
 
 @dataclass
@@ -38,7 +41,15 @@ class ExecutionSettings:
     preserve_order: bool | None = None
     """Streaming yields results in input order instead of completion order."""
     timeout: float | None = None
-    """Seconds allowed for each LLM call (overrides the endpoint's timeout)."""
+    """Seconds one attempt of an LLM call may take: one request to the provider, from
+    sending it to the whole reply (overrides the endpoint's ``timeout``). Waiting for
+    a slot, for rate limits, for a ``Retry-After`` pause and the backoff between
+    retries are not included: bound those with ``deadline``."""
+    deadline: float | None = None
+    """Seconds the whole call or batch may take, waits and retries included. When it
+    passes, the work still running is cancelled: a single call raises
+    `DeadlineExceededError`; in a batch each unfinished item fails with it (items that
+    finished keep their results, and their checkpoint records)."""
     progress: bool | None = None
     """Show a progress bar for batches (default: when stderr is a terminal)."""
     on_error: str | None = None
@@ -49,6 +60,12 @@ class ExecutionSettings:
     def __post_init__(self) -> None:
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise ValueError(f"max_concurrent must be at least 1, got {self.max_concurrent}")
+        for name in ("timeout", "deadline"):
+            seconds = getattr(self, name)
+            if seconds is not None and not (
+                isinstance(seconds, int | float) and 0 < seconds < math.inf
+            ):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got {seconds!r}")
         if self.on_error not in (None, "raise", "collect"):
             raise ValueError(f"on_error must be 'raise' or 'collect', got {self.on_error!r}")
         self._tokens: list[contextvars.Token[Any]] = []
@@ -85,6 +102,7 @@ DEFAULTS: dict[str, Any] = {
     "streaming": False,
     "preserve_order": False,
     "timeout": None,
+    "deadline": None,
     "progress": None,
     "on_error": "raise",
     "cache": True,
@@ -107,3 +125,28 @@ def effective_options(bound: dict[str, Any], call: dict[str, Any]) -> dict[str, 
             if value is not None:
                 options[name] = value
     return options
+
+
+def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = None) -> Any:
+    """Returns the resources a call should use, or None when there are none.
+
+    The one rule, in order: ``explicit`` (a ``resources=`` argument); ``bound``
+    (what the caller was bound to: `Module.bind`, ``Optimizer.bind``); the one
+    set of resources that every bound module below ``module`` shares (so a
+    `TrainingStep` or a wrapper around a bound program finds the program's);
+    the innermost ``ExecutionSettings``.
+    """
+    if explicit is not None:
+        return explicit
+    if bound is not None:
+        return bound
+    if module is not None:
+        below = {
+            id(resources): resources
+            for sub in module.modules()
+            if (resources := sub._bound_resources) is not None
+        }
+        if len(below) == 1:
+            return next(iter(below.values()))
+    settings = _context.SETTINGS.get()
+    return settings.resources if settings is not None else None

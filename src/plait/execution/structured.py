@@ -31,6 +31,7 @@ __all__ = [
     "StructuredReply",
     "ask_structured",
     "output_type_for",
+    "type_adapter",
 ]
 
 _WRAP_KEY = "value"
@@ -72,7 +73,7 @@ class OutputType:
             # Lenient: a model may answer the bare value instead of the wrapper.
             data = {_WRAP_KEY: data}
         try:
-            parsed = _adapter(self._validated_type()).validate_python(data)
+            parsed = type_adapter(self._validated_type()).validate_python(data)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '(root)'}: {err['msg']}"
@@ -97,7 +98,8 @@ def _type_name(target: Any) -> str:
 
 
 @functools.cache
-def _adapter(target: Any) -> Any:
+def type_adapter(target: Any) -> Any:
+    """Returns pydantic's `TypeAdapter` for ``target`` (one per type, cached)."""
     from pydantic import TypeAdapter
 
     return TypeAdapter(target)
@@ -118,14 +120,14 @@ def output_type_for(target: Any) -> OutputType:
         TypeError: ``target`` is not something pydantic can describe as JSON.
     """
     try:
-        schema = _adapter(target).json_schema()
+        schema = type_adapter(target).json_schema()
     except Exception as exc:
         raise TypeError(
             f"response_format {_type_name(target)} cannot be described as a JSON schema: {exc}"
         ) from None
     wrapped = schema.get("type") != "object"
     if wrapped:
-        schema = _adapter(_wrapper(target)).json_schema()
+        schema = type_adapter(_wrapper(target)).json_schema()
     name = re.sub(r"[^a-zA-Z0-9_-]", "_", _type_name(target))[:64] or "response"
     return OutputType(target, ResponseSchema(name=name, schema=schema), wrapped)
 

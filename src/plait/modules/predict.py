@@ -19,9 +19,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
-from plait.backends.types import Message, Request, Response, SamplingOptions, ToolCall
+from plait.backends.types import Message, Request, Response, SamplingOptions, message_from_dict
 from plait.errors import PlaitError
 from plait.execution.llm_call import generate
+from plait.execution.run import is_batch
 from plait.execution.settings import OPTION_NAMES
 from plait.execution.structured import Attempt, ask_structured
 from plait.module import Module
@@ -33,6 +34,7 @@ from plait.signatures.signature import Signature, as_signature
 from plait.values import unwrap
 
 __all__ = ["Predict", "history_messages"]
+
 
 class Predict(Module):
     """Asks a model for a signature's outputs given its inputs; returns a `Prediction`.
@@ -160,7 +162,7 @@ class Predict(Module):
         # Check input names now, so a typo fails where it was written (at trace
         # time in a composite), not later as a failed node. A list as first
         # argument is a batch: its items are checked one by one when they run.
-        if not (args and isinstance(args[0], list)):
+        if not (args and is_batch(args[0])):
             fields = self.signature.input_fields
             named = {
                 k: v
@@ -248,6 +250,11 @@ class Predict(Module):
             reply.value, usage=reply.usage, raw=reply.response.text, messages=reply.request.messages
         )
 
+    def declared_output_types(self) -> tuple[Any, ...]:
+        """Returns `Prediction` (from ``forward``) and the signature's output field types."""
+        fields = self.signature.output_fields.values()
+        return (*super().declared_output_types(), *(spec.annotation for spec in fields))
+
     # ---------------------------------------------------------------- labels
     def _label(self) -> str:
         text = self.signature.signature_text()
@@ -321,24 +328,8 @@ def history_messages(history: Any) -> tuple[Message, ...]:
 def _as_message(item: Any, index: int) -> Message:
     if isinstance(item, Message):
         return item
-    if isinstance(item, Mapping) and item.get("role") in ("system", "user", "assistant", "tool"):
-        calls = tuple(
-            ToolCall(
-                id=str(call.get("id", "")),
-                name=str(call.get("name") or call.get("function", {}).get("name", "")),
-                arguments=str(
-                    call.get("arguments") or call.get("function", {}).get("arguments", "")
-                ),
-            )
-            for call in item.get("tool_calls") or ()
-        )
-        return Message(
-            item["role"],
-            str(item.get("content") or ""),
-            tool_calls=calls,
-            tool_call_id=item.get("tool_call_id"),
-            name=item.get("name"),
-        )
+    if isinstance(item, Mapping):
+        return message_from_dict(item, f"history item {index}")
     raise TypeError(
         f"history item {index} is {type(item).__name__}; expected a Message or "
         "{'role': ..., 'content': ...}"

@@ -1,0 +1,213 @@
+"""Checkpoint outputs as JSON, restored only as types the program itself declares.
+
+A checkpoint line holds an item's output as plain JSON plus a *shape* that
+says where that JSON stood for something JSON cannot spell: a tuple, a
+pydantic model, a dataclass, an enum member, a `Mapping` such as a
+`Prediction`. The shape names a class, but the name is only looked up among
+the types the running program declares (`Module.declared_output_types`: a
+response format, a signature's output fields, a ``forward`` return
+annotation), so a line edited to name ``subprocess:run`` is refused instead
+of called. An output that cannot come back as what it was is refused when it
+is written, never silently stored as its ``repr``.
+
+Shapes (JSON)::
+
+    null                               plain JSON: str, int, float, bool, None, lists, dicts
+    {"list": [shape, ...]}             a list with non-plain items
+    {"tuple": [shape, ...]}            a tuple (stored as a JSON array)
+    {"dict": {key: shape}}             a dict with non-plain values (only those keys)
+    {"type": "module:Qualname"}        a declared model, dataclass or enum, validated back
+    {"mapping": "module:Qualname", "items": {key: shape}}   a declared Mapping class
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from plait.errors import PlaitError
+
+__all__ = ["CheckpointError", "OutputCodec"]
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class CheckpointError(PlaitError):
+    """A checkpoint directory or file cannot be used: unsafe, unreadable, or not restorable."""
+
+
+class OutputCodec:
+    """Turns outputs into (JSON, shape) and back, knowing only the declared types.
+
+    Args:
+        declared: type annotations the program declares (``Literal``, ``list[Model]``,
+            ``Model | None`` … are searched for the classes inside them).
+
+    Example::
+
+        codec = OutputCodec([Verdict])
+        data, shape = codec.encode(Verdict(label="spam"), "output")
+        codec.decode(data, shape)           # Verdict(label='spam')
+    """
+
+    def __init__(self, declared: Iterable[Any]) -> None:
+        self._classes: dict[str, type] = {}
+        seen: set[int] = set()
+        for annotation in declared:
+            self._collect(annotation, seen)
+
+    @property
+    def class_names(self) -> list[str]:
+        """The ``module:Qualname`` of every class a shape may name."""
+        return sorted(self._classes)
+
+    def _collect(self, annotation: Any, seen: set[int]) -> None:
+        if id(annotation) in seen:
+            return
+        seen.add(id(annotation))
+        for inner in typing.get_args(annotation):  # list[Model], Model | None, Annotated[...]
+            self._collect(inner, seen)
+        if isinstance(annotation, type) and _is_restorable_class(annotation):
+            self._classes[_name_of(annotation)] = annotation
+
+    # ------------------------------------------------------------------ encode
+    def encode(self, value: Any, where: str) -> tuple[Any, Any]:
+        """Returns ``(data, shape)`` for ``value``.
+
+        Raises:
+            CheckpointError: ``value`` (or a part of it, named by its path from
+                ``where``) cannot be stored so that it comes back the same.
+        """
+        if isinstance(value, _SCALARS):
+            return value, None
+        if isinstance(value, list):
+            return self._encode_items(value, where, "list")
+        if isinstance(value, tuple) and type(value) is tuple:
+            data, shape = self._encode_items(value, where, "tuple")
+            return data, shape if shape is not None else {"tuple": [None] * len(value)}
+        if type(value) is dict:
+            return self._encode_dict(value, where)
+        name = _name_of(type(value))
+        if self._classes.get(name) is not type(value):
+            raise CheckpointError(_undeclared(value, where, self.class_names))
+        if isinstance(value, Mapping):
+            data, shape = self._encode_dict(dict(value), where)
+            return data, {"mapping": name, "items": (shape or {}).get("dict", {})}
+        if isinstance(value, enum.Enum):
+            return self.encode(value.value, where)[0], {"type": name}
+        return _adapter(type(value)).dump_python(value, mode="json"), {"type": name}
+
+    def _encode_items(self, items: list[Any] | tuple[Any, ...], where: str, kind: str) -> Any:
+        pairs = [self.encode(item, f"{where}[{i}]") for i, item in enumerate(items)]
+        data = [d for d, _ in pairs]
+        shapes = [s for _, s in pairs]
+        return data, ({kind: shapes} if any(s is not None for s in shapes) else None)
+
+    def _encode_dict(self, value: dict[Any, Any], where: str) -> tuple[Any, Any]:
+        data: dict[str, Any] = {}
+        shapes: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CheckpointError(
+                    f"{where} has the key {key!r} ({type(key).__name__}); JSON keys are "
+                    "strings, so it would come back changed. Use string keys."
+                )
+            data[key], shape = self.encode(item, f"{where}[{key!r}]")
+            if shape is not None:
+                shapes[key] = shape
+        return data, ({"dict": shapes} if shapes else None)
+
+    # ------------------------------------------------------------------ decode
+    def decode(self, data: Any, shape: Any) -> Any:
+        """Returns the output that ``(data, shape)`` stands for.
+
+        Raises:
+            ValueError: the shape is malformed, names a class the program does
+                not declare, or the data does not fit it (the caller names the
+                file and line).
+        """
+        if shape is None:
+            return data
+        if not isinstance(shape, dict) or len(shape) not in (1, 2):
+            raise ValueError(f"malformed shape {_preview(shape)}")
+        if "list" in shape or "tuple" in shape:
+            kind = "list" if "list" in shape else "tuple"
+            items = self._decode_items(data, shape[kind])
+            return items if kind == "list" else tuple(items)
+        if "dict" in shape:
+            return self._decode_dict(data, shape["dict"])
+        if "mapping" in shape:
+            cls = self._declared(shape["mapping"])
+            return cls(self._decode_dict(data, shape.get("items", {})))
+        if "type" in shape:
+            cls = self._declared(shape["type"])
+            from pydantic import ValidationError
+
+            try:
+                return _adapter(cls).validate_python(data)
+            except ValidationError as exc:
+                raise ValueError(f"the data does not fit {shape['type']}: {exc}") from None
+        raise ValueError(f"malformed shape {_preview(shape)}")
+
+    def _decode_items(self, data: Any, shapes: Any) -> list[Any]:
+        if not isinstance(data, list) or not isinstance(shapes, list) or len(data) != len(shapes):
+            raise ValueError("a list shape does not match its data")
+        return [self.decode(item, shape) for item, shape in zip(data, shapes, strict=True)]
+
+    def _decode_dict(self, data: Any, shapes: Any) -> dict[str, Any]:
+        if not isinstance(data, dict) or not isinstance(shapes, dict):
+            raise ValueError("a dict shape does not match its data")
+        unknown = [key for key in shapes if key not in data]
+        if unknown:
+            raise ValueError(f"the shape names keys the data lacks: {unknown}")
+        return {key: self.decode(item, shapes.get(key)) for key, item in data.items()}
+
+    def _declared(self, name: Any) -> type:
+        cls = self._classes.get(name) if isinstance(name, str) else None
+        if cls is None:
+            known = ", ".join(self.class_names) or "none"
+            raise ValueError(
+                f"it names the type {_preview(name)}, which this program does not declare "
+                f"(declared: {known}); checkpoints never import a type by name"
+            )
+        return cls
+
+
+def _is_restorable_class(cls: type) -> bool:
+    """Whether instances can go to JSON and come back: a model, dataclass, enum or Mapping."""
+    if issubclass(cls, enum.Enum) or dataclasses.is_dataclass(cls):
+        return True
+    if hasattr(cls, "model_validate") and hasattr(cls, "model_dump"):
+        return True
+    return issubclass(cls, Mapping) and cls is not dict
+
+
+def _name_of(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _adapter(cls: type) -> Any:
+    from plait.execution.structured import type_adapter
+
+    return type_adapter(cls)
+
+
+def _undeclared(value: Any, where: str, declared: list[str]) -> str:
+    cls = type(value)
+    known = ", ".join(declared) or "none"
+    return (
+        f"{where} is a {cls.__module__}.{cls.__qualname__}, which cannot be checkpointed: "
+        "a checkpoint keeps JSON data and the types the program declares (a response_format, "
+        "a signature's output fields, or the return annotation of a forward), so that a "
+        f"resumed run gets back exactly what it stored. Declared here: {known}. Return JSON "
+        f"data, a pydantic model or a dataclass, and declare it (e.g. `def forward(...) -> "
+        f"{cls.__name__}:`)."
+    )
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
