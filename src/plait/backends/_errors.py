@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from plait.backends._urls import scrub_text
 from plait.errors import BackendError, RateLimitError
 
 __all__ = ["decode_error_body", "error_from_status", "is_retryable_status", "parse_retry_after"]
@@ -129,6 +130,7 @@ def error_from_status(
     *,
     where: str,
     reason: str | None = None,
+    url: str | None = None,
 ) -> BackendError:
     """Builds the `BackendError` for a non-2xx HTTP answer (the caller raises it).
 
@@ -139,8 +141,11 @@ def error_from_status(
         where: names the endpoint and model, e.g. ``"openai-compatible
             endpoint http://127.0.0.1:8000/v1 (model 'gpt-4o-mini')"``.
         reason: the HTTP reason phrase, if the transport has it.
+        url: the URL the request went to; a server that echoes it (or the
+            key inside it) in its message has the credentials masked.
     """
     body, message = decode_error_body(raw_body)
+    message = scrub_text(message, url)
     phrase = f" {reason}" if reason else ""
     text = f"{where} answered HTTP {status}{phrase}"
     if message:

@@ -22,11 +22,13 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import parse_qsl
 
 import orjson
 
 from plait.backends._errors import error_from_status
 from plait.backends._sse import DONE, iter_sse_data
+from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
 
 if TYPE_CHECKING:
@@ -36,8 +38,8 @@ __all__ = ["AiohttpTransport", "SdkTransport", "Transport"]
 
 
 def describe_endpoint(base_url: str, model: str) -> str:
-    """Returns how errors name an endpoint: URL and model, never the key."""
-    return f"OpenAI-compatible endpoint {base_url} (model {model!r})"
+    """Returns how errors name an endpoint: URL (credentials masked) and model, never the key."""
+    return f"OpenAI-compatible endpoint {redact_url(base_url)} (model {model!r})"
 
 
 def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> BackendTimeout:
@@ -47,11 +49,22 @@ def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> Bac
     )
 
 
-def _connection_error(where: str, exc: BaseException) -> BackendConnectionError:
-    detail = str(exc) or "no detail"
-    return BackendConnectionError(
-        f"{where}: connection failed or dropped ({type(exc).__name__}: {detail})"
+def _connection_error(where: str, exc: BaseException, url: str) -> BackendConnectionError:
+    return BackendConnectionError(f"{where}: connection failed or dropped ({_described(exc, url)})")
+
+
+def _invalid_url(where: str, problem: str) -> BackendError:
+    # Not retryable: the same URL fails the same way, and retrying it as a
+    # connection error only hid the typo behind four attempts.
+    return BackendError(
+        f"{where}: invalid request URL ({problem}); expected a base_url like "
+        "'https://host[:port]/v1' (http or https, a host name, no spaces)"
     )
+
+
+def _described(exc: BaseException, url: str) -> str:
+    """Returns a foreign exception's type and text, ``url``'s credentials masked."""
+    return f"{type(exc).__name__}: {scrub_text(str(exc), url) or 'no detail'}"
 
 
 class Transport:
@@ -79,6 +92,9 @@ class AiohttpTransport(Transport):
     call runs in another loop (``run_sync`` creates one per call), a fresh
     session is made for it; the old one cannot be closed from a foreign loop
     and is left to the garbage collector.
+
+    ``base_url`` must hold no user info (the backend turns it into a header
+    first); a query in it (``?api-version=...``) is kept after the path.
     """
 
     def __init__(
@@ -88,7 +104,7 @@ class AiohttpTransport(Transport):
         timeout: float | None,
         max_connections: int | None,
     ) -> None:
-        self._endpoint = f"{base_url}/chat/completions"
+        self._endpoint = join_path(base_url, "/chat/completions")
         self._headers = dict(headers)
         self._timeout = timeout
         self._max_connections = max_connections
@@ -97,15 +113,16 @@ class AiohttpTransport(Transport):
         self._url: Any = None
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._client_error: type[BaseException] = Exception
+        self._invalid_url_errors: tuple[type[BaseException], ...] = ()
 
-    def _open(self) -> aiohttp.ClientSession:
+    def _open(self, where: str) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._session
         if session is not None and self._loop is loop and not session.closed:
             return session
         import aiohttp
-        import yarl
 
+        self._url = self._parse_url(where)
         # limit=0: no connection cap here. The resource layer's max_concurrent
         # is the one concurrency limit; a second, hidden cap of 100 (aiohttp's
         # default) would queue calls that the scheduler believes are running.
@@ -116,10 +133,35 @@ class AiohttpTransport(Transport):
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._loop = loop
-        self._url = yarl.URL(self._endpoint)
         self._client_error = aiohttp.ClientError
+        # A redirect to ftp:// raises NonHttpUrlClientError (aiohttp >= 3.10),
+        # which is not an InvalidURL.
+        non_http = getattr(aiohttp, "NonHttpUrlClientError", aiohttp.InvalidURL)
+        self._invalid_url_errors = (aiohttp.InvalidURL, non_http)
         self._timeouts = {}
         return self._session
+
+    def _parse_url(self, where: str) -> Any:
+        """Returns the parsed endpoint URL; a malformed one fails before any connection."""
+        import yarl
+
+        try:
+            url = yarl.URL(self._endpoint)
+        except ValueError as exc:
+            problem = _described(exc, self._endpoint)
+            raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        if url.scheme not in ("http", "https"):
+            raise _invalid_url(where, f"the scheme is {url.scheme!r}, not http or https")
+        if not url.raw_host:
+            raise _invalid_url(where, "it has no host name")
+        try:
+            # The resolver encodes the host this way, and raises a bare
+            # UnicodeError (a ValueError aiohttp does not wrap) for "a..b".
+            url.raw_host.encode("idna")
+        except UnicodeError as exc:
+            problem = f"host {url.raw_host!r}: {_described(exc, self._endpoint)}"
+            raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        return url
 
     def _timeout_for(self, timeout: float | None) -> aiohttp.ClientTimeout:
         cached = self._timeouts.get(timeout)
@@ -129,8 +171,16 @@ class AiohttpTransport(Transport):
             cached = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
         return cached
 
+    def _failure(self, exc: BaseException, where: str, timeout: float | None) -> BackendError:
+        """Returns the plait error for a timeout or an aiohttp failure (the caller chains it)."""
+        if isinstance(exc, TimeoutError):  # first: aiohttp's timeouts are ClientErrors too
+            return _timeout_error(where, timeout, exc)
+        if isinstance(exc, self._invalid_url_errors):
+            return _invalid_url(where, _described(exc, self._endpoint))
+        return _connection_error(where, exc, self._endpoint)
+
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
-        session = self._open()
+        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
         try:
             async with session.post(
@@ -139,12 +189,15 @@ class AiohttpTransport(Transport):
                 raw = await response.read()
                 if response.status >= 400:
                     raise error_from_status(
-                        response.status, raw, response.headers, where=where, reason=response.reason
+                        response.status,
+                        raw,
+                        response.headers,
+                        where=where,
+                        reason=response.reason,
+                        url=self._endpoint,
                     )
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise _timeout_error(where, limit, exc) from exc
-        except self._client_error as exc:
-            raise _connection_error(where, exc) from exc
+        except (TimeoutError, self._client_error) as exc:
+            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
         try:
             return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -158,7 +211,7 @@ class AiohttpTransport(Transport):
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
     ) -> AsyncIterator[dict[str, Any]]:
-        session = self._open()
+        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
         try:
             async with session.post(
@@ -167,7 +220,12 @@ class AiohttpTransport(Transport):
                 if response.status >= 400:
                     raw = await response.read()
                     raise error_from_status(
-                        response.status, raw, response.headers, where=where, reason=response.reason
+                        response.status,
+                        raw,
+                        response.headers,
+                        where=where,
+                        reason=response.reason,
+                        url=self._endpoint,
                     )
                 done = False
                 async for data in iter_sse_data(response.content.iter_any()):
@@ -179,10 +237,8 @@ class AiohttpTransport(Transport):
                         done = True
                         continue
                     yield _decode_chunk(data, where)
-        except TimeoutError as exc:
-            raise _timeout_error(where, limit, exc) from exc
-        except self._client_error as exc:
-            raise _connection_error(where, exc) from exc
+        except (TimeoutError, self._client_error) as exc:
+            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -213,12 +269,16 @@ class SdkTransport(Transport):
         headers: Mapping[str, str],
         timeout: float | None,
     ) -> None:
-        self._base_url = base_url
+        # The SDK appends the path to base_url as text, so a query there would end
+        # up inside the path; it sends default_query with every request instead.
+        self._base_url, _, query = base_url.partition("#")[0].partition("?")
+        self._query = dict(parse_qsl(query, keep_blank_values=True))
+        self._url = base_url
         self._api_key = api_key
-        # The SDK sets its own Authorization and Content-Type.
-        self._headers = {
-            k: v for k, v in headers.items() if k.lower() not in ("authorization", "content-type")
-        }
+        # The SDK sets its own Content-Type, and Authorization from api_key; without
+        # a key, an Authorization the backend built (Basic, from user info) is kept.
+        dropped = ("authorization", "content-type") if api_key else ("content-type",)
+        self._headers = {k: v for k, v in headers.items() if k.lower() not in dropped}
         self._timeout = timeout
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,6 +299,7 @@ class SdkTransport(Transport):
             # A local server needs no key, but the SDK refuses to start without one.
             api_key=self._api_key or "no-key",
             base_url=self._base_url,
+            default_query=self._query or None,
             timeout=self._timeout,
             max_retries=0,  # the resource layer is the only retry owner (SPEC §4.4)
             default_headers=self._headers,
@@ -278,10 +339,11 @@ class SdkTransport(Transport):
         errors = self._errors
         mapped = None
         if errors is not None:
-            mapped = errors.map(exc, where, self._timeout if timeout is None else timeout)
+            limit = self._timeout if timeout is None else timeout
+            mapped = errors.map(exc, where, limit, self._url)
         if mapped is None:
             raise exc
-        raise mapped from exc
+        raise mapped from scrub_cause(exc, self._url)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -310,8 +372,13 @@ class _SdkErrors:
             *(lib.TransportError for lib in libraries),
         )
 
-    def map(self, exc: Exception, where: str, timeout: float | None) -> BackendError | None:
-        """Returns the plait error for ``exc``, or None when ``exc`` is not the SDK's."""
+    def map(
+        self, exc: Exception, where: str, timeout: float | None, url: str
+    ) -> BackendError | None:
+        """Returns the plait error for ``exc``, or None when ``exc`` is not the SDK's.
+
+        ``url`` is the base URL: its credentials are kept out of copied texts.
+        """
         openai = self._openai
         if isinstance(exc, openai.APIStatusError):
             response = exc.response
@@ -325,11 +392,14 @@ class _SdkErrors:
                 response.headers,
                 where=where,
                 reason=getattr(response, "reason_phrase", None),
+                url=url,
             )
         if isinstance(exc, self._timeouts):
             return _timeout_error(where, timeout, exc)
         if isinstance(exc, self._connections):
-            return _connection_error(where, exc)
+            return _connection_error(where, exc, url)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            return BackendError(f"{where}: {exc}", retryable=True, body=exc.body)
+            return BackendError(
+                f"{where}: {scrub_text(str(exc), url)}", retryable=True, body=exc.body
+            )
         return None

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from plait.backends._urls import redact_url, scrub_text
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources.usage import Price, price_for
 
@@ -46,7 +47,8 @@ class EndpointConfig:
     """The validated settings of one endpoint; built by `ResourceConfig`, never by hand.
 
     Unset limits are None and mean "no limit". Secrets (``api_key``,
-    ``headers``) are left out of the repr.
+    ``headers``, ``backend_options``) are left out of the repr, and
+    ``base_url`` is shown with any credentials inside it masked.
     """
 
     name: str
@@ -79,6 +81,8 @@ class EndpointConfig:
     """Response cache: False, True (default file), a path to the SQLite file, or
     ``{"path": ..., "memory_entries": ...}``; see `plait.resources.cache`."""
     base_url: str | None = None
+    """API root of a remote provider, e.g. ``https://api.openai.com/v1``; may hold a
+    credential (``user:key@`` or ``?api-key=``), which reprs and errors mask."""
     api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None
     """Environment variable the key is read from when ``api_key`` is not given."""
@@ -110,8 +114,19 @@ class EndpointConfig:
                 continue
             value = getattr(self, f.name)
             if value != f.default:
-                parts.append(f"{f.name}={value!r}")
+                parts.append(f"{f.name}={_shown(f.name, value)!r}")
         return " ".join(parts)
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self) if f.repr
+        )
+        return f"EndpointConfig({', '.join(shown)})"
+
+
+def _shown(name: str, value: Any) -> Any:
+    """Returns a setting as reprs and messages may show it: a URL without its credentials."""
+    return redact_url(value) if name == "base_url" and isinstance(value, str) else value
 
 
 _NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "backend_options"})
@@ -223,6 +238,40 @@ def _headers(value: Any) -> tuple[str | None, Any]:
     return "must be a mapping of header names to string values", None
 
 
+def _base_url(value: Any) -> tuple[str | None, Any]:
+    expected = "must be an http(s) URL like 'https://api.openai.com/v1'"
+    if not isinstance(value, str) or not value:
+        return f"{expected}, {_got(value)}", None
+    problem = _url_problem(value)
+    if problem is not None:
+        return f"{expected}, got {redact_url(value)!r}: {problem}", None
+    return None, value
+
+
+def _url_problem(url: str) -> str | None:
+    """Returns what keeps ``url`` from being an http(s) API root, or None if nothing does."""
+    from urllib.parse import urlsplit  # only loaded for configs that set a base_url
+
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it contains a space or control character (a stray newline from a file?)"
+    if "://" not in url:
+        return "it has no scheme; start it with 'https://' (or 'http://' for a local server)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return f"it does not parse ({scrub_text(str(exc), url)})"
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"the scheme is {parts.scheme!r}; plait speaks http and https only"
+    if not parts.hostname:
+        return "it has no host name"
+    try:
+        parts.hostname.encode("idna")  # what the resolver does with it
+    except UnicodeError:
+        return f"the host name {parts.hostname!r} has an empty or over-long label"
+    return None
+
+
 def _options(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return None, MappingProxyType(dict(value))
@@ -255,7 +304,7 @@ _COMMON: dict[str, Checker] = {
     "cache": _cache,
     "backend_options": _options,
 }
-_REMOTE: dict[str, Checker] = {"base_url": _text, "api_key": _text, "api_key_env": _text}
+_REMOTE: dict[str, Checker] = {"base_url": _base_url, "api_key": _text, "api_key_env": _text}
 _BY_PROVIDER: dict[str, dict[str, Checker]] = {
     "openai": {
         **_COMMON,
