@@ -1,16 +1,17 @@
 """The two ways `OpenAICompatBackend` reaches a server: raw aiohttp, or the official SDK.
 
-Both take a chat-completions body (a dict), send it, and hand back decoded
-JSON: one dict for a completion, an async iterator of dicts for a stream.
+Both take a chat-completions body (a dict), send it, and hand back the
+decoded JSON of the reply's own bytes: one value for a completion, an async
+iterator of values for a stream (whether they have the right shape is for
+`_openai_wire` to check).
 Both map every failure onto plait's errors the same way (`_errors.py`), and
 neither retries (the resource layer owns retries; SPEC §4.4).
 
 aiohttp is the default because it is cheap: one ``ClientSession`` and one
 ``TCPConnector`` per endpoint, orjson for both directions, no cookie jar, a
 pre-parsed URL and cached timeout objects, so a call costs about what aiohttp
-itself costs. The SDK validates every reply into pydantic models and costs
-several times more CPU per call (SPEC §4.4); it is here for users who need
-its authentication or proxy features.
+itself costs. The SDK costs several times more CPU per call (SPEC §4.4); it
+is here for users who need its authentication or proxy features.
 
 Neither aiohttp nor openai is imported until a transport is first used, so
 ``import plait`` stays fast.
@@ -27,6 +28,7 @@ from urllib.parse import parse_qsl
 import orjson
 
 from plait.backends._errors import error_from_status
+from plait.backends._openai_wire import decode_event, preview
 from plait.backends._sse import DONE, iter_sse_data
 from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
@@ -67,6 +69,32 @@ def _described(exc: BaseException, url: str) -> str:
     return f"{type(exc).__name__}: {scrub_text(str(exc), url) or 'no detail'}"
 
 
+def _decode_body(raw: bytes, status: int, where: str) -> Any:
+    """Returns the decoded JSON of a successful answer's body."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(
+            f"{where} answered HTTP {status} with a body that is not JSON: {preview(raw)}",
+            status=status,
+            body=raw.decode("utf-8", "replace"),
+        ) from exc
+
+
+async def _until_done(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Yields the events before ``[DONE]``, then reads the body to its end.
+
+    Reading on after ``[DONE]`` (the server ends the body at once) lets the
+    connection go back to the pool instead of being closed half-read.
+    """
+    done = False
+    async for data in events:
+        if data == DONE:
+            done = True
+        elif not done:
+            yield data
+
+
 class Transport:
     """What the backend needs from a transport; both implementations follow it."""
 
@@ -74,9 +102,7 @@ class Transport:
         """Sends a non-streamed request; returns the decoded JSON reply."""
         raise NotImplementedError
 
-    def stream(
-        self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, body: dict[str, Any], timeout: float | None, where: str) -> AsyncIterator[Any]:
         """Sends a streamed request; yields each decoded chunk until ``[DONE]``."""
         raise NotImplementedError
 
@@ -198,19 +224,11 @@ class AiohttpTransport(Transport):
                     )
         except (TimeoutError, self._client_error) as exc:
             raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BackendError(
-                f"{where} answered HTTP {response.status} with a body that is not JSON: "
-                f"{raw[:200]!r}",
-                status=response.status,
-                body=raw.decode("utf-8", "replace"),
-            ) from exc
+        return _decode_body(raw, response.status, where)
 
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[Any]:
         session = self._open(where)
         limit = self._timeout if timeout is None else timeout
         try:
@@ -227,16 +245,8 @@ class AiohttpTransport(Transport):
                         reason=response.reason,
                         url=self._endpoint,
                     )
-                done = False
-                async for data in iter_sse_data(response.content.iter_any()):
-                    # After [DONE] keep reading to the end of the body (the server
-                    # ends it at once), so the connection goes back to the pool.
-                    if done:
-                        continue
-                    if data == DONE:
-                        done = True
-                        continue
-                    yield _decode_chunk(data, where)
+                async for data in _until_done(iter_sse_data(response.content.iter_any())):
+                    yield decode_event(data, where)
         except (TimeoutError, self._client_error) as exc:
             raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
 
@@ -246,20 +256,14 @@ class AiohttpTransport(Transport):
             await session.close()
 
 
-def _decode_chunk(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise BackendError(
-            f"{where} streamed an event that is not JSON: {data[:200]!r}", body=data.decode()
-        ) from exc
-
-
 class SdkTransport(Transport):
     """Chat completions through the official ``openai`` SDK, with its retries off.
 
-    Replies are turned back into plain dicts (``model_dump``) so the backend
-    parses them exactly as it parses aiohttp's.
+    The SDK sends the request and reports HTTP failures; the reply is read
+    from its raw body (``with_raw_response``) and decoded here, event by event
+    for a stream, so the backend parses the very bytes aiohttp would have
+    handed it, and a malformed reply fails the same way on both transports
+    instead of inside the SDK's models.
     """
 
     def __init__(
@@ -312,27 +316,29 @@ class SdkTransport(Transport):
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
         try:
-            completion = await client.chat.completions.create(**body, **extra)
+            response = await client.chat.completions.with_raw_response.create(**body, **extra)
+            raw = response.http_response.content
         except Exception as exc:
             self._reraise(exc, where, timeout)
-        return completion.model_dump()
+        return _decode_body(raw, response.status_code, where)
 
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[Any]:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
         try:
-            stream = await client.chat.completions.create(**body, **extra)
+            response = await client.chat.completions.with_raw_response.create(**body, **extra)
         except Exception as exc:
             self._reraise(exc, where, timeout)
+        http = response.http_response
         try:
-            async for chunk in stream:
-                yield chunk.model_dump()
+            async for data in _until_done(iter_sse_data(http.aiter_bytes())):
+                yield decode_event(data, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)
         finally:
-            await stream.close()
+            await http.aclose()
 
     def _reraise(self, exc: Exception, where: str, timeout: float | None) -> NoReturn:
         """Raises the plait error for ``exc`` (chained), or ``exc`` itself if it is foreign."""
