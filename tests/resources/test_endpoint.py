@@ -37,6 +37,13 @@ def test_each_provider_gets_its_backend_with_the_endpoint_settings() -> None:
     assert create_backend(config.resolve("l")).provider == "local"
 
 
+def test_backend_options_reach_the_backend_constructor() -> None:
+    entry = {"provider": "anthropic", "model": "c", "api_key": "k"}
+    entry["backend_options"] = {"max_tokens_default": 9}
+    backend = create_backend(ResourceConfig({"a": entry}).resolve("a"))
+    assert backend.max_tokens_default == 9  # type: ignore[attr-defined]
+
+
 def test_building_a_manager_imports_no_provider_module() -> None:
     code = (
         "import sys\n"

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -99,7 +100,8 @@ class EndpointConfig:
     n_ctx: int | None = None
     """Context window for the ``local`` provider."""
     backend_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, repr=False)
-    """Extra keyword arguments passed to the backend's constructor as they are."""
+    """Extra keyword arguments passed to the backend's constructor as they are
+    (e.g. ``n_threads`` for ``local``); only parameters the endpoint has no key for."""
 
     @property
     def effective_price(self) -> Price | None:
@@ -138,8 +140,20 @@ _NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "
 Checker = Callable[[Any], tuple[str | None, Any]]
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _finite(value: Any) -> float | None:
+    """Returns ``value`` as a float if it is a finite real number (not a bool), else None.
+
+    inf and nan are refused everywhere: ``timeout: inf`` would wait forever
+    (write null for that), an infinite rpm or price makes every later sum inf
+    or nan, and an int too large for a float is no more usable.
+    """
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _got(value: Any) -> str:
@@ -159,15 +173,17 @@ def _non_negative_int(value: Any) -> tuple[str | None, Any]:
 
 
 def _positive_number(value: Any) -> tuple[str | None, Any]:
-    if _is_number(value) and value > 0:
-        return None, float(value)
-    return f"must be a number > 0, {_got(value)}", None
+    number = _finite(value)
+    if number is not None and number > 0:
+        return None, number
+    return f"must be a finite number > 0, {_got(value)}", None
 
 
 def _non_negative_number(value: Any) -> tuple[str | None, Any]:
-    if _is_number(value) and value >= 0:
-        return None, float(value)
-    return f"must be a number >= 0, {_got(value)}", None
+    number = _finite(value)
+    if number is not None and number >= 0:
+        return None, number
+    return f"must be a finite number >= 0, {_got(value)}", None
 
 
 def _text(value: Any) -> tuple[str | None, Any]:
@@ -281,12 +297,13 @@ def _options(value: Any) -> tuple[str | None, Any]:
 def _price(value: Any) -> tuple[str | None, Any]:
     expected = 'must be {"input": <$ per Mtok>, "output": <$ per Mtok>}'
     if isinstance(value, Price):
-        return None, value
+        value = {"input": value.input, "output": value.output}
     if not isinstance(value, Mapping) or set(value) != {"input", "output"}:
         return f"{expected}, {_got(value)}", None
-    if not all(_is_number(v) and v >= 0 for v in value.values()):
-        return f"{expected} with numbers >= 0, {_got(value)}", None
-    return None, Price(float(value["input"]), float(value["output"]))
+    numbers = {key: _finite(number) for key, number in value.items()}
+    if not all(number is not None and number >= 0 for number in numbers.values()):
+        return f"{expected} with finite numbers >= 0, {_got(value)}", None
+    return None, Price(numbers["input"], numbers["output"])
 
 
 _COMMON: dict[str, Checker] = {
@@ -380,6 +397,9 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
             f"{where}: missing key 'model' (required for provider {provider!r}), "
             f'e.g. "model": "{_EXAMPLE_MODELS[provider]}"'
         )
+    if values.get("backend_options"):
+        for problem in _backend_option_problems(provider, values["backend_options"]):
+            problems.append(f"{where}: key 'backend_options' {problem}")
     if len(problems) > before:
         return None
     endpoint = EndpointConfig(name=alias, provider=provider, **values)
@@ -393,6 +413,42 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
 
 
 _EXAMPLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
+
+
+def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[str]:
+    """Returns a line per backend option the provider's backend would refuse.
+
+    Checked now rather than at the first call, which may come an hour into a
+    run. The backend's module is imported here, and only for a configuration
+    that sets ``backend_options``, so ``import plait`` stays light.
+    """
+    import inspect
+
+    from plait.resources.endpoint import backend_class
+
+    cls = backend_class(provider)
+    own = _BY_PROVIDER[provider]
+    parameters = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    accepted = [
+        name
+        for name, p in parameters.items()
+        if name not in own and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    problems = []
+    for name in options:
+        if name in own or name == "provider":
+            problems.append(
+                f"sets {name!r}, which is a key of the endpoint itself; "
+                f"write {name!r} next to 'provider' instead"
+            )
+        elif name not in accepted and not takes_any:
+            known = _quote_list(accepted) if accepted else "none besides the endpoint's own keys"
+            problems.append(
+                f"has {name!r}, which {cls.__name__} does not take{_suggest(name, accepted)} "
+                f"(it takes: {known})"
+            )
+    return problems
 
 
 def _unknown_key_text(key: Any, provider: str) -> str:
@@ -423,7 +479,8 @@ class ResourceConfig:
 
     Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
     ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
-    ``adaptive``, ``price``, ``budget``, ``cache``, ``backend_options``; for
+    ``adaptive``, ``price``, ``budget``, ``cache``, ``backend_options``
+    (checked against the backend's constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
     ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
@@ -466,9 +523,9 @@ class ResourceConfig:
         table per alias; quote the wildcard as ``["*"]``).
 
         Raises:
-            ConfigError: when the file is missing, cannot be parsed, has an
-                unknown extension, or its content is invalid; the message
-                names the file.
+            ConfigError: when the file is missing, is not UTF-8, cannot be
+                parsed, has an unknown extension, or its content is invalid;
+                the message names the file (and the offending byte).
         """
         file = Path(path)
         suffix = file.suffix.lower()
@@ -478,9 +535,13 @@ class ResourceConfig:
                 f"use one of {_quote_list(sorted(_READERS))}"
             )
         try:
-            text = file.read_text(encoding="utf-8")
+            raw = file.read_bytes()
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read config file: {exc.strerror or exc}") from exc
+        try:
+            text = raw.decode("utf-8")  # whole: the error's offset is then the file's
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(file, exc) from exc
         data = _READERS[suffix](text, file)
         return cls(data, source=str(file))
 
@@ -529,6 +590,15 @@ def _config_error(problems: list[str], prefix: str) -> ConfigError:
     error = ConfigError(message)
     error.problems = problems  # type: ignore[attr-defined]
     return error
+
+
+def _not_utf8(file: Path, exc: UnicodeDecodeError) -> ConfigError:
+    data = exc.object
+    line = data.count(b"\n", 0, exc.start) + 1
+    return ConfigError(
+        f"{file}: config files must be UTF-8 text, but byte 0x{data[exc.start]:02x} at offset "
+        f"{exc.start} (line {line}) is not; save the file as UTF-8"
+    )
 
 
 def _read_json(text: str, file: Path) -> Any:
