@@ -116,6 +116,7 @@ INF, NAN = float("inf"), float("nan")
         ("budget", INF, "key 'budget' must be a finite number >= 0, got inf (float)"),
         ("retry_base_delay", NAN, "key 'retry_base_delay' must be a finite number >= 0"),
         ("retry_max_delay", INF, "key 'retry_max_delay' must be a finite number > 0"),
+        ("max_retry_after", INF, "key 'max_retry_after' must be a finite number > 0"),
         pytest.param("rpm", 10**400, "key 'rpm' must be a finite number > 0", id="beyond-float"),
         ("price", {"input": INF, "output": 1}, "key 'price' must be {\"input\""),
         ("price", Price(1.0, NAN), "with finite numbers >= 0"),
@@ -125,6 +126,14 @@ def test_numbers_that_are_not_finite_are_refused(key: str, value: object, expect
     with pytest.raises(ConfigError, match="alias 'x'") as info:
         ResourceConfig({"x": {**OPENAI, key: value}})
     assert expected in str(info.value)
+
+
+def test_max_retry_after_defaults_to_a_minute_and_is_validated() -> None:
+    assert ResourceConfig({"x": OPENAI}).resolve("x").max_retry_after == 60.0
+    endpoint = ResourceConfig({"x": {**OPENAI, "max_retry_after": 5}}).resolve("x")
+    assert endpoint.max_retry_after == 5.0
+    with pytest.raises(ConfigError, match="key 'max_retry_after' must be a finite number > 0"):
+        ResourceConfig({"x": {**OPENAI, "max_retry_after": 0}})
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,11 @@ class EndpointConfig:
     """First backoff delay in seconds; it doubles on each retry."""
     retry_max_delay: float = 30.0
     """Upper bound of one backoff delay, in seconds."""
+    max_retry_after: float = 60.0
+    """The longest wait, in seconds, a provider's ``Retry-After`` may ask for: a
+    longer one means a quota that will not come back within the run, so the
+    call fails at once instead of sleeping (and an ``inf`` or absurd header
+    cannot stall the program)."""
     adaptive: bool = True
     """Lower the endpoint's rate on repeated 429s and recover it on success."""
     price: Price | None = None
@@ -315,6 +320,7 @@ _COMMON: dict[str, Checker] = {
     "max_retries": _non_negative_int,
     "retry_base_delay": _non_negative_number,
     "retry_max_delay": _positive_number,
+    "max_retry_after": _positive_number,
     "adaptive": _flag,
     "price": _price,
     "budget": _non_negative_number,
@@ -479,8 +485,8 @@ class ResourceConfig:
 
     Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
     ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
-    ``adaptive``, ``price``, ``budget``, ``cache``, ``backend_options``
-    (checked against the backend's constructor); for
+    ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
+    ``backend_options`` (checked against the backend's constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
     ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``

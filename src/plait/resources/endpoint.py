@@ -191,6 +191,7 @@ class Endpoint:
             max_retries=config.max_retries,
             base_delay=config.retry_base_delay,
             max_delay=config.retry_max_delay,
+            max_retry_after=config.max_retry_after,
             seed=seed,
         )
         self.timeout = config.timeout

@@ -54,7 +54,7 @@ class RetryPolicy:
     base_delay: float = 0.5
     max_delay: float = 30.0
     jitter: float = 0.5
-    max_retry_after: float = 300.0
+    max_retry_after: float = 60.0
     seed: int | None = None
     _rng: random.Random = field(init=False, repr=False, compare=False)
 
