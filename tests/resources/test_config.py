@@ -92,6 +92,7 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
         ({**OPENAI, "headers": {"X-A": 1}}, "key 'headers' must be a mapping of header names"),
         ({**OPENAI, "cache": 3}, "key 'cache' must be true, false or a path"),
         ({**OPENAI, "model": ""}, "key 'model' must be a non-empty string"),
+        ({**OPENAI, "api_key": 123456789}, "key 'api_key' must be a non-empty string, got int"),
         ({**OPENAI, "model_path": "m.gguf"}, "key 'model_path' does not apply to provider"),
         ({"provider": "local", "base_url": "http://x"}, "key 'base_url' does not apply"),
         ({"model": "gpt-4o"}, "missing key 'provider'; one of 'anthropic', 'local', 'openai'"),
@@ -102,6 +103,7 @@ def test_each_bad_value_is_named(entry: object, expected: str) -> None:
     with pytest.raises(ConfigError, match="alias 'x'") as info:
         ResourceConfig({"x": entry})
     assert expected in str(info.value)
+    assert "123456789" not in str(info.value)  # a key is never shown, even of the wrong type
 
 
 INF, NAN = float("inf"), float("nan")

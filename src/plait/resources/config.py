@@ -197,6 +197,13 @@ def _text(value: Any) -> tuple[str | None, Any]:
     return f"must be a non-empty string, {_got(value)}", None
 
 
+def _secret(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, str) and value:
+        return None, value
+    # The type only: a key of the wrong type is still a key.
+    return f"must be a non-empty string, got {type(value).__name__}", None
+
+
 def _path(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -327,7 +334,7 @@ _COMMON: dict[str, Checker] = {
     "cache": _cache,
     "backend_options": _options,
 }
-_REMOTE: dict[str, Checker] = {"base_url": _base_url, "api_key": _text, "api_key_env": _text}
+_REMOTE: dict[str, Checker] = {"base_url": _base_url, "api_key": _secret, "api_key_env": _text}
 _BY_PROVIDER: dict[str, dict[str, Checker]] = {
     "openai": {
         **_COMMON,
