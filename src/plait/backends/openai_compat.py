@@ -95,7 +95,11 @@ class OpenAICompatBackend(Backend):
     Args:
         model: the model name sent with every request (a `Request.model`
             overrides it per call).
-        base_url: the API root, up to and including ``/v1``.
+        base_url: the API root, up to and including ``/v1``. A query in it
+            (``?api-version=...``) is kept after the path; ``user:password@``
+            in it is sent as HTTP Basic authentication and then wins over the
+            key of ``api_key_env``. Reprs and errors show it with credentials
+            masked.
         api_key: the key; when None it is read from ``api_key_env``. A server
             that needs no key (llama.cpp, Ollama) gets no Authorization header.
         api_key_env: the environment variable to read the key from.
@@ -111,7 +115,9 @@ class OpenAICompatBackend(Backend):
             and learn from the server (see the module docstring).
 
     Raises:
-        ConfigError: an unknown ``transport`` or ``dialect``, or an empty model.
+        ConfigError: an unknown ``transport`` or ``dialect``, an empty model, or
+            a ``user:password@`` in ``base_url`` together with ``api_key`` or
+            an ``Authorization`` header (a request carries one of them).
     """
 
     provider = "openai"
