@@ -105,12 +105,10 @@ async def test_credentials_in_base_url_show_in_no_repr_error_or_log(
     ],
 )
 def test_an_invalid_base_url_is_refused_when_the_config_is_built(url: str) -> None:
-    with pytest.raises(ConfigError, match=r"alias 'llm': key 'base_url' must be an http\(s\) URL"):
+    expected = r"alias 'llm': key 'base_url' must be an http\(s\) URL"
+    with pytest.raises(ConfigError, match=expected) as info:
         ResourceConfig({"llm": {"provider": "openai", "model": MODEL, "base_url": url}})
-    try:
-        ResourceConfig({"llm": {"provider": "openai", "model": MODEL, "base_url": url}})
-    except ConfigError as error:
-        assert_no_secret(str(error))
+    assert_no_secret(str(info.value))
 
 
 @pytest.mark.parametrize(
@@ -121,11 +119,8 @@ def test_an_invalid_base_url_is_refused_when_the_config_is_built(url: str) -> No
         f"http://a..b/v1?api-key={SECRET}",
     ],
 )
-@pytest.mark.parametrize("transport", ["aiohttp"])
-async def test_a_backend_built_with_an_invalid_url_fails_without_retry_or_secret(
-    url: str, transport: str
-) -> None:
-    backend = OpenAICompatBackend(MODEL, base_url=url, transport=transport)
+async def test_a_backend_built_with_an_invalid_url_fails_without_retry_or_secret(url: str) -> None:
+    backend = OpenAICompatBackend(MODEL, base_url=url)  # the aiohttp transport
     try:
         with pytest.raises(BackendError, match="invalid request URL") as info:
             await backend.complete(ask())
