@@ -531,6 +531,26 @@ async def test_refused_connection_becomes_connection_error(stub):
     await backend.aclose()
 
 
+@pytest.mark.parametrize("refused", [False, True], ids=["400", "refused"])
+async def test_credentials_in_base_url_show_in_no_repr_or_error(stub, refused):
+    secret = "s3cr3t-KEY"
+    url = stub.base_url.replace("http://", f"http://user:{secret}@") + f"?token={secret}"
+    stub.replies.append(Failure(400, "invalid_request_error", "bad request"))
+    if refused:
+        await stub.stop()
+    backend = AnthropicBackend("claude-test", api_key="k", base_url=url)
+    with pytest.raises(BackendError) as info:
+        await backend.complete(ask(Message("user", "hi")))
+    await backend.aclose()
+    assert "http://***:***@127.0.0.1" in str(info.value) and "token=***" in str(info.value)
+    texts = [repr(backend)]
+    error: BaseException | None = info.value
+    while error is not None:
+        texts += [str(error), repr(error)]
+        error = error.__cause__
+    assert all(secret not in text for text in texts), texts
+
+
 async def test_unknown_tool_choice_is_refused_before_sending(backend, stub):
     with pytest.raises(BackendError, match="'get_time' is not among") as info:
         await backend.complete(ask(Message("user", "?"), tools=(WEATHER,), tool_choice="get_time"))

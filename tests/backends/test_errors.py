@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from email.utils import formatdate
 
 import pytest
@@ -25,6 +26,13 @@ NOW = 1_700_000_000.0
         ({"retry-after": formatdate(NOW + 42, usegmt=True)}, 42.0),
         ({"retry-after": formatdate(NOW - 42, usegmt=True)}, 0.0),
         ({"retry-after": "not a date"}, None),
+        ({"retry-after": "inf"}, math.inf),  # longer than any cap, never an overflow
+        ({"retry-after": "1e400"}, math.inf),
+        ({"retry-after-ms": "Infinity"}, math.inf),
+        ({"retry-after": "-inf"}, 0.0),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after-ms": "NaN", "retry-after": "2"}, 2.0),
+        ({"retry-after": "Fri, 31 Dec 99999 23:59:59 GMT"}, None),
     ],
 )
 def test_parse_retry_after(headers, expected):

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from plait.backends._urls import basic_authorization
 from plait.backends.base import Context
 from plait.backends.openai_compat import OpenAICompatBackend
 from plait.backends.types import (
@@ -63,9 +64,8 @@ async def connect(transport: str):
     made: list[OpenAICompatBackend] = []
 
     def make(server: ScriptedServer, model: str = "test-model", **options: Any):
-        backend = OpenAICompatBackend(
-            model, base_url=server.base_url, transport=transport, **options
-        )
+        options.setdefault("base_url", server.base_url)
+        backend = OpenAICompatBackend(model, transport=transport, **options)
         made.append(backend)
         return backend
 
@@ -448,6 +448,27 @@ async def test_key_is_read_from_the_named_environment_variable(connect, monkeypa
     async with ScriptedServer(api_key="sk-from-env") as server:
         reply = await connect(server, api_key_env="PLAIT_TEST_KEY").complete(ask())
     assert reply.text == "echo: hello world"
+
+
+async def test_credentials_and_query_in_base_url_reach_the_wire(connect, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-shared")  # the URL's own login wins over it
+    async with ScriptedServer() as server:
+        url = server.base_url.replace("http://", "http://me:pa%24s@") + "?api-version=1"
+        backend = connect(server, base_url=url)
+        reply = await backend.complete(ask())
+        chunks = [chunk async for chunk in backend.stream(ask())]
+    assert reply.text == "echo: hello world" and chunks[-1].finish_reason == "stop"
+    for record in server.stats.log:
+        assert record.target == "/v1/chat/completions?api-version=1"
+        assert record.headers["authorization"] == basic_authorization("me", "pa$s")
+    assert "pa%24s" not in repr(backend) and "me:" not in repr(backend)
+
+
+def test_a_login_in_base_url_and_an_api_key_are_refused_together():
+    url = "http://me:s3cr3t-pw@127.0.0.1:1/v1"
+    with pytest.raises(ConfigError, match="holds user:password@ and an api_key") as info:
+        OpenAICompatBackend("m", base_url=url, api_key="sk-other")
+    assert "s3cr3t-pw" not in str(info.value)
 
 
 async def test_a_cloud_endpoint_without_a_key_fails_before_any_request(transport, monkeypatch):

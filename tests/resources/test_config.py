@@ -73,8 +73,8 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
     assert "alias 'a': unknown provider 'opanai'" in message
     assert "known: 'anthropic', 'local', 'openai'; did you mean 'openai'?" in message
     assert "alias 'b': unknown key 'max_concurent'; did you mean 'max_concurrent'?" in message
-    assert "alias 'c': key 'rpm' must be a number > 0, got -5" in message
-    assert "alias 'c': key 'timeout' must be a number > 0, got 'soon' (str)" in message
+    assert "alias 'c': key 'rpm' must be a finite number > 0, got -5" in message
+    assert "alias 'c': key 'timeout' must be a finite number > 0, got 'soon' (str)" in message
     assert "alias 'd': missing key 'model' (required for provider 'anthropic')" in message
 
 
@@ -85,13 +85,14 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
         ({**OPENAI, "max_concurrent": 2.5}, "key 'max_concurrent' must be a positive integer"),
         ({**OPENAI, "max_concurrent": True}, "key 'max_concurrent' must be a positive integer"),
         ({**OPENAI, "max_retries": -1}, "key 'max_retries' must be an integer >= 0"),
-        ({**OPENAI, "budget": -1}, "key 'budget' must be a number >= 0"),
+        ({**OPENAI, "budget": -1}, "key 'budget' must be a finite number >= 0"),
         ({**OPENAI, "price": {"input": 1}}, "key 'price' must be {\"input\""),
-        ({**OPENAI, "price": {"input": -1, "output": 1}}, "with numbers >= 0"),
+        ({**OPENAI, "price": {"input": -1, "output": 1}}, "with finite numbers >= 0"),
         ({**OPENAI, "transport": "grpc"}, "key 'transport' must be 'aiohttp' or 'sdk'"),
         ({**OPENAI, "headers": {"X-A": 1}}, "key 'headers' must be a mapping of header names"),
         ({**OPENAI, "cache": 3}, "key 'cache' must be true, false or a path"),
         ({**OPENAI, "model": ""}, "key 'model' must be a non-empty string"),
+        ({**OPENAI, "api_key": 123456789}, "key 'api_key' must be a non-empty string, got int"),
         ({**OPENAI, "model_path": "m.gguf"}, "key 'model_path' does not apply to provider"),
         ({"provider": "local", "base_url": "http://x"}, "key 'base_url' does not apply"),
         ({"model": "gpt-4o"}, "missing key 'provider'; one of 'anthropic', 'local', 'openai'"),
@@ -102,6 +103,81 @@ def test_each_bad_value_is_named(entry: object, expected: str) -> None:
     with pytest.raises(ConfigError, match="alias 'x'") as info:
         ResourceConfig({"x": entry})
     assert expected in str(info.value)
+    assert "123456789" not in str(info.value)  # a key is never shown, even of the wrong type
+
+
+INF, NAN = float("inf"), float("nan")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("timeout", INF, "alias 'x': key 'timeout' must be a finite number > 0, got inf (float)"),
+        ("rpm", NAN, "key 'rpm' must be a finite number > 0, got nan (float)"),
+        ("tpm", INF, "key 'tpm' must be a finite number > 0, got inf (float)"),
+        ("budget", INF, "key 'budget' must be a finite number >= 0, got inf (float)"),
+        ("retry_base_delay", NAN, "key 'retry_base_delay' must be a finite number >= 0"),
+        ("retry_max_delay", INF, "key 'retry_max_delay' must be a finite number > 0"),
+        ("max_retry_after", INF, "key 'max_retry_after' must be a finite number > 0"),
+        pytest.param("rpm", 10**400, "key 'rpm' must be a finite number > 0", id="beyond-float"),
+        ("price", {"input": INF, "output": 1}, "key 'price' must be {\"input\""),
+        ("price", Price(1.0, NAN), "with finite numbers >= 0"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_refused(key: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigError, match="alias 'x'") as info:
+        ResourceConfig({"x": {**OPENAI, key: value}})
+    assert expected in str(info.value)
+
+
+def test_max_retry_after_defaults_to_a_minute_and_is_validated() -> None:
+    assert ResourceConfig({"x": OPENAI}).resolve("x").max_retry_after == 60.0
+    endpoint = ResourceConfig({"x": {**OPENAI, "max_retry_after": 5}}).resolve("x")
+    assert endpoint.max_retry_after == 5.0
+    with pytest.raises(ConfigError, match="key 'max_retry_after' must be a finite number > 0"):
+        ResourceConfig({"x": {**OPENAI, "max_retry_after": 0}})
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        (
+            {"provider": "local", "backend_options": {"n_thread": 2}},
+            "key 'backend_options' has 'n_thread', which LocalBackend does not take; "
+            "did you mean 'n_threads'? (it takes: 'n_threads', 'seed', 'chat_format', 'verbose')",
+        ),
+        (
+            {"provider": "anthropic", "model": "c", "backend_options": {"max_token_default": 9}},
+            "which AnthropicBackend does not take; did you mean 'max_tokens_default'?",
+        ),
+        (
+            {**OPENAI, "backend_options": {"temperature": 0.1}},
+            "has 'temperature', which OpenAICompatBackend does not take "
+            "(it takes: none besides the endpoint's own keys)",
+        ),
+        (
+            {**OPENAI, "backend_options": {"base_url": "http://127.0.0.1:1/v1"}},
+            "key 'backend_options' sets 'base_url', which is a key of the endpoint itself; "
+            "write 'base_url' next to 'provider' instead",
+        ),
+        (
+            {"provider": "local", "backend_options": {"n_ctx": 512}},
+            "sets 'n_ctx', which is a key of the endpoint itself",
+        ),
+    ],
+)
+def test_backend_options_are_checked_against_the_backend_when_built(
+    entry: dict[str, object], expected: str
+) -> None:
+    with pytest.raises(ConfigError, match="alias 'x'") as info:
+        ResourceConfig({"x": entry})
+    assert expected in str(info.value)
+
+
+def test_backend_options_the_backend_takes_are_kept() -> None:
+    entry = {"provider": "anthropic", "model": "c", "backend_options": {"max_tokens_default": 9}}
+    endpoint = ResourceConfig({"x": entry}).resolve("x")
+    assert dict(endpoint.backend_options) == {"max_tokens_default": 9}
 
 
 def test_budget_needs_a_known_price() -> None:
@@ -177,3 +253,15 @@ def test_file_errors_name_the_file(tmp_path) -> None:
         ResourceConfig.from_file(tmp_path / "missing.json")
     with pytest.raises(ConfigError, match=r"unknown config file type '\.ini'"):
         ResourceConfig.from_file(tmp_path / "r.ini")
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path) -> None:
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"fast": {"provider": "openai",\n "model": "gpt-4o-mini"}}  # caf\xe9'
+                       .encode("latin-1"))  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        ResourceConfig.from_file(latin1)
+    assert str(info.value) == (
+        f"{latin1}: config files must be UTF-8 text, but byte 0xe9 at offset 64 (line 2) is "
+        "not; save the file as UTF-8"
+    )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+import time
 
 from plait.backends.types import Message, Request, SamplingOptions
-from plait.resources import ResourceConfig
-from plait.resources.endpoint import create_backend, estimate_tokens
+from plait.resources import ResourceConfig, RetryPolicy
+from plait.resources.endpoint import Endpoint, create_backend, estimate_tokens
 
 
 def test_estimate_counts_prompt_characters_and_the_reply_budget() -> None:
@@ -35,6 +37,26 @@ def test_each_provider_gets_its_backend_with_the_endpoint_settings() -> None:
     assert openai.base_url == "http://127.0.0.1:9/v1"
     assert create_backend(config.resolve("a")).provider == "anthropic"
     assert create_backend(config.resolve("l")).provider == "local"
+
+
+def test_backend_options_reach_the_backend_constructor() -> None:
+    entry = {"provider": "anthropic", "model": "c", "api_key": "k"}
+    entry["backend_options"] = {"max_tokens_default": 9}
+    backend = create_backend(ResourceConfig({"a": entry}).resolve("a"))
+    assert backend.max_tokens_default == 9  # type: ignore[attr-defined]
+
+
+def test_retry_settings_reach_the_endpoint_policy() -> None:
+    def policy_of(**options: object) -> RetryPolicy:
+        config = ResourceConfig({"o": {"provider": "openai", "model": "m", **options}})
+        return Endpoint(
+            config.resolve("o"), clock=time.monotonic, sleep=asyncio.sleep, seed=1
+        ).retry
+
+    policy = policy_of(max_retries=2, retry_base_delay=0.1, retry_max_delay=2, max_retry_after=12)
+    assert (policy.max_retries, policy.base_delay, policy.max_delay) == (2, 0.1, 2.0)
+    assert policy.max_retry_after == 12.0
+    assert policy_of().max_retry_after == 60.0 == RetryPolicy().max_retry_after
 
 
 def test_building_a_manager_imports_no_provider_module() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from plait.testing import Fault, ScriptedServer, fetch_stats, start_server_process
+from plait.testing import Fault, RawReply, ScriptedServer, fetch_stats, start_server_process
 
 CHAT = "/chat/completions"
 
@@ -104,6 +104,24 @@ async def test_responder_that_raises_gives_500_naming_the_exception():
     assert status == 500
     assert "KeyError" in reply["error"]["message"]
     assert "missing-thing" in reply["error"]["message"]
+
+
+async def test_raw_reply_goes_on_the_wire_byte_for_byte():
+    answer = RawReply(b'{"choices": "\xff"}', status=202, headers={"X-Odd": "1"})
+    async with (
+        ScriptedServer(responder=lambda body: answer) as server,
+        aiohttp.ClientSession() as session,
+        session.post(server.base_url + CHAT + "?api-version=1", json=chat_body()) as response,
+    ):
+        assert (response.status, response.headers["X-Odd"]) == (202, "1")
+        assert await response.read() == b'{"choices": "\xff"}'
+    assert server.stats.log[0].target == "/v1/chat/completions?api-version=1"
+
+
+async def test_raw_reply_streams_its_events_as_given_then_done():
+    answer = RawReply(stream_events=[b"[1, 2]", b"not json"])
+    async with ScriptedServer(responder=lambda body: answer) as server:
+        assert await post_stream(server, chat_body()) == ["[1, 2]", "not json", "[DONE]"]
 
 
 async def test_max_tokens_cuts_the_reply_with_finish_reason_length():

@@ -9,6 +9,7 @@ it never looks at provider exception types.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from email.utils import parsedate_to_datetime
@@ -16,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from plait.backends._urls import scrub_text
 from plait.errors import BackendError, RateLimitError
 
 __all__ = ["decode_error_body", "error_from_status", "is_retryable_status", "parse_retry_after"]
@@ -45,37 +47,48 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
     Understands ``retry-after-ms`` (OpenAI's millisecond header, preferred
     because it is more precise), and ``Retry-After`` as delta-seconds or as
-    an HTTP date (RFC 9110 §10.2.3). A date in the past means "now" (0.0).
-    Unparseable values are ignored rather than raised: a bad header must not
-    turn a retryable 429 into a crash.
+    an HTTP date (RFC 9110 §10.2.3). A date in the past, or a negative
+    number, means "now" (0.0). An infinite or overflowing number (``inf``,
+    ``1e400``) is returned as ``math.inf``, so the caller sees a wait longer
+    than any cap it applies instead of a crash or a wrapped-around value.
+    Unparseable values and NaN are ignored rather than raised: a bad header
+    must not turn a retryable 429 into a crash.
 
     Args:
         headers: response headers; lookup must be case-insensitive (aiohttp's
             and httpx's header mappings are).
         now: the current UNIX time, for tests; defaults to ``time.time()``.
     """
-    millis = headers.get("retry-after-ms")
+    millis = _number(headers.get("retry-after-ms"))
     if millis is not None:
-        try:
-            return max(float(millis) / 1000.0, 0.0)
-        except ValueError:
-            pass
+        return millis / 1000.0
     value = headers.get("retry-after")
     if value is None:
         return None
-    value = value.strip()
+    seconds = _number(value)
+    if seconds is not None:
+        return seconds
     try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = parsedate_to_datetime(value)
+        when = parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError):
         return None
     if when is None:
         return None
     current = time.time() if now is None else now
     return max(when.timestamp() - current, 0.0)
+
+
+def _number(text: str | None) -> float | None:
+    """Returns a header's number of seconds clamped to [0, inf], or None if it is not one."""
+    if text is None:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    if math.isnan(number):
+        return None
+    return max(number, 0.0)
 
 
 def decode_error_body(raw: bytes | str | None) -> tuple[Any, str]:
@@ -117,6 +130,7 @@ def error_from_status(
     *,
     where: str,
     reason: str | None = None,
+    url: str | None = None,
 ) -> BackendError:
     """Builds the `BackendError` for a non-2xx HTTP answer (the caller raises it).
 
@@ -127,8 +141,11 @@ def error_from_status(
         where: names the endpoint and model, e.g. ``"openai-compatible
             endpoint http://127.0.0.1:8000/v1 (model 'gpt-4o-mini')"``.
         reason: the HTTP reason phrase, if the transport has it.
+        url: the URL the request went to; a server that echoes it (or the
+            key inside it) in its message has the credentials masked.
     """
     body, message = decode_error_body(raw_body)
+    message = scrub_text(message, url)
     phrase = f" {reason}" if reason else ""
     text = f"{where} answered HTTP {status}{phrase}"
     if message:

@@ -1,16 +1,17 @@
 """The two ways `OpenAICompatBackend` reaches a server: raw aiohttp, or the official SDK.
 
-Both take a chat-completions body (a dict), send it, and hand back decoded
-JSON: one dict for a completion, an async iterator of dicts for a stream.
+Both take a chat-completions body (a dict), send it, and hand back the
+decoded JSON of the reply's own bytes: one value for a completion, an async
+iterator of values for a stream (whether they have the right shape is for
+`_openai_wire` to check).
 Both map every failure onto plait's errors the same way (`_errors.py`), and
 neither retries (the resource layer owns retries; SPEC §4.4).
 
 aiohttp is the default because it is cheap: one ``ClientSession`` and one
 ``TCPConnector`` per endpoint, orjson for both directions, no cookie jar, a
 pre-parsed URL and cached timeout objects, so a call costs about what aiohttp
-itself costs. The SDK validates every reply into pydantic models and costs
-several times more CPU per call (SPEC §4.4); it is here for users who need
-its authentication or proxy features.
+itself costs. The SDK costs several times more CPU per call (SPEC §4.4); it
+is here for users who need its authentication or proxy features.
 
 Neither aiohttp nor openai is imported until a transport is first used, so
 ``import plait`` stays fast.
@@ -22,11 +23,14 @@ import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
+from urllib.parse import parse_qsl
 
 import orjson
 
 from plait.backends._errors import error_from_status
+from plait.backends._openai_wire import decode_event, preview
 from plait.backends._sse import DONE, iter_sse_data
+from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
 
 if TYPE_CHECKING:
@@ -36,8 +40,8 @@ __all__ = ["AiohttpTransport", "SdkTransport", "Transport"]
 
 
 def describe_endpoint(base_url: str, model: str) -> str:
-    """Returns how errors name an endpoint: URL and model, never the key."""
-    return f"OpenAI-compatible endpoint {base_url} (model {model!r})"
+    """Returns how errors name an endpoint: URL (credentials masked) and model, never the key."""
+    return f"OpenAI-compatible endpoint {redact_url(base_url)} (model {model!r})"
 
 
 def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> BackendTimeout:
@@ -47,11 +51,48 @@ def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> Bac
     )
 
 
-def _connection_error(where: str, exc: BaseException) -> BackendConnectionError:
-    detail = str(exc) or "no detail"
-    return BackendConnectionError(
-        f"{where}: connection failed or dropped ({type(exc).__name__}: {detail})"
+def _connection_error(where: str, exc: BaseException, url: str) -> BackendConnectionError:
+    return BackendConnectionError(f"{where}: connection failed or dropped ({_described(exc, url)})")
+
+
+def _invalid_url(where: str, problem: str) -> BackendError:
+    # Not retryable: the same URL fails the same way, and retrying it as a
+    # connection error only hid the typo behind four attempts.
+    return BackendError(
+        f"{where}: invalid request URL ({problem}); expected a base_url like "
+        "'https://host[:port]/v1' (http or https, a host name, no spaces)"
     )
+
+
+def _described(exc: BaseException, url: str) -> str:
+    """Returns a foreign exception's type and text, ``url``'s credentials masked."""
+    return f"{type(exc).__name__}: {scrub_text(str(exc), url) or 'no detail'}"
+
+
+def _decode_body(raw: bytes, status: int, where: str) -> Any:
+    """Returns the decoded JSON of a successful answer's body."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(
+            f"{where} answered HTTP {status} with a body that is not JSON: {preview(raw)}",
+            status=status,
+            body=raw.decode("utf-8", "replace"),
+        ) from exc
+
+
+async def _until_done(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Yields the events before ``[DONE]``, then reads the body to its end.
+
+    Reading on after ``[DONE]`` (the server ends the body at once) lets the
+    connection go back to the pool instead of being closed half-read.
+    """
+    done = False
+    async for data in events:
+        if data == DONE:
+            done = True
+        elif not done:
+            yield data
 
 
 class Transport:
@@ -61,9 +102,7 @@ class Transport:
         """Sends a non-streamed request; returns the decoded JSON reply."""
         raise NotImplementedError
 
-    def stream(
-        self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    def stream(self, body: dict[str, Any], timeout: float | None, where: str) -> AsyncIterator[Any]:
         """Sends a streamed request; yields each decoded chunk until ``[DONE]``."""
         raise NotImplementedError
 
@@ -79,6 +118,9 @@ class AiohttpTransport(Transport):
     call runs in another loop (``run_sync`` creates one per call), a fresh
     session is made for it; the old one cannot be closed from a foreign loop
     and is left to the garbage collector.
+
+    ``base_url`` must hold no user info (the backend turns it into a header
+    first); a query in it (``?api-version=...``) is kept after the path.
     """
 
     def __init__(
@@ -88,7 +130,7 @@ class AiohttpTransport(Transport):
         timeout: float | None,
         max_connections: int | None,
     ) -> None:
-        self._endpoint = f"{base_url}/chat/completions"
+        self._endpoint = join_path(base_url, "/chat/completions")
         self._headers = dict(headers)
         self._timeout = timeout
         self._max_connections = max_connections
@@ -97,15 +139,16 @@ class AiohttpTransport(Transport):
         self._url: Any = None
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._client_error: type[BaseException] = Exception
+        self._invalid_url_errors: tuple[type[BaseException], ...] = ()
 
-    def _open(self) -> aiohttp.ClientSession:
+    def _open(self, where: str) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._session
         if session is not None and self._loop is loop and not session.closed:
             return session
         import aiohttp
-        import yarl
 
+        self._url = self._parse_url(where)
         # limit=0: no connection cap here. The resource layer's max_concurrent
         # is the one concurrency limit; a second, hidden cap of 100 (aiohttp's
         # default) would queue calls that the scheduler believes are running.
@@ -116,10 +159,35 @@ class AiohttpTransport(Transport):
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._loop = loop
-        self._url = yarl.URL(self._endpoint)
         self._client_error = aiohttp.ClientError
+        # A redirect to ftp:// raises NonHttpUrlClientError (aiohttp >= 3.10),
+        # which is not an InvalidURL.
+        non_http = getattr(aiohttp, "NonHttpUrlClientError", aiohttp.InvalidURL)
+        self._invalid_url_errors = (aiohttp.InvalidURL, non_http)
         self._timeouts = {}
         return self._session
+
+    def _parse_url(self, where: str) -> Any:
+        """Returns the parsed endpoint URL; a malformed one fails before any connection."""
+        import yarl
+
+        try:
+            url = yarl.URL(self._endpoint)
+        except ValueError as exc:
+            problem = _described(exc, self._endpoint)
+            raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        if url.scheme not in ("http", "https"):
+            raise _invalid_url(where, f"the scheme is {url.scheme!r}, not http or https")
+        if not url.raw_host:
+            raise _invalid_url(where, "it has no host name")
+        try:
+            # The resolver encodes the host this way, and raises a bare
+            # UnicodeError (a ValueError aiohttp does not wrap) for "a..b".
+            url.raw_host.encode("idna")
+        except UnicodeError as exc:
+            problem = f"host {url.raw_host!r}: {_described(exc, self._endpoint)}"
+            raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        return url
 
     def _timeout_for(self, timeout: float | None) -> aiohttp.ClientTimeout:
         cached = self._timeouts.get(timeout)
@@ -129,8 +197,16 @@ class AiohttpTransport(Transport):
             cached = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
         return cached
 
+    def _failure(self, exc: BaseException, where: str, timeout: float | None) -> BackendError:
+        """Returns the plait error for a timeout or an aiohttp failure (the caller chains it)."""
+        if isinstance(exc, TimeoutError):  # first: aiohttp's timeouts are ClientErrors too
+            return _timeout_error(where, timeout, exc)
+        if isinstance(exc, self._invalid_url_errors):
+            return _invalid_url(where, _described(exc, self._endpoint))
+        return _connection_error(where, exc, self._endpoint)
+
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
-        session = self._open()
+        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
         try:
             async with session.post(
@@ -139,26 +215,21 @@ class AiohttpTransport(Transport):
                 raw = await response.read()
                 if response.status >= 400:
                     raise error_from_status(
-                        response.status, raw, response.headers, where=where, reason=response.reason
+                        response.status,
+                        raw,
+                        response.headers,
+                        where=where,
+                        reason=response.reason,
+                        url=self._endpoint,
                     )
-        except TimeoutError as exc:  # before ClientError: aiohttp's timeouts are both
-            raise _timeout_error(where, limit, exc) from exc
-        except self._client_error as exc:
-            raise _connection_error(where, exc) from exc
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise BackendError(
-                f"{where} answered HTTP {response.status} with a body that is not JSON: "
-                f"{raw[:200]!r}",
-                status=response.status,
-                body=raw.decode("utf-8", "replace"),
-            ) from exc
+        except (TimeoutError, self._client_error) as exc:
+            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
+        return _decode_body(raw, response.status, where)
 
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
-        session = self._open()
+    ) -> AsyncIterator[Any]:
+        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
         try:
             async with session.post(
@@ -167,22 +238,17 @@ class AiohttpTransport(Transport):
                 if response.status >= 400:
                     raw = await response.read()
                     raise error_from_status(
-                        response.status, raw, response.headers, where=where, reason=response.reason
+                        response.status,
+                        raw,
+                        response.headers,
+                        where=where,
+                        reason=response.reason,
+                        url=self._endpoint,
                     )
-                done = False
-                async for data in iter_sse_data(response.content.iter_any()):
-                    # After [DONE] keep reading to the end of the body (the server
-                    # ends it at once), so the connection goes back to the pool.
-                    if done:
-                        continue
-                    if data == DONE:
-                        done = True
-                        continue
-                    yield _decode_chunk(data, where)
-        except TimeoutError as exc:
-            raise _timeout_error(where, limit, exc) from exc
-        except self._client_error as exc:
-            raise _connection_error(where, exc) from exc
+                async for data in _until_done(iter_sse_data(response.content.iter_any())):
+                    yield decode_event(data, where)
+        except (TimeoutError, self._client_error) as exc:
+            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -190,20 +256,14 @@ class AiohttpTransport(Transport):
             await session.close()
 
 
-def _decode_chunk(data: bytes, where: str) -> dict[str, Any]:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise BackendError(
-            f"{where} streamed an event that is not JSON: {data[:200]!r}", body=data.decode()
-        ) from exc
-
-
 class SdkTransport(Transport):
     """Chat completions through the official ``openai`` SDK, with its retries off.
 
-    Replies are turned back into plain dicts (``model_dump``) so the backend
-    parses them exactly as it parses aiohttp's.
+    The SDK sends the request and reports HTTP failures; the reply is read
+    from its raw body (``with_raw_response``) and decoded here, event by event
+    for a stream, so the backend parses the very bytes aiohttp would have
+    handed it, and a malformed reply fails the same way on both transports
+    instead of inside the SDK's models.
     """
 
     def __init__(
@@ -213,12 +273,16 @@ class SdkTransport(Transport):
         headers: Mapping[str, str],
         timeout: float | None,
     ) -> None:
-        self._base_url = base_url
+        # The SDK appends the path to base_url as text, so a query there would end
+        # up inside the path; it sends default_query with every request instead.
+        self._base_url, _, query = base_url.partition("#")[0].partition("?")
+        self._query = dict(parse_qsl(query, keep_blank_values=True))
+        self._url = base_url
         self._api_key = api_key
-        # The SDK sets its own Authorization and Content-Type.
-        self._headers = {
-            k: v for k, v in headers.items() if k.lower() not in ("authorization", "content-type")
-        }
+        # The SDK sets its own Content-Type, and Authorization from api_key; without
+        # a key, an Authorization the backend built (Basic, from user info) is kept.
+        dropped = ("authorization", "content-type") if api_key else ("content-type",)
+        self._headers = {k: v for k, v in headers.items() if k.lower() not in dropped}
         self._timeout = timeout
         self._client: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -239,6 +303,7 @@ class SdkTransport(Transport):
             # A local server needs no key, but the SDK refuses to start without one.
             api_key=self._api_key or "no-key",
             base_url=self._base_url,
+            default_query=self._query or None,
             timeout=self._timeout,
             max_retries=0,  # the resource layer is the only retry owner (SPEC §4.4)
             default_headers=self._headers,
@@ -251,37 +316,40 @@ class SdkTransport(Transport):
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
         try:
-            completion = await client.chat.completions.create(**body, **extra)
+            response = await client.chat.completions.with_raw_response.create(**body, **extra)
+            raw = response.http_response.content
         except Exception as exc:
             self._reraise(exc, where, timeout)
-        return completion.model_dump()
+        return _decode_body(raw, response.status_code, where)
 
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
-    ) -> AsyncIterator[dict[str, Any]]:
+    ) -> AsyncIterator[Any]:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
         try:
-            stream = await client.chat.completions.create(**body, **extra)
+            response = await client.chat.completions.with_raw_response.create(**body, **extra)
         except Exception as exc:
             self._reraise(exc, where, timeout)
+        http = response.http_response
         try:
-            async for chunk in stream:
-                yield chunk.model_dump()
+            async for data in _until_done(iter_sse_data(http.aiter_bytes())):
+                yield decode_event(data, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)
         finally:
-            await stream.close()
+            await http.aclose()
 
     def _reraise(self, exc: Exception, where: str, timeout: float | None) -> NoReturn:
         """Raises the plait error for ``exc`` (chained), or ``exc`` itself if it is foreign."""
         errors = self._errors
         mapped = None
         if errors is not None:
-            mapped = errors.map(exc, where, self._timeout if timeout is None else timeout)
+            limit = self._timeout if timeout is None else timeout
+            mapped = errors.map(exc, where, limit, self._url)
         if mapped is None:
             raise exc
-        raise mapped from exc
+        raise mapped from scrub_cause(exc, self._url)
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
@@ -310,8 +378,13 @@ class _SdkErrors:
             *(lib.TransportError for lib in libraries),
         )
 
-    def map(self, exc: Exception, where: str, timeout: float | None) -> BackendError | None:
-        """Returns the plait error for ``exc``, or None when ``exc`` is not the SDK's."""
+    def map(
+        self, exc: Exception, where: str, timeout: float | None, url: str
+    ) -> BackendError | None:
+        """Returns the plait error for ``exc``, or None when ``exc`` is not the SDK's.
+
+        ``url`` is the base URL: its credentials are kept out of copied texts.
+        """
         openai = self._openai
         if isinstance(exc, openai.APIStatusError):
             response = exc.response
@@ -325,11 +398,14 @@ class _SdkErrors:
                 response.headers,
                 where=where,
                 reason=getattr(response, "reason_phrase", None),
+                url=url,
             )
         if isinstance(exc, self._timeouts):
             return _timeout_error(where, timeout, exc)
         if isinstance(exc, self._connections):
-            return _connection_error(where, exc)
+            return _connection_error(where, exc, url)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            return BackendError(f"{where}: {exc}", retryable=True, body=exc.body)
+            return BackendError(
+                f"{where}: {scrub_text(str(exc), url)}", retryable=True, body=exc.body
+            )
         return None

@@ -44,7 +44,9 @@ __all__ = [
     "StreamAssembler",
     "WireDialect",
     "build_body",
+    "decode_event",
     "parse_completion",
+    "preview",
 ]
 
 
@@ -148,39 +150,102 @@ def _map_response_format(schema: ResponseSchema, dialect: WireDialect) -> dict[s
 def parse_completion(data: Any, where: str) -> Response:
     """Returns the `Response` for a decoded (non-streamed) chat-completions reply.
 
+    ``content`` may be a string, null, or a list of text parts
+    (``[{"type": "text", "text": ...}]``, which some servers send); the parts
+    are joined. Usage counts must be integers >= 0: a reply that reports
+    ``"ten"`` tokens is garbled, and recording 0 instead would let budgets
+    and token limits be overrun without a word.
+
     Raises:
-        BackendError: the reply has no ``choices[0].message`` (some proxies
-            answer 200 with an error object); not retryable, because the
-            same request will get the same answer.
+        BackendError: the reply does not have the shape of a completion (no
+            ``choices[0].message``, as when a proxy answers 200 with an error
+            object; a ``message`` that is a string; ``usage`` that is not an
+            object ...). It names the field and shows the start of the body.
+            Not retryable, because the same request will get the same answer.
     """
     try:
-        choice = data["choices"][0]
-        message = choice["message"]
-    except (KeyError, IndexError, TypeError) as exc:
+        return _read_completion(data)
+    except _Malformed as exc:
         raise BackendError(
-            f"{where} answered 200 without choices[0].message: {_preview(data)}",
+            f"{where} answered HTTP 200 with a malformed reply ({exc}): {preview(data)}",
             status=200,
             body=data,
-        ) from exc
+        ) from None
+
+
+class _Malformed(Exception):
+    """Names the field of a reply that has the wrong shape (the caller adds where)."""
+
+
+_JSON_KINDS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def _expect(value: Any, kind: type, path: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        got = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise _Malformed(f"{path} is {got}, expected {_JSON_KINDS[kind]}")
+    return value
+
+
+def _optional_text(value: Any, path: str) -> str | None:
+    return None if value is None else _expect(value, str, path)
+
+
+def _read_completion(data: Any) -> Response:
+    _expect(data, dict, "the reply")
+    if "choices" not in data:
+        raise _Malformed("it has no choices")
+    choices = _expect(data["choices"], list, "choices")
+    if not choices:
+        raise _Malformed("choices is empty")
+    choice = _expect(choices[0], dict, "choices[0]")
+    if "message" not in choice:
+        raise _Malformed("choices[0] has no message")
+    message = _expect(choice["message"], dict, "choices[0].message")
     return Response(
-        text=message.get("content") or "",
-        tool_calls=_map_tool_calls(message.get("tool_calls")),
+        text=_content_text(message.get("content"), "choices[0].message.content"),
+        tool_calls=_map_tool_calls(message.get("tool_calls"), "choices[0].message.tool_calls"),
         usage=_map_usage(data.get("usage")),
-        finish_reason=choice.get("finish_reason"),
-        model=data.get("model"),
+        finish_reason=_optional_text(choice.get("finish_reason"), "choices[0].finish_reason"),
+        model=_optional_text(data.get("model"), "model"),
     )
 
 
-def _map_tool_calls(raw: Any) -> tuple[ToolCall, ...]:
-    if not raw:
+def _content_text(content: Any, path: str) -> str:
+    """Returns the text of a message's content: a string, null, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = _expect(content, list, path)
+    texts = []
+    for i, part in enumerate(parts):
+        _expect(part, dict, f"{path}[{i}]")
+        if part.get("type") != "text":
+            raise _Malformed(f"{path}[{i}] is a part of type {part.get('type')!r}, expected 'text'")
+        texts.append(_expect(part.get("text"), str, f"{path}[{i}].text"))
+    return "".join(texts)
+
+
+def _map_tool_calls(raw: Any, path: str) -> tuple[ToolCall, ...]:
+    if raw is None:
         return ()
     calls = []
-    for i, call in enumerate(raw):
-        function = call.get("function") or {}
+    for i, call in enumerate(_expect(raw, list, path)):
+        _expect(call, dict, f"{path}[{i}]")
+        function = _expect(call.get("function"), dict, f"{path}[{i}].function")
         calls.append(
             ToolCall(
-                id=call.get("id") or f"call_{i}",
-                name=function.get("name") or "",
+                id=_optional_text(call.get("id"), f"{path}[{i}].id") or f"call_{i}",
+                name=_expect(function.get("name"), str, f"{path}[{i}].function.name"),
                 arguments=_arguments_text(function.get("arguments")),
             )
         )
@@ -197,17 +262,61 @@ def _arguments_text(arguments: Any) -> str:
 
 
 def _map_usage(raw: Any) -> Usage:
-    if not raw:
+    if raw is None:
         return Usage()
+    _expect(raw, dict, "usage")
     return Usage(
-        input_tokens=raw.get("prompt_tokens") or 0,
-        output_tokens=raw.get("completion_tokens") or 0,
+        input_tokens=_token_count(raw.get("prompt_tokens"), "usage.prompt_tokens"),
+        output_tokens=_token_count(raw.get("completion_tokens"), "usage.completion_tokens"),
     )
 
 
-def _preview(data: Any) -> str:
-    text = data if isinstance(data, str) else orjson.dumps(data).decode()
-    return text if len(text) <= 300 else text[:300] + "…"
+def _token_count(value: Any, path: str) -> int:
+    if value is None:
+        return 0
+    count: int = _expect(value, int, path)
+    if count < 0:
+        raise _Malformed(f"{path} is {count}, expected an integer >= 0")
+    return count
+
+
+def preview(data: Any) -> str:
+    """Returns the start of a reply (decoded JSON, text or bytes) for an error: <= 300 chars."""
+    if isinstance(data, bytes):
+        text = data.decode("utf-8", "replace")
+    elif isinstance(data, str):
+        text = data
+    else:
+        try:
+            text = orjson.dumps(data).decode()
+        except TypeError:  # orjson refuses integers beyond 64 bits
+            text = repr(data)
+    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "…"
+
+
+_PREVIEW_CHARS = 300
+
+
+def decode_event(data: bytes, where: str) -> Any:
+    """Returns the decoded JSON of one streamed event's data.
+
+    Raises:
+        BackendError: the event is not UTF-8 JSON. Retryable: unlike a reply
+            of the wrong shape, which the server means and would send again,
+            garbled bytes in a 200 stream come from a cut or corrupted
+            transfer (a proxy buffer, a dropped packet), and a fresh request
+            usually streams cleanly; max_retries bounds a server that always
+            garbles. (After the first chunk the resource layer never retries.)
+    """
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BackendError(
+            f"{where} streamed an event that is not UTF-8 JSON: {preview(data)}",
+            status=200,
+            retryable=True,
+            body=data.decode("utf-8", "replace"),
+        ) from exc
 
 
 class StreamAssembler:
@@ -228,50 +337,70 @@ class StreamAssembler:
         self.usage: Usage | None = None
         self.model: str | None = None
 
-    def feed(self, chunk: dict[str, Any], where: str) -> str:
+    def feed(self, chunk: Any, where: str) -> str:
         """Takes one decoded chunk; returns its new text ("" if none).
 
         Raises:
-            BackendError: the server sent an error event inside the stream.
+            BackendError: the server sent an error event inside the stream
+                (retryable), or an event of the wrong shape, such as a JSON
+                list or a ``delta`` that is a string (not retryable, as in
+                `parse_completion`); the message shows the start of the event.
         """
-        error = chunk.get("error")
-        if error:
+        if isinstance(chunk, dict) and chunk.get("error"):
+            error = chunk["error"]
             message = error.get("message") if isinstance(error, dict) else error
             raise BackendError(
                 f"{where} sent an error inside the stream: {message}", retryable=True, body=chunk
             )
-        if chunk.get("usage"):
-            self.usage = _map_usage(chunk["usage"])
+        try:
+            return self._read(chunk)
+        except _Malformed as exc:
+            raise BackendError(
+                f"{where} streamed a malformed event ({exc}): {preview(chunk)}",
+                status=200,
+                body=chunk,
+            ) from None
+
+    def _read(self, chunk: Any) -> str:
+        _expect(chunk, dict, "the event")
+        usage = chunk.get("usage")
+        if usage:  # vLLM sends "usage": null on every chunk but the last
+            self.usage = _map_usage(usage)
         if self.model is None:
-            self.model = chunk.get("model")
+            self.model = _optional_text(chunk.get("model"), "model")
         choices = chunk.get("choices")
         if not choices:
             return ""
-        choice = choices[0]
-        if choice.get("finish_reason"):
-            self.finish_reason = choice["finish_reason"]
+        choice = _expect(_expect(choices, list, "choices")[0], dict, "choices[0]")
+        finish = choice.get("finish_reason")
+        if finish:
+            self.finish_reason = _expect(finish, str, "choices[0].finish_reason")
         delta = choice.get("delta")
         if not delta:
             return ""
+        _expect(delta, dict, "choices[0].delta")
         fragments = delta.get("tool_calls")
         if fragments:
-            for fragment in fragments:
-                self._add_fragment(fragment)
-        return delta.get("content") or ""
+            path = "choices[0].delta.tool_calls"
+            for i, fragment in enumerate(_expect(fragments, list, path)):
+                self._add_fragment(_expect(fragment, dict, f"{path}[{i}]"), f"{path}[{i}]")
+        return _content_text(delta.get("content"), "choices[0].delta.content")
 
-    def _add_fragment(self, fragment: dict[str, Any]) -> None:
+    def _add_fragment(self, fragment: dict[str, Any], path: str) -> None:
         index = fragment.get("index")
         if index is None:  # not in the protocol, but seen: a new id starts a new call
             index = len(self._calls) if fragment.get("id") or not self._calls else max(self._calls)
+        _expect(index, int, f"{path}.index")
         slot = self._calls.get(index)
         if slot is None:
             slot = self._calls[index] = [None, "", []]
         if fragment.get("id"):
-            slot[0] = fragment["id"]
+            slot[0] = _expect(fragment["id"], str, f"{path}.id")
         function = fragment.get("function")
         if function:
+            _expect(function, dict, f"{path}.function")
             if function.get("name"):
-                slot[1] = function["name"]
+                slot[1] = _expect(function["name"], str, f"{path}.function.name")
             arguments = function.get("arguments")
             if arguments:
                 slot[2].append(_arguments_text(arguments))

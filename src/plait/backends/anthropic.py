@@ -24,6 +24,7 @@ from plait.backends._anthropic_wire import (
     read_message,
 )
 from plait.backends._errors import error_from_status
+from plait.backends._urls import redact_url, scrub_cause, scrub_text
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import (
@@ -105,7 +106,8 @@ class AnthropicBackend(Backend):
         self._client_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"AnthropicBackend(model={self.model!r}, base_url={self.base_url!r})"
+        shown = None if self.base_url is None else redact_url(self.base_url)
+        return f"AnthropicBackend(model={self.model!r}, base_url={shown!r})"
 
     async def complete(self, request: Request) -> Response:
         """Sends one Messages API call and returns the whole reply.
@@ -122,7 +124,7 @@ class AnthropicBackend(Backend):
         try:
             message = await client.messages.create(**body, timeout=self._timeout(request))
         except sdk.AnthropicError as exc:
-            raise self._map_error(exc, body["model"], request) from exc
+            raise self._map_error(exc, body["model"], request) from scrub_cause(exc, self.base_url)
         return read_message(message, plan)
 
     async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
@@ -143,7 +145,7 @@ class AnthropicBackend(Backend):
             finally:
                 await events.close()
         except sdk.AnthropicError as exc:
-            raise self._map_error(exc, body["model"], request) from exc
+            raise self._map_error(exc, body["model"], request) from scrub_cause(exc, self.base_url)
         yield assembler.finish()
 
     async def aclose(self) -> None:
@@ -179,22 +181,29 @@ class AnthropicBackend(Backend):
         return self._client
 
     def _map_error(self, exc: Exception, model: str, request: Request) -> BackendError:
-        """Wraps an SDK exception in plait's error family (the caller chains it)."""
+        """Wraps an SDK exception in plait's error family (the caller chains it).
+
+        The URL in the message has its credentials masked, and so has the SDK's
+        own text wherever it is copied in.
+        """
         sdk = _sdk()
-        where = f"Anthropic endpoint {self.base_url or 'api.anthropic.com'} (model {model!r})"
+        url = self.base_url
+        shown = "api.anthropic.com" if url is None else redact_url(url)
+        where = f"Anthropic endpoint {shown} (model {model!r})"
+        detail = scrub_text(str(exc), url)
         if isinstance(exc, sdk.APITimeoutError):
             return BackendTimeout(f"{where} did not answer within {self._timeout(request)} s")
         if isinstance(exc, sdk.APIConnectionError):
-            return BackendConnectionError(f"{where}: connection failed ({exc})")
+            return BackendConnectionError(f"{where}: connection failed ({detail})")
         if not isinstance(exc, sdk.APIStatusError):
-            return BackendError(f"{where}: {type(exc).__name__}: {exc}")
+            return BackendError(f"{where}: {type(exc).__name__}: {detail}")
         status = exc.status_code
         if status < 400:  # an ``error`` event inside a streamed 200 answer
             status = _STATUS_OF_ERROR_TYPE.get(str(getattr(exc, "type", None)), 500)
         headers = exc.response.headers
         body = exc.body
         raw = body if body is None or isinstance(body, str | bytes) else orjson.dumps(body)
-        error = error_from_status(status, raw, headers, where=where)
+        error = error_from_status(status, raw, headers, where=where, url=url)
         # Anthropic tells clients whether a retry can help; its own SDK obeys this header.
         advice = headers.get("x-should-retry")
         if advice in ("true", "false") and not isinstance(error, RateLimitError):

@@ -51,6 +51,7 @@ from plait.backends._openai_wire import (
     build_body,
     parse_completion,
 )
+from plait.backends._urls import basic_authorization, redact_url, split_credentials
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import BackendConnectionError, BackendError, ConfigError
@@ -70,7 +71,10 @@ _REJECTION_STATUSES = frozenset({400, 422, 500})
 
 
 def _is_openai_host(base_url: str) -> bool:
-    host = (urlsplit(base_url).hostname or "").lower()
+    try:
+        host = (urlsplit(base_url).hostname or "").lower()
+    except ValueError:  # unparseable: the first call says so (AiohttpTransport._parse_url)
+        return False
     return host == "api.openai.com" or host.endswith((".openai.azure.com", ".azure.com"))
 
 
@@ -91,7 +95,11 @@ class OpenAICompatBackend(Backend):
     Args:
         model: the model name sent with every request (a `Request.model`
             overrides it per call).
-        base_url: the API root, up to and including ``/v1``.
+        base_url: the API root, up to and including ``/v1``. A query in it
+            (``?api-version=...``) is kept after the path; ``user:password@``
+            in it is sent as HTTP Basic authentication and then wins over the
+            key of ``api_key_env``. Reprs and errors show it with credentials
+            masked.
         api_key: the key; when None it is read from ``api_key_env``. A server
             that needs no key (llama.cpp, Ollama) gets no Authorization header.
         api_key_env: the environment variable to read the key from.
@@ -107,7 +115,9 @@ class OpenAICompatBackend(Backend):
             and learn from the server (see the module docstring).
 
     Raises:
-        ConfigError: an unknown ``transport`` or ``dialect``, or an empty model.
+        ConfigError: an unknown ``transport`` or ``dialect``, an empty model, or
+            a ``user:password@`` in ``base_url`` together with ``api_key`` or
+            an ``Authorization`` header (a request carries one of them).
     """
 
     provider = "openai"
@@ -139,12 +149,26 @@ class OpenAICompatBackend(Backend):
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.transport_name: TransportName = transport
-        key = api_key if api_key is not None else (os.environ.get(api_key_env or "") or None)
+        url, url_login = split_credentials(self.base_url)
+        credential_headers = {name.lower() for name in headers or {}} & {"authorization", "api-key"}
+        if url_login is not None and (api_key is not None or "authorization" in credential_headers):
+            raise ConfigError(
+                f"OpenAICompatBackend({redact_url(self.base_url)!r}): base_url holds "
+                "user:password@ and an api_key or Authorization header is given too; a request "
+                "carries one Authorization, so remove one of them"
+            )
+        # Credentials written into this endpoint's URL win over the key of a
+        # variable that every endpoint shares (api_key_env).
+        key = api_key
+        if key is None and url_login is None:
+            key = os.environ.get(api_key_env or "") or None
         # A cloud endpoint with no credential at all fails at the first call with
         # the fix, instead of a bare 401; a key in headers (Azure's api-key) counts.
-        credential_headers = {name.lower() for name in headers or {}} & {"authorization", "api-key"}
         self._missing_key = (
-            key is None and not credential_headers and _is_openai_host(self.base_url)
+            key is None
+            and url_login is None
+            and not credential_headers
+            and _is_openai_host(self.base_url)
         )
         self._api_key_env = api_key_env
         if dialect is not None:
@@ -156,14 +180,14 @@ class OpenAICompatBackend(Backend):
         wire_headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if key:
             wire_headers["Authorization"] = f"Bearer {key}"
+        elif url_login is not None:
+            wire_headers["Authorization"] = basic_authorization(*url_login)
         wire_headers.update(headers or {})
         self._transport: Transport
         if transport == "aiohttp":
-            self._transport = AiohttpTransport(
-                self.base_url, wire_headers, timeout, max_connections
-            )
+            self._transport = AiohttpTransport(url, wire_headers, timeout, max_connections)
         else:
-            self._transport = SdkTransport(self.base_url, key, wire_headers, timeout)
+            self._transport = SdkTransport(url, key, wire_headers, timeout)
 
     @property
     def dialect(self) -> str:
@@ -172,7 +196,7 @@ class OpenAICompatBackend(Backend):
 
     def __repr__(self) -> str:
         return (
-            f"OpenAICompatBackend(model={self.model!r}, base_url={self.base_url!r}, "
+            f"OpenAICompatBackend(model={self.model!r}, base_url={redact_url(self.base_url)!r}, "
             f"transport={self.transport_name!r}, dialect={self.dialect!r})"
         )
 
@@ -285,7 +309,7 @@ class OpenAICompatBackend(Backend):
         logger.info(
             "%s rejected response_format type json_schema; using llama_cpp's "
             "json_object+schema for this endpoint from now on",
-            self.base_url,
+            redact_url(self.base_url),
         )
         self._wire, self._dialect_settled = LLAMA_CPP, True
         return LLAMA_CPP

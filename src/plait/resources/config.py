@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from plait.backends._urls import redact_url, scrub_text
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources.usage import Price, price_for
 
@@ -46,7 +48,8 @@ class EndpointConfig:
     """The validated settings of one endpoint; built by `ResourceConfig`, never by hand.
 
     Unset limits are None and mean "no limit". Secrets (``api_key``,
-    ``headers``) are left out of the repr.
+    ``headers``, ``backend_options``) are left out of the repr, and
+    ``base_url`` is shown with any credentials inside it masked.
     """
 
     name: str
@@ -69,6 +72,11 @@ class EndpointConfig:
     """First backoff delay in seconds; it doubles on each retry."""
     retry_max_delay: float = 30.0
     """Upper bound of one backoff delay, in seconds."""
+    max_retry_after: float = 60.0
+    """The longest wait, in seconds, a provider's ``Retry-After`` may ask for: a
+    longer one means a quota that will not come back within the run, so the
+    call fails at once instead of sleeping (and an ``inf`` or absurd header
+    cannot stall the program)."""
     adaptive: bool = True
     """Lower the endpoint's rate on repeated 429s and recover it on success."""
     price: Price | None = None
@@ -79,6 +87,8 @@ class EndpointConfig:
     """Response cache: False, True (default file), a path to the SQLite file, or
     ``{"path": ..., "memory_entries": ...}``; see `plait.resources.cache`."""
     base_url: str | None = None
+    """API root of a remote provider, e.g. ``https://api.openai.com/v1``; may hold a
+    credential (``user:key@`` or ``?api-key=``), which reprs and errors mask."""
     api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None
     """Environment variable the key is read from when ``api_key`` is not given."""
@@ -95,7 +105,8 @@ class EndpointConfig:
     n_ctx: int | None = None
     """Context window for the ``local`` provider."""
     backend_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, repr=False)
-    """Extra keyword arguments passed to the backend's constructor as they are."""
+    """Extra keyword arguments passed to the backend's constructor as they are
+    (e.g. ``n_threads`` for ``local``); only parameters the endpoint has no key for."""
 
     @property
     def effective_price(self) -> Price | None:
@@ -110,8 +121,19 @@ class EndpointConfig:
                 continue
             value = getattr(self, f.name)
             if value != f.default:
-                parts.append(f"{f.name}={value!r}")
+                parts.append(f"{f.name}={_shown(f.name, value)!r}")
         return " ".join(parts)
+
+    def __repr__(self) -> str:
+        shown = (
+            f"{f.name}={_shown(f.name, getattr(self, f.name))!r}" for f in fields(self) if f.repr
+        )
+        return f"EndpointConfig({', '.join(shown)})"
+
+
+def _shown(name: str, value: Any) -> Any:
+    """Returns a setting as reprs and messages may show it: a URL without its credentials."""
+    return redact_url(value) if name == "base_url" and isinstance(value, str) else value
 
 
 _NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "backend_options"})
@@ -123,8 +145,20 @@ _NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "
 Checker = Callable[[Any], tuple[str | None, Any]]
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _finite(value: Any) -> float | None:
+    """Returns ``value`` as a float if it is a finite real number (not a bool), else None.
+
+    inf and nan are refused everywhere: ``timeout: inf`` would wait forever
+    (write null for that), an infinite rpm or price makes every later sum inf
+    or nan, and an int too large for a float is no more usable.
+    """
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _got(value: Any) -> str:
@@ -144,21 +178,30 @@ def _non_negative_int(value: Any) -> tuple[str | None, Any]:
 
 
 def _positive_number(value: Any) -> tuple[str | None, Any]:
-    if _is_number(value) and value > 0:
-        return None, float(value)
-    return f"must be a number > 0, {_got(value)}", None
+    number = _finite(value)
+    if number is not None and number > 0:
+        return None, number
+    return f"must be a finite number > 0, {_got(value)}", None
 
 
 def _non_negative_number(value: Any) -> tuple[str | None, Any]:
-    if _is_number(value) and value >= 0:
-        return None, float(value)
-    return f"must be a number >= 0, {_got(value)}", None
+    number = _finite(value)
+    if number is not None and number >= 0:
+        return None, number
+    return f"must be a finite number >= 0, {_got(value)}", None
 
 
 def _text(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, str) and value:
         return None, value
     return f"must be a non-empty string, {_got(value)}", None
+
+
+def _secret(value: Any) -> tuple[str | None, Any]:
+    if isinstance(value, str) and value:
+        return None, value
+    # The type only: a key of the wrong type is still a key.
+    return f"must be a non-empty string, got {type(value).__name__}", None
 
 
 def _path(value: Any) -> tuple[str | None, Any]:
@@ -223,6 +266,40 @@ def _headers(value: Any) -> tuple[str | None, Any]:
     return "must be a mapping of header names to string values", None
 
 
+def _base_url(value: Any) -> tuple[str | None, Any]:
+    expected = "must be an http(s) URL like 'https://api.openai.com/v1'"
+    if not isinstance(value, str) or not value:
+        return f"{expected}, {_got(value)}", None
+    problem = _url_problem(value)
+    if problem is not None:
+        return f"{expected}, got {redact_url(value)!r}: {problem}", None
+    return None, value
+
+
+def _url_problem(url: str) -> str | None:
+    """Returns what keeps ``url`` from being an http(s) API root, or None if nothing does."""
+    from urllib.parse import urlsplit  # only loaded for configs that set a base_url
+
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "it contains a space or control character (a stray newline from a file?)"
+    if "://" not in url:
+        return "it has no scheme; start it with 'https://' (or 'http://' for a local server)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        return f"it does not parse ({scrub_text(str(exc), url)})"
+    if parts.scheme.lower() not in ("http", "https"):
+        return f"the scheme is {parts.scheme!r}; plait speaks http and https only"
+    if not parts.hostname:
+        return "it has no host name"
+    try:
+        parts.hostname.encode("idna")  # what the resolver does with it
+    except UnicodeError:
+        return f"the host name {parts.hostname!r} has an empty or over-long label"
+    return None
+
+
 def _options(value: Any) -> tuple[str | None, Any]:
     if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
         return None, MappingProxyType(dict(value))
@@ -232,12 +309,13 @@ def _options(value: Any) -> tuple[str | None, Any]:
 def _price(value: Any) -> tuple[str | None, Any]:
     expected = 'must be {"input": <$ per Mtok>, "output": <$ per Mtok>}'
     if isinstance(value, Price):
-        return None, value
+        value = {"input": value.input, "output": value.output}
     if not isinstance(value, Mapping) or set(value) != {"input", "output"}:
         return f"{expected}, {_got(value)}", None
-    if not all(_is_number(v) and v >= 0 for v in value.values()):
-        return f"{expected} with numbers >= 0, {_got(value)}", None
-    return None, Price(float(value["input"]), float(value["output"]))
+    numbers = {key: _finite(number) for key, number in value.items()}
+    if not all(number is not None and number >= 0 for number in numbers.values()):
+        return f"{expected} with finite numbers >= 0, {_got(value)}", None
+    return None, Price(numbers["input"], numbers["output"])
 
 
 _COMMON: dict[str, Checker] = {
@@ -249,13 +327,14 @@ _COMMON: dict[str, Checker] = {
     "max_retries": _non_negative_int,
     "retry_base_delay": _non_negative_number,
     "retry_max_delay": _positive_number,
+    "max_retry_after": _positive_number,
     "adaptive": _flag,
     "price": _price,
     "budget": _non_negative_number,
     "cache": _cache,
     "backend_options": _options,
 }
-_REMOTE: dict[str, Checker] = {"base_url": _text, "api_key": _text, "api_key_env": _text}
+_REMOTE: dict[str, Checker] = {"base_url": _base_url, "api_key": _secret, "api_key_env": _text}
 _BY_PROVIDER: dict[str, dict[str, Checker]] = {
     "openai": {
         **_COMMON,
@@ -331,6 +410,9 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
             f"{where}: missing key 'model' (required for provider {provider!r}), "
             f'e.g. "model": "{_EXAMPLE_MODELS[provider]}"'
         )
+    if values.get("backend_options"):
+        for problem in _backend_option_problems(provider, values["backend_options"]):
+            problems.append(f"{where}: key 'backend_options' {problem}")
     if len(problems) > before:
         return None
     endpoint = EndpointConfig(name=alias, provider=provider, **values)
@@ -344,6 +426,42 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
 
 
 _EXAMPLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
+
+
+def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[str]:
+    """Returns a line per backend option the provider's backend would refuse.
+
+    Checked now rather than at the first call, which may come an hour into a
+    run. The backend's module is imported here, and only for a configuration
+    that sets ``backend_options``, so ``import plait`` stays light.
+    """
+    import inspect
+
+    from plait.resources.endpoint import backend_class
+
+    cls = backend_class(provider)
+    own = _BY_PROVIDER[provider]
+    parameters = inspect.signature(cls).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    accepted = [
+        name
+        for name, p in parameters.items()
+        if name not in own and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
+    problems = []
+    for name in options:
+        if name in own or name == "provider":
+            problems.append(
+                f"sets {name!r}, which is a key of the endpoint itself; "
+                f"write {name!r} next to 'provider' instead"
+            )
+        elif name not in accepted and not takes_any:
+            known = _quote_list(accepted) if accepted else "none besides the endpoint's own keys"
+            problems.append(
+                f"has {name!r}, which {cls.__name__} does not take{_suggest(name, accepted)} "
+                f"(it takes: {known})"
+            )
+    return problems
 
 
 def _unknown_key_text(key: Any, provider: str) -> str:
@@ -374,7 +492,8 @@ class ResourceConfig:
 
     Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
     ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
-    ``adaptive``, ``price``, ``budget``, ``cache``, ``backend_options``; for
+    ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
+    ``backend_options`` (checked against the backend's constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
     ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
@@ -417,9 +536,9 @@ class ResourceConfig:
         table per alias; quote the wildcard as ``["*"]``).
 
         Raises:
-            ConfigError: when the file is missing, cannot be parsed, has an
-                unknown extension, or its content is invalid; the message
-                names the file.
+            ConfigError: when the file is missing, is not UTF-8, cannot be
+                parsed, has an unknown extension, or its content is invalid;
+                the message names the file (and the offending byte).
         """
         file = Path(path)
         suffix = file.suffix.lower()
@@ -429,9 +548,13 @@ class ResourceConfig:
                 f"use one of {_quote_list(sorted(_READERS))}"
             )
         try:
-            text = file.read_text(encoding="utf-8")
+            raw = file.read_bytes()
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read config file: {exc.strerror or exc}") from exc
+        try:
+            text = raw.decode("utf-8")  # whole: the error's offset is then the file's
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(file, exc) from exc
         data = _READERS[suffix](text, file)
         return cls(data, source=str(file))
 
@@ -480,6 +603,15 @@ def _config_error(problems: list[str], prefix: str) -> ConfigError:
     error = ConfigError(message)
     error.problems = problems  # type: ignore[attr-defined]
     return error
+
+
+def _not_utf8(file: Path, exc: UnicodeDecodeError) -> ConfigError:
+    data = exc.object
+    line = data.count(b"\n", 0, exc.start) + 1
+    return ConfigError(
+        f"{file}: config files must be UTF-8 text, but byte 0x{data[exc.start]:02x} at offset "
+        f"{exc.start} (line {line}) is not; save the file as UTF-8"
+    )
 
 
 def _read_json(text: str, file: Path) -> Any:

@@ -21,7 +21,14 @@ from plait.resources.limits import Limiter
 from plait.resources.retry import RetryPolicy
 from plait.resources.usage import Price, UsageTotals
 
-__all__ = ["Endpoint", "EndpointStats", "ResponseCache", "create_backend", "estimate_tokens"]
+__all__ = [
+    "Endpoint",
+    "EndpointStats",
+    "ResponseCache",
+    "backend_class",
+    "create_backend",
+    "estimate_tokens",
+]
 
 _BACKENDS = {
     "openai": ("plait.backends.openai_compat", "OpenAICompatBackend"),
@@ -50,10 +57,20 @@ class ResponseCache(Protocol):
     async def put(self, key: str, response: Response) -> None: ...
 
 
+def backend_class(provider: str) -> type[Backend]:
+    """Returns the backend class of a provider, importing its module only now."""
+    module_name, class_name = _BACKENDS[provider]
+    cls: type[Backend] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
 def create_backend(config: EndpointConfig) -> Backend:
-    """Builds the backend of an endpoint, importing its provider's module only now."""
-    module_name, class_name = _BACKENDS[config.provider]
-    backend_class = getattr(importlib.import_module(module_name), class_name)
+    """Builds the backend of an endpoint, importing its provider's module only now.
+
+    The endpoint's own keys become constructor arguments, then
+    ``backend_options`` add the rest (`ResourceConfig` has checked that they
+    name parameters of the class and none of those keys).
+    """
     kwargs: dict[str, Any] = {}
     if config.provider == "local":
         kwargs["model_path"] = config.model_path
@@ -74,8 +91,7 @@ def create_backend(config: EndpointConfig) -> Backend:
             if pool is not None:
                 kwargs["max_connections"] = pool
     kwargs.update(config.backend_options)
-    backend: Backend = backend_class(**kwargs)
-    return backend
+    return backend_class(config.provider)(**kwargs)
 
 
 def estimate_tokens(request: Request) -> int:
@@ -175,6 +191,7 @@ class Endpoint:
             max_retries=config.max_retries,
             base_delay=config.retry_base_delay,
             max_delay=config.retry_max_delay,
+            max_retry_after=config.max_retry_after,
             seed=seed,
         )
         self.timeout = config.timeout

@@ -16,10 +16,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from plait.testing._faults import Fault
     from plait.testing._process import fetch_stats, start_server_process
+    from plait.testing._replies import RawReply
     from plait.testing.scripted_server import RequestRecord, ScriptedServer, ServerStats
 
 __all__ = [
     "Fault",
+    "RawReply",
     "RequestRecord",
     "ScriptedServer",
     "ServerStats",
@@ -29,6 +31,7 @@ __all__ = [
 
 _HOMES = {
     "Fault": "plait.testing._faults",
+    "RawReply": "plait.testing._replies",
     "RequestRecord": "plait.testing.scripted_server",
     "ScriptedServer": "plait.testing.scripted_server",
     "ServerStats": "plait.testing.scripted_server",

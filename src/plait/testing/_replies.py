@@ -10,13 +10,14 @@ to predict in a test (``"echo: hello world"`` is 3 completion tokens).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 __all__ = [
+    "RawReply",
     "Reply",
     "Responder",
     "build_reply",
@@ -27,9 +28,12 @@ __all__ = [
     "stream_events",
 ]
 
-Responder = Callable[[dict[str, Any]], "str | dict[str, Any] | Awaitable[str | dict[str, Any]]"]
-"""Turns a request body into a reply: text, or a dict with ``content``,
-``tool_calls`` (``[{"name", "arguments"}]``), ``finish_reason``, ``usage``."""
+Responder = Callable[
+    [dict[str, Any]],
+    "str | dict[str, Any] | RawReply | Awaitable[str | dict[str, Any] | RawReply]",
+]
+"""Turns a request body into a reply: text, a dict with ``content``, ``tool_calls``
+(``[{"name", "arguments"}]``), ``finish_reason``, ``usage``, or a `RawReply`."""
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -40,6 +44,32 @@ _ERROR_TYPES = {
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
+
+
+@dataclass(frozen=True, slots=True)
+class RawReply:
+    """An answer put on the wire exactly as given: for replies no sane server sends.
+
+    Text and dict answers are normalised into a well-formed completion; a
+    responder returns a `RawReply` instead to test how a client copes with a
+    malformed one (a ``message`` that is a string, usage of ``"ten"`` tokens,
+    bytes that are not UTF-8). The server adds nothing but HTTP framing.
+
+    Example::
+
+        ScriptedServer(responder=lambda body: RawReply(b'{"choices": "none"}'))
+        ScriptedServer(responder=lambda body: RawReply(stream_events=[b"[1, 2]"]))
+    """
+
+    body: bytes = b""
+    """The body answering a non-streamed request, or a streamed one when
+    ``stream_events`` is None (then it may be a whole SSE text)."""
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    """Response headers, sent as given (``body`` only)."""
+    stream_events: Sequence[bytes] | None = None
+    """For a streamed request: the data of each SSE event, each sent as one
+    ``data: <bytes>`` event, then ``data: [DONE]``; status 200."""
 
 
 @dataclass(slots=True)

@@ -51,6 +51,8 @@ import orjson
 from plait.testing._faults import Fault
 from plait.testing._process import fetch_stats, start_server_process
 from plait.testing._replies import (
+    RawReply,
+    Reply,
     Responder,
     build_reply,
     completion_payload,
@@ -95,6 +97,8 @@ class RequestRecord:
     """The fault that fired on this request (`Fault.describe`), if one did."""
     headers: dict[str, str] = field(default_factory=dict)
     """The request headers, names lower-cased (``authorization`` included: a test server)."""
+    target: str = ""
+    """The path and query the request was sent to, e.g. ``/v1/chat/completions?api-version=1``."""
 
     def as_dict(self) -> dict[str, Any]:
         """Returns the record as JSON-ready data."""
@@ -106,6 +110,7 @@ class RequestRecord:
             "stream": self.stream,
             "fault": self.fault,
             "headers": self.headers,
+            "target": self.target,
         }
 
 
@@ -162,8 +167,9 @@ class ScriptedServer:
         responder: ``responder(body) -> str | dict`` (may be async); the
             default answers ``"echo: <last user message>"``. A dict may give
             ``content``, ``tool_calls`` (``[{"name", "arguments"}]``, arguments
-            as a dict or JSON text), ``finish_reason`` and ``usage``. If it
-            raises, the client gets a 500 naming the exception.
+            as a dict or JSON text), ``finish_reason`` and ``usage``; a
+            `RawReply` is sent exactly as given. If it raises, the client
+            gets a 500 naming the exception.
         faults: `Fault` rules, asked in order for every request.
         host: interface to listen on; loopback by default.
         port: port to listen on; 0 picks a free one (see `port`).
@@ -327,7 +333,7 @@ class ScriptedServer:
         # Lower-cased plain str: header names are case-insensitive (clients differ
         # in how they spell them), and aiohttp's istr keys are not JSON-encodable.
         headers = {name.lower(): value for name, value in request.headers.items()}
-        record = RequestRecord(arrived=time.monotonic(), headers=headers)
+        record = RequestRecord(arrived=time.monotonic(), headers=headers, target=request.path_qs)
         stats.requests += 1
         stats.in_flight += 1
         stats.peak_concurrency = max(stats.peak_concurrency, stats.in_flight)
@@ -385,26 +391,12 @@ class ScriptedServer:
         if latency > 0:
             await asyncio.sleep(latency)
         try:
-            answer = self.responder(body)
-            if inspect.isawaitable(answer):
-                answer = await answer
-            limits = (
-                ("max_tokens",)
-                if self.dialect == "llama_cpp"
-                else (
-                    "max_tokens",
-                    "max_completion_tokens",
-                )
-            )
-            reply = build_reply(
-                answer,
-                body,
-                call_id_prefix=f"call_{next(self._serial)}",
-                token_limit_fields=limits,
-            )
+            reply = await self._ask_responder(body)
         except Exception as exc:
             message = f"scripted server responder raised {type(exc).__name__}: {exc}"
             return self._json(record, 500, error_payload(500, message))
+        if isinstance(reply, RawReply):
+            return await self._send_raw(request, record, reply)
         request_id = f"chatcmpl-scripted-{next(self._serial)}"
         model = str(body.get("model") or self.model)
         if record.stream:
@@ -425,6 +417,23 @@ class ScriptedServer:
             reply, model=model, request_id=request_id, created=int(time.time())
         )
         return self._json(record, 200, payload)
+
+    async def _ask_responder(self, body: dict[str, Any]) -> Reply | RawReply:
+        """Returns the responder's answer for ``body``, normalised unless it is a `RawReply`."""
+        answer = self.responder(body)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if isinstance(answer, RawReply):
+            return answer
+        limits = ("max_tokens",)
+        if self.dialect == "openai":  # llama.cpp's server ignores max_completion_tokens
+            limits = ("max_tokens", "max_completion_tokens")
+        return build_reply(
+            answer,
+            body,
+            call_id_prefix=f"call_{next(self._serial)}",
+            token_limit_fields=limits,
+        )
 
     def _latency_for(self, request: web.Request) -> float:
         override = request.headers.get(LATENCY_HEADER)
@@ -477,6 +486,17 @@ class ScriptedServer:
             headers=headers,
         )
 
+    async def _send_raw(
+        self, request: web.Request, record: RequestRecord, raw: RawReply
+    ) -> web.StreamResponse:
+        from aiohttp import web
+
+        if not (record.stream and raw.stream_events is not None):
+            record.status = raw.status
+            return web.Response(status=raw.status, body=raw.body, headers=dict(raw.headers))
+        frames = [b"data: " + event + b"\n\n" for event in raw.stream_events]
+        return await self._write_stream(request, record, frames, None)
+
     def _drop(
         self, request: web.Request, record: RequestRecord, response: web.StreamResponse
     ) -> web.StreamResponse:
@@ -492,6 +512,17 @@ class ScriptedServer:
         events: list[dict[str, Any]],
         drop_after: int | None,
     ) -> web.StreamResponse:
+        frames = [b"data: " + orjson.dumps(event) + b"\n\n" for event in events]
+        return await self._write_stream(request, record, frames, drop_after)
+
+    async def _write_stream(
+        self,
+        request: web.Request,
+        record: RequestRecord,
+        frames: list[bytes],
+        drop_after: int | None,
+    ) -> web.StreamResponse:
+        """Sends the SSE ``frames`` and ``data: [DONE]``; cuts off after ``drop_after`` frames."""
         from aiohttp import web
 
         response = web.StreamResponse(
@@ -499,10 +530,10 @@ class ScriptedServer:
         )
         await response.prepare(request)
         record.status = 200
-        for sent, event in enumerate(events):
+        for sent, frame in enumerate(frames):
             if drop_after is not None and sent >= drop_after:
                 return self._drop(request, record, response)
-            await response.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            await response.write(frame)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
