@@ -28,7 +28,7 @@ from plait.parameter import Parameter
 from plait.tracing.graph import InferenceGraph, Node, Slot, Template
 from plait.values import SYMBOLIC, TOKEN_PATTERN, Value, ValueKind, ValueRef, symbolic
 
-__all__ = ["Tracer", "input_signature", "is_leaf_module"]
+__all__ = ["MAX_INPUT_DEPTH", "Tracer", "input_signature", "is_leaf_module"]
 
 _PLAIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,28 +46,85 @@ def _calls_llm(module: Module) -> bool:
     )
 
 
+MAX_INPUT_DEPTH = 100
+"""Most containers (lists, tuples, dicts) an input may nest inside each other.
+
+Tracing walks inputs recursively, so without a limit a deep or self-containing
+structure ends in a bare ``RecursionError`` somewhere inside plait; real inputs
+are a few levels deep."""
+
+
+class _TooDeep(Exception):
+    """Raised inside `_shape` when an input nests deeper than `MAX_INPUT_DEPTH`."""
+
+
 def input_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Returns a hashable description of the shape of call arguments.
 
     Text and unknown objects become inputs of the graph (only their position
     matters); numbers, booleans and None are baked into the graph as
     constants, so their values are part of the signature.
+
+    Raises:
+        TracingError: an argument nests containers more than `MAX_INPUT_DEPTH` deep.
     """
-    return (tuple(_shape(a) for a in args), tuple((k, _shape(v)) for k, v in kwargs.items()))
+    try:
+        return (
+            tuple(_shape(a, 0) for a in args),
+            tuple((k, _shape(v, 0)) for k, v in kwargs.items()),
+        )
+    except _TooDeep:
+        arguments = [(f"positional argument {i}", f"args[{i}]", a) for i, a in enumerate(args)]
+        arguments += [(f"argument {k!r}", k, v) for k, v in kwargs.items()]
+        for label, name, value in arguments:
+            keys = _deep_path(value)
+            if keys is not None:
+                raise _too_deep(label, name, keys) from None
+        raise  # unreachable: some argument was too deep
 
 
-def _shape(x: Any) -> Any:
+def _shape(x: Any, depth: int) -> Any:
     if isinstance(x, str | Value):
         return "v"
     if isinstance(x, bool | int | float | type(None)):
         return ("c", type(x).__name__, x)
+    if isinstance(x, list | tuple | dict) and depth >= MAX_INPUT_DEPTH:
+        raise _TooDeep
     if isinstance(x, list):
-        return ("l", *(_shape(item) for item in x))
+        return ("l", *(_shape(item, depth + 1) for item in x))
     if isinstance(x, tuple):
-        return ("t", *(_shape(item) for item in x))
+        return ("t", *(_shape(item, depth + 1) for item in x))
     if isinstance(x, dict):
-        return ("d", *((k, _shape(v)) for k, v in x.items()))
+        return ("d", *((k, _shape(v, depth + 1)) for k, v in x.items()))
     return "v"
+
+
+def _deep_path(value: Any) -> list[Any] | None:
+    """Returns the keys down to the first container nested `MAX_INPUT_DEPTH` deep, if any.
+
+    Iterative, so it works on the very structures that are too deep to recurse into.
+    """
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        item, keys = stack.pop()
+        if not isinstance(item, list | tuple | dict):
+            continue
+        if len(keys) >= MAX_INPUT_DEPTH:
+            return keys
+        children = list(item.items() if isinstance(item, dict) else enumerate(item))
+        stack.extend((child, [*keys, key]) for key, child in reversed(children))
+    return None
+
+
+def _too_deep(label: str, name: str, keys: list[Any]) -> TracingError:
+    """Returns the error for argument ``name`` nested deeper than `MAX_INPUT_DEPTH` at ``keys``."""
+    shown = name + "".join(f"[{key!r}]" for key in keys[:6]) + ("[…]" if len(keys) > 6 else "")
+    return TracingError(
+        f"{label} nests lists, tuples or dicts more than {MAX_INPUT_DEPTH} levels deep "
+        f"(at {shown}, level {len(keys) + 1}); plait walks every level of an input "
+        "while tracing, so it refuses structures this deep or that contain themselves. "
+        "Flatten the structure, or pass it as one value (e.g. JSON text)."
+    )
 
 
 class Tracer:
@@ -136,6 +193,8 @@ class _TraceSession:
     def _symbolize(self, x: Any, path: tuple[Any, ...]) -> Any:
         if isinstance(x, bool | int | float | type(None)):
             return x
+        if isinstance(x, list | tuple | dict) and len(path) > MAX_INPUT_DEPTH:
+            raise _too_deep(f"argument {path[0]!r}", path[0], list(path[1:]))
         if isinstance(x, list | tuple) and not hasattr(x, "_fields"):
             items = [self._symbolize(item, (*path, i)) for i, item in enumerate(x)]
             return items if isinstance(x, list) else tuple(items)
