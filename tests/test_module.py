@@ -343,6 +343,23 @@ def test_load_state_dict_unknown_keys_list_all_and_change_nothing() -> None:
     assert m.state_dict() == before
 
 
+def test_load_state_dict_refuses_values_of_another_type_and_changes_nothing() -> None:
+    m = SummarizeAndAnalyze()
+    before = m.state_dict()
+    bad = {
+        "summarizer.system_prompt": {"role": "system"},
+        "analyzer.system_prompt": 42,
+    }
+    with pytest.raises(TypeError) as excinfo:
+        m.load_state_dict(bad)
+    lines = str(excinfo.value).splitlines()
+    assert lines[1:3] == [
+        "  summarizer.system_prompt: expected str, got dict {'role': 'system'}",
+        "  analyzer.system_prompt: expected str, got int 42",
+    ]
+    assert m.state_dict() == before
+
+
 def test_load_state_dict_on_a_module_without_parameters() -> None:
     m = TextPipeline()
     m.load_state_dict({})

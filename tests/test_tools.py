@@ -276,3 +276,64 @@ async def test_a_long_result_is_cut_for_the_model_but_kept_whole_as_value() -> N
     assert result.content.startswith("x" * 50)
     assert "[... 450 more characters cut]" in result.content
     assert len(result.value) == 500
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text for you")
+
+
+def _cyclic() -> list[object]:
+    items: list[object] = [1]
+    items.append(items)
+    return items
+
+
+@pytest.mark.parametrize(
+    ("result", "type_name", "problem"),
+    [
+        (b"\xff\xfe", "bytes", "invalid utf-8"),
+        (Unprintable(), "Unprintable", "no text for you"),
+        ({"nested": Unprintable()}, "dict", "no text for you"),
+        (_cyclic(), "list", "Circular reference"),
+    ],
+)
+async def test_a_result_that_cannot_become_text_is_an_error_result(
+    result: object, type_name: str, problem: str
+) -> None:
+    @tool
+    def produce() -> object:
+        return result
+
+    outcome = await produce.call()
+    assert not outcome.ok and outcome.error == "unserialisable_result"
+    assert outcome.content.startswith(
+        f"Error: tool 'produce' returned a value of type {type_name} that cannot be turned "
+        "into text"
+    )
+    assert problem in outcome.content and outcome.exception is not None
+
+
+async def test_an_exception_whose_text_raises_is_still_an_error_result() -> None:
+    class Opaque(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no text")
+
+    @tool
+    def fail() -> str:
+        raise Opaque
+
+    outcome = await fail.call()
+    assert outcome.error == "exception"
+    assert outcome.content == (
+        "Error: tool 'fail' raised Opaque: <Opaque whose text cannot be shown>"
+    )
+
+
+async def test_sync_tools_run_in_a_thread_unless_told_to_stay_on_the_loop() -> None:
+    def where() -> str:
+        return threading.current_thread().name
+
+    assert (await Tool(where).call()).content == "plait-tool-where"
+    assert (await Tool(where, in_thread=False).call()).content == threading.current_thread().name
+    assert Tool(where, timeout=None).timeout is None

@@ -40,6 +40,19 @@ class Feedback:
     score: float | None = None
     items: list[str] = field(default_factory=list)
 
+    async def backward(self, grad: Any = None, **options: Any) -> Any:
+        """Refuses: this feedback was computed in eval mode, so there is nothing to go back through.
+
+        A loss computed in training mode (``step.train()``) is a `Value` that
+        carries the record of its forward pass; in eval mode the loss comes
+        back as this bare `Feedback`. ``await loss.backward()`` then raises
+        the same ``ValueError`` as any output without a record, telling the
+        caller to call ``.train()`` before the forward pass.
+        """
+        from plait.optimization.backward import backward  # learning layer, loaded on use
+
+        return await backward(self, grad, **options)
+
     def __str__(self) -> str:
         lines = [self.text] if self.text else []
         if self.score is not None:

@@ -248,8 +248,14 @@ class Module:
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Loads parameter values by dotted name.
 
-        Missing keys keep their current value; unknown keys raise one
-        ``KeyError`` listing all of them, and nothing is changed.
+        Missing keys keep their current value. Unknown keys raise one
+        ``KeyError`` listing all of them. A value of another type than the
+        parameter's current value (a dict or a number where a prompt is text)
+        raises one ``TypeError`` listing every such parameter: such a value,
+        from a hand-edited or foreign file, would otherwise be formatted into
+        prompts as its Python repr. Either way nothing is changed. Values are
+        compared as JSON sees them: any number fits a number, a list a tuple,
+        and a parameter whose value is None takes anything.
         """
         params = dict(self.named_parameters())
         unknown = [name for name in state_dict if name not in params]
@@ -257,6 +263,19 @@ class Module:
             known = ", ".join(params) or "none"
             lines = "\n".join(f"  {name}" for name in unknown)
             raise KeyError(f"unknown parameter(s) in state_dict:\n{lines}\nknown: {known}")
+        wrong = [
+            f"  {name}: expected {type(params[name].value).__name__}, got "
+            f"{type(value).__name__} {clip(repr(value), 60)}"
+            for name, value in state_dict.items()
+            if not _fits(params[name].value, value)
+        ]
+        if wrong:
+            lines = "\n".join(wrong)
+            raise TypeError(
+                f"parameter value(s) of the wrong type in state_dict; nothing was loaded:\n"
+                f"{lines}\na value must have the type of the parameter's current value (text for "
+                "a prompt); correct the saved values, or set this one in code"
+            )
         for name, value in state_dict.items():
             params[name].value = value
 
@@ -272,7 +291,9 @@ class Module:
     def load(self, path: Any) -> Any:
         """Loads parameter values saved by `save`; returns the saved optimizer state or None.
 
-        Unknown parameter names raise one ``KeyError`` listing them, and nothing changes.
+        Unknown parameter names raise one ``KeyError`` listing them, and values
+        of another type than the current ones (a dict for a prompt) one
+        ``TypeError`` naming the file; either way nothing changes.
         """
         from plait.optimization.serialization import load_module  # learning layer
 
@@ -383,6 +404,25 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+def _json_kind(x: Any) -> Any:
+    """Returns what JSON makes of ``x``'s type: numbers, arrays and objects each one kind."""
+    if isinstance(x, int | float) and not isinstance(x, bool):
+        return "number"
+    if isinstance(x, list | tuple):
+        return "array"
+    if isinstance(x, Mapping):
+        return "object"
+    return type(x)
+
+
+def _fits(current: Any, new: Any) -> bool:
+    """Whether ``new`` may replace a parameter whose value is ``current`` (`load_state_dict`)."""
+    if current is None:
+        return True
+    kind = _json_kind(current)
+    return kind == _json_kind(new) if isinstance(kind, str) else isinstance(new, kind)
 
 
 def _call_report(ctx: BackwardContext) -> str:

@@ -7,10 +7,16 @@ descriptions come from ``Annotated[T, Field(description=...)]``, a
 
 `Tool.call` is what an agent loop uses: it takes the arguments as the model
 sent them (JSON text or a dict) and *never raises* for a bad call. Invalid
-JSON, arguments that fail validation (each problem named by argument) and
-exceptions raised by the function all come back as a `ToolResult` with
-``ok=False`` whose ``content`` is written for the model to read and correct
-itself. Only cancellation propagates.
+JSON, arguments that fail validation (each problem named by argument),
+exceptions raised by the function, a call that outlives its timeout and a
+return value that cannot be turned into text all come back as a `ToolResult`
+with ``ok=False`` whose ``content`` is written for the model to read and
+correct itself. Only cancellation propagates.
+
+Every wait is bounded: a call may take `DEFAULT_TIMEOUT` seconds unless the
+tool says otherwise, and a sync function runs in a worker thread, so a tool
+that blocks (``time.sleep``, a blocking HTTP client) stalls neither the event
+loop nor the other calls in flight.
 
 Example::
 
@@ -35,9 +41,12 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import re
+import threading
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -45,7 +54,13 @@ from typing import Any, overload
 
 from plait.backends.types import Message, ToolSpec
 
-__all__ = ["Tool", "ToolResult", "tool"]
+__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolResult", "tool"]
+
+DEFAULT_TIMEOUT = 60.0
+"""Seconds a tool call may take unless the tool sets ``timeout`` (``None`` disables it).
+
+Long enough for a slow web request, short enough that a hung tool costs the
+agent one error turn instead of the whole run."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """Tool names OpenAI accepts (Anthropic's rule is the same); checked when a tool is made."""
@@ -70,7 +85,8 @@ class ToolResult:
     value: Any = None
     """The function's return value (None when the call failed)."""
     error: str | None = None
-    """Kind of failure: ``invalid_arguments``, ``unknown_tool``, ``timeout`` or ``exception``."""
+    """Kind of failure: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``exception``
+    or ``unserialisable_result`` (the return value could not be turned into text)."""
     exception: BaseException | None = None
     """The exception the tool raised, for the program (the model only sees ``content``)."""
     call_id: str | None = None
@@ -90,12 +106,18 @@ class Tool:
         name: the name the model sees; defaults to ``func.__name__``.
         description: what the tool does; defaults to the docstring's text
             before its first section (``Args:``, ``Returns:`` …).
-        in_thread: run a *sync* function in a worker thread, so a blocking
-            tool does not stall the event loop (and several calls of one turn
-            overlap). Off by default: most tools are quick, pure Python.
-        timeout: seconds a call may take; a slower call becomes an error
-            result (the model is told) instead of hanging the agent. A sync
-            function can only be timed out when it runs ``in_thread``.
+        in_thread: run a *sync* function in a worker thread (the default),
+            so a blocking tool stalls neither the event loop nor the other
+            calls in flight, and several calls of one turn overlap. Pass
+            False for a function that must run on the loop's thread, e.g.
+            one that touches loop-bound objects (an ``asyncio.Queue``, an
+            aiohttp session); it then blocks everything while it runs and
+            cannot be timed out. Async functions always run on the loop.
+        timeout: seconds a call may take (`DEFAULT_TIMEOUT` unless given;
+            None: no limit); a slower call becomes an error result (the
+            model is told) instead of hanging the agent. Python cannot kill
+            a thread: a timed-out sync tool keeps running in the background
+            until it returns on its own, and its result is dropped.
         max_result_chars: longest result text shown to the model; longer
             results are cut (saying how much), so one verbose tool cannot
             overflow the agent's context. ``ToolResult.value`` stays whole.
@@ -116,8 +138,8 @@ class Tool:
         name: str | None = None,
         description: str | None = None,
         *,
-        in_thread: bool = False,
-        timeout: float | None = None,
+        in_thread: bool = True,
+        timeout: float | None = DEFAULT_TIMEOUT,
         max_result_chars: int = 8000,
     ) -> None:
         if not callable(func):
@@ -167,9 +189,10 @@ class Tool:
     ) -> ToolResult:
         """Validates the model's arguments, runs the tool and returns the result.
 
-        Never raises for a bad call: invalid JSON, failed validation and
-        exceptions from the tool become a `ToolResult` with ``ok=False``
-        whose content tells the model what went wrong. Cancellation propagates.
+        Never raises for a bad call: invalid JSON, failed validation,
+        exceptions from the tool, a timeout and a result that cannot be
+        turned into text become a `ToolResult` with ``ok=False`` whose content
+        tells the model what went wrong. Cancellation propagates.
 
         Args:
             arguments: the arguments as JSON text (as the model sent them) or
@@ -204,12 +227,26 @@ class Tool:
                 )
                 kind = "timeout"
             else:  # including a TimeoutError the tool raised itself
-                content = f"Error: tool '{self.name}' raised {type(exc).__name__}: {exc}"
+                content = f"Error: tool '{self.name}' raised {type(exc).__name__}: {_describe(exc)}"
                 kind = "exception"
             return ToolResult(
                 self.name, content, ok=False, error=kind, exception=exc, call_id=call_id
             )
-        text = _render(value)
+        try:
+            text = _render(value)
+        except Exception as exc:  # bytes that are not UTF-8, a cycle, a __str__ that raises
+            content = (
+                f"Error: tool '{self.name}' returned a value of type {type(value).__name__} "
+                f"that cannot be turned into text ({_describe(exc)})"
+            )
+            return ToolResult(
+                self.name,
+                content,
+                ok=False,
+                error="unserialisable_result",
+                exception=exc,
+                call_id=call_id,
+            )
         if len(text) > self.max_result_chars:
             cut = len(text) - self.max_result_chars
             text = f"{text[: self.max_result_chars]}\n[... {cut} more characters cut]"
@@ -226,7 +263,7 @@ class Tool:
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
         if self.in_thread and not self._is_async:
-            return await asyncio.to_thread(self.func, **kwargs)
+            return await _in_daemon_thread(self.func, kwargs, f"plait-tool-{self.name}")
         value = self.func(**kwargs)
         if inspect.isawaitable(value):
             value = await value
@@ -245,8 +282,8 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    in_thread: bool = False,
-    timeout: float | None = None,
+    in_thread: bool = True,
+    timeout: float | None = DEFAULT_TIMEOUT,
     max_result_chars: int = 8000,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
@@ -257,8 +294,8 @@ def tool(
     *,
     name: str | None = None,
     description: str | None = None,
-    in_thread: bool = False,
-    timeout: float | None = None,
+    in_thread: bool = True,
+    timeout: float | None = DEFAULT_TIMEOUT,
     max_result_chars: int = 8000,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turns a function into a `Tool`; use bare (``@tool``) or with options.
@@ -416,6 +453,47 @@ def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
 
 
 # ---------------------------------------------------------------- calling
+async def _in_daemon_thread(func: Callable[..., Any], kwargs: dict[str, Any], name: str) -> Any:
+    """Runs ``func(**kwargs)`` in a new daemon thread and awaits its result.
+
+    Not ``asyncio.to_thread``: a timed-out call cannot be stopped, and in the
+    loop's default executor it would keep a worker busy (a few hung tools
+    starve every later one) and make ``asyncio.run`` wait for it at exit. A
+    daemon thread of its own is simply abandoned. The caller's context
+    variables are copied in, as ``to_thread`` does.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if future.done():  # the caller stopped waiting (timeout, cancellation)
+            return
+        if error is None:
+            future.set_result(value)
+        else:
+            future.set_exception(error)
+
+    def work() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (context.run(func, **kwargs), None)
+        except BaseException as exc:
+            outcome = (None, exc)
+        with contextlib.suppress(RuntimeError):  # the loop closed while the tool ran
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
+
+
+def _describe(exc: BaseException) -> str:
+    """Returns ``str(exc)``, or a stand-in when even that raises (a broken ``__str__``)."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<{type(exc).__name__} whose text cannot be shown>"
+
+
 def _decode_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None]:
     """Returns (arguments as a dict, None), or (None, what is wrong with them)."""
     if arguments is None or (isinstance(arguments, str) and not arguments.strip()):

@@ -11,7 +11,12 @@ unknown. Python cannot be allowed to decide anything on them, so ``bool()``,
 ``len()``, ``in``, ``int()``, ``==`` and iteration raise `TracingError`.
 Formatting is allowed: a symbolic value formats to a placeholder token that
 the tracer later replaces by the real text, which is how f-strings,
-``str.format``, ``+`` and ``"".join`` over traced outputs work::
+``str.format``, ``+``, ``"".join`` and ``json.dumps`` over traced outputs work
+(``json.dumps`` escapes the token; the tracer recognises the escaped form and
+renders the real value as JSON). The token is built to be visibly damaged by
+any other escaping or transforming function (``repr`` of a string holding
+one, ``html.escape``, ``urllib.parse.quote``, ``textwrap``, ``.upper()``), so
+the tracer refuses such text instead of sending a mangled token to a model::
 
     >>> v = Value(ValueKind.TEXT, "hello")
     >>> f"{v}!"
@@ -75,20 +80,47 @@ class _Symbolic:
 SYMBOLIC = _Symbolic()
 """The single payload object of every symbolic (traced) value."""
 
-# A random per-process marker in Unicode private-use characters, so a token can
-# never be typed by a user or appear in model output by accident.
-_NONCE = os.urandom(4).hex()
-_TOKEN_OPEN = f"\ue000{_NONCE}"
+
+def _new_nonce() -> tuple[str, str]:
+    """Returns this process's random marker: 4 letters of alternating case, and 12 digits."""
+    raw = os.urandom(16)
+    letters = "".join(chr((ord("a") if i % 2 == 0 else ord("A")) + raw[i] % 26) for i in range(4))
+    return letters, str(int.from_bytes(raw[4:], "big") % 10**12).zfill(12)
+
+
+# A placeholder token must survive the string building plait supports (f-strings,
+# `+`, join, format) and be visibly damaged by anything else, so that no
+# escaped or transformed token is ever sent to a model as if it were text:
+# - private-use characters open and close it: no user or model types them;
+# - its mixed-case letters change under .upper(), .lower(), .title(), .swapcase();
+# - its digits survive every case change and escaping, so the tracer can still
+#   tell that what it finds is what is left of a token (cheap to search for);
+# - "\x1f" is escaped by JSON (as \u001f) and by repr() (as \x1f), "&" by
+#   html.escape, "\t" by textwrap and split().
+_LETTERS, TOKEN_DIGITS = _new_nonce()
+_FRAGILE = "\x1f&\t"
+_TOKEN_OPEN = f"\ue000{_LETTERS}{TOKEN_DIGITS}{_FRAGILE}"
 _TOKEN_CLOSE = "\ue001"
 TOKEN_PATTERN = re.compile(
-    re.escape(_TOKEN_OPEN) + r"\|([sr])\|([^\ue001|]*)\|([^\ue001]*)" + _TOKEN_CLOSE
+    re.escape(_TOKEN_OPEN) + r"([svr])\|([^\ue001|]*)\|([^\ue001]*)" + _TOKEN_CLOSE
 )
-"""Matches a placeholder token; groups: mode (``s`` str / ``r`` repr), format spec, ref."""
+"""Matches a placeholder token; groups: mode (``v`` the value itself, ``s`` str, ``r``
+repr), format spec, ref."""
+_JSON_FRAGILE = "\\u001f&\\t"
+"""`_FRAGILE` as ``json.dumps`` writes it (with or without ``ensure_ascii``)."""
+JSON_TOKEN_PATTERN = re.compile(
+    r"(\\ue000|\ue000)"
+    + re.escape(f"{_LETTERS}{TOKEN_DIGITS}{_JSON_FRAGILE}")
+    + r"([svr])\|(.*?)(?:\\ue001|\ue001)"
+)
+"""Matches a token as ``json.dumps`` writes it inside a JSON string, with ``ensure_ascii``
+(group 1 is ``\\ue000``) or without (group 1 is the character); groups 2 and 3: the mode,
+and ``spec|ref`` JSON-escaped."""
 
 
 def placeholder(ref: str, mode: str = "s", spec: str = "") -> str:
     """Returns the token that stands for the text of ``ref`` inside a traced string."""
-    return f"{_TOKEN_OPEN}|{mode}|{spec}|{ref}{_TOKEN_CLOSE}"
+    return f"{_TOKEN_OPEN}{mode}|{spec}|{ref}{_TOKEN_CLOSE}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,24 +313,22 @@ class TracedValue(Value, str):
     ) -> TracedValue:
         if ref is None:
             raise ValueError("a traced value needs the ref of the node that produces it")
-        return str.__new__(cls, placeholder(ref))
+        # Mode "v": where the value itself (not text made from it) lands in
+        # `json.dumps`, its JSON replaces the whole string, so a dict stays an object.
+        return str.__new__(cls, placeholder(ref, "v"))
 
     def __init__(
         self, kind: Any, payload: Any = SYMBOLIC, ref: str | None = None, meta: Any = None
     ) -> None:
-        if isinstance(kind, TracedValue):
-            # ``str(traced)`` returns the traced value itself, and Python then
-            # calls __init__ again with it as the argument: nothing to change.
-            return
         Value.__init__(self, kind, payload, ref, {} if meta is None else meta)
 
     def __str__(self) -> str:
-        # ``f"{v!s:>30}"`` formats what str() returns: returning self (whose text
-        # is the plain token) keeps the format spec in our hands.
-        return self
+        # ``str(reply)`` is text, like in eager code (a dict payload becomes its
+        # str() inside ``json.dumps``, not an object): the ``s`` token.
+        return _TextToken(self._token_ref(), "s")
 
     def __repr__(self) -> str:
-        return _ReprToken(self._token_ref())
+        return _TextToken(self._token_ref(), "r")
 
     def __lt__(self, other: object) -> bool:
         self._refuse("a `<` comparison")
@@ -317,16 +347,23 @@ class TracedValue(Value, str):
         return NotImplemented
 
 
-class _ReprToken(str):
-    """``repr()`` of a traced value: the ``r`` token, which keeps a format spec applied to it."""
+class _TextToken(str):
+    """``str()`` or ``repr()`` of a traced value: its ``s`` or ``r`` token.
 
-    def __new__(cls, ref: str) -> _ReprToken:
-        token = str.__new__(cls, placeholder(ref, "r"))
-        token.ref = ref  # type: ignore[attr-defined]
+    ``f"{v!s:>30}"`` and ``f"{v!r:>30}"`` format what str() and repr() return;
+    this keeps the format spec in the token instead of padding the token's text.
+    """
+
+    __slots__ = ("mode", "ref")
+
+    def __new__(cls, ref: str, mode: str) -> _TextToken:
+        token = str.__new__(cls, placeholder(ref, mode))
+        token.ref = ref
+        token.mode = mode
         return token
 
     def __format__(self, spec: str) -> str:
-        return placeholder(self.ref, "r", spec) if spec else str(self)  # type: ignore[attr-defined]
+        return placeholder(self.ref, self.mode, spec) if spec else str.__str__(self)
 
 
 class _FieldOrStrMethod(TracedValue):
@@ -341,7 +378,10 @@ class _FieldOrStrMethod(TracedValue):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.__dict__.get("_method_name", "?")
         hint = f" (use F.{name})" if name in {"strip", "lower", "upper"} else ""
-        self._refuse(f"the string method `.{name}()`{hint}")
+        # Refused on behalf of the value whose method it is, so the error names
+        # that value's node, not the F.select that reading the name recorded.
+        owner = symbolic(self.kind, self.__dict__.get("_owner_ref", self.ref))
+        owner._refuse(f"the string method `.{name}()`{hint}")
 
 
 def _field_or_str_method(name: str) -> property:
@@ -353,6 +393,7 @@ def _field_or_str_method(name: str) -> property:
             return selected
         field = _FieldOrStrMethod(selected.kind, SYMBOLIC, ref=selected.ref)
         field.__dict__["_method_name"] = name
+        field.__dict__["_owner_ref"] = self.ref
         return field
 
     return property(select, doc=f"The field {name!r} of the traced value (not str.{name}).")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import threading
 from typing import Any
 
 import pytest
 
-from plait import History, ReAct, tool
+from plait import History, LLMInference, ReAct, Tool, tool
 from plait.modules.react import ReActPrediction, ReActStep
+from plait.tools import DEFAULT_TIMEOUT
 
 from .scripted import all_text, bodies, last_user, scripted
 
@@ -237,3 +240,75 @@ async def test_react_on_the_local_model_answers_in_type() -> None:
     assert all(isinstance(step, ReActStep) for step in prediction.trajectory)
     assert len(history) > 4 and history.turns[4].content.startswith("question: How many")
     assert 1 <= len(agent.traces()) <= 3 and all(t.output_tokens > 0 for t in agent.traces())
+
+
+async def test_a_blocking_sync_tool_does_not_stall_other_calls() -> None:
+    # The tool blocks its thread until the server has seen an unrelated call
+    # that starts only once the tool runs: it can be released only if the
+    # event loop keeps serving other work while the tool blocks.
+    loop = asyncio.get_running_loop()
+    tool_started = asyncio.Event()
+    other_arrived = threading.Event()
+
+    @tool
+    def wait_for_other() -> str:
+        """Blocks until the other call reached the server."""
+        loop.call_soon_threadsafe(tool_started.set)
+        return "released" if other_arrived.wait(timeout=10) else "the loop was stalled"
+
+    agent_reply = call_then_answer({"name": "wait_for_other", "arguments": {}})
+
+    def responder(body: dict[str, Any]) -> Any:
+        if "tools" in body:
+            return agent_reply(body)
+        other_arrived.set()
+        return "other answer"
+
+    async def other_call(llm: LLMInference) -> Any:
+        await tool_started.wait()
+        return await llm("an unrelated question")
+
+    async with scripted(responder) as (server, manager):
+        agent = ReAct("question -> answer", tools=[wait_for_other]).bind(manager)
+        llm = LLMInference(alias="llm").bind(manager)
+        prediction, other = await asyncio.gather(agent(question="wait"), other_call(llm))
+
+    first, unrelated, second = bodies(server)
+    assert "tools" in first and "tools" not in unrelated and "tools" in second
+    assert last_user(unrelated) == "an unrelated question"
+    assert [m["content"] for m in tool_messages(second)] == ["released"]
+    assert prediction.trajectory[0].result == "released" and other == "other answer"
+
+
+async def test_a_tool_that_never_returns_times_out_and_the_model_is_told() -> None:
+    assert Tool(add.func).timeout == DEFAULT_TIMEOUT and 0 < DEFAULT_TIMEOUT < math.inf
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    async def hang_async() -> str:
+        """Never answers."""
+        await asyncio.Event().wait()
+        return "never"
+
+    @tool(timeout=0.05)
+    def hang_sync() -> str:
+        """Blocks its thread until the test ends."""
+        release.wait(timeout=30)
+        return "too late"
+
+    responder = call_then_answer(
+        {"name": "hang_async", "arguments": {}}, {"name": "hang_sync", "arguments": {}}
+    )
+    try:
+        async with scripted(responder) as (server, manager):
+            agent = ReAct("question -> answer", tools=[hang_async, hang_sync]).bind(manager)
+            prediction = await agent(question="anything?")
+    finally:
+        release.set()
+
+    assert [m["content"] for m in tool_messages(bodies(server)[1])] == [
+        "Error: tool 'hang_async' did not finish within 0.05 seconds",
+        "Error: tool 'hang_sync' did not finish within 0.05 seconds",
+    ]
+    assert [step.ok for step in prediction.trajectory] == [False, False]
+    assert prediction.answer == "done"

@@ -143,3 +143,31 @@ def test_optimizer_state_that_is_not_json_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match=r"UnsavableOptimizer\.state_dict\(\) cannot be saved"):
         Program().save(tmp_path / "x.json", optimizer=UnsavableOptimizer())
     assert list(tmp_path.iterdir()) == []
+
+
+def test_values_of_the_wrong_type_are_all_refused_with_the_file_name(tmp_path: Path) -> None:
+    path = Program().save(tmp_path / "edited.json")
+    document = json.loads(path.read_text())
+    document["parameters"]["instructions"]["value"] = {"text": "Answer briefly."}
+    document["parameters"]["demos"]["value"] = 3
+    document["parameters"]["llm.system_prompt"]["value"] = ["You are careful."]
+    path.write_text(json.dumps(document))
+    program = Program()
+    before = program.state_dict()
+
+    with pytest.raises(TypeError) as raised:
+        program.load(path)
+
+    message = str(raised.value)
+    assert message.startswith(f"cannot load {path}: parameter value(s) of the wrong type")
+    assert "  instructions: expected str, got dict {'text': 'Answer briefly.'}" in message
+    assert "  demos: expected list, got int 3" in message
+    assert "  llm.system_prompt: expected str, got list ['You are careful.']" in message
+    assert program.state_dict() == before
+
+
+def test_values_of_the_json_kind_of_the_current_value_load() -> None:
+    program = Program()
+    program.demos.value = ()  # a tuple is saved as a JSON array and comes back a list
+    program.load_state_dict({"demos": [{"question": "1+1?", "answer": "2"}], "instructions": "Hi"})
+    assert program.state_dict()["demos"] == [{"question": "1+1?", "answer": "2"}]

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 
 import plait.functional as F
+from modules.scripted import scripted
 from plait import LLMInference, Module, Parameter, TracingError, Value, ValueKind, ValueRef
 from plait.tracing import InferenceGraph, Template, Tracer, is_leaf_module
 from plait.tracing.graph import Slot, iter_refs
+from plait.tracing.tracer import MAX_INPUT_DEPTH
 
 Leaf = Callable[..., Module]
 """Builds a leaf: `LLMInference` when traced, the conftest's `Echo` when run eagerly."""
@@ -389,6 +391,57 @@ def test_wrong_arguments_name_the_forward(seed: SimpleNamespace) -> None:
         Tracer().trace(seed.DeepPipeline())
     with pytest.raises(TypeError, match=r"DeepPipeline\.forward\(\): too many positional"):
         Tracer().trace(seed.DeepPipeline(), "a", "b")
+
+
+def nested(depth: int, leaf: Any = "leaf") -> Any:
+    """Returns ``leaf`` inside ``depth`` lists."""
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+class AskWithContext(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference(alias="llm")
+
+    def forward(self, question: str, context: Any = None) -> Any:
+        return {"answer": self.llm(question), "context": context}
+
+
+async def test_an_input_at_the_depth_limit_runs() -> None:
+    async with scripted() as (server, manager):
+        output = await AskWithContext().bind(manager)("q", context=nested(MAX_INPUT_DEPTH))
+    assert output["answer"] == "echo: q" and output["context"] == nested(MAX_INPUT_DEPTH)
+    assert server.stats.requests == 1
+
+
+@pytest.mark.parametrize("depth", [MAX_INPUT_DEPTH + 1, 500, 5000])
+async def test_an_input_nested_too_deep_is_refused_before_any_call(depth: int) -> None:
+    async with scripted() as (server, manager):
+        program = AskWithContext().bind(manager)
+        with pytest.raises(TracingError) as raised:
+            await program("q", context=nested(depth))
+        with pytest.raises(
+            TracingError, match=r"positional argument 1 nests .* \(at args\[1\]\[0\]"
+        ):
+            await program("q", nested(depth))
+    assert re.match(
+        r"argument 'context' nests lists, tuples or dicts more than 100 levels deep "
+        r"\(at context\[0\]\[0\]\[0\]\[0\]\[0\]\[0\]\[…\], level 101\).*Flatten",
+        str(raised.value),
+    )
+    assert server.stats.requests == 0
+
+
+def test_a_self_containing_or_deep_input_is_refused_by_the_tracer_too() -> None:
+    loop: list[Any] = ["x"]
+    loop.append(loop)
+    with pytest.raises(TracingError, match=r"argument 'context' .* \(at context\[1\]\[1\]"):
+        Tracer().trace(AskWithContext(), "q", context=loop)
+    deep = {"k": nested(MAX_INPUT_DEPTH)}
+    with pytest.raises(TracingError, match=r"\(at context\['k'\]\[0\]"):
+        Tracer().trace(AskWithContext(), "q", context=deep)
 
 
 # -------------------------------------------------------------------- leaves

@@ -139,9 +139,15 @@ def load_module(module: Module, path: str | os.PathLike[str]) -> Any:
     Raises:
         KeyError: the file names parameters ``module`` does not have (all are
             listed, and nothing is changed).
+        TypeError: values in the file have another type than the parameters'
+            current values, e.g. a dict for a prompt (all are listed, with the
+            file's name, and nothing is changed).
         ValueError: the file is not a plait parameter file.
     """
     document = load_state(path)
     values = {name: entry["value"] for name, entry in document["parameters"].items()}
-    module.load_state_dict(values)
+    try:
+        module.load_state_dict(values)
+    except TypeError as exc:
+        raise TypeError(f"cannot load {os.fspath(path)}: {exc}") from None
     return document["optimizer"]

@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import hashlib
+import json as _json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,12 +33,43 @@ NodeKind = Literal["input", "call", "op"]
 
 @dataclass(frozen=True, slots=True)
 class Slot:
-    """A hole in a `Template`: the text of node ``ref`` (``str`` or ``repr`` of it)."""
+    """A hole in a `Template`: the text of node ``ref`` (``str`` or ``repr`` of it).
+
+    A traced value that went through ``json.dumps`` leaves its placeholder
+    JSON-escaped; such a slot (``json`` set) writes the text JSON-escaped the
+    same way, so the rendered string is what ``json.dumps`` of the real value
+    would have given.
+    """
 
     ref: str
     mode: str = "s"
-    """``s`` formats with ``format(payload, spec)``, ``r`` with ``format(repr(payload), spec)``."""
+    """``s`` formats with ``format(payload, spec)``, ``r`` with ``format(repr(payload), spec)``,
+    ``v`` (the traced value itself, not text made from it) like ``s``."""
     spec: str = ""
+    json: str = ""
+    """``""`` (plain text), ``"ascii"`` or ``"unicode"``: escape the text as ``json.dumps``
+    does with ``ensure_ascii`` true or false."""
+    quoted: bool = False
+    """The slot is a whole JSON string, quotes included: it renders as ``json.dumps`` of the
+    text, or, in mode ``v``, of the payload itself (a dict becomes a JSON object)."""
+
+    def render(self, payload: Any) -> str:
+        """Returns the text this slot stands for, given its node's payload."""
+        if self.json and self.quoted and self.mode == "v":
+            try:
+                return _json.dumps(payload, ensure_ascii=self.json == "ascii")
+            except (TypeError, ValueError) as exc:
+                raise TypeError(
+                    f"json.dumps of the output of {self.ref} (a {type(payload).__name__}) "
+                    f"failed at run time: {exc}; as in plain Python, json.dumps writes only "
+                    "JSON data. Give the call a dict or list response_format, or do the step "
+                    "in an `async def forward` with real values"
+                ) from exc
+        text = format(repr(payload) if self.mode == "r" else payload, self.spec)
+        if not self.json:
+            return text
+        escaped = _json.dumps(text, ensure_ascii=self.json == "ascii")
+        return escaped if self.quoted else escaped[1:-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,19 +85,19 @@ class Template:
 
     def render(self, lookup: Callable[[str], Any]) -> str:
         """Returns the text with every slot filled from ``lookup(ref)`` (a raw payload)."""
-        out: list[str] = []
-        for part in self.parts:
-            if isinstance(part, str):
-                out.append(part)
-            elif part.mode == "r":
-                out.append(format(repr(lookup(part.ref)), part.spec))
-            else:
-                out.append(format(lookup(part.ref), part.spec))
-        return "".join(out)
+        return "".join(
+            part if isinstance(part, str) else part.render(lookup(part.ref)) for part in self.parts
+        )
 
     def __repr__(self) -> str:
-        text = "".join(p if isinstance(p, str) else f"{{{p.ref}}}" for p in self.parts)
+        text = "".join(p if isinstance(p, str) else _slot_label(p) for p in self.parts)
         return f"Template({text!r})"
+
+
+def _slot_label(slot: Slot) -> str:
+    if not slot.json:
+        return f"{{{slot.ref}}}"
+    return f"{{json({slot.ref})}}" if slot.quoted else f"{{json_text({slot.ref})}}"
 
 
 def substitute(obj: Any, lookup: Callable[[str], Any]) -> Any:

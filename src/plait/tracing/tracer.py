@@ -9,16 +9,24 @@ nesting of modules disappears and only *leaf* calls become nodes:
 * modules with no LLM call anywhere below them (plain Python, run as one step).
 
 Strings that contain placeholders of traced values (f-strings, ``+``,
-``"".join``, ``str(dict)``) are recorded as `Template` arguments, so the node
-reading them depends exactly on the nodes whose text it consumes.
+``"".join``, ``str(dict)``, ``json.dumps``) are recorded as `Template`
+arguments, so the node reading them depends exactly on the nodes whose text it
+consumes. Every string that reaches a module call or the output is searched
+for what is left of a placeholder: text that holds one changed by some other
+function (escaped, quoted, re-cased, wrapped) raises `TracingError` naming the
+module and line, since its real text could not be put back at run time.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import json as _json
 import linecache
 import os
+import re
 import sys
+import sysconfig
 from typing import Any, NoReturn
 
 from plait import _context
@@ -26,9 +34,18 @@ from plait.errors import TracingError
 from plait.module import LLMInference, Module, is_async_module
 from plait.parameter import Parameter
 from plait.tracing.graph import InferenceGraph, Node, Slot, Template
-from plait.values import SYMBOLIC, TOKEN_PATTERN, Value, ValueKind, ValueRef, symbolic
+from plait.values import (
+    JSON_TOKEN_PATTERN,
+    SYMBOLIC,
+    TOKEN_DIGITS,
+    TOKEN_PATTERN,
+    Value,
+    ValueKind,
+    ValueRef,
+    symbolic,
+)
 
-__all__ = ["Tracer", "input_signature", "is_leaf_module"]
+__all__ = ["MAX_INPUT_DEPTH", "Tracer", "input_signature", "is_leaf_module"]
 
 _PLAIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,28 +63,85 @@ def _calls_llm(module: Module) -> bool:
     )
 
 
+MAX_INPUT_DEPTH = 100
+"""Most containers (lists, tuples, dicts) an input may nest inside each other.
+
+Tracing walks inputs recursively, so without a limit a deep or self-containing
+structure ends in a bare ``RecursionError`` somewhere inside plait; real inputs
+are a few levels deep."""
+
+
+class _TooDeep(Exception):
+    """Raised inside `_shape` when an input nests deeper than `MAX_INPUT_DEPTH`."""
+
+
 def input_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Returns a hashable description of the shape of call arguments.
 
     Text and unknown objects become inputs of the graph (only their position
     matters); numbers, booleans and None are baked into the graph as
     constants, so their values are part of the signature.
+
+    Raises:
+        TracingError: an argument nests containers more than `MAX_INPUT_DEPTH` deep.
     """
-    return (tuple(_shape(a) for a in args), tuple((k, _shape(v)) for k, v in kwargs.items()))
+    try:
+        return (
+            tuple(_shape(a, 0) for a in args),
+            tuple((k, _shape(v, 0)) for k, v in kwargs.items()),
+        )
+    except _TooDeep:
+        arguments = [(f"positional argument {i}", f"args[{i}]", a) for i, a in enumerate(args)]
+        arguments += [(f"argument {k!r}", k, v) for k, v in kwargs.items()]
+        for label, name, value in arguments:
+            keys = _deep_path(value)
+            if keys is not None:
+                raise _too_deep(label, name, keys) from None
+        raise  # unreachable: some argument was too deep
 
 
-def _shape(x: Any) -> Any:
+def _shape(x: Any, depth: int) -> Any:
     if isinstance(x, str | Value):
         return "v"
     if isinstance(x, bool | int | float | type(None)):
         return ("c", type(x).__name__, x)
+    if isinstance(x, list | tuple | dict) and depth >= MAX_INPUT_DEPTH:
+        raise _TooDeep
     if isinstance(x, list):
-        return ("l", *(_shape(item) for item in x))
+        return ("l", *(_shape(item, depth + 1) for item in x))
     if isinstance(x, tuple):
-        return ("t", *(_shape(item) for item in x))
+        return ("t", *(_shape(item, depth + 1) for item in x))
     if isinstance(x, dict):
-        return ("d", *((k, _shape(v)) for k, v in x.items()))
+        return ("d", *((k, _shape(v, depth + 1)) for k, v in x.items()))
     return "v"
+
+
+def _deep_path(value: Any) -> list[Any] | None:
+    """Returns the keys down to the first container nested `MAX_INPUT_DEPTH` deep, if any.
+
+    Iterative, so it works on the very structures that are too deep to recurse into.
+    """
+    stack: list[tuple[Any, list[Any]]] = [(value, [])]
+    while stack:
+        item, keys = stack.pop()
+        if not isinstance(item, list | tuple | dict):
+            continue
+        if len(keys) >= MAX_INPUT_DEPTH:
+            return keys
+        children = list(item.items() if isinstance(item, dict) else enumerate(item))
+        stack.extend((child, [*keys, key]) for key, child in reversed(children))
+    return None
+
+
+def _too_deep(label: str, name: str, keys: list[Any]) -> TracingError:
+    """Returns the error for argument ``name`` nested deeper than `MAX_INPUT_DEPTH` at ``keys``."""
+    shown = name + "".join(f"[{key!r}]" for key in keys[:6]) + ("[…]" if len(keys) > 6 else "")
+    return TracingError(
+        f"{label} nests lists, tuples or dicts more than {MAX_INPUT_DEPTH} levels deep "
+        f"(at {shown}, level {len(keys) + 1}); plait walks every level of an input "
+        "while tracing, so it refuses structures this deep or that contain themselves. "
+        "Flatten the structure, or pass it as one value (e.g. JSON text)."
+    )
 
 
 class Tracer:
@@ -136,6 +210,8 @@ class _TraceSession:
     def _symbolize(self, x: Any, path: tuple[Any, ...]) -> Any:
         if isinstance(x, bool | int | float | type(None)):
             return x
+        if isinstance(x, list | tuple | dict) and len(path) > MAX_INPUT_DEPTH:
+            raise _too_deep(f"argument {path[0]!r}", path[0], list(path[1:]))
         if isinstance(x, list | tuple) and not hasattr(x, "_fields"):
             items = [self._symbolize(item, (*path, i)) for i, item in enumerate(x)]
             return items if isinstance(x, list) else tuple(items)
@@ -180,8 +256,11 @@ class _TraceSession:
         # the hot path of tracing, run once per node (benchmarks/trace_bench.py).
         refs: dict[str, None] = {}
         record = self._record
-        rec_args = tuple([record(a, refs) for a in args])
-        rec_kwargs = {k: record(v, refs) for k, v in kwargs.items()}
+        try:
+            rec_args = tuple([record(a, refs) for a in args])
+            rec_kwargs = {k: record(v, refs) for k, v in kwargs.items()}
+        except _DamagedToken:
+            self.fail_damaged(op[0] if op is not None else path or type(module).__name__)
         deps: list[str] = []
         params: list[str] = []
         for ref in refs:
@@ -241,6 +320,7 @@ class _TraceSession:
         """Returns the recorded form of an argument (refs, templates, constants).
 
         Adds the refs it reads to ``refs``, in the order `iter_refs` would yield them.
+        Raises `_DamagedToken` for text holding what is left of a placeholder token.
         """
         if isinstance(x, Value):
             ref = x.ref
@@ -249,7 +329,10 @@ class _TraceSession:
                 return ValueRef(ref)  # type: ignore[arg-type]
             return x
         if isinstance(x, str):
-            if "\ue000" not in x:
+            # The fast path of every string a module receives: a token's digits
+            # survive any escaping or case change, its private-use marks survive
+            # the rest; checking for an ASCII string's lack of them costs ~nothing.
+            if "\ue000" not in x and "\ue001" not in x and TOKEN_DIGITS not in x:
                 return x
             recorded = _template_of(x)
             if isinstance(recorded, Template):
@@ -266,7 +349,9 @@ class _TraceSession:
         if isinstance(x, tuple) and not hasattr(x, "_fields"):
             return tuple([self._record(item, refs) for item in x])
         if isinstance(x, dict):
-            return {k: self._record(v, refs) for k, v in x.items()}
+            return {_checked_key(k): self._record(v, refs) for k, v in x.items()}
+        if isinstance(x, bytes | bytearray) and _TOKEN_DIGITS_BYTES in x:
+            raise _DamagedToken  # text built from a traced value, encoded
         return x
 
     def param_ref(self, param: Any) -> str:
@@ -278,25 +363,53 @@ class _TraceSession:
     def finish(self, output: Any) -> InferenceGraph:
         """Builds the graph once forward returned ``output``."""
         refs: dict[str, None] = {}
-        recorded = self._record(output, refs)
+        try:
+            recorded = self._record(output, refs)
+        except _DamagedToken:
+            self.fail_damaged(None)
         return InferenceGraph(self.nodes, self.input_ids, recorded, list(refs), root=self.root)
 
     # ----------------------------------------------------------------- errors
     def fail(self, value: Value, action: str) -> NoReturn:
         """Raises TracingError for a Python decision on a traced value."""
-        where = self.scope[-1] if self.scope else ""
-        where = where or type(self.root).__name__
-        site, line = self._user_site()
+        where, line = self._location()
         source = self.nodes[value.ref].id if value.ref in self.nodes else value.ref
         message = (
-            f"{where} ({site or 'unknown line'}) used a traced value in {action}; its value "
+            f"{where} used a traced value in {action}; its value "
             f"(the output of {source}) is unknown until run time. Make `forward` async "
             "(`async def forward`) to work with real values, or express the step with an "
             "`F.*` op (F.select, F.coerce, F.map_values, F.unwrap_or, ...)."
         )
-        if line:
-            message += f"\n    {line}"
-        raise TracingError(message)
+        raise TracingError(message + (f"\n    {line}" if line else ""))
+
+    def fail_damaged(self, target: str | None) -> NoReturn:
+        """Raises TracingError for text holding a placeholder token that was escaped or changed.
+
+        Args:
+            target: the node the text was passed to (None: ``forward`` returned it).
+        """
+        if target is None:  # forward has returned: no line of it is running any more
+            where, line, what = type(self.root).__name__, None, "returned"
+        else:
+            (where, line), what = self._location(), f"passed {target}"
+        message = (
+            f"{where} {what} a string in which a traced value's placeholder was changed by an "
+            "escaping or transforming function, so plait cannot put the real text in at run "
+            "time. Likely culprits: repr() or str() of a container holding a string built "
+            "from a traced value, urllib.parse.quote, html.escape, textwrap, .upper(), "
+            ".lower(), .split() or .encode() of such a string; only f-strings, str.format, "
+            "+, join and json.dumps keep traced text intact. Make `forward` async (`async def "
+            "forward`) to work with real values, or express the step with an `F.*` op."
+        )
+        raise TracingError(message + (f"\n    {line}" if line else ""))
+
+    def _location(self) -> tuple[str, str | None]:
+        """Returns "<module path> (<file:line>)" of the user code running, and its source."""
+        where = (self.scope[-1] if self.scope else "") or type(self.root).__name__
+        site, line, inside = _user_site()
+        if inside:
+            site = f"{site or 'unknown line'}, inside {inside}"
+        return f"{where} ({site or 'unknown line'})", line
 
     def _call_site(self) -> str | None:
         """Returns ``file.py:line`` of the innermost frame outside plait (the user's call)."""
@@ -313,32 +426,138 @@ class _TraceSession:
             frame = frame.f_back  # type: ignore[assignment]
         return None
 
-    @staticmethod
-    def _user_site() -> tuple[str | None, str | None]:
-        """Returns ``file.py:line`` and the code of the innermost frame outside plait."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            filename = frame.f_code.co_filename
-            if not filename.startswith(_PLAIT_DIR):
+
+def _user_site() -> tuple[str | None, str | None, str | None]:
+    """Returns ``file.py:line`` and the code of the innermost user frame, and the library
+    function it called, if the frame below it is in the standard library.
+
+    ``html.escape(traced)`` fails inside the ``html`` module; the user wants to see their
+    own line and what it called, not ``__init__.py:19``.
+    """
+    frame = sys._getframe(1)
+    inside: str | None = None
+    fallback: Any = None
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PLAIT_DIR):
+            fallback = fallback or frame
+            if not _is_stdlib(filename):
                 line = linecache.getline(filename, frame.f_lineno).strip()
-                return f"{os.path.basename(filename)}:{frame.f_lineno}", line or None
-            frame = frame.f_back  # type: ignore[assignment]
-        return None, None
+                return f"{os.path.basename(filename)}:{frame.f_lineno}", line or None, inside
+            module = frame.f_globals.get("__name__", "")
+            inside = f"{module}.{frame.f_code.co_qualname}" if module else frame.f_code.co_name
+        frame = frame.f_back  # type: ignore[assignment]
+    if fallback is None:
+        return None, None, None
+    filename = fallback.f_code.co_filename
+    line = linecache.getline(filename, fallback.f_lineno).strip()
+    return f"{os.path.basename(filename)}:{fallback.f_lineno}", line or None, None
+
+
+@functools.cache
+def _stdlib_dirs() -> tuple[str, ...]:
+    paths = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
+    return tuple(os.path.join(path, "") for path in paths if path)
+
+
+def _is_stdlib(filename: str) -> bool:
+    if filename.startswith("<frozen "):
+        return True
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    return filename.startswith(_stdlib_dirs())
+
+
+_TOKEN_DIGITS_BYTES = TOKEN_DIGITS.encode()
+
+
+class _DamagedToken(Exception):
+    """Raised while recording when text holds what is left of a token, not a whole one."""
 
 
 def _template_of(text: str) -> str | Template:
+    """Returns ``text`` as a `Template` of its tokens (plain or JSON-escaped), or as is.
+
+    Raises `_DamagedToken` when a piece between the tokens still holds a token's
+    marks or digits: some other function escaped or transformed a token.
+    """
     parts: list[str | Slot] = []
     last = 0
-    for match in TOKEN_PATTERN.finditer(text):
-        if match.start() > last:
-            parts.append(text[last : match.start()])
-        parts.append(Slot(ref=match.group(3), mode=match.group(1), spec=match.group(2)))
+    for match in TOKEN_PATTERN.finditer(text):  # inline: the hot path of string building
+        start = match.start()
+        if start > last:
+            _add_literal(parts, text[last:start])
+        mode, spec, ref = match.groups()
+        parts.append(Slot(ref, mode, spec))
         last = match.end()
-    if last == 0:
-        return text
     if last < len(text):
-        parts.append(text[last:])
+        _add_literal(parts, text[last:])
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return text
     return Template(tuple(parts))
+
+
+def _add_literal(parts: list[str | Slot], piece: str) -> None:
+    """Appends the text between plain tokens, with the JSON-escaped tokens it holds as slots.
+
+    Raises `_DamagedToken` when the text left around them still holds a token's marks.
+    """
+    if not _holds_mark(piece):
+        parts.append(piece)
+        return
+    last = 0
+    for match in JSON_TOKEN_PATTERN.finditer(piece):
+        made = _json_slot(match, piece)
+        if made is None:
+            continue  # left in the text, so reported as damaged
+        slot, start, end = made
+        if _holds_mark(piece[last:start]):
+            raise _DamagedToken
+        if start > last:
+            parts.append(piece[last:start])
+        parts.append(slot)
+        last = end
+    if _holds_mark(piece[last:]):
+        raise _DamagedToken
+    if last < len(piece):
+        parts.append(piece[last:])
+
+
+def _holds_mark(text: str) -> bool:
+    """Whether ``text`` holds a token's private-use marks or digits, whole or not."""
+    return "\ue000" in text or "\ue001" in text or TOKEN_DIGITS in text
+
+
+def _json_slot(match: re.Match[str], text: str) -> tuple[Slot, int, int] | None:
+    """Returns the slot of a JSON-escaped token, taking in its quotes when it is a whole string."""
+    opening, mode, escaped = match.groups()
+    try:
+        spec, ref = _json.loads(f'"{escaped}"').split("|", 1)
+    except ValueError:
+        return None  # not what json.dumps writes: left as text, reported as damaged
+    encoding = "unicode" if opening == "\ue000" else "ascii"
+    start, end = match.start(), match.end()
+    if _is_quoted(text, start, end):
+        return Slot(ref, mode, spec, json=encoding, quoted=True), start - 1, end + 1
+    return Slot(ref, mode, spec, json=encoding), start, end
+
+
+def _is_quoted(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is a whole JSON string: an unescaped quote on each side."""
+    if start == 0 or end == len(text) or text[start - 1] != '"' or text[end] != '"':
+        return False
+    backslashes = len(text[: start - 1]) - len(text[: start - 1].rstrip("\\"))
+    return backslashes % 2 == 0
+
+
+def _checked_key(key: Any) -> Any:
+    """Returns a dict key of a recorded argument; a key built from a traced value is refused.
+
+    Keys are not substituted at run time, so such a key would reach the module as a token.
+    """
+    if isinstance(key, str) and _holds_mark(key):
+        raise _DamagedToken
+    return key
 
 
 def _kind_of(x: Any) -> ValueKind:
