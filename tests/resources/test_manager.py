@@ -390,15 +390,16 @@ async def test_closed_manager_refuses_calls(server: ScriptedServer) -> None:
         await manager.complete("fast", ask())
 
 
-async def test_shared_returns_one_manager_per_config_and_loop(server: ScriptedServer) -> None:
+async def test_shared_returns_one_manager_per_equal_config_and_loop(server: ScriptedServer) -> None:
     config = ResourceConfig({"fast": endpoint(server)})
     manager = ResourceManager.shared(config)
     assert ResourceManager.shared(config) is manager
     assert ResourceManager.shared(manager) is manager
-    other = ResourceConfig({"fast": endpoint(server)})
+    equal = ResourceConfig({"fast": endpoint(server)})
+    assert ResourceManager.shared(equal) is manager  # equal settings share one manager
+    assert ResourceManager.shared({"fast": endpoint(server)}) is manager  # a mapping too
+    other = ResourceConfig({"fast": endpoint(server, max_retries=1)})
     assert ResourceManager.shared(other) is not manager
-    from_dict = ResourceManager.shared({"fast": endpoint(server)})
-    assert isinstance(from_dict, ResourceManager) and from_dict is not manager
     await manager.aclose()
     assert ResourceManager.shared(config) is not manager  # a closed one is replaced
     with pytest.raises(TypeError, match="resources must be a ResourceConfig"):

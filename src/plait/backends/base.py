@@ -4,14 +4,19 @@ A backend turns one provider-neutral `Request` into a `Response`. Concrete
 backends implement two coroutines, `complete` and `stream`; this file builds
 the richer interface of the design (seed 004) on top of them:
 
-* `generate_from_context(action, ctx)` starts one call whose conversation is
-  ``ctx`` followed by ``action`` and returns a `ModelOutputThunk` at once,
+* `generate_from_context(action, ctx)` prepares one call whose conversation
+  is ``ctx`` followed by ``action`` and returns a `ModelOutputThunk` at once,
   with the context that will hold the reply;
-* `generate_from_raw(actions)` starts one independent call per action.
+* `generate_from_raw(actions)` prepares one independent call per action.
 
-The thunk is lazy in the sense that matters: the caller holds it and decides
-when to wait. It is awaitable (the `Response`), async-iterable (text as it
-streams), cancellable, and exposes `usage` once done.
+Thunks are lazy: nothing is sent until a thunk is first awaited or iterated,
+so a caller builds many and resolves them together (``asyncio.gather``). They
+talk to this backend directly, which means they bypass everything the
+resource layer adds: endpoint limits, retries, the response cache, usage and
+cost totals, budgets. Inside a program, make calls through the program's
+resources instead (`plait.execution.generate`, or a module). A thunk is
+awaitable (the `Response`), async-iterable (text as it streams),
+cancellable, and exposes `usage` once done.
 """
 
 from __future__ import annotations
@@ -78,18 +83,25 @@ class Backend(ABC):
     def generate_from_context(
         self, action: Message, ctx: Context
     ) -> tuple[ModelOutputThunk, Context]:
-        """Starts a call for ``action`` after ``ctx``; must run inside an event loop.
+        """Prepares a call for ``action`` after ``ctx``; nothing is sent until the thunk is awaited.
+
+        The call goes straight to this backend (no limits, retries or cache;
+        see the module docstring).
 
         Returns:
-            The thunk of the reply, and the context that will include the
-            action and (once the thunk resolves) the reply. ``ctx`` itself is
-            never changed.
+            The thunk of the reply, and the context with the action appended.
+            ``ctx`` itself is never changed.
         """
         thunk = ModelOutputThunk(self, ctx.to_request(action))
         return thunk, ctx.add(action)
 
     def generate_from_raw(self, actions: Sequence[Request]) -> list[ModelOutputThunk]:
-        """Starts one independent call per request, all at once; thunks keep input order."""
+        """Prepares one independent call per request; thunks keep input order.
+
+        Nothing is sent until a thunk is awaited; await them together
+        (``asyncio.gather(*thunks)``) to run the calls concurrently. They
+        bypass limits, retries and the cache (see the module docstring).
+        """
         return [ModelOutputThunk(self, request) for request in actions]
 
 
@@ -98,7 +110,8 @@ class ModelOutputThunk:
 
     The call starts when the thunk is first awaited or iterated, so building
     many thunks costs nothing until the caller resolves them (concurrently,
-    e.g. with ``asyncio.gather``).
+    e.g. with ``asyncio.gather``). It calls the backend directly: no endpoint
+    limits, retries, response cache or usage totals apply.
 
     Example::
 

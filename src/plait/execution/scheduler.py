@@ -75,7 +75,16 @@ async def execute_graph(
     if output_errors:
         failed = results[output_errors[0]]
         raise run.failure(graph.nodes[output_errors[0]], _error_cause(failed))
-    return substitute(graph.output, run.payload), results
+    try:
+        return substitute(graph.output, run.payload), results
+    except Exception as exc:
+        where = "" if index is None else f" on input {index}"
+        raise ExecutionError(
+            f"the output of {type(graph.root).__name__} could not be rendered{where}: "
+            f"{type(exc).__name__}: {exc}",
+            input_index=index,
+            cause=exc,
+        ) from exc
 
 
 def _bind_inputs(
@@ -247,7 +256,16 @@ class _GraphRun:
         return value
 
     def _resolve(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return substitute(node.args, self.payload), substitute(node.kwargs, self.payload)
+        """Returns the node's arguments with results filled in (f-strings, JSON rendered).
+
+        Raises:
+            ExecutionError: rendering failed (e.g. ``json.dumps`` of a reply that
+                is not JSON data, as eager code would fail), naming the node.
+        """
+        try:
+            return substitute(node.args, self.payload), substitute(node.kwargs, self.payload)
+        except Exception as exc:
+            raise self.failure(node, exc, note=" while its inputs were rendered") from exc
 
     def _check_inputs(self, node: Node) -> None:
         for dep in node.dependencies:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait import _context
+from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.tracing.graph import Node, iter_refs, substitute
@@ -108,9 +109,7 @@ async def backward(
 
 
 async def _runner_for(resources: Any) -> Any:
-    if resources is None:
-        settings = _context.SETTINGS.get()
-        resources = settings.resources if settings is not None else None
+    resources = find_resources(resources)
     if resources is None:
         return None
     from plait.execution.runner import Runner

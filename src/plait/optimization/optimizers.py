@@ -35,9 +35,9 @@ from typing import Any, Self
 
 from pydantic import BaseModel
 
-from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
+from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
@@ -296,10 +296,7 @@ class Optimizer:
     def _manager(self) -> Any:
         from plait.resources import ResourceManager
 
-        resources = self.resources
-        if resources is None:
-            settings = _context.SETTINGS.get()
-            resources = settings.resources if settings is not None else None
+        resources = find_resources(bound=self.resources)
         if resources is None:
             raise PlaitError(
                 f"{type(self).__name__} has no resources for its LLM calls (alias "

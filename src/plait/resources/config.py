@@ -527,6 +527,7 @@ class ResourceConfig:
         # ResourceManager.shared() keeps one manager per running loop here, so
         # the managers live exactly as long as this configuration.
         self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._identity: tuple[Any, ...] | None = None
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ResourceConfig:
@@ -557,6 +558,22 @@ class ResourceConfig:
             raise _not_utf8(file, exc) from exc
         data = _READERS[suffix](text, file)
         return cls(data, source=str(file))
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        """A hashable value equal for equal configurations (same aliases, same settings).
+
+        `ResourceManager.shared` gives equal configurations one manager per
+        event loop, so a configuration rebuilt for every call (a dict, or a new
+        ``ResourceConfig`` in each notebook cell) reuses one set of connections
+        and limits instead of leaking a new one each time.
+        """
+        if self._identity is None:
+            self._identity = tuple(
+                (alias, tuple((f.name, _frozen(getattr(e, f.name))) for f in fields(e)))
+                for alias, e in sorted(self._endpoints.items())
+            )
+        return self._identity
 
     def resolve(self, alias: str) -> EndpointConfig:
         """Returns the endpoint that serves ``alias`` (its own entry, else ``"*"``).
@@ -592,6 +609,19 @@ class ResourceConfig:
     def __repr__(self) -> str:
         inner = ", ".join(f"{a!r}: {e.describe()}" for a, e in self._endpoints.items())
         return f"ResourceConfig({{{inner}}})"
+
+
+def _frozen(value: Any) -> Any:
+    """Returns a hashable stand-in for a setting (mappings and lists become sorted tuples)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return tuple(_frozen(v) for v in value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def _config_error(problems: list[str], prefix: str) -> ConfigError:

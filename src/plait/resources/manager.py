@@ -28,6 +28,7 @@ import dataclasses
 import importlib
 import logging
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -46,6 +47,11 @@ logger = logging.getLogger("plait.resources")
 
 Accept = Callable[[Response], bool]
 """Decides whether a reply is what the caller asked for (see `ResourceManager.complete`)."""
+
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, ResourceManager]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per event loop, the shared manager of each configuration identity."""
 
 _UNFINISHED = frozenset({"length", "content_filter"})
 """Finish reasons of replies that were cut off or withheld: returned, never cached."""
@@ -133,11 +139,13 @@ class ResourceManager:
     ) -> ResourceManager:
         """Returns the manager of ``resources`` for the running event loop.
 
-        A `ResourceConfig` gets one manager per event loop, kept with the
-        config object, so everything that runs with the same config object
-        on the same loop shares backends and limits. A manager is returned as
-        it is. A plain mapping is turned into a new config first, so each call
-        with a mapping gets a new manager: convert it once and pass the config.
+        Equal configurations (`ResourceConfig.identity`) get one manager per
+        event loop, so everything that runs with the same settings on the same
+        loop shares backends and limits, even when the configuration is a
+        mapping or a new `ResourceConfig` built for each call (a notebook cell
+        per call would otherwise open and leak a connection pool each time). A
+        manager is returned as it is. Shared managers close when their loop
+        shuts down (the end of ``asyncio.run``, or the process for ``run_sync``).
 
         Raises:
             RuntimeError: when called outside a running event loop.
@@ -159,14 +167,17 @@ class ResourceManager:
                 "ResourceManager.shared() must be called inside a running event loop "
                 "(from async code); outside one, build ResourceManager(config) yourself"
             ) from None
-        registry = resources._shared
+        registry = resources._shared  # the fast path: this config object on this loop
         manager: ResourceManager | None = registry.get(loop)
         if manager is None or manager._closed:
             for old_loop in [old for old in registry if old.is_closed()]:
                 del registry[old_loop]
-            manager = cls(resources)
+            equal = _SHARED.setdefault(loop, {})
+            manager = equal.get(resources.identity)
+            if manager is None or manager._closed:
+                manager = equal[resources.identity] = cls(resources)
+                _close_when_loop_shuts_down(manager, loop)
             registry[loop] = manager
-            _close_when_loop_shuts_down(manager, loop)
         return manager
 
     # -- calls --------------------------------------------------------------------------
