@@ -36,6 +36,8 @@ class NodeTiming:
     output_tokens: int = 0
     cost: float = 0.0
     cache_hit: bool = False
+    finish_reason: str | None = None
+    """Why the model stopped (``"length"``: cut off by the token limit); None for non-LLM nodes."""
 
     @property
     def duration(self) -> float:
@@ -69,6 +71,7 @@ class Profiler:
                 output_tokens=meta.get("output_tokens", 0),
                 cost=meta.get("cost", 0.0),
                 cache_hit=bool(meta.get("cached", False)),
+                finish_reason=meta.get("finish_reason"),
             )
         )
 

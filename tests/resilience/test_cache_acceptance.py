@@ -143,3 +143,21 @@ async def test_a_truncated_structured_reply_is_invalid_even_when_it_parses(
         with pytest.raises(ExecutionError, match="cut off at the token limit"):
             await run(program, "buy", resources=manager)
     assert server.stats.requests == 2
+
+
+async def test_a_truncated_or_empty_text_reply_is_visible_to_the_caller(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    from plait.profiling import profile
+
+    program = LLMInference("llm", temperature=0.0, max_tokens=2)
+    server.responder = answer("one two three four")
+    async with ResourceManager(config) as manager:
+        with profile() as run_profile, caplog.at_level("WARNING", logger="plait.execution"):
+            await run(program, "count", resources=manager, cache=False)
+            server.responder = answer("")
+            assert await run(program, "silence", resources=manager, cache=False) == ""
+    assert [r.finish_reason for r in run_profile.records] == ["length", "stop"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("alias 'llm'" in m and "cut off by the token limit" in m for m in messages)
+    assert any("alias 'llm'" in m and "empty reply" in m for m in messages)

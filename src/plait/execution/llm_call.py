@@ -11,6 +11,7 @@ a refused reply is never stored in the response cache.
 from __future__ import annotations
 
 import contextvars
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from plait.module import LLMInference
 from plait.values import Value, ValueKind
 
 __all__ = ["USE_CACHE", "build_request", "call_llm", "generate"]
+
+logger = logging.getLogger("plait.execution")
 
 USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cache", default=True)
 """Whether LLM calls may use the endpoints' response caches (the execution option ``cache``).
@@ -104,6 +107,7 @@ async def call_llm(
     use_cache = USE_CACHE.get()
     if module.response_format is None:
         response = await resources.complete(module.alias, request, cache=use_cache)
+        _warn_if_incomplete(module, response)
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
     output = output_type_for(module.response_format)
 
@@ -122,6 +126,30 @@ async def call_llm(
     if reply.attempts > 1:
         value.meta["reasked"] = True
     return value
+
+
+def _warn_if_incomplete(module: LLMInference, response: Response) -> None:
+    """Logs a warning for a text reply that was cut off or is empty.
+
+    The caller of an eval-mode program gets plain text, so a truncated answer
+    would otherwise pass for a whole one; the reason is also in the output
+    Value's ``meta["finish_reason"]`` and in profiler records.
+    """
+    if response.finish_reason == "length":
+        logger.warning(
+            "alias %r (%s): the reply was cut off by the token limit (max_tokens=%s, "
+            "finish_reason 'length'); raise max_tokens for whole answers",
+            module.alias,
+            module._name or "LLMInference",
+            module.max_tokens,
+        )
+    elif not response.text and not response.tool_calls:
+        logger.warning(
+            "alias %r (%s): the model sent an empty reply (finish_reason %r)",
+            module.alias,
+            module._name or "LLMInference",
+            response.finish_reason,
+        )
 
 
 def _value_of(kind: ValueKind, payload: Any, response: Response, usage: Usage) -> Value:
