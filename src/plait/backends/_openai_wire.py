@@ -27,13 +27,13 @@ from typing import Any
 import orjson
 
 from plait.backends.types import (
-    Message,
     Request,
     Response,
     ResponseSchema,
     StreamChunk,
     ToolCall,
     Usage,
+    message_to_dict,
 )
 from plait.errors import BackendError
 
@@ -80,7 +80,7 @@ def build_body(
     """
     body: dict[str, Any] = {
         "model": request.model or default_model,
-        "messages": [_map_message(m) for m in request.messages],
+        "messages": [message_to_dict(m) for m in request.messages],
     }
     options = request.options.as_dict()
     if options:
@@ -107,29 +107,6 @@ def build_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
-
-
-def _map_message(message: Message) -> dict[str, Any]:
-    if message.role == "tool":
-        out: dict[str, Any] = {
-            "role": "tool",
-            "content": message.content,
-            "tool_call_id": message.tool_call_id,
-        }
-        if message.name:
-            out["name"] = message.name
-        return out
-    out = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {
-                "id": call.id,
-                "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments},
-            }
-            for call in message.tool_calls
-        ]
-    return out
 
 
 def _map_tool_choice(choice: str) -> Any:
