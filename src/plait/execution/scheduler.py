@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -87,12 +88,22 @@ async def execute_graph(
         ) from exc
 
 
+@functools.lru_cache(maxsize=256)
+def _signature_of(function: Any) -> inspect.Signature:
+    return inspect.signature(function)
+
+
 def _bind_inputs(
     graph: InferenceGraph, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Value]:
     if not graph.input_ids:
         return {}
-    arguments = inspect.signature(graph.root.forward).bind(*args, **kwargs).arguments
+    forward = graph.root.forward
+    function = getattr(forward, "__func__", None)
+    if function is not None:  # a method: its signature is read once per function, not per call
+        arguments = _signature_of(function).bind(graph.root, *args, **kwargs).arguments
+    else:
+        arguments = inspect.signature(forward).bind(*args, **kwargs).arguments
     results: dict[str, Value] = {}
     for node_id in graph.input_ids:
         path = graph.nodes[node_id].input_path
