@@ -31,19 +31,19 @@ class Perspectives(Module):
             "llm",
             "You are an engineer. In one sentence, judge the technical change.",
             temperature=0.2,
-            max_tokens=48,
+            max_tokens=96,
         )
         self.business = LLMInference(
             "llm",
             "You are a manager. In one sentence, judge the cost and benefit.",
             temperature=0.2,
-            max_tokens=48,
+            max_tokens=96,
         )
         self.user = LLMInference(
             "llm",
             "You are a customer. In one sentence, say how this affects you.",
             temperature=0.2,
-            max_tokens=48,
+            max_tokens=96,
         )
 
     def forward(self, text: str) -> dict[str, str]:
@@ -64,7 +64,7 @@ class Report(Module):
             "llm",
             "Combine the notes into a two-sentence summary for a status report.",
             temperature=0.2,
-            max_tokens=64,
+            max_tokens=128,
         )
 
     def forward(self, text: str) -> dict[str, str]:

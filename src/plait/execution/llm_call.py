@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -128,13 +129,21 @@ async def call_llm(
     return value
 
 
+_WARNED: weakref.WeakSet[LLMInference] = weakref.WeakSet()
+"""Modules already warned about an incomplete reply (once each, not once per batch item)."""
+
+
 def _warn_if_incomplete(module: LLMInference, response: Response) -> None:
-    """Logs a warning for a text reply that was cut off or is empty.
+    """Logs a warning, once per module, for a text reply that was cut off or is empty.
 
     The caller of an eval-mode program gets plain text, so a truncated answer
-    would otherwise pass for a whole one; the reason is also in the output
-    Value's ``meta["finish_reason"]`` and in profiler records.
+    would otherwise pass for a whole one; every call's reason is also in the
+    output Value's ``meta["finish_reason"]`` and in profiler records.
     """
+    incomplete = response.finish_reason == "length" or not (response.text or response.tool_calls)
+    if not incomplete or module in _WARNED:
+        return
+    _WARNED.add(module)
     if response.finish_reason == "length":
         logger.warning(
             "alias %r (%s): the reply was cut off by the token limit (max_tokens=%s, "
@@ -143,7 +152,7 @@ def _warn_if_incomplete(module: LLMInference, response: Response) -> None:
             module._name or "LLMInference",
             module.max_tokens,
         )
-    elif not response.text and not response.tool_calls:
+    else:
         logger.warning(
             "alias %r (%s): the model sent an empty reply (finish_reason %r)",
             module.alias,
