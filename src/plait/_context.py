@@ -50,7 +50,49 @@ def current_run() -> Any:
 
 
 SETTINGS: ContextVar[Any] = ContextVar("plait_settings", default=None)
-"""The innermost active ``ExecutionSettings``, if any (has ``.resources``)."""
+"""The innermost active ``ExecutionSettings``, if any (has ``.resources``, ``.callbacks`` …)."""
+
+GLOBAL_SETTINGS: list[Any] = [None]
+"""The process-wide ``ExecutionSettings`` set by ``plait.settings.configure`` (one slot).
+
+Not a ContextVar: ``configure`` is meant to reach every thread and task, like
+udspy's and DSPy's global settings; scoped overrides use `SETTINGS`.
+"""
+
+
+def setting(name: str) -> Any:
+    """Returns the value of an execution setting: the innermost context's, else the global one.
+
+    None when neither sets it. This is how every layer reads the settings,
+    so ``plait.settings.context(...)`` and ``plait.settings.configure(...)``
+    are one mechanism with two scopes.
+    """
+    scoped = SETTINGS.get()
+    if scoped is not None:
+        value = getattr(scoped, name)
+        if value is not None:
+            return value
+    configured = GLOBAL_SETTINGS[0]
+    return None if configured is None else getattr(configured, name)
+
+
+NODE_SCOPE: ContextVar[tuple[str, int | None]] = ContextVar("plait_node_scope", default=("", None))
+"""(module path, batch index) of the ``async def forward`` leaf running now, if any.
+
+Calls made inside such a leaf run outside the traced graph; the scope lets
+them be profiled, traced, streamed and failed under their full path and the
+item's index.
+"""
+
+STREAM: ContextVar[Any] = ContextVar("plait_stream", default=None)
+"""The event stream of an active ``module.astream(...)``, if any (see `plait.streaming`)."""
+
+CALLBACKS: ContextVar[tuple[Any, ...] | None] = ContextVar("plait_callbacks", default=None)
+"""The callbacks of the module call running now (settings' plus the module's own), once a
+call has resolved them; None means "not resolved here: read the settings"."""
+
+ACTIVE_CALL: ContextVar[str | None] = ContextVar("plait_active_call", default=None)
+"""The call id (see `plait.callbacks`) of the innermost module, LLM, tool or adapter call."""
 
 PROFILE: ContextVar[Any] = ContextVar("plait_profile", default=None)
 """The active profiler (``plait.profiling.Profiler``), if any; the scheduler reports to it."""

@@ -53,6 +53,10 @@ class Module:
     trace_limit: int = 1000
     """Most trace records kept per module (the oldest are dropped); see `traces`."""
 
+    callbacks: tuple[Any, ...] | list[Any] = ()
+    """`plait.callbacks.BaseCallback` objects told about this module's calls and everything
+    inside them, besides those of the settings. Set it on an instance: ``m.callbacks = [cb]``."""
+
     def __init__(self) -> None:
         object.__setattr__(self, "_children", {})
         object.__setattr__(self, "_parameters", {})
@@ -115,10 +119,7 @@ class Module:
         runner = _context.current_run()
         if runner is not None:
             return runner.call_module(self, args, kwargs)
-        settings = _context.SETTINGS.get()
-        if self._bound_resources is not None or (
-            settings is not None and settings.resources is not None
-        ):
+        if self._bound_resources is not None or _context.setting("resources") is not None:
             from plait.execution.run import execute_bound  # upper layer, loaded on first use
 
             return execute_bound(self, args, kwargs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
@@ -28,6 +28,7 @@ from plait.backends.types import (
 from plait.errors import PlaitError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import LLMInference
+from plait.streaming import FieldStreamer, is_streaming, json_fields, whole_text
 from plait.values import Value, ValueKind
 
 __all__ = ["USE_CACHE", "build_request", "call_llm", "generate"]
@@ -91,9 +92,18 @@ def build_request(module: LLMInference, prompt: Any, timeout: float | None = Non
 
 
 async def call_llm(
-    module: LLMInference, prompt: Any, resources: Any, timeout: float | None = None
+    module: LLMInference,
+    prompt: Any,
+    resources: Any,
+    timeout: float | None = None,
+    path: str = "",
 ) -> Value:
     """Calls ``module`` on ``prompt`` through ``resources`` (a ResourceManager).
+
+    When a consumer streams the run (``astream``), the reply is streamed
+    from the provider and its text reaches the consumer as it arrives, as
+    chunks of the field ``text`` (or of the response format's fields), named
+    by ``path``; the request, cache, retries and result are the same.
 
     Returns:
         ``Value(RESPONSE)`` with the reply text, or ``Value(STRUCTURED)`` with
@@ -106,14 +116,26 @@ async def call_llm(
     """
     request = build_request(module, prompt, timeout)
     use_cache = USE_CACHE.get()
-    if module.response_format is None:
-        response = await resources.complete(module.alias, request, cache=use_cache)
+    fmt = module.response_format
+    sink = (
+        FieldStreamer(path, whole_text("text") if fmt is None else json_fields)
+        if is_streaming()
+        else None
+    )
+    if fmt is None:
+        response = await resources.complete(module.alias, request, cache=use_cache, on_text=sink)
+        if sink is not None:
+            await sink.finish()
         _warn_if_incomplete(module, response)
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
-    output = output_type_for(module.response_format)
+    output = output_type_for(fmt)
 
-    def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
-        return resources.complete(module.alias, request, cache=use_cache, accept=accept)
+    async def complete(request: Request, accept: Callable[[Response], bool]) -> Response:
+        if sink is not None and sink.started:
+            await sink.restart("the reply was invalid; asked again")
+        return await resources.complete(
+            module.alias, request, cache=use_cache, accept=accept, on_text=sink
+        )
 
     reply = await ask_structured(
         complete,
@@ -123,6 +145,8 @@ async def call_llm(
         label=f"alias {module.alias!r}",
         target=output.name,
     )
+    if sink is not None:
+        await sink.finish()
     value = _value_of(ValueKind.STRUCTURED, reply.value, reply.response, reply.usage)
     if reply.attempts > 1:
         value.meta["reasked"] = True
@@ -175,7 +199,11 @@ def _value_of(kind: ValueKind, payload: Any, response: Response, usage: Usage) -
 
 
 async def generate(
-    alias: str, request: Request, *, accept: Callable[[Response], bool] | None = None
+    alias: str,
+    request: Request,
+    *,
+    accept: Callable[[Response], bool] | None = None,
+    on_text: Any = None,
 ) -> Response:
     """Makes one LLM call from inside a running program, through that program's resources.
 
@@ -183,8 +211,9 @@ async def generate(
     adapters, tool loops): the call counts against the run's global limit and
     the endpoint's limits, is retried and cached like any other, and carries
     the context's rollout id. ``accept`` decides whether the reply may be
-    cached (see `ResourceManager.complete`); structured callers pass their
-    validation through `ask_structured`.
+    cached, and ``on_text`` receives the reply's text as it streams (see
+    `ResourceManager.complete`); structured callers pass their validation
+    through `ask_structured`.
 
     Raises:
         PlaitError: no program is running in this context.
@@ -196,4 +225,4 @@ async def generate(
             "`async def forward` of a module executed with resources (bound, "
             "ExecutionSettings, or plait.run)"
         )
-    return await runner.complete(alias, request, accept=accept)
+    return await runner.complete(alias, request, accept=accept, on_text=on_text)

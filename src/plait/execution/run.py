@@ -15,20 +15,23 @@ import contextvars
 import sys
 import threading
 import weakref
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any
 
+from plait import _context
 from plait.backends.types import Message
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
 from plait.execution.checkpoint import Checkpoint, program_identity
 from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
 from plait.execution.llm_call import USE_CACHE
+from plait.execution.observe import observed, resolve_callbacks
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
 from plait.execution.tape import Tape, attach_tape, new_tape_id
 from plait.module import Module
+from plait.tracing import is_leaf_module
 from plait.values import Value, ValueKind, valueify
 
 __all__ = ["execute_bound", "run", "run_sync"]
@@ -164,10 +167,11 @@ async def _run_single(
     runner = _runner(module, resources, options)
     graph = trace_cached(module, args, kwargs)
     token = USE_CACHE.set(options["cache"])
+    callbacks = resolve_callbacks()
     deadline = options["deadline"]
     try:
         async with asyncio.timeout(deadline) as scope:
-            output, results = await execute_graph(graph, runner, args, kwargs)
+            output, results = await _observed_graph(graph, runner, args, kwargs, None)
     except TimeoutError as exc:
         if not scope.expired():
             raise
@@ -178,7 +182,26 @@ async def _run_single(
         ) from exc
     finally:
         USE_CACHE.reset(token)
+        _context.CALLBACKS.reset(callbacks)
     return _taped(graph, runner, output, results, None)
+
+
+async def _observed_graph(
+    graph: Any, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None
+) -> tuple[Any, dict[str, Any]]:
+    """Runs a program's graph as one module call for the callbacks.
+
+    A program that is itself a leaf (an LLMInference, a Predict) is its
+    graph's only node, which is observed as that call already.
+    """
+    module = graph.root
+
+    def execute() -> Awaitable[tuple[Any, dict[str, Any]]]:
+        return execute_graph(graph, runner, args, kwargs, index)
+
+    if is_leaf_module(module):
+        return await execute()
+    return await observed(module, args, kwargs, execute)
 
 
 async def _run_batch(
@@ -199,12 +222,13 @@ async def _run_batch(
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
         graph = trace_cached(module, item_args, kwargs)
-        output, results = await execute_graph(graph, runner, item_args, kwargs, index)
+        output, results = await _observed_graph(graph, runner, item_args, kwargs, index)
         usage_by_index[index] = _usage_of(results)
         return _taped(graph, runner, output, results, index)
 
     checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], runner)
     cache_token = USE_CACHE.set(options["cache"])
+    callbacks = resolve_callbacks()
     reported: set[int] = set()
     try:
         with BatchProgress(len(items), options["progress"], runner.manager) as progress:
@@ -235,6 +259,7 @@ async def _run_batch(
                 await _fail_unfinished(items, reported, deadline, on_result)
     finally:
         USE_CACHE.reset(cache_token)
+        _context.CALLBACKS.reset(callbacks)
         if checkpoint is not None:
             checkpoint.close()
 

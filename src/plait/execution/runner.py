@@ -19,6 +19,7 @@ from typing import Any
 from plait import _context
 from plait.backends.types import Request, Response
 from plait.execution.llm_call import USE_CACHE, call_llm
+from plait.execution.observe import observed
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, Module, is_async_module
@@ -95,9 +96,16 @@ class Runner:
         return table
 
     async def call_llm(
-        self, module: LLMInference, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        module: LLMInference,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        path: str = "",
     ) -> Value:
-        """Makes one LLM call within the global limit (endpoint limits apply inside)."""
+        """Makes one LLM call within the global limit (endpoint limits apply inside).
+
+        ``path`` names the call in streamed events (the node's module path).
+        """
         if kwargs:
             prompt = kwargs.get("prompt", next(iter(kwargs.values())))
         elif args:
@@ -105,7 +113,7 @@ class Runner:
         else:
             raise TypeError(f"LLMInference (alias {module.alias!r}) was called without a prompt")
         async with self._slots:
-            value = await call_llm(module, prompt, self.manager, self.timeout)
+            value = await call_llm(module, prompt, self.manager, self.timeout, path)
         calls = INNER_CALLS.get()
         if calls is not None:
             path = scoped(module._name or type(module).__name__)
@@ -121,12 +129,16 @@ class Runner:
         return value
 
     async def complete(
-        self, alias: str, request: Request, accept: Callable[[Response], bool] | None = None
+        self,
+        alias: str,
+        request: Request,
+        accept: Callable[[Response], bool] | None = None,
+        on_text: Any = None,
     ) -> Response:
         """Makes one raw call within the global limit; used by `generate` in async leaves.
 
         The runner's timeout and the context's rollout id fill in what the
-        request leaves unset; ``accept`` goes to `ResourceManager.complete`.
+        request leaves unset; ``accept`` and ``on_text`` go to `ResourceManager.complete`.
         """
         rollout = _context.ROLLOUT.get()
         if request.timeout is None and self.timeout is not None:
@@ -135,7 +147,7 @@ class Runner:
             request = replace(request, rollout_id=rollout)
         async with self._slots:
             response = await self.manager.complete(
-                alias, request, cache=USE_CACHE.get(), accept=accept
+                alias, request, cache=USE_CACHE.get(), accept=accept, on_text=on_text
             )
         calls = INNER_CALLS.get()
         if calls is not None:
@@ -150,11 +162,16 @@ class Runner:
         Called inside an ``async def forward`` leaf: the child is named (for
         profiling and errors) by its path under that leaf, e.g. ``triage.classify``.
         """
+        return await observed(module, args, kwargs, lambda: self._run_child(module, args, kwargs))
+
+    async def _run_child(
+        self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         path = scoped(module._name or type(module).__name__)
         if isinstance(module, LLMInference):
             profiler = _context.PROFILE.get()
             started = profiler.now() if profiler is not None else 0.0
-            value = await self.call_llm(module, args, kwargs)
+            value = await self.call_llm(module, args, kwargs, path)
             if profiler is not None:
                 profiler.record(path, path, NODE_SCOPE.get()[1], started, value.meta)
             return value.payload

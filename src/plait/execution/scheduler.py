@@ -14,7 +14,6 @@ bookkeeping of dependents never changes and fan-in graphs cannot deadlock.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 from collections import deque
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait import _context
 from plait.errors import ExecutionError
+from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, is_async_module
 from plait.tracing.graph import InferenceGraph, Node, substitute
@@ -32,14 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NODE_SCOPE", "execute_graph", "scoped"]
 
-NODE_SCOPE: contextvars.ContextVar[tuple[str, int | None]] = contextvars.ContextVar(
-    "plait_node_scope", default=("", None)
-)
-"""(module path, batch index) of the ``async def forward`` leaf running now, if any.
-
-Calls made inside such a leaf run outside the traced graph; the scope lets
-them be profiled (and fail) under their full path and the item's index.
-"""
+NODE_SCOPE = _context.NODE_SCOPE
 
 
 def scoped(path: str) -> str:
@@ -204,8 +197,11 @@ class _GraphRun:
         self._check_inputs(node)
         call_args, call_kwargs = self._resolve(node)
         token = _context.RUN.set(None)  # plain-Python leaves call children directly
+        module = node.module
         try:
-            output = node.module.forward(*call_args, **call_kwargs)
+            output = observed_sync(
+                module, call_args, call_kwargs, lambda: module.forward(*call_args, **call_kwargs)
+            )
         except Exception as exc:
             raise self.failure(node, exc) from exc
         finally:
@@ -236,7 +232,14 @@ class _GraphRun:
         started = profiler.now() if profiler is not None else 0.0
         try:
             if isinstance(node.module, LLMInference):
-                value = await self.runner.call_llm(node.module, call_args, call_kwargs)
+                value = await observed(
+                    node.module,
+                    call_args,
+                    call_kwargs,
+                    lambda: self.runner.call_llm(
+                        node.module, call_args, call_kwargs, scoped(node.module_path or node.id)
+                    ),
+                )
             else:
                 token = _context.RUN.set(self.runner)
                 # The root module's path is "": its children keep their own paths.
@@ -245,7 +248,13 @@ class _GraphRun:
                 calls: list[dict[str, Any]] | None = [] if self.runner.training else None
                 noting = INNER_CALLS.set(calls)
                 try:
-                    value = _as_value(await node.module.forward(*call_args, **call_kwargs), None)
+                    output = await observed(
+                        node.module,
+                        call_args,
+                        call_kwargs,
+                        lambda: node.module.forward(*call_args, **call_kwargs),
+                    )
+                    value = _as_value(output, None)
                 finally:
                     INNER_CALLS.reset(noting)
                     NODE_SCOPE.reset(scope)

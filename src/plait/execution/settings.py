@@ -2,7 +2,10 @@
 
 Settings nest: an inner block overrides only the fields it sets. Priority of
 an option for one call, highest first: keyword arguments of the call, the
-module's `bind(...)`, the innermost ``ExecutionSettings``, the defaults.
+module's `bind(...)`, the innermost ``ExecutionSettings``, the process-wide
+settings of ``plait.settings.configure``, the defaults. ``plait.settings``
+is the seed-style façade over this one mechanism: ``context(...)`` *is* an
+``ExecutionSettings`` block, and ``configure(...)`` sets the global layer.
 `find_resources` is the one rule by which every caller (a bound call,
 ``plait.run``, backward, an optimizer) finds the resources to use.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextvars
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,6 +60,9 @@ class ExecutionSettings:
     """``raise`` (default): a failed item fails the batch; ``collect``: it becomes its error."""
     cache: bool | None = None
     """False skips the endpoints' response caches (no lookup, no store) for these calls."""
+    callbacks: Sequence[Any] | None = None
+    """`plait.callbacks.BaseCallback` objects told about every module, LLM, tool and
+    adapter call inside (a module's own ``callbacks`` are added for its calls)."""
 
     def __post_init__(self) -> None:
         if self.max_concurrent is not None and self.max_concurrent < 1:
@@ -112,14 +119,16 @@ OPTION_NAMES = frozenset(DEFAULTS)
 
 
 def effective_options(bound: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
-    """Returns the options of one call: call kwargs > bind > ExecutionSettings > defaults."""
+    """Returns the options of one call.
+
+    Priority: call kwargs > bind > the innermost ``ExecutionSettings`` (a
+    ``plait.settings.context``) > ``plait.settings.configure`` > defaults.
+    """
     options = dict(DEFAULTS)
-    settings = _context.SETTINGS.get()
-    if settings is not None:
-        for name in OPTION_NAMES:
-            value = getattr(settings, name)
-            if value is not None:
-                options[name] = value
+    for name in OPTION_NAMES:
+        value = _context.setting(name)
+        if value is not None:
+            options[name] = value
     for layer in (bound, call):
         for name, value in layer.items():
             if value is not None:
@@ -134,7 +143,8 @@ def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = Non
     (what the caller was bound to: `Module.bind`, ``Optimizer.bind``); the one
     set of resources that every bound module below ``module`` shares (so a
     `TrainingStep` or a wrapper around a bound program finds the program's);
-    the innermost ``ExecutionSettings``.
+    the innermost ``ExecutionSettings`` (``plait.settings.context``); the
+    global ``plait.settings.configure``.
     """
     if explicit is not None:
         return explicit
@@ -148,5 +158,4 @@ def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = Non
         }
         if len(below) == 1:
             return next(iter(below.values()))
-    settings = _context.SETTINGS.get()
-    return settings.resources if settings is not None else None
+    return _context.setting("resources")

@@ -31,10 +31,11 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from plait.backends.base import Backend
-from plait.backends.types import Request, Response, StreamChunk, Usage
+from plait.backends.types import Request, Response, StreamChunk, Usage, message_to_dict
+from plait.callbacks import active_callbacks, end_call, start_call
 from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
@@ -47,6 +48,18 @@ logger = logging.getLogger("plait.resources")
 
 Accept = Callable[[Response], bool]
 """Decides whether a reply is what the caller asked for (see `ResourceManager.complete`)."""
+
+
+class TextSink(Protocol):
+    """Where a streaming `ResourceManager.complete` sends the reply's text as it arrives."""
+
+    started: bool
+    """Whether text has been sent since the last restart."""
+
+    async def text(self, delta: str) -> None: ...
+
+    async def restart(self, reason: str) -> None: ...
+
 
 _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Any, ResourceManager]] = (
     weakref.WeakKeyDictionary()
@@ -205,6 +218,7 @@ class ResourceManager:
         cache: bool = True,
         max_retries: int | None = None,
         accept: Accept | None = None,
+        on_text: TextSink | None = None,
     ) -> Response:
         """Makes one model call on the endpoint serving ``alias``, within its limits.
 
@@ -220,6 +234,12 @@ class ResourceManager:
                 a cached reply it refuses counts as a miss; a structured call
                 passes its validation here, so a reply that failed validation
                 is never replayed from the cache.
+            on_text: receives the reply's text as it arrives (``await
+                on_text.text(delta)``): the call then uses the backend's real
+                stream, with the same cache, limits, retries and usage as
+                without it. A cache hit arrives as one piece. Before a retry
+                that follows streamed text, ``await on_text.restart(reason)``
+                tells the sink to discard it.
 
         Returns:
             The response, with ``usage.cost`` set when the price is known and
@@ -236,26 +256,49 @@ class ResourceManager:
                 says both and the last status.
         """
         route = self._routes.get(alias) or self._route(alias)
+        callbacks = active_callbacks()
+        if not callbacks:
+            return await self._cached_or_fresh(route, request, cache, max_retries, accept, on_text)
+        scope = start_call("lm", route.endpoint.config, _lm_inputs(route, request), callbacks)
+        try:
+            response = await self._cached_or_fresh(
+                route, request, cache, max_retries, accept, on_text
+            )
+        except BaseException as exc:
+            end_call(scope, None, exc)
+            raise
+        end_call(scope, response)
+        return response
+
+    async def _cached_or_fresh(
+        self,
+        route: _Route,
+        request: Request,
+        cache: bool,
+        max_retries: int | None,
+        accept: Accept | None,
+        on_text: TextSink | None,
+    ) -> Response:
         endpoint = route.endpoint
         response_cache = endpoint.cache if cache else None
         if response_cache is None:
-            response = await self._complete(route, request, max_retries)
+            response = await self._complete(route, request, max_retries, on_text)
             if accept is not None:
                 accept(response)
             return response
         key = response_cache.key(endpoint.config, request)
         hit = await response_cache.get(key)
         if hit is not None and _accepts(accept, hit):
-            return self._cache_hit(route, hit)
+            return await self._replay(route, hit, on_text)
         shared = await self._join_in_flight(key)
         if shared is not None:
             reply = _copy_response(shared)
             if _accepts(accept, reply):
-                return self._cache_hit(route, reply)
+                return await self._replay(route, reply, on_text)
         leader: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = leader
         try:
-            response = await self._complete(route, request, max_retries)
+            response = await self._complete(route, request, max_retries, on_text)
             accepted = _accepts(accept, response)
             if accepted:
                 await response_cache.put(key, response)
@@ -326,24 +369,41 @@ class ResourceManager:
         limiter.on_success()
         self._record(route, usage)
 
-    async def _complete(self, route: _Route, request: Request, max_retries: int | None) -> Response:
+    async def _replay(
+        self, route: _Route, response: Response, on_text: TextSink | None
+    ) -> Response:
+        """Returns a cached (or shared) reply; a streaming caller gets its text in one piece."""
+        if on_text is not None and response.text:
+            await on_text.text(response.text)
+        return self._cache_hit(route, response)
+
+    async def _complete(
+        self,
+        route: _Route,
+        request: Request,
+        max_retries: int | None,
+        on_text: TextSink | None = None,
+    ) -> Response:
         backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         started = time.perf_counter()
         waited = 0.0
         attempts = 0
+        error: BackendError | None = None
         while True:
             attempts += 1
+            if on_text is not None and on_text.started:
+                await on_text.restart(f"retried after: {error}")
             waited += await self._begin_attempt(route, reserved)
             try:
-                if timeout is None:
+                if on_text is not None:
+                    response = await _streamed(backend, request, timeout, on_text)
+                elif timeout is None:
                     response = await backend.complete(request)
                 else:
                     async with asyncio.timeout(timeout):
                         response = await backend.complete(request)
             except TimeoutError as exc:
-                error: BackendError = BackendTimeout(
-                    f"no answer within {timeout:g} s", alias=route.alias
-                )
+                error = BackendTimeout(f"no answer within {timeout:g} s", alias=route.alias)
                 error.__cause__ = exc
             except BackendError as exc:
                 error = exc
@@ -588,6 +648,64 @@ def _accepts(accept: Accept | None, response: Response) -> bool:
     """
     accepted = accept is None or bool(accept(response))
     return accepted and response.finish_reason not in _UNFINISHED
+
+
+async def _streamed(
+    backend: Backend, request: Request, timeout: float | None, on_text: TextSink
+) -> Response:
+    """Makes one attempt over the backend's stream, passing text to ``on_text``; the whole reply.
+
+    The timeout covers the waits for the backend only: time the sink spends
+    waiting for a slow consumer (backpressure) moves the deadline out, so a
+    slow reader never times a healthy call out.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    chunks = backend.stream(request).__aiter__()
+    text: list[str] = []
+    calls: list[Any] = []
+    usage: Usage | None = None
+    finish: str | None = None
+    try:
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline):
+                    chunk = await anext(chunks)
+            except StopAsyncIteration:
+                break
+            if chunk.text:
+                text.append(chunk.text)
+                paused = loop.time()
+                await on_text.text(chunk.text)
+                if deadline is not None:
+                    deadline += loop.time() - paused
+            calls.extend(chunk.tool_calls)
+            usage = chunk.usage or usage
+            finish = chunk.finish_reason or finish
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return Response(
+        text="".join(text), tool_calls=tuple(calls), usage=usage or Usage(), finish_reason=finish
+    )
+
+
+def _lm_inputs(route: _Route, request: Request) -> dict[str, Any]:
+    """Returns what an ``on_lm_start`` callback is told about a request (only when one listens)."""
+    config = route.endpoint.config
+    inputs: dict[str, Any] = {
+        "alias": route.alias,
+        "provider": config.provider,
+        "model": request.model or config.model,
+        "messages": [message_to_dict(m) for m in request.messages],
+        **request.options.as_dict(),
+    }
+    if request.tools:
+        inputs["tools"] = [tool.name for tool in request.tools]
+    if request.response_schema is not None:
+        inputs["response_format"] = request.response_schema.name
+    return inputs
 
 
 def _copy_response(response: Response) -> Response:

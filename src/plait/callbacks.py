@@ -1,0 +1,197 @@
+"""Callbacks: hooks told about every module, LLM, tool and adapter call of a run.
+
+Subclass `BaseCallback` and override the hooks you need. Their names and
+arguments are DSPy's (``on_module_start(call_id, instance, inputs)``,
+``on_lm_end(call_id, outputs, exception)`` …), so a callback written for DSPy
+ports by changing its import. Each call gets a ``call_id`` that pairs its
+start and end hooks; inside a start hook, `active_call_id` is the id of the
+enclosing call, so a callback can nest what it records (the OpenTelemetry
+callback in `plait.telemetry` does).
+
+One mechanism, three scopes (see `plait.settings`)::
+
+    plait.settings.configure(callbacks=[Log()])       # every run in the process
+    with plait.settings.context(callbacks=[Log()]):   # runs inside this block
+        ...
+    program.summarizer.callbacks = [Log()]             # this module's calls and what they contain
+
+A callback that raises is logged (logger ``plait.callbacks``) and never breaks
+a run. With none configured, a call pays one context lookup.
+
+What each hook receives:
+
+* module — ``instance``: the module; ``inputs``: its arguments by name;
+  ``outputs``: what it returned (raw data, a `Prediction` …).
+* lm — ``instance``: the `EndpointConfig` serving the alias; ``inputs``:
+  ``alias``, ``provider``, ``model``, ``messages`` (OpenAI-style dicts) and
+  the sampling options, ``tools`` and ``response_format`` when set;
+  ``outputs``: the `Response` (``.text``, ``.usage``, ``.finish_reason``,
+  ``.meta["cached"]``).
+* tool — ``instance``: the `Tool`; ``inputs``: ``{"arguments": ..., "call_id": ...}``;
+  ``outputs``: the `ToolResult`.
+* adapter_format / adapter_parse — ``instance``: the adapter; ``inputs``:
+  ``signature`` and ``inputs``/``demos`` (format) or ``completion`` (parse);
+  ``outputs``: the messages, or the parsed outputs.
+* evaluate — ``instance``: the program; ``inputs``: ``devset`` and ``metric``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from plait import _context
+
+__all__ = [
+    "BaseCallback",
+    "CallScope",
+    "active_call_id",
+    "active_callbacks",
+    "callbacks_for",
+    "end_call",
+    "start_call",
+]
+
+logger = logging.getLogger("plait.callbacks")
+
+
+class BaseCallback:
+    """Base class of callbacks: every hook does nothing until overridden.
+
+    Example::
+
+        class Timer(BaseCallback):
+            def on_lm_start(self, call_id, instance, inputs):
+                self.started[call_id] = time.perf_counter()
+
+            def on_lm_end(self, call_id, outputs, exception=None):
+                print(call_id, time.perf_counter() - self.started.pop(call_id))
+    """
+
+    def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a module call starts (the whole program, a graph node, a child)."""
+
+    def on_module_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when that module call ends, with its output or its exception."""
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when an LLM call starts (before the cache, limits and retries)."""
+
+    def on_lm_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when that LLM call ends, with the `Response` or the final error."""
+
+    def on_adapter_format_start(
+        self, call_id: str, instance: Any, inputs: dict[str, Any]
+    ) -> None:
+        """Called when an adapter starts writing a signature's messages."""
+
+    def on_adapter_format_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when the adapter has written them (``outputs``: the messages)."""
+
+    def on_adapter_parse_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when an adapter starts reading outputs from a reply."""
+
+    def on_adapter_parse_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it has read them, or failed to (a `StructuredOutputError`)."""
+
+    def on_tool_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a tool call starts."""
+
+    def on_tool_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends (``outputs``: the `ToolResult`; ``exception``: what it raised)."""
+
+    def on_evaluate_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when `plait.evaluate` starts."""
+
+    def on_evaluate_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends, with its result."""
+
+
+def active_callbacks() -> tuple[Any, ...]:
+    """Returns the callbacks of a call made here: the enclosing module call's, else settings'."""
+    resolved = _context.CALLBACKS.get()
+    if resolved is not None:
+        return resolved
+    configured = _context.setting("callbacks")
+    return tuple(configured) if configured else ()
+
+
+def callbacks_for(module: Any) -> tuple[Any, ...]:
+    """Returns the callbacks of a call of ``module``: the active ones plus the module's own."""
+    inherited = active_callbacks()
+    own: Sequence[Any] = getattr(module, "callbacks", ())
+    if not own:
+        return inherited
+    return (*inherited, *(cb for cb in own if cb not in inherited))
+
+
+def active_call_id() -> str | None:
+    """Returns the call id of the innermost call running here (the parent, inside a start hook)."""
+    return _context.ACTIVE_CALL.get()
+
+
+class CallScope:
+    """One call that callbacks were told started; `end_call` tells them it ended."""
+
+    __slots__ = ("call_id", "callbacks", "kind", "token")
+
+    def __init__(self, kind: str, call_id: str, callbacks: tuple[Any, ...], token: Any) -> None:
+        self.kind = kind
+        self.call_id = call_id
+        self.callbacks = callbacks
+        self.token = token
+
+
+def start_call(
+    kind: str, instance: Any, inputs: dict[str, Any], callbacks: tuple[Any, ...]
+) -> CallScope | None:
+    """Tells ``callbacks`` that a call of ``kind`` started; returns its scope (None: no callbacks).
+
+    ``kind`` is ``module``, ``lm``, ``tool``, ``adapter_format``,
+    ``adapter_parse`` or ``evaluate``. Call `end_call` with the scope in the
+    same task, whatever happens.
+    """
+    if not callbacks:
+        return None
+    call_id = uuid.uuid4().hex
+    for callback in callbacks:
+        _safely(callback, f"on_{kind}_start", call_id, instance, inputs)
+    return CallScope(kind, call_id, callbacks, _context.ACTIVE_CALL.set(call_id))
+
+
+def end_call(
+    scope: CallScope | None, outputs: Any = None, exception: BaseException | None = None
+) -> None:
+    """Tells the callbacks of ``scope`` that its call ended (with ``outputs`` or ``exception``)."""
+    if scope is None:
+        return
+    with contextlib.suppress(ValueError):  # ended in another context than it started: no-op
+        _context.ACTIVE_CALL.reset(scope.token)
+    error = exception if isinstance(exception, Exception) else None
+    for callback in scope.callbacks:
+        _safely(callback, f"on_{scope.kind}_end", scope.call_id, outputs, error)
+
+
+def _safely(callback: Any, hook: str, *args: Any) -> None:
+    method = getattr(callback, hook, None)
+    if method is None:
+        return
+    try:
+        method(*args)
+    except Exception:
+        logger.exception("callback %r raised in %s; the run goes on", callback, hook)

@@ -1,0 +1,89 @@
+"""Module calls told to callbacks: the whole program, each graph node, each child of a leaf.
+
+A traced program has no "calls" of its composite modules at run time (their
+``forward`` ran once, while tracing); what runs is the program itself, its
+leaf nodes, and the children an ``async def forward`` leaf calls. Each of
+those is one module call for the callbacks, and everything inside it (LLM
+calls, tools, adapters, child calls) sees the callbacks of that call: the
+settings' plus the module's own ``callbacks``.
+
+With no callbacks anywhere the cost is a context lookup and an attribute
+read per node.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from plait import _context
+from plait.callbacks import active_callbacks, callbacks_for, end_call, start_call
+from plait.module import LLMInference
+
+__all__ = ["module_inputs", "observed", "observed_sync", "resolve_callbacks"]
+
+T = TypeVar("T")
+
+
+def resolve_callbacks() -> Any:
+    """Fixes the callbacks of a run in its context (so nodes need not read settings); a token."""
+    return _context.CALLBACKS.set(active_callbacks())
+
+
+def module_inputs(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Returns a module call's arguments by name, as ``on_module_start`` receives them."""
+    if isinstance(module, LLMInference):
+        prompt = args[0] if args else kwargs.get("prompt", next(iter(kwargs.values()), None))
+        return {"prompt": prompt}
+    try:
+        bound = _signature_of(type(module).forward).bind(module, *args, **kwargs)
+    except TypeError:
+        return {"args": args, **kwargs}
+    return {name: value for name, value in bound.arguments.items() if name != "self"}
+
+
+@functools.lru_cache(maxsize=256)
+def _signature_of(function: Any) -> inspect.Signature:
+    return inspect.signature(function)
+
+
+async def observed(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Awaitable[T]]
+) -> T:
+    """Awaits ``run()`` as one call of ``module``, telling its callbacks when it starts and ends."""
+    callbacks = callbacks_for(module)
+    if not callbacks:
+        return await run()
+    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
+    token = _context.CALLBACKS.set(callbacks)
+    try:
+        result = await run()
+    except BaseException as exc:
+        end_call(scope, None, exc)
+        raise
+    finally:
+        _context.CALLBACKS.reset(token)
+    end_call(scope, result)
+    return result
+
+
+def observed_sync(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], T]
+) -> T:
+    """`observed` for a plain-Python leaf, which runs inline."""
+    callbacks = callbacks_for(module)
+    if not callbacks:
+        return run()
+    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
+    token = _context.CALLBACKS.set(callbacks)
+    try:
+        result = run()
+    except BaseException as exc:
+        end_call(scope, None, exc)
+        raise
+    finally:
+        _context.CALLBACKS.reset(token)
+    end_call(scope, result)
+    return result
