@@ -17,6 +17,14 @@ from plait.parameter import Parameter
 from plait.values import Value, ValueKind, ValueRef, collect_refs, unwrap, valueify
 
 if TYPE_CHECKING:
+    from plait import settings
+    from plait.callbacks import BaseCallback
+    from plait.confirmation import (
+        ConfirmationRejected,
+        ConfirmationRequired,
+        ResumeState,
+        confirm_first,
+    )
     from plait.evaluation import evaluate
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
@@ -45,8 +53,16 @@ if TYPE_CHECKING:
         TrainingStep,
         VerifierLoss,
     )
-    from plait.resources import ResourceConfig, ResourceManager
+    from plait.resources import ResourceConfig, ResourceManager, register_provider
     from plait.signatures import InputField, OutputField, Signature
+    from plait.streaming import (
+        OutputStreamChunk,
+        StreamEvent,
+        ThoughtStreamChunk,
+        ToolCallEvent,
+        ToolResultEvent,
+        emit_event,
+    )
     from plait.tools import Tool, tool
 
 __version__ = "0.1.0"
@@ -86,13 +102,28 @@ _LAZY = {
     "Refine": "plait.modules",
     "Requirement": "plait.modules",
     "ValidateAndRepair": "plait.modules",
+    "BaseCallback": "plait.callbacks",
+    "ConfirmationRejected": "plait.confirmation",
+    "ConfirmationRequired": "plait.confirmation",
+    "ResumeState": "plait.confirmation",
+    "confirm_first": "plait.confirmation",
+    "OutputStreamChunk": "plait.streaming",
+    "StreamEvent": "plait.streaming",
+    "ThoughtStreamChunk": "plait.streaming",
+    "ToolCallEvent": "plait.streaming",
+    "ToolResultEvent": "plait.streaming",
+    "emit_event": "plait.streaming",
+    "register_provider": "plait.resources",
 }
 
 __all__ = [
+    "BaseCallback",
     "BatchResult",
     "BestOfN",
     "ChainOfThought",
     "CompositeLoss",
+    "ConfirmationRejected",
+    "ConfirmationRequired",
     "ExecutionError",
     "ExecutionSettings",
     "History",
@@ -109,6 +140,7 @@ __all__ = [
     "ModuleList",
     "MultiChainComparison",
     "OutputField",
+    "OutputStreamChunk",
     "Parameter",
     "ParameterDict",
     "ParameterList",
@@ -120,11 +152,16 @@ __all__ = [
     "Requirement",
     "ResourceConfig",
     "ResourceManager",
+    "ResumeState",
     "SFAOptimizer",
     "Sequential",
     "Signature",
+    "StreamEvent",
     "TextGradOptimizer",
+    "ThoughtStreamChunk",
     "Tool",
+    "ToolCallEvent",
+    "ToolResultEvent",
     "TracingError",
     "Trainer",
     "TrainingStep",
@@ -134,8 +171,12 @@ __all__ = [
     "ValueRef",
     "VerifierLoss",
     "collect_refs",
+    "confirm_first",
+    "emit_event",
     "evaluate",
+    "register_provider",
     "run",
+    "settings",
     "tool",
     "unwrap",
     "valueify",
@@ -143,6 +184,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "settings":  # the module itself: plait.settings.configure(...)
+        value = importlib.import_module("plait.settings")
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'plait' has no attribute {name!r}")

@@ -102,3 +102,9 @@ ROLLOUT: ContextVar[str | None] = ContextVar("plait_rollout", default=None)
 
 ``BestOfN`` sets a different one per attempt so the response cache keeps them apart.
 """
+
+RESUME: ContextVar[dict[str, Any] | None] = ContextVar("plait_resume", default=None)
+"""``{"state": ResumeState, "claimed": bool}`` while a call runs with ``resume_state=``."""
+
+CALL_PATH: ContextVar[str] = ContextVar("plait_call_path", default="")
+"""The module path of the module call whose callbacks run now (``plait.callbacks.call_path``)."""

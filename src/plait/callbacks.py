@@ -50,6 +50,7 @@ __all__ = [
     "CallScope",
     "active_call_id",
     "active_callbacks",
+    "call_path",
     "callbacks_for",
     "end_call",
     "start_call",
@@ -87,9 +88,7 @@ class BaseCallback:
     ) -> None:
         """Called when that LLM call ends, with the `Response` or the final error."""
 
-    def on_adapter_format_start(
-        self, call_id: str, instance: Any, inputs: dict[str, Any]
-    ) -> None:
+    def on_adapter_format_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         """Called when an adapter starts writing a signature's messages."""
 
     def on_adapter_format_end(
@@ -138,6 +137,11 @@ def callbacks_for(module: Any) -> tuple[Any, ...]:
     if not own:
         return inherited
     return (*inherited, *(cb for cb in own if cb not in inherited))
+
+
+def call_path() -> str:
+    """Returns the dotted module path of the module call being reported (inside its hooks)."""
+    return _context.CALL_PATH.get()
 
 
 def active_call_id() -> str | None:

@@ -15,6 +15,8 @@ catch the whole family with one clause and still tell the cases apart::
     ├── StructuredOutputError a reply could not be parsed into the requested type
     ├── ExecutionError        a node failed while running; names node, path and input index
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
+    ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
+    │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -43,6 +45,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceededError",
     "ExecutionError",
+    "ExecutionInterrupt",
     "PlaitError",
     "RateLimitError",
     "StructuredOutputError",
@@ -191,3 +194,12 @@ class DeadlineExceededError(ExecutionError):
     def __init__(self, message: str, *, deadline: float, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.deadline = deadline
+
+
+class ExecutionInterrupt(PlaitError):
+    """The program stopped on purpose and can be resumed (not a failure).
+
+    It passes through the scheduler as it is (never wrapped in an
+    `ExecutionError`), so the caller catches the interrupt itself, e.g.
+    `plait.confirmation.ConfirmationRequired`.
+    """

@@ -21,7 +21,7 @@ import copy as _copy
 import dataclasses
 import inspect
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Self
 
 from plait import _context
@@ -179,6 +179,22 @@ class Module:
         object.__setattr__(self, "_bound_resources", resources)
         object.__setattr__(self, "_bound_config", {"max_concurrent": max_concurrent, **kwargs})
         return self
+
+    async def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Runs the module on one input, yielding events as they happen, then the output.
+
+        ``async for event in program.astream(x)``: `plait.streaming` events
+        (text per output field as the model writes it, tool calls and results,
+        your own `emit_event`s) from every module of the program, interleaved
+        as concurrent branches produce them, each naming its module path; the
+        last item is the program's output (a `Prediction` for Predict-like
+        modules). Needs resources, like ``await module(x)``. Stopping the
+        iteration cancels the program and its requests.
+        """
+        from plait.execution.astream import stream_events  # upper layer, loaded on first use
+
+        async for event in stream_events(self, args, kwargs):
+            yield event
 
     def run_sync(self, *args: Any, **kwargs: Any) -> Any:
         """Executes like ``await module(...)`` but blocks; works inside a running loop too.

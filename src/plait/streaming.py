@@ -263,7 +263,12 @@ class FieldStreamer:
             done = final or position < len(names) - 1
             if content == before and not done:
                 continue
-            delta = content[len(before) :] if content.startswith(before) else content
+            if content.startswith(before):
+                delta = content[len(before) :]
+            elif before.startswith(content):  # trailing space trimmed once the field ended
+                delta = ""
+            else:  # a non-text value re-read from more JSON
+                delta = content
             self._contents[name] = content
             if done:
                 self._complete.add(name)

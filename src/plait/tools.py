@@ -45,16 +45,19 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import json
 import re
 import threading
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
 from plait.backends.types import Message, ToolSpec
+from plait.callbacks import active_callbacks, end_call, start_call
+from plait.confirmation import ConfirmationRequired, current_tool_call, is_approved
 
-__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolResult", "tool"]
+__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolResult", "tool", "tool_table"]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a tool call may take unless the tool sets ``timeout`` (``None`` disables it).
@@ -121,6 +124,11 @@ class Tool:
         max_result_chars: longest result text shown to the model; longer
             results are cut (saying how much), so one verbose tool cannot
             overflow the agent's context. ``ToolResult.value`` stays whole.
+        require_confirmation: ask a person before running (a tool with side
+            effects): `call` raises `plait.confirmation.ConfirmationRequired`
+            unless the call was approved; `ReAct` pauses and resumes around
+            it. A function wrapped in `plait.confirmation.confirm_first`
+            requires it too.
 
     Raises:
         ValueError: the name is not 1-64 letters, digits, ``_`` or ``-``.
@@ -141,6 +149,7 @@ class Tool:
         in_thread: bool = True,
         timeout: float | None = DEFAULT_TIMEOUT,
         max_result_chars: int = 8000,
+        require_confirmation: bool = False,
     ) -> None:
         if not callable(func):
             raise TypeError(f"Tool needs a callable, got {type(func).__name__}")
@@ -156,6 +165,9 @@ class Tool:
         self.in_thread = in_thread
         self.timeout = timeout
         self.max_result_chars = max_result_chars
+        self.require_confirmation = require_confirmation or bool(
+            getattr(func, "plait_requires_confirmation", False)
+        )
         self._is_async = _is_async_callable(func)
         self._params = _keyword_parameters(func, self.name)
         self.args_model = _build_args_model(func, self.name, self._params)
@@ -192,13 +204,29 @@ class Tool:
         Never raises for a bad call: invalid JSON, failed validation,
         exceptions from the tool, a timeout and a result that cannot be
         turned into text become a `ToolResult` with ``ok=False`` whose content
-        tells the model what went wrong. Cancellation propagates.
+        tells the model what went wrong. Cancellation propagates, and so does
+        `ConfirmationRequired`: a tool that needs a person's approval (and
+        has not got it for this ``call_id``) stops the agent instead of running.
 
         Args:
             arguments: the arguments as JSON text (as the model sent them) or
                 a mapping; None or ``""`` means no arguments.
-            call_id: the id of the model's tool call, copied to the result.
+            call_id: the id of the model's tool call, copied to the result;
+                approvals are given by this id.
         """
+        callbacks = active_callbacks()
+        scope = start_call("tool", self, {"arguments": arguments, "call_id": call_id}, callbacks)
+        try:
+            result = await self._checked_call(arguments, call_id)
+        except BaseException as exc:
+            end_call(scope, None, exc)
+            raise
+        end_call(scope, result, result.exception)
+        return result
+
+    async def _checked_call(
+        self, arguments: str | Mapping[str, Any] | None, call_id: str | None
+    ) -> ToolResult:
         data, problem = _decode_arguments(arguments)
         kwargs: dict[str, Any] = {}
         if data is not None:
@@ -211,14 +239,23 @@ class Tool:
                 error="invalid_arguments",
                 call_id=call_id,
             )
-        return await self._run(kwargs, call_id)
+        if self.require_confirmation and not is_approved(call_id):
+            shown = json.dumps(data, ensure_ascii=False, default=str)
+            raise ConfirmationRequired(
+                f"Run the tool {self.name} with {shown}?",
+                confirmation_id=call_id,
+                tool_name=self.name,
+                arguments=data,
+            )
+        with current_tool_call(call_id):
+            return await self._run(kwargs, call_id)
 
     async def _run(self, kwargs: dict[str, Any], call_id: str | None) -> ToolResult:
         deadline = asyncio.timeout(self.timeout)  # None: no deadline
         try:
             async with deadline:
                 value = await self._invoke(kwargs)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit, ConfirmationRequired):
             raise
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
@@ -285,6 +322,7 @@ def tool(
     in_thread: bool = True,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_result_chars: int = 8000,
+    require_confirmation: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -297,6 +335,7 @@ def tool(
     in_thread: bool = True,
     timeout: float | None = DEFAULT_TIMEOUT,
     max_result_chars: int = 8000,
+    require_confirmation: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turns a function into a `Tool`; use bare (``@tool``) or with options.
 
@@ -304,6 +343,9 @@ def tool(
 
         @tool(name="web_search", description="Searches the web.")
         async def search(query: str, limit: int = 5) -> list[str]: ...
+
+        @tool(require_confirmation=True)      # a person approves each call
+        def delete_file(path: str) -> str: ...
     """
     options = {
         "name": name,
@@ -311,6 +353,7 @@ def tool(
         "in_thread": in_thread,
         "timeout": timeout,
         "max_result_chars": max_result_chars,
+        "require_confirmation": require_confirmation,
     }
     if func is not None:
         return Tool(func, **options)
@@ -535,3 +578,19 @@ def _render(value: Any) -> str:
     from pydantic_core import to_json
 
     return to_json(value, fallback=str).decode()
+
+
+def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
+    """Returns tools by name, wrapping plain functions in `Tool`; refuses two of one name."""
+    if isinstance(tools, Tool) or callable(tools):
+        tools = [tools]  # type: ignore[list-item]
+    table: dict[str, Tool] = {}
+    for item in tools:
+        wrapped = item if isinstance(item, Tool) else Tool(item)
+        if wrapped.name in table:
+            raise ValueError(
+                f"got two tools named {wrapped.name!r}; give one another name with "
+                "Tool(fn, name=...)"
+            )
+        table[wrapped.name] = wrapped
+    return table

@@ -58,8 +58,12 @@ class Backend(ABC):
     Implementations must not retry: the resource layer owns retries, limits
     and the cache, and needs to see every failure as a `BackendError`.
 
-    Override `complete` and `stream`; override `aclose` when the backend holds
-    connections or a model.
+    Override `complete` (and `stream`, for real token streaming); override
+    `aclose` when the backend holds connections or a model. A user-written
+    backend is used like a built-in one: name its class, an instance, or a
+    name given to `plait.resources.register_provider` as the ``provider`` of
+    a configuration entry, and limits, retries, the cache, usage and streaming
+    all apply.
     """
 
     provider: str = "abstract"
@@ -73,9 +77,20 @@ class Backend(ABC):
                 HTTP status and whether it may be retried.
         """
 
-    @abstractmethod
-    def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
-        """Makes one call and yields the reply as it arrives; the last chunk has usage."""
+    async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
+        """Makes one call and yields the reply as it arrives; the last chunk has usage.
+
+        Override this for real token streaming. The default makes the whole
+        call with `complete` and yields it as one chunk, so a backend that only
+        implements `complete` still works under ``astream``.
+        """
+        response = await self.complete(request)
+        yield StreamChunk(
+            text=response.text,
+            tool_calls=response.tool_calls,
+            finish_reason=response.finish_reason,
+            usage=response.usage,
+        )
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Releases connections or models. Override when the backend holds any."""

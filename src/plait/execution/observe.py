@@ -50,40 +50,60 @@ def _signature_of(function: Any) -> inspect.Signature:
 
 
 async def observed(
-    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], Awaitable[T]]
+    module: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    run: Callable[[], Awaitable[T]],
+    path: str = "",
+    reported: Callable[[T], Any] = lambda result: result,
 ) -> T:
-    """Awaits ``run()`` as one call of ``module``, telling its callbacks when it starts and ends."""
+    """Awaits ``run()`` as one call of ``module`` (named ``path``), told to its callbacks.
+
+    ``reported`` picks what the callbacks are told the call returned.
+    """
     callbacks = callbacks_for(module)
     if not callbacks:
         return await run()
-    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
-    token = _context.CALLBACKS.set(callbacks)
+    scope, tokens = _start(module, args, kwargs, callbacks, path)
     try:
         result = await run()
     except BaseException as exc:
         end_call(scope, None, exc)
         raise
     finally:
-        _context.CALLBACKS.reset(token)
-    end_call(scope, result)
+        _reset(tokens)
+    end_call(scope, reported(result))
     return result
 
 
 def observed_sync(
-    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], T]
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Callable[[], T], path: str = ""
 ) -> T:
     """`observed` for a plain-Python leaf, which runs inline."""
     callbacks = callbacks_for(module)
     if not callbacks:
         return run()
-    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
-    token = _context.CALLBACKS.set(callbacks)
+    scope, tokens = _start(module, args, kwargs, callbacks, path)
     try:
         result = run()
     except BaseException as exc:
         end_call(scope, None, exc)
         raise
     finally:
-        _context.CALLBACKS.reset(token)
+        _reset(tokens)
     end_call(scope, result)
     return result
+
+
+def _start(
+    module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], callbacks: Any, path: str
+) -> tuple[Any, tuple[Any, Any]]:
+    path_token = _context.CALL_PATH.set(path or getattr(module, "_name", None) or "")
+    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
+    return scope, (path_token, _context.CALLBACKS.set(callbacks))
+
+
+def _reset(tokens: tuple[Any, Any]) -> None:
+    path_token, callbacks_token = tokens
+    _context.CALLBACKS.reset(callbacks_token)
+    _context.CALL_PATH.reset(path_token)

@@ -74,8 +74,14 @@ async def run(
     return await execute_bound(module, args, {**kwargs, **call})
 
 
+RUN_KEYWORDS = frozenset({"resources", "resume_state"})
+"""Keywords of a call that are for the run itself, never passed to ``forward``."""
+
+
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    forward_kwargs = {k: v for k, v in kwargs.items() if k not in OPTION_NAMES and k != "resources"}
+    forward_kwargs = {
+        k: v for k, v in kwargs.items() if k not in OPTION_NAMES and k not in RUN_KEYWORDS
+    }
     options = {k: v for k, v in kwargs.items() if k in OPTION_NAMES}
     return forward_kwargs, options
 
@@ -119,6 +125,14 @@ def execute_bound(
     options = effective_options(module._bound_config, call_options)
     resources = _resources_of(module, kwargs.get("resources"))
     batch = bool(args) and is_batch(args[0])
+    resume = kwargs.get("resume_state")
+    if resume is not None:
+        if batch:
+            raise TypeError(
+                "resume_state= resumes one paused call; pass it with that call's input, "
+                "not with a batch"
+            )
+        return _resumed(resume, _run_single(module, args, forward_kwargs, resources, options))
     if batch and options["streaming"]:
         items, extra = args[0], args[1:]
         return BatchStream(
@@ -186,6 +200,25 @@ async def _run_single(
     return _taped(graph, runner, output, results, None)
 
 
+async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
+    """Runs ``work`` with ``resume`` on offer to the module that paused; fails if none took it."""
+    claim = {"state": resume, "claimed": False}
+    token = _context.RESUME.set(claim)
+    try:
+        output = await work
+    finally:
+        _context.RESUME.reset(token)
+    if not claim["claimed"]:
+        where = getattr(resume, "exception", None)
+        paused_at = getattr(where, "context", {}).get("module", "(unknown)")
+        raise PlaitError(
+            f"resume_state= was given, but no module of this program resumed it: it paused at "
+            f"module {paused_at!r}. Pass it to the program that paused (with the same "
+            "structure), or run without it to start over"
+        )
+    return output
+
+
 async def _observed_graph(
     graph: Any, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None
 ) -> tuple[Any, dict[str, Any]]:
@@ -201,7 +234,7 @@ async def _observed_graph(
 
     if is_leaf_module(module):
         return await execute()
-    return await observed(module, args, kwargs, execute)
+    return await observed(module, args, kwargs, execute, reported=lambda done: done[0])
 
 
 async def _run_batch(

@@ -162,7 +162,10 @@ class Runner:
         Called inside an ``async def forward`` leaf: the child is named (for
         profiling and errors) by its path under that leaf, e.g. ``triage.classify``.
         """
-        return await observed(module, args, kwargs, lambda: self._run_child(module, args, kwargs))
+        path = scoped(module._name or type(module).__name__)
+        return await observed(
+            module, args, kwargs, lambda: self._run_child(module, args, kwargs), path
+        )
 
     async def _run_child(
         self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -20,7 +20,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
-from plait.errors import ExecutionError
+from plait.errors import ExecutionError, ExecutionInterrupt
 from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, is_async_module
@@ -200,7 +200,11 @@ class _GraphRun:
         module = node.module
         try:
             output = observed_sync(
-                module, call_args, call_kwargs, lambda: module.forward(*call_args, **call_kwargs)
+                module,
+                call_args,
+                call_kwargs,
+                lambda: module.forward(*call_args, **call_kwargs),
+                scoped(node.module_path or node.id),
             )
         except Exception as exc:
             raise self.failure(node, exc) from exc
@@ -239,6 +243,7 @@ class _GraphRun:
                     lambda: self.runner.call_llm(
                         node.module, call_args, call_kwargs, scoped(node.module_path or node.id)
                     ),
+                    scoped(node.module_path or node.id),
                 )
             else:
                 token = _context.RUN.set(self.runner)
@@ -253,6 +258,7 @@ class _GraphRun:
                         call_args,
                         call_kwargs,
                         lambda: node.module.forward(*call_args, **call_kwargs),
+                        scoped(node.module_path or node.id),
                     )
                     value = _as_value(output, None)
                 finally:
@@ -265,7 +271,7 @@ class _GraphRun:
                         # This graph runs inside another async leaf, which discards
                         # its results: that leaf's backward must replay these calls.
                         enclosing.extend(calls)
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ExecutionInterrupt):
             raise
         except Exception as exc:
             raise self.failure(node, exc) from exc

@@ -28,7 +28,9 @@ class ChainOfThought(Predict):
         **predict_kwargs: ``alias``, ``adapter``, ``temperature``, ``max_tokens``, ``demos``.
 
     ``original_signature`` is the signature as given; ``signature`` is the
-    one with the reasoning field, which the calls use.
+    one with the reasoning field, which the calls use. Under ``astream`` the
+    reasoning streams as `ThoughtStreamChunk` events, the answer as
+    `OutputStreamChunk`.
 
     Example::
 
@@ -36,6 +38,8 @@ class ChainOfThought(Predict):
         pred = await cot(question="Tom has 3 apples and eats one. How many are left?")
         pred.reasoning, pred.answer
     """
+
+    thought_fields = frozenset({"reasoning"})
 
     def __init__(
         self,

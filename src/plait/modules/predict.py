@@ -15,22 +15,25 @@ prompting or parsing.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions, message_from_dict
+from plait.callbacks import active_callbacks, end_call, start_call
 from plait.errors import PlaitError
 from plait.execution.llm_call import generate
-from plait.execution.run import is_batch
+from plait.execution.run import RUN_KEYWORDS, is_batch
 from plait.execution.settings import OPTION_NAMES
 from plait.execution.structured import Attempt, ask_structured
 from plait.module import Module
 from plait.modules.prediction import Prediction
-from plait.modules.traces import record_trace
+from plait.modules.traces import module_path, record_trace
 from plait.parameter import Parameter
 from plait.signatures.adapters import Adapter, JSONAdapter
 from plait.signatures.signature import Signature, as_signature
+from plait.streaming import FieldStreamer, is_streaming, whole_text
+from plait.tools import Tool, tool_table
 from plait.values import unwrap
 
 __all__ = ["Predict", "history_messages"]
@@ -48,6 +51,11 @@ class Predict(Module):
         temperature: sampling temperature (None: the provider's default).
         max_tokens: cap on generated tokens (None: the provider's default).
         demos: few-shot examples, each a dict of input and output field values.
+        tools: `Tool` objects or functions the model may call. Predict then does
+            *one step*: when the model asks for tools, the result is a
+            `Prediction` with ``is_final == False`` and the calls in
+            ``native_tool_calls`` (Predict does not run them; `ReAct` is the
+            loop that does); otherwise the outputs, final.
 
     Learnable parameters (what optimizers change):
 
@@ -72,6 +80,9 @@ class Predict(Module):
         qa.traces()[-1]      # what was sent, what came back, tokens, latency
     """
 
+    thought_fields: frozenset[str] = frozenset()
+    """Output fields that are reasoning: streamed as `ThoughtStreamChunk` (ChainOfThought's)."""
+
     def __init__(
         self,
         signature: type[Signature] | str,
@@ -81,6 +92,7 @@ class Predict(Module):
         temperature: float | None = None,
         max_tokens: int | None = None,
         demos: Sequence[Mapping[str, Any]] | None = None,
+        tools: Iterable[Tool | Callable[..., Any]] = (),
     ) -> None:
         super().__init__()
         sig = as_signature(signature)
@@ -101,6 +113,7 @@ class Predict(Module):
         self.adapter = adapter
         self.temperature = temperature
         self.max_tokens = max_tokens
+        self.tools = tool_table(tools)
         text = sig.signature_text()
         self.instructions = Parameter(
             sig.instructions,
@@ -141,10 +154,31 @@ class Predict(Module):
         """
         sig = self.current_signature()
         demos = _demo_list(sig, self.demos.value or (), "demos parameter")
-        messages = self.adapter.format(sig, inputs, demos=demos, history=history_messages(history))
+        turns = history_messages(history)
+        scope = start_call(
+            "adapter_format",
+            self.adapter,
+            {"signature": sig, "inputs": dict(inputs), "demos": demos},
+            active_callbacks(),
+        )
+        try:
+            messages = self.adapter.format(sig, inputs, demos=demos, history=turns)
+        except BaseException as exc:
+            end_call(scope, None, exc)
+            raise
+        end_call(scope, messages)
+        options = SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens)
+        if self.tools:  # a step that may call tools: free text, the tools on offer
+            return Request(
+                messages=messages,
+                options=options,
+                tools=tuple(t.spec for t in self.tools.values()),
+                tool_choice="auto",
+                rollout_id=_context.ROLLOUT.get(),
+            )
         return Request(
             messages=messages,
-            options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
+            options=options,
             response_schema=self.adapter.response_schema(sig),
             rollout_id=_context.ROLLOUT.get(),
         )
@@ -155,7 +189,20 @@ class Predict(Module):
         Raises:
             StructuredOutputError: the reply does not hold valid outputs (names the field).
         """
-        return self.adapter.parse(self.current_signature(), response)
+        sig = self.current_signature()
+        scope = start_call(
+            "adapter_parse",
+            self.adapter,
+            {"signature": sig, "completion": response.text},
+            active_callbacks(),
+        )
+        try:
+            outputs = self.adapter.parse(sig, response)
+        except BaseException as exc:
+            end_call(scope, None, exc)
+            raise
+        end_call(scope, outputs)
+        return outputs
 
     # --------------------------------------------------------------- forward
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -167,7 +214,8 @@ class Predict(Module):
             named = {
                 k: v
                 for k, v in kwargs.items()
-                if k in fields or (k not in OPTION_NAMES and k not in ("resources", "history"))
+                if k in fields
+                or (k not in OPTION_NAMES and k not in RUN_KEYWORDS and k != "history")
             }
             self._input_values(args, named)
         return super().__call__(*args, **kwargs)
@@ -221,10 +269,24 @@ class Predict(Module):
         return {name: inputs[name] for name in expected}
 
     async def _ask(self, request: Request, inputs: dict[str, Any]) -> Prediction:
-        """Asks through `ask_structured` (one re-ask), tracing every request it makes."""
+        """Asks through `ask_structured` (one re-ask), tracing every request it makes.
 
-        def complete(request: Request, accept: Callable[[Response], bool]) -> Awaitable[Response]:
-            return generate(self.alias, request, accept=accept)
+        With tools, a reply that calls tools is accepted as it is and becomes a
+        non-final `Prediction`; text is parsed into the outputs as usual.
+        While a consumer streams the run, the reply's text reaches it per
+        output field as it is written.
+        """
+        sink = self.stream_sink()
+
+        async def complete(request: Request, accept: Callable[[Response], bool]) -> Response:
+            if sink is not None and sink.started:
+                await sink.restart("the reply was invalid; asked again")
+            return await generate(self.alias, request, accept=accept, on_text=sink)
+
+        def parse(response: Response) -> Any:
+            if self.tools and response.tool_calls:
+                return response.tool_calls
+            return self.parse_response(response)
 
         def trace(attempt: Attempt) -> None:
             record_trace(
@@ -241,14 +303,34 @@ class Predict(Module):
         reply = await ask_structured(
             complete,
             request,
-            self.parse_response,
+            parse,
             expected=f"every output field ({fields}) in the format described above",
             label=self._label(),
             on_attempt=trace,
         )
-        return Prediction(
-            reply.value, usage=reply.usage, raw=reply.response.text, messages=reply.request.messages
-        )
+        if sink is not None:
+            await sink.finish()
+        common = {
+            "usage": reply.usage,
+            "raw": reply.response.text,
+            "messages": reply.request.messages,
+        }
+        if isinstance(reply.value, tuple):  # tool calls: one step of an agent
+            return Prediction(native_tool_calls=reply.value, is_final=False, **common)
+        return Prediction(reply.value, **common)
+
+    def stream_sink(self) -> FieldStreamer | None:
+        """Returns what turns this module's reply text into field events, when a consumer streams.
+
+        Fields are read from the growing text by the adapter's
+        ``stream_fields`` (JSON keys, or chat markers); fields named in
+        ``thought_fields`` stream as `ThoughtStreamChunk`.
+        """
+        if not is_streaming():
+            return None
+        split = getattr(self.adapter, "stream_fields", None)
+        splitter = whole_text("text") if split is None else split
+        return FieldStreamer(module_path(self), splitter, self.thought_fields)
 
     def declared_output_types(self) -> tuple[Any, ...]:
         """Returns `Prediction` (from ``forward``) and the signature's output field types."""

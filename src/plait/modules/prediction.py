@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from plait.backends.types import Message, Usage
+from plait.backends.types import Message, ToolCall, Usage
 
 __all__ = ["Prediction"]
 
@@ -18,6 +18,12 @@ class Prediction(Mapping[str, Any]):
         usage: tokens and cost of every LLM call that produced it (re-asks included).
         raw: the text of the reply the outputs were parsed from.
         messages: the conversation that was sent for that reply.
+        native_tool_calls: tool calls the model asked for (a `Predict` with
+            ``tools=`` returns them instead of outputs).
+        is_final: False while the model still wants tools run (its calls are in
+            ``native_tool_calls``), or while a tool waits for a person's
+            confirmation (``confirmation`` says which).
+        confirmation: the `ConfirmationRequired` a non-final prediction waits on.
 
     Example::
 
@@ -32,12 +38,23 @@ class Prediction(Mapping[str, Any]):
     through execution and ``pred.answer`` works on traced values too.
     """
 
-    __slots__ = ("_outputs", "messages", "raw", "usage")
+    __slots__ = (
+        "_outputs",
+        "confirmation",
+        "is_final",
+        "messages",
+        "native_tool_calls",
+        "raw",
+        "usage",
+    )
 
     _outputs: dict[str, Any]
     usage: Usage
     raw: str
     messages: tuple[Message, ...]
+    native_tool_calls: tuple[ToolCall, ...]
+    is_final: bool
+    confirmation: Any
 
     def __init__(
         self,
@@ -47,12 +64,18 @@ class Prediction(Mapping[str, Any]):
         usage: Usage | None = None,
         raw: str = "",
         messages: Sequence[Message] = (),
+        native_tool_calls: Sequence[ToolCall] = (),
+        is_final: bool = True,
+        confirmation: Any = None,
         **fields: Any,
     ) -> None:
         object.__setattr__(self, "_outputs", {**(outputs or {}), **fields})
         object.__setattr__(self, "usage", usage if usage is not None else Usage())
         object.__setattr__(self, "raw", raw)
         object.__setattr__(self, "messages", tuple(messages))
+        object.__setattr__(self, "native_tool_calls", tuple(native_tool_calls))
+        object.__setattr__(self, "is_final", is_final)
+        object.__setattr__(self, "confirmation", confirmation)
 
     # ----------------------------------------------------------- mapping API
     def __getitem__(self, name: str) -> Any:
@@ -90,16 +113,35 @@ class Prediction(Mapping[str, Any]):
 
     # ----------------------------------------------------------- copy, print
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._outputs, self.usage, self.raw, self.messages))
+        state = (self.native_tool_calls, self.is_final, self.confirmation)
+        return (_rebuild, (self._outputs, self.usage, self.raw, self.messages, *state))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}={value!r}" for name, value in self._outputs.items())
-        return f"Prediction({inner})"
+        if not self.is_final:
+            calls = ", ".join(call.name for call in self.native_tool_calls)
+            inner = f"{inner}, " if inner else ""
+            inner += f"is_final=False, native_tool_calls=[{calls}]"
+        return f"{type(self).__name__}({inner})"
 
     __hash__ = None  # type: ignore[assignment]  # like a dict
 
 
 def _rebuild(
-    outputs: dict[str, Any], usage: Usage, raw: str, messages: tuple[Message, ...]
+    outputs: dict[str, Any],
+    usage: Usage,
+    raw: str,
+    messages: tuple[Message, ...],
+    native_tool_calls: tuple[ToolCall, ...] = (),
+    is_final: bool = True,
+    confirmation: Any = None,
 ) -> Prediction:
-    return Prediction(outputs, usage=usage, raw=raw, messages=messages)
+    return Prediction(
+        outputs,
+        usage=usage,
+        raw=raw,
+        messages=messages,
+        native_tool_calls=native_tool_calls,
+        is_final=is_final,
+        confirmation=confirmation,
+    )

@@ -18,24 +18,42 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 from plait import _context
-from plait.backends.types import Message, Request, Response, SamplingOptions, ToolCall, Usage
+from plait.backends.types import (
+    Message,
+    Request,
+    Response,
+    SamplingOptions,
+    ToolCall,
+    Usage,
+    message_from_dict,
+    message_to_dict,
+)
+from plait.confirmation import ConfirmationRequired, ResumeState, approved, claim_resume
 from plait.errors import StructuredOutputError
 from plait.execution.llm_call import generate
 from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import Predict, history_messages
 from plait.modules.prediction import Prediction
-from plait.modules.traces import record_trace
+from plait.modules.traces import module_path, record_trace
 from plait.parameter import Parameter
 from plait.signatures.adapters import Adapter, JSONAdapter, format_value
 from plait.signatures.signature import InputField, Signature, as_signature
-from plait.tools import Tool, ToolResult
+from plait.streaming import (
+    FieldStreamer,
+    ToolCallEvent,
+    ToolResultEvent,
+    emit_event,
+    is_streaming,
+    whole_text,
+)
+from plait.tools import Tool, ToolResult, tool_table
 
 __all__ = ["ReAct", "ReActPrediction", "ReActStep"]
 
@@ -184,7 +202,7 @@ class ReAct(Module):
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"ReAct needs max_iters >= 1, got {max_iters!r}")
         self.signature = sig
-        self.tools = _tool_table(tools)
+        self.tools = tool_table(tools)
         self.alias = alias
         self.max_iters = max_iters
         self.adapter = JSONAdapter() if adapter is None else adapter
@@ -215,37 +233,92 @@ class ReAct(Module):
     async def forward(self, *args: Any, history: Any = None, **inputs: Any) -> ReActPrediction:
         """Runs the agent on the signature's inputs (by keyword; one positional if one input).
 
+        A tool that needs a person's confirmation pauses the run: it raises
+        `ConfirmationRequired` whose ``context`` holds the trajectory (as
+        JSON data); calling the agent again with ``resume_state=`` continues
+        from there. Under ``astream`` the pause is first shown as a non-final
+        `ReActPrediction`.
+
         Raises:
             TypeError: inputs are missing or unknown.
+            ConfirmationRequired: a tool call waits for a person's approval.
             StructuredOutputError: the extraction reply stayed invalid after one re-ask.
             BackendError: a model call failed after the resource layer's retries.
         """
         label = f"ReAct ({self.signature.signature_text()})"
+        path = module_path(self)
+        resume = claim_resume(path)
+        if resume is not None and not args and not inputs:
+            inputs = dict(resume.exception.context.get("inputs") or {})
         values = bind_signature_inputs(self.signature, args, inputs, label)
         sig = self._current_signature()
-        messages = list(self.adapter.format(sig, values, history=history_messages(history)))
-        first_new = len(messages) - 1  # the inputs turn: what this run adds to a History
+        run = (
+            _Run.restore(resume.exception.context)
+            if resume is not None
+            else _Run.start(self.adapter.format(sig, values, history=history_messages(history)))
+        )
         specs = tuple(t.spec for t in self.tools.values())
-        trajectory: list[ReActStep] = []
-        usage = Usage()
         final: Response | None = None
-        for turn in range(self.max_iters):
-            request = self._request(messages, specs)
-            response = await self._generate(request, values)
-            usage.add(response.usage)
-            if not response.tool_calls:
-                final = response
-                break
-            calls = _with_ids(response.tool_calls, turn)
-            messages.append(Message("assistant", response.text, tool_calls=calls))
-            results = await asyncio.gather(*(self._run_tool(call) for call in calls))
-            for call, result in zip(calls, results, strict=True):
-                trajectory.append(_step(response.text, call, result, turn))
-                messages.append(result.to_message())
-
-        prediction = await self._finish(values, sig, final, trajectory, messages, usage)
-        _extend_history(history, messages[first_new:], prediction.raw)
+        while run.turn < self.max_iters:
+            if run.pending is None:
+                response = await self._generate(self._request(run.messages, specs), values)
+                run.usage.add(response.usage)
+                if not response.tool_calls:
+                    final = response
+                    break
+                calls = _with_ids(response.tool_calls, run.turn)
+                run.messages.append(Message("assistant", response.text, tool_calls=calls))
+                run.pending = _Turn(response.text, calls)
+            await self._run_turn(run, path, values, resume)
+            resume = None  # answered: later pauses are new ones
+            run.turn += 1
+        prediction = await self._finish(values, sig, final, run.trajectory, run.messages, run.usage)
+        _extend_history(history, run.messages[run.first_new :], prediction.raw)
         return prediction
+
+    async def _run_turn(
+        self, run: _Run, path: str, values: dict[str, Any], resume: ResumeState | None
+    ) -> None:
+        """Runs the pending turn's tool calls (concurrently); pauses if one needs approval."""
+        turn = run.pending
+        assert turn is not None
+        todo = [call for call in turn.calls if call.id not in turn.results]
+        outcomes = await asyncio.gather(
+            *(self._run_tool(call, path, resume) for call in todo), return_exceptions=True
+        )
+        pause: ConfirmationRequired | None = None
+        for call, outcome in zip(todo, outcomes, strict=True):
+            if isinstance(outcome, ConfirmationRequired):
+                pause = pause or outcome
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                turn.results[call.id] = outcome
+        if pause is not None:
+            await self._pause(run, path, values, pause)
+        for call in turn.calls:
+            result = turn.results[call.id]
+            run.trajectory.append(_step(turn.thought, call, result, run.turn))
+            run.messages.append(result.to_message())
+        run.pending = None
+
+    async def _pause(
+        self, run: _Run, path: str, values: dict[str, Any], pause: ConfirmationRequired
+    ) -> None:
+        """Keeps the run in the pause and raises it (streamed first as a non-final prediction)."""
+        pause.context.update(run.to_dict(path, values))
+        if is_streaming():
+            await emit_event(
+                ReActPrediction(
+                    usage=run.usage,
+                    messages=tuple(run.messages),
+                    trajectory=run.trajectory,
+                    native_tool_calls=run.pending.calls if run.pending else (),
+                    is_final=False,
+                    confirmation=pause,
+                )
+            )
+        raise pause
 
     async def _finish(
         self,
@@ -294,30 +367,51 @@ class ReAct(Module):
 
     async def _generate(self, request: Request, inputs: dict[str, Any]) -> Response:
         started = time.perf_counter()
+        sink = self._turn_sink()
         try:
-            response = await generate(self.alias, request)
+            response = await generate(self.alias, request, on_text=sink)
         except Exception as exc:
             record_trace(self, request, None, started=started, inputs=inputs, error=exc)
             raise
+        if sink is not None:
+            await sink.finish()
         output: Any = response.text
         if response.tool_calls:
             output = {"text": response.text, "tool_calls": [c.name for c in response.tool_calls]}
         record_trace(self, request, response, started=started, inputs=inputs, output=output)
         return response
 
-    async def _run_tool(self, call: ToolCall) -> ToolResult:
-        """Runs one call; an unknown tool is an error result, like any failed call."""
+    def _turn_sink(self) -> FieldStreamer | None:
+        """Streams a turn's text per output field (the final answer's fields) when asked to."""
+        if not is_streaming():
+            return None
+        split = getattr(self.adapter, "stream_fields", None)
+        return FieldStreamer(module_path(self), split or whole_text("text"))
+
+    async def _run_tool(self, call: ToolCall, path: str, resume: ResumeState | None) -> ToolResult:
+        """Runs one call (as the person decided, when it is the paused one); never raises.
+
+        An unknown tool is an error result, like any failed call; a call that
+        needs approval raises `ConfirmationRequired` (collected by the turn).
+        """
+        arguments = _arguments_of(call)
+        await emit_event(ToolCallEvent(path, call.name, arguments, call.id))
         found = self.tools.get(call.name)
         if found is None:
             known = ", ".join(self.tools) or "none"
-            return ToolResult(
+            result = ToolResult(
                 call.name,
                 f"Error: there is no tool named '{call.name}'; the tools are: {known}",
                 ok=False,
                 error="unknown_tool",
                 call_id=call.id,
             )
-        return await found.call(call.arguments, call_id=call.id)
+        elif resume is not None and resume.exception.confirmation_id == call.id:
+            result = await _as_decided(found, call, resume)
+        else:
+            result = await found.call(call.arguments, call_id=call.id)
+        await emit_event(ToolResultEvent(path, call.name, result.content, result.ok, call.id))
+        return result
 
     def _current_signature(self) -> type[Signature]:
         text = str(self.instructions.value)
@@ -335,21 +429,6 @@ class ReAct(Module):
 
 
 # ------------------------------------------------------------------ helpers
-def _tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
-    if isinstance(tools, Tool) or callable(tools):
-        tools = [tools]  # type: ignore[list-item]
-    table: dict[str, Tool] = {}
-    for item in tools:
-        wrapped = item if isinstance(item, Tool) else Tool(item)
-        if wrapped.name in table:
-            raise ValueError(
-                f"ReAct got two tools named {wrapped.name!r}; give one another name with "
-                "Tool(fn, name=...)"
-            )
-        table[wrapped.name] = wrapped
-    return table
-
-
 def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
     """Returns the calls with an id each (a provider may omit them; results pair by id)."""
     return tuple(
@@ -358,20 +437,134 @@ def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
     )
 
 
-def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActStep:
+def _arguments_of(call: ToolCall) -> Any:
+    """Returns a call's arguments as a dict when they are valid JSON, else as the model's text."""
     try:
-        args: Any = orjson.loads(call.arguments) if call.arguments.strip() else {}
+        return orjson.loads(call.arguments) if call.arguments.strip() else {}
     except orjson.JSONDecodeError:
-        args = call.arguments
+        return call.arguments
+
+
+async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolResult:
+    """Runs (or not) the call a person was asked about, as they decided."""
+    decision, detail = resume.decision
+    if decision == "decline":
+        because = f" Their reason: {detail}" if detail else ""
+        return ToolResult(
+            call.name,
+            f"The user declined to run the tool '{call.name}' with these arguments.{because} "
+            "Do not run it again unless they ask; answer with what you have.",
+            ok=False,
+            error="declined",
+            call_id=call.id,
+        )
+    arguments = detail if decision == "edit" else call.arguments
+    with approved(call.id):
+        return await tool.call(arguments, call_id=call.id)
+
+
+def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActStep:
     return ReActStep(
         thought=thought,
         tool=call.name,
-        args=args,
+        args=_arguments_of(call),
         result=result.content,
         ok=result.ok,
         call_id=call.id,
         turn=turn,
     )
+
+
+@dataclass
+class _Turn:
+    """A model turn whose tool calls are being run; ``results`` holds those done so far."""
+
+    thought: str
+    calls: tuple[ToolCall, ...]
+    results: dict[str, ToolResult] = field(default_factory=dict)
+
+
+@dataclass
+class _Run:
+    """Where a ReAct run is: its conversation, trajectory, usage, turn and pending calls.
+
+    It is what a pause keeps (as JSON data in the exception's ``context``) and
+    a resume restores, so no step already taken is asked of the model again.
+    """
+
+    messages: list[Message]
+    first_new: int
+    trajectory: list[ReActStep] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    turn: int = 0
+    pending: _Turn | None = None
+
+    @classmethod
+    def start(cls, messages: tuple[Message, ...]) -> _Run:
+        # the inputs turn is the first message this run adds (to a History)
+        return cls(list(messages), first_new=len(messages) - 1)
+
+    def to_dict(self, path: str, values: dict[str, Any]) -> dict[str, Any]:
+        from pydantic_core import to_jsonable_python
+
+        pending = self.pending
+        return {
+            "module": path,
+            "inputs": to_jsonable_python(values, fallback=str),
+            "messages": [message_to_dict(m) for m in self.messages],
+            "first_new": self.first_new,
+            "trajectory": [step.to_dict() for step in self.trajectory],
+            "usage": {
+                "input_tokens": self.usage.input_tokens,
+                "output_tokens": self.usage.output_tokens,
+                "cost": self.usage.cost,
+            },
+            "turn": self.turn,
+            "pending": None
+            if pending is None
+            else {
+                "thought": pending.thought,
+                "calls": [_call_dict(call) for call in pending.calls],
+                "results": {key: _result_dict(r) for key, r in pending.results.items()},
+            },
+        }
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> _Run:
+        """Rebuilds a run from `to_dict` data (raises ValueError naming what is wrong)."""
+        try:
+            pending = data.get("pending")
+            turn = None
+            if pending is not None:
+                calls = tuple(
+                    ToolCall(c["id"], c["name"], c["arguments"]) for c in pending["calls"]
+                )
+                results = {k: ToolResult(**r) for k, r in pending["results"].items()}
+                turn = _Turn(pending["thought"], calls, results)
+            return cls(
+                messages=[message_from_dict(m, "paused message") for m in data["messages"]],
+                first_new=int(data["first_new"]),
+                trajectory=[ReActStep(**step) for step in data["trajectory"]],
+                usage=Usage(**data["usage"]),
+                turn=int(data["turn"]),
+                pending=turn,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the paused ReAct state cannot be resumed: {exc!r}") from None
+
+
+def _call_dict(call: ToolCall) -> dict[str, str]:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def _result_dict(result: ToolResult) -> dict[str, Any]:
+    return {
+        "name": result.name,
+        "content": result.content,
+        "ok": result.ok,
+        "error": result.error,
+        "call_id": result.call_id,
+    }
 
 
 def render_trajectory(steps: list[ReActStep], final_text: str | None = None) -> str:

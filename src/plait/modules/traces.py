@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plait import _context
 from plait.backends.types import Request, Response, message_to_dict
 
 __all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "record_trace"]
@@ -70,10 +71,9 @@ class TraceRecord:
         return asdict(self)
 
 
-def _module_path(module: Any) -> str:
-    from plait.execution.scheduler import NODE_SCOPE
-
-    path = NODE_SCOPE.get()[0]
+def module_path(module: Any) -> str:
+    """Returns the path of the module call running now (its node's path, else its name)."""
+    path = _context.NODE_SCOPE.get()[0]
     return path or getattr(module, "_name", None) or type(module).__name__
 
 
@@ -109,7 +109,7 @@ def record_trace(
     if output is None and response is not None:
         output = response.text
     record = TraceRecord(
-        module=_module_path(module),
+        module=module_path(module),
         module_type=type(module).__name__,
         alias=alias or meta.get("alias") or getattr(module, "alias", None),
         inputs=dict(inputs),

@@ -6,7 +6,7 @@ endpoint's limits (`limits.Limiter`), retries it in place (`RetryPolicy`),
 and records usage and cost (`usage`).
 """
 
-from plait.resources.config import EndpointConfig, ResourceConfig
+from plait.resources.config import EndpointConfig, ResourceConfig, register_provider
 from plait.resources.manager import EndpointStats, ResourceManager
 from plait.resources.retry import RetryPolicy
 from plait.resources.usage import Price
@@ -18,4 +18,5 @@ __all__ = [
     "ResourceConfig",
     "ResourceManager",
     "RetryPolicy",
+    "register_provider",
 ]

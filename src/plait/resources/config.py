@@ -32,7 +32,7 @@ from plait.backends._urls import redact_url, scrub_text
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources.usage import Price, price_for
 
-__all__ = ["PROVIDERS", "WILDCARD", "EndpointConfig", "ResourceConfig"]
+__all__ = ["PROVIDERS", "WILDCARD", "EndpointConfig", "ResourceConfig", "register_provider"]
 
 WILDCARD = "*"
 """The alias that serves every alias not listed explicitly."""
@@ -55,7 +55,8 @@ class EndpointConfig:
     name: str
     """The alias this entry is listed under in the configuration (may be ``"*"``)."""
     provider: str
-    """``openai``, ``anthropic`` or ``local``."""
+    """``openai``, ``anthropic``, ``local``, a name given to `register_provider`, or the
+    ``module.Class`` name of a user-written backend."""
     model: str | None = None
     """Model name sent to the provider; optional for ``local``."""
     max_concurrent: int | None = None
@@ -107,6 +108,9 @@ class EndpointConfig:
     backend_options: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, repr=False)
     """Extra keyword arguments passed to the backend's constructor as they are
     (e.g. ``n_threads`` for ``local``); only parameters the endpoint has no key for."""
+    backend: Any = field(default=None, repr=False)
+    """A user-written backend: its class (built per manager, with ``backend_options``)
+    or an instance (used as it is); None for the built-in providers."""
 
     @property
     def effective_price(self) -> Price | None:
@@ -136,7 +140,9 @@ def _shown(name: str, value: Any) -> Any:
     return redact_url(value) if name == "base_url" and isinstance(value, str) else value
 
 
-_NOT_DESCRIBED = frozenset({"name", "provider", "model", "api_key", "headers", "backend_options"})
+_NOT_DESCRIBED = frozenset(
+    {"name", "provider", "model", "api_key", "headers", "backend_options", "backend"}
+)
 
 
 # -- validation -----------------------------------------------------------------------
@@ -382,10 +388,13 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
     if provider is None:
         problems.append(f"{where}: missing key 'provider'; one of {_quote_list(PROVIDERS)}")
         return None
+    if _user_backend(provider) is not None:
+        return _validate_user_entry(alias, entry, problems)
     if provider not in _BY_PROVIDER:
         problems.append(
-            f"{where}: unknown provider {provider!r} in key 'provider'; "
-            f"known: {_quote_list(PROVIDERS)}{_suggest(str(provider), PROVIDERS)}"
+            f"{where}: unknown provider {provider!r} in key 'provider'; known: "
+            f"{_quote_list(_known_providers())}{_suggest(str(provider), _known_providers())} "
+            "(or a Backend subclass, an instance of one, or a name given to register_provider)"
         )
         return None
     checkers = _BY_PROVIDER[provider]
@@ -435,12 +444,15 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
     run. The backend's module is imported here, and only for a configuration
     that sets ``backend_options``, so ``import plait`` stays light.
     """
-    import inspect
-
     from plait.resources.endpoint import backend_class
 
-    cls = backend_class(provider)
-    own = _BY_PROVIDER[provider]
+    return _option_problems(backend_class(provider), _BY_PROVIDER[provider], options)
+
+
+def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
+    """Returns a line per option that ``cls``'s constructor would refuse or that ``own`` sets."""
+    import inspect
+
     parameters = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     accepted = [
@@ -462,6 +474,100 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
                 f"(it takes: {known})"
             )
     return problems
+
+
+# -- user-written providers -------------------------------------------------------------
+_REGISTERED: dict[str, type] = {}
+"""Backend classes registered by name with `register_provider` (by the program, never a file)."""
+
+
+def register_provider(name: str, backend: type) -> None:
+    """Makes ``{"provider": name}`` in any configuration mean the backend class ``backend``.
+
+    A user-written provider is a subclass of `plait.backends.base.Backend`
+    (``complete``, and ``stream`` for real token streaming). It gets what the
+    built-in ones get: limits, retries, the response cache, usage and cost,
+    streaming. A configuration may also name the class or an instance directly
+    (``{"provider": MyBackend}``); a name lets a TOML or JSON file choose it,
+    among the classes the program registered (a file never imports code).
+
+    Raises:
+        ValueError: ``name`` is empty or a built-in provider's.
+        TypeError: ``backend`` is not a Backend class.
+    """
+    if not isinstance(name, str) or not name or name in PROVIDERS:
+        raise ValueError(
+            f"register_provider needs a new, non-empty name (not one of {_quote_list(PROVIDERS)}); "
+            f"got {name!r}"
+        )
+    if not _is_backend_class(backend):
+        raise TypeError(
+            "register_provider needs a Backend subclass (with async complete() and stream()), "
+            f"got {backend!r}"
+        )
+    _REGISTERED[name] = backend
+
+
+def _known_providers() -> list[str]:
+    return [*PROVIDERS, *sorted(_REGISTERED)]
+
+
+def _is_backend_class(value: Any) -> bool:
+    from plait.backends.base import Backend
+
+    return isinstance(value, type) and issubclass(value, Backend)
+
+
+def _user_backend(provider: Any) -> tuple[str, Any] | None:
+    """Returns (name, class or instance) when ``provider`` names a user-written backend."""
+    from plait.backends.base import Backend
+
+    if isinstance(provider, str):
+        registered = _REGISTERED.get(provider)
+        return None if registered is None else (provider, registered)
+    if _is_backend_class(provider):
+        return f"{provider.__module__}.{provider.__qualname__}", provider
+    if isinstance(provider, Backend):
+        cls = type(provider)
+        return f"{cls.__module__}.{cls.__qualname__}", provider
+    return None
+
+
+def _validate_user_entry(alias: str, entry: Mapping[str, Any], problems: list[str]) -> Any:
+    """Checks a user-written backend's entry: the common keys, and its constructor's options."""
+    where = f"alias {alias!r}"
+    found = _user_backend(entry["provider"])
+    assert found is not None
+    name, backend = found
+    before = len(problems)
+    values: dict[str, Any] = {}
+    for key, value in entry.items():
+        if key == "provider" or value is None:
+            continue
+        checker = _COMMON.get(key) if isinstance(key, str) else None
+        if checker is None:
+            problems.append(
+                f"{where}: key {key!r} does not apply to a user-written backend; its keys: "
+                f"{_quote_list(sorted(_COMMON))} (constructor arguments go in backend_options)"
+            )
+            continue
+        error, clean = checker(value)
+        if error is not None:
+            problems.append(f"{where}: key {key!r} {error}")
+        else:
+            values[key] = clean
+    options = values.get("backend_options")
+    if options and not isinstance(backend, type):
+        problems.append(
+            f"{where}: key 'backend_options' is set, but the provider is a backend instance, "
+            "which is used as it is; pass the class to have it built with these options"
+        )
+    elif options:
+        for problem in _option_problems(backend, _COMMON, options):
+            problems.append(f"{where}: key 'backend_options' {problem}")
+    if len(problems) > before:
+        return None
+    return EndpointConfig(name=alias, provider=name, backend=backend, **values)
 
 
 def _unknown_key_text(key: Any, provider: str) -> str:

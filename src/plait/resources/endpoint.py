@@ -10,6 +10,7 @@ plugged into an endpoint whose configuration sets ``cache``.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -71,6 +72,8 @@ def create_backend(config: EndpointConfig) -> Backend:
     ``backend_options`` add the rest (`ResourceConfig` has checked that they
     name parameters of the class and none of those keys).
     """
+    if config.backend is not None:
+        return _user_backend(config)
     kwargs: dict[str, Any] = {}
     if config.provider == "local":
         kwargs["model_path"] = config.model_path
@@ -92,6 +95,22 @@ def create_backend(config: EndpointConfig) -> Backend:
                 kwargs["max_connections"] = pool
     kwargs.update(config.backend_options)
     return backend_class(config.provider)(**kwargs)
+
+
+def _user_backend(config: EndpointConfig) -> Backend:
+    """Returns a user-written backend: the instance given, or the class built now.
+
+    The class gets ``model=`` when the configuration names one and the
+    constructor takes it, then ``backend_options``.
+    """
+    backend = config.backend
+    if not isinstance(backend, type):
+        return backend  # type: ignore[no-any-return]
+    kwargs: dict[str, Any] = {}
+    if config.model is not None and "model" in inspect.signature(backend).parameters:
+        kwargs["model"] = config.model
+    kwargs.update(config.backend_options)
+    return backend(**kwargs)  # type: ignore[no-any-return]
 
 
 def estimate_tokens(request: Request) -> int:

@@ -283,6 +283,12 @@ class JSONAdapter(_MessageAdapter):
 
         return json.dumps(to_jsonable_python(dict(outputs), fallback=str), ensure_ascii=False)
 
+    def stream_fields(self, text: str) -> dict[str, str]:
+        """Returns the output fields in a reply that is still arriving (for streaming)."""
+        from plait.streaming import json_fields
+
+        return json_fields(text)
+
     def response_schema(self, signature: type[Signature]) -> ResponseSchema:
         """Returns the output model's JSON schema, named after the signature."""
         from plait.execution.structured import output_type_for
@@ -356,6 +362,24 @@ class ChatAdapter(_MessageAdapter):
         blocks = [f"{_marker(name)}\n{format_value(value)}" for name, value in outputs.items()]
         blocks.append(_marker("completed"))
         return "\n\n".join(blocks)
+
+    def stream_fields(self, text: str) -> dict[str, str]:
+        """Returns the text under each header of a reply that is still arriving (for streaming).
+
+        A header still being written at the end is left out of the field before it.
+        """
+        matches = list(_MARKER.finditer(text))
+        found: dict[str, str] = {}
+        for i, match in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            body = text[match.end() : end]
+            if i + 1 == len(matches):
+                opening = body.rfind("[[")
+                if opening >= 0:
+                    body = body[:opening]
+            if match.group(1) != "completed":
+                found.setdefault(match.group(1), body.strip())
+        return found
 
     def response_schema(self, signature: type[Signature]) -> None:
         """Returns None: this adapter is for backends without a schema mode."""
