@@ -587,3 +587,18 @@ def test_importing_the_backend_does_not_import_the_sdk():
         "assert 'anthropic' not in sys.modules, 'SDK imported eagerly'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+async def test_astream_streams_an_anthropic_reply_piece_by_piece(stub):
+    from plait import LLMInference, OutputStreamChunk, ResourceConfig
+
+    stub.replies.append(message(text("The capital is Paris.")))
+    config = ResourceConfig(
+        {"*": {"provider": "anthropic", "model": "claude-test", "api_key": "k",
+               "base_url": stub.base_url}}
+    )  # fmt: skip
+    program = LLMInference("llm").bind(config)
+    events = [event async for event in program.astream("Capital of France?")]
+    deltas = [e.delta for e in events if isinstance(e, OutputStreamChunk) and e.delta]
+    assert len(deltas) == 3 and "".join(deltas) == "The capital is Paris."
+    assert stub.received[0]["stream"] is True and events[-1] == "The capital is Paris."

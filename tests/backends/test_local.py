@@ -287,3 +287,24 @@ async def test_a_file_that_is_not_gguf_fails_on_first_call(tmp_path: Path):
                 pass
     finally:
         await local.aclose()
+
+
+async def test_astream_on_the_embedded_model_streams_tokens_as_they_come():
+    from plait import (
+        ChainOfThought,
+        LLMInference,
+        OutputStreamChunk,
+        ResourceConfig,
+        ThoughtStreamChunk,
+    )
+
+    config = ResourceConfig({"*": {"provider": "local"}})
+    program = LLMInference("llm", max_tokens=24, temperature=0.0).bind(config)
+    events = [event async for event in program.astream("Describe the sea.")]
+    deltas = [e.delta for e in events if isinstance(e, OutputStreamChunk) and e.delta]
+    assert len(deltas) > 3 and "".join(deltas) == events[-1]  # token by token, then whole
+
+    cot = ChainOfThought("question -> answer", max_tokens=64, temperature=0.0).bind(config)
+    events = [event async for event in cot.astream(question="What is 2 + 2?")]
+    kinds = {type(e) for e in events}
+    assert ThoughtStreamChunk in kinds  # the reasoning field, while the grammar writes it

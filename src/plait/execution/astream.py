@@ -13,7 +13,6 @@ carrying the `ConfirmationRequired` (resume with ``resume_state=``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 from collections.abc import AsyncIterator
 from typing import Any
@@ -61,8 +60,9 @@ async def stream_events(
                 return  # the pause was the last event (a non-final Prediction): a normal end
             raise
     finally:
-        if not task.done():
+        if not task.done():  # the consumer stopped early: stop the program with it
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait([task])
+        if not task.cancelled():
+            task.exception()  # retrieved: whatever it was, the consumer has left or seen it
     yield output

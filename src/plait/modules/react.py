@@ -161,6 +161,10 @@ class ReAct(Module):
         alias: the resource alias of the agent's calls and of the extraction.
         max_iters: most model turns in the loop; after that the extraction
             call answers from what was gathered.
+        first_tool_choice: ``"auto"`` (the model decides), ``"required"`` (the
+            first turn must call a tool; later turns decide) or a tool's name
+            (the first turn calls that tool). Small models that rarely call a
+            tool on their own still act when the task is known to need one.
         adapter: how messages are written and replies parsed (default `JSONAdapter`).
         temperature: sampling temperature of every call (None: the provider's default).
         max_tokens: cap on generated tokens per call.
@@ -193,6 +197,7 @@ class ReAct(Module):
         *,
         alias: str = "llm",
         max_iters: int = 5,
+        first_tool_choice: str = "auto",
         adapter: Adapter | None = None,
         temperature: float | None = None,
         max_tokens: int | None = None,
@@ -205,6 +210,12 @@ class ReAct(Module):
         self.tools = tool_table(tools)
         self.alias = alias
         self.max_iters = max_iters
+        if first_tool_choice not in ("auto", "required", *self.tools):
+            known = ", ".join(["'auto'", "'required'", *map(repr, self.tools)])
+            raise ValueError(
+                f"ReAct first_tool_choice must be one of {known}, got {first_tool_choice!r}"
+            )
+        self.first_tool_choice = first_tool_choice
         self.adapter = JSONAdapter() if adapter is None else adapter
         self.temperature = temperature
         self.max_tokens = max_tokens
@@ -261,7 +272,8 @@ class ReAct(Module):
         final: Response | None = None
         while run.turn < self.max_iters:
             if run.pending is None:
-                response = await self._generate(self._request(run.messages, specs), values)
+                choice = self.first_tool_choice if run.turn == 0 else "auto"
+                response = await self._generate(self._request(run.messages, specs, choice), values)
                 run.usage.add(response.usage)
                 if not response.tool_calls:
                     final = response
@@ -356,12 +368,14 @@ class ReAct(Module):
         )
 
     # ---------------------------------------------------------------- helpers
-    def _request(self, messages: list[Message], specs: tuple[Any, ...]) -> Request:
+    def _request(
+        self, messages: list[Message], specs: tuple[Any, ...], tool_choice: str = "auto"
+    ) -> Request:
         return Request(
             messages=tuple(messages),
             options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
             tools=specs,
-            tool_choice="auto",
+            tool_choice=tool_choice,
             rollout_id=_context.ROLLOUT.get(),
         )
 

@@ -58,6 +58,7 @@ def start_server_process(
     dialect: ServerDialect = "openai",
     api_key: str | None = None,
     keep_log: bool = False,
+    stream_pieces: int = 3,
     startup_timeout: float = 30.0,
 ) -> Iterator[tuple[subprocess.Popen[str], str]]:
     """Runs a scripted server in a child process; yields ``(process, base_url)``.
@@ -73,6 +74,7 @@ def start_server_process(
             None answers with the echo responder.
         host, model, dialect, api_key: as for `ScriptedServer`.
         keep_log: keep the per-request log (off by default: long runs).
+        stream_pieces: as for `ScriptedServer`.
         startup_timeout: seconds to wait for the child to listen.
 
     Raises:
@@ -93,6 +95,8 @@ def start_server_process(
         "--dialect",
         dialect,
         "--exit-with-parent",
+        "--stream-pieces",
+        str(stream_pieces),
     ]
     for fault in faults:
         command += ["--fault", orjson.dumps(fault.as_dict()).decode()]

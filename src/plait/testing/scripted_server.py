@@ -598,6 +598,7 @@ async def _serve(args: argparse.Namespace) -> None:
         dialect=args.dialect,
         api_key=args.api_key,
         keep_log=not args.no_log,
+        stream_pieces=args.stream_pieces,
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -631,6 +632,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dialect", choices=["openai", "llama_cpp"], default="openai")
     parser.add_argument("--api-key", help="require this bearer key")
     parser.add_argument("--no-log", action="store_true", help="keep no per-request log")
+    parser.add_argument(
+        "--stream-pieces", type=int, default=3, help="pieces a streamed reply is cut into"
+    )
     parser.add_argument(
         "--exit-with-parent", action="store_true", help="exit when the parent process dies"
     )
