@@ -207,6 +207,30 @@ async def test_a_slow_consumer_holds_producers_back_with_a_bounded_queue() -> No
     assert all(w.done() for w in pending)
 
 
+async def test_a_slow_consumer_of_a_long_stream_keeps_memory_flat() -> None:
+    from plait import _context
+
+    words = " ".join(f"w{i}" for i in range(3000))
+    async with ScriptedServer(stream_pieces=3000) as server:
+        config = endpoint(server)
+        stream = EventStream(maxsize=16)
+        token = _context.STREAM.set(stream)
+        try:
+            task = asyncio.create_task(run(Views(), words, resources=config))
+        finally:
+            _context.STREAM.reset(token)
+        task.add_done_callback(lambda _: stream.close())
+        held, count = 0, 0
+        while await stream.get() is not None:
+            held = max(held, len(stream))
+            count += 1
+            if count % 50 == 0:
+                await asyncio.sleep(0.005)  # a consumer busy with other work
+        await task
+    assert count > 10_000  # thousands of pieces of four streamed replies went through
+    assert held <= 16 + 4  # the bound, plus at most one event per concurrent producer
+
+
 async def test_a_failing_program_raises_after_the_events_it_emitted() -> None:
     async with ScriptedServer() as server:
         server.inject(Fault(status=400))

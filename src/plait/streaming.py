@@ -181,6 +181,10 @@ class EventStream:
         self._items.append(event)
         self._wake_reader()
 
+    def __len__(self) -> int:
+        """Events waiting for the consumer now."""
+        return len(self._items)
+
     def close(self) -> None:
         """Marks the end: `get` returns None once the queued events are taken."""
         self._closed = True
