@@ -150,12 +150,14 @@ class StructuredOutputError(PlaitError, ValueError):
     Attributes:
         raw: the last reply text.
         target: a readable name of the requested type.
+        usage: tokens and cost of every attempt (set when the re-asks ran out).
     """
 
     def __init__(self, message: str, *, raw: str = "", target: str = "") -> None:
         super().__init__(message)
         self.raw = raw
         self.target = target
+        self.usage: Any = None
 
 
 class ExecutionError(PlaitError):

@@ -254,7 +254,9 @@ async def ask_structured(
                 Message("user", REASK.format(error=problem, expected=expected)),
             )
         )
-    raise _final_error(label, target, problems)
+    error = _final_error(label, target, problems)
+    error.usage = usage
+    raise error
 
 
 def _checked(parse: Callable[[Response], Any], response: Response) -> Any:

@@ -36,7 +36,7 @@ from plait.streaming import FieldStreamer, is_streaming, whole_text
 from plait.tools import Tool, tool_table
 from plait.values import unwrap
 
-__all__ = ["Predict", "history_messages"]
+__all__ = ["Predict", "ask_step", "history_messages"]
 
 
 class Predict(Module):
@@ -269,55 +269,16 @@ class Predict(Module):
         return {name: inputs[name] for name in expected}
 
     async def _ask(self, request: Request, inputs: dict[str, Any]) -> Prediction:
-        """Asks through `ask_structured` (one re-ask), tracing every request it makes.
-
-        With tools, a reply that calls tools is accepted as it is and becomes a
-        non-final `Prediction`; text is parsed into the outputs as usual.
-        While a consumer streams the run, the reply's text reaches it per
-        output field as it is written.
-        """
-        sink = self.stream_sink()
-
-        async def complete(request: Request, accept: Callable[[Response], bool]) -> Response:
-            if sink is not None and sink.started:
-                await sink.restart("the reply was invalid; asked again")
-            return await generate(self.alias, request, accept=accept, on_text=sink)
-
-        def parse(response: Response) -> Any:
-            if self.tools and response.tool_calls:
-                return response.tool_calls
-            return self.parse_response(response)
-
-        def trace(attempt: Attempt) -> None:
-            record_trace(
-                self,
-                attempt.request,
-                attempt.response,
-                started=attempt.started,
-                inputs=inputs,
-                output=attempt.value,
-                error=attempt.error,
-            )
-
-        fields = ", ".join(self.current_signature().output_fields)
-        reply = await ask_structured(
-            complete,
+        """Makes this module's one step (see `ask_step`)."""
+        return await ask_step(
+            self,
             request,
-            parse,
-            expected=f"every output field ({fields}) in the format described above",
+            inputs,
+            self.parse_response,
+            fields=tuple(self.current_signature().output_fields),
             label=self._label(),
-            on_attempt=trace,
+            sink=self.stream_sink(),
         )
-        if sink is not None:
-            await sink.finish()
-        common = {
-            "usage": reply.usage,
-            "raw": reply.response.text,
-            "messages": reply.request.messages,
-        }
-        if isinstance(reply.value, tuple):  # tool calls: one step of an agent
-            return Prediction(native_tool_calls=reply.value, is_final=False, **common)
-        return Prediction(reply.value, **common)
 
     def stream_sink(self) -> FieldStreamer | None:
         """Returns what turns this module's reply text into field events, when a consumer streams.
@@ -360,6 +321,73 @@ class Predict(Module):
         if not isinstance(self.adapter, JSONAdapter):
             parts.append(f"adapter={self.adapter!r}")
         return ", ".join(parts)
+
+
+# ------------------------------------------------------------------ one step
+async def ask_step(
+    module: Any,
+    request: Request,
+    inputs: dict[str, Any],
+    parse_outputs: Callable[[Response], dict[str, Any]],
+    *,
+    fields: tuple[str, ...],
+    label: str,
+    sink: FieldStreamer | None,
+    reasks: int = 1,
+) -> Prediction:
+    """Makes one step of a signature-driven module: `Predict`'s call, and each `ReAct` turn.
+
+    The request goes through `ask_structured` (``reasks`` re-asks when the
+    reply does not hold the outputs), as ``module.alias``, and every request is traced on
+    ``module``. When the request offers tools, a reply that calls them is
+    accepted as it is and becomes a non-final `Prediction` with its
+    ``native_tool_calls``; text is parsed into the outputs. ``sink`` (when a
+    consumer streams) gets the reply's text as it is written.
+
+    Raises:
+        StructuredOutputError: the reply held neither tool calls nor valid
+            outputs after the re-ask (``raw`` is the last reply).
+    """
+
+    async def complete(request: Request, accept: Callable[[Response], bool]) -> Response:
+        if sink is not None and sink.started:
+            await sink.restart("the reply was invalid; asked again")
+        return await generate(module.alias, request, accept=accept, on_text=sink)
+
+    def parse(response: Response) -> Any:
+        if request.tools and response.tool_calls:
+            return response.tool_calls
+        return parse_outputs(response)
+
+    def trace(attempt: Attempt) -> None:
+        output = attempt.value
+        if isinstance(output, tuple) and attempt.response is not None:  # a turn calling tools
+            output = {"text": attempt.response.text, "tool_calls": [call.name for call in output]}
+        record_trace(
+            module,
+            attempt.request,
+            attempt.response,
+            started=attempt.started,
+            inputs=inputs,
+            output=output,
+            error=attempt.error,
+        )
+
+    reply = await ask_structured(
+        complete,
+        request,
+        parse,
+        expected=f"every output field ({', '.join(fields)}) in the format described above",
+        label=label,
+        reasks=reasks,
+        on_attempt=trace,
+    )
+    if sink is not None:
+        await sink.finish()
+    common = {"usage": reply.usage, "raw": reply.response.text, "messages": reply.request.messages}
+    if isinstance(reply.value, tuple):  # tool calls: one step of an agent
+        return Prediction(native_tool_calls=reply.value, is_final=False, **common)
+    return Prediction(reply.value, **common)
 
 
 # ------------------------------------------------------------------ helpers

@@ -16,7 +16,6 @@ and every call is recorded in `Module.traces`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +26,6 @@ from plait import _context
 from plait.backends.types import (
     Message,
     Request,
-    Response,
     SamplingOptions,
     ToolCall,
     Usage,
@@ -36,12 +34,11 @@ from plait.backends.types import (
 )
 from plait.confirmation import ConfirmationRequired, ResumeState, approved, claim_resume
 from plait.errors import StructuredOutputError
-from plait.execution.llm_call import generate
 from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
-from plait.modules.predict import Predict, history_messages
+from plait.modules.predict import Predict, ask_step, history_messages
 from plait.modules.prediction import Prediction
-from plait.modules.traces import module_path, record_trace
+from plait.modules.traces import module_path
 from plait.parameter import Parameter
 from plait.signatures.adapters import Adapter, JSONAdapter, format_value
 from plait.signatures.signature import InputField, Signature, as_signature
@@ -269,22 +266,27 @@ class ReAct(Module):
             else _Run.start(self.adapter.format(sig, values, history=history_messages(history)))
         )
         specs = tuple(t.spec for t in self.tools.values())
-        final: Response | None = None
+        final: Prediction | str | None = None
         while run.turn < self.max_iters:
             if run.pending is None:
                 choice = self.first_tool_choice if run.turn == 0 else "auto"
-                response = await self._generate(self._request(run.messages, specs, choice), values)
-                run.usage.add(response.usage)
-                if not response.tool_calls:
-                    final = response
+                try:
+                    step = await self._step(self._request(run.messages, specs, choice), values, sig)
+                except StructuredOutputError as unusable:  # the extraction call shapes it
+                    run.usage.add(unusable.usage)
+                    final = unusable.raw
                     break
-                calls = _with_ids(response.tool_calls, run.turn)
-                run.messages.append(Message("assistant", response.text, tool_calls=calls))
-                run.pending = _Turn(response.text, calls)
+                run.usage.add(step.usage)
+                if step.is_final:
+                    final = step
+                    break
+                calls = _with_ids(step.native_tool_calls, run.turn)
+                run.messages.append(Message("assistant", step.raw, tool_calls=calls))
+                run.pending = _Turn(step.raw, calls)
             await self._run_turn(run, path, values, resume)
             resume = None  # answered: later pauses are new ones
             run.turn += 1
-        prediction = await self._finish(values, sig, final, run.trajectory, run.messages, run.usage)
+        prediction = await self._finish(values, final, run.trajectory, run.messages, run.usage)
         _extend_history(history, run.messages[run.first_new :], prediction.raw)
         return prediction
 
@@ -335,27 +337,25 @@ class ReAct(Module):
     async def _finish(
         self,
         values: dict[str, Any],
-        sig: type[Signature],
-        final: Response | None,
+        final: Prediction | str | None,
         trajectory: list[ReActStep],
         messages: list[Message],
         usage: Usage,
     ) -> ReActPrediction:
-        """Returns the outputs: parsed from the final reply, or from the extraction call."""
-        if final is not None:
-            try:
-                outputs = self.adapter.parse(sig, final)
-            except StructuredOutputError:
-                pass  # the answer is there but not in shape: the extraction call shapes it
-            else:
-                return ReActPrediction(
-                    outputs,
-                    usage=usage,
-                    raw=final.text,
-                    messages=tuple(messages),
-                    trajectory=trajectory,
-                )
-        text = render_trajectory(trajectory, final.text if final is not None else None)
+        """Returns the outputs: from the final turn, or from the extraction call.
+
+        ``final`` is the last turn's outputs, or its text when it held none in
+        shape (the extraction call shapes it), or None when the turns ran out.
+        """
+        if isinstance(final, Prediction):
+            return ReActPrediction(
+                final.to_dict(),
+                usage=usage,
+                raw=final.raw,
+                messages=tuple(messages),
+                trajectory=trajectory,
+            )
+        text = render_trajectory(trajectory, final)
         extracted = await self.extract(**values, trajectory=text)
         usage.add(extracted.usage)
         return ReActPrediction(
@@ -379,28 +379,32 @@ class ReAct(Module):
             rollout_id=_context.ROLLOUT.get(),
         )
 
-    async def _generate(self, request: Request, inputs: dict[str, Any]) -> Response:
-        started = time.perf_counter()
-        sink = self._turn_sink()
-        try:
-            response = await generate(self.alias, request, on_text=sink)
-        except Exception as exc:
-            record_trace(self, request, None, started=started, inputs=inputs, error=exc)
-            raise
-        if sink is not None:
-            await sink.finish()
-        output: Any = response.text
-        if response.tool_calls:
-            output = {"text": response.text, "tool_calls": [c.name for c in response.tool_calls]}
-        record_trace(self, request, response, started=started, inputs=inputs, output=output)
-        return response
+    async def _step(
+        self, request: Request, inputs: dict[str, Any], sig: type[Signature]
+    ) -> Prediction:
+        """Makes one turn with `Predict`'s one step: tool calls (non-final), or the outputs.
 
-    def _turn_sink(self) -> FieldStreamer | None:
-        """Streams a turn's text per output field (the final answer's fields) when asked to."""
-        if not is_streaming():
-            return None
-        split = getattr(self.adapter, "stream_fields", None)
-        return FieldStreamer(module_path(self), split or whole_text("text"))
+        The turn's text streams per output field when a consumer streams (the
+        final answer's fields).
+
+        Raises:
+            StructuredOutputError: the final reply held no valid outputs even
+                after the re-ask (its ``raw`` text goes to the extraction call).
+        """
+        sink = None
+        if is_streaming():
+            split = getattr(self.adapter, "stream_fields", None)
+            sink = FieldStreamer(module_path(self), split or whole_text("text"))
+        return await ask_step(
+            self,
+            request,
+            inputs,
+            lambda response: self.adapter.parse(sig, response),
+            fields=tuple(sig.output_fields),
+            label=f"ReAct ({sig.signature_text()})",
+            sink=sink,
+            reasks=0,  # an answer out of shape goes to the extraction call, which shapes it
+        )
 
     async def _run_tool(self, call: ToolCall, path: str, resume: ResumeState | None) -> ToolResult:
         """Runs one call (as the person decided, when it is the paused one); never raises.
