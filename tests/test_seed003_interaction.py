@@ -2,7 +2,7 @@
 
 Each snippet is the seed's, with only the changes plait's resources need, said in
 a comment: ``lm=`` gets an endpoint of the scripted server instead of an OpenAI
-key, and a call made from synchronous code uses ``run_sync``.
+key. A call made from synchronous code runs to completion there, as in udspy.
 """
 
 from __future__ import annotations
@@ -99,8 +99,7 @@ def test_confirmation_loop_snippet(tmp_path: Path) -> None:
         resume_state = None
         while True:
             try:
-                # plait: a call from synchronous code is run_sync (agent(...) is awaitable)
-                result = agent.run_sync(question="Delete all files", resume_state=resume_state)
+                result = agent(question="Delete all files", resume_state=resume_state)
                 break  # Success
             except ConfirmationRequired as e:
                 user_input = next(answers)  # input("Approve? (yes/no): ")

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from plait.evaluation import evaluate
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
+    from plait.metrics import metric_contains, metric_exact_match, metric_f1, metric_field_match
     from plait.modules import (
         BestOfN,
         ChainOfThought,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
         Requirement,
         ValidateAndRepair,
     )
+    from plait.modules.traces import get_traces
     from plait.optimization import (
         CompositeLoss,
         HumanFeedbackLoss,
@@ -53,8 +55,9 @@ if TYPE_CHECKING:
         TrainingStep,
         VerifierLoss,
     )
+    from plait.porting import signature
     from plait.resources import ResourceConfig, ResourceManager, register_provider
-    from plait.signatures import InputField, OutputField, Signature
+    from plait.signatures import InputField, OutputField, Signature, make_signature
     from plait.streaming import (
         OutputStreamChunk,
         StreamEvent,
@@ -114,6 +117,13 @@ _LAZY = {
     "ToolResultEvent": "plait.streaming",
     "emit_event": "plait.streaming",
     "register_provider": "plait.resources",
+    "make_signature": "plait.signatures",
+    "signature": "plait.porting",
+    "get_traces": "plait.modules.traces",
+    "metric_contains": "plait.metrics",
+    "metric_exact_match": "plait.metrics",
+    "metric_f1": "plait.metrics",
+    "metric_field_match": "plait.metrics",
 }
 
 __all__ = [
@@ -174,9 +184,16 @@ __all__ = [
     "confirm_first",
     "emit_event",
     "evaluate",
+    "get_traces",
+    "make_signature",
+    "metric_contains",
+    "metric_exact_match",
+    "metric_f1",
+    "metric_field_match",
     "register_provider",
     "run",
     "settings",
+    "signature",
     "tool",
     "unwrap",
     "valueify",

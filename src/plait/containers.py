@@ -23,7 +23,7 @@ import reprlib
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, ClassVar, Generic, Self, TypeVar, overload
 
-from plait.module import Module
+from plait.module import Module, adopt
 from plait.parameter import Parameter
 
 __all__ = ["ModuleDict", "ModuleList", "ParameterDict", "ParameterList", "Sequential"]
@@ -98,10 +98,9 @@ class _Container(Module, Generic[T]):
 
     def _adopt(self, key: str, item: T, old_key: str | None = None) -> None:
         """Names ``item`` after its key, as Module.__setattr__ does for attributes."""
-        if isinstance(item, Module):
-            object.__setattr__(item, "_name", key)
-        elif isinstance(item, Parameter) and item._name in (None, old_key):
-            item._name = key
+        if isinstance(item, Parameter) and item._name == old_key and item.is_owned_by(self):
+            item._name = None  # re-numbered in this container: take the new key
+        adopt(self, key, item)  # type: ignore[arg-type]
 
     def _set_entry(self, key: str, item: T) -> None:
         raise NotImplementedError

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import inspect
 import json
 import re
 import statistics
@@ -38,6 +39,7 @@ from plait.values import (
 
 __all__ = [
     "add",
+    "chat_complete",
     "coerce",
     "concat",
     "div",
@@ -104,6 +106,58 @@ def _propagate(failed: Value, op_name: str) -> Value:
     meta = dict(failed.meta)
     meta["skipped"] = [*meta.get("skipped", []), op_name]
     return Value(ValueKind.ERROR, failed.payload, ref=failed.ref, meta=meta)
+
+
+# -------------------------------------------------------------------- LLM
+def chat_complete(
+    prompt: Any,
+    *,
+    alias: str,
+    system_prompt: Any = "",
+    temperature: float = 1.0,
+    max_tokens: int | None = None,
+    response_format: Any = None,
+) -> Any:
+    """The atomic LLM op: one chat completion of ``prompt`` through the resources of ``alias``.
+
+    ``prompt`` is text, a message, a conversation or a `plait.History`, as an
+    `LLMInference` takes it; the other arguments are its settings. While
+    tracing it records one LLM node named ``F.chat_complete`` and returns its
+    symbolic Value; inside an ``async def forward`` (or with resources from
+    ``ExecutionSettings``) it returns an awaitable of ``Value(RESPONSE)`` (or
+    ``Value(STRUCTURED)`` with a ``response_format``); from synchronous code
+    with resources it returns that Value at once.
+
+    Seed 000 describes `LLMInference` delegating to this op; in plait the
+    delegation runs the other way — this op makes a one-off `LLMInference`
+    and calls it — so both share one path through the resources (limits,
+    retries, cache, structured replies), and a call made here is profiled,
+    traced and trained like any module call.
+
+    Raises:
+        RuntimeError: there are no resources (no trace, no running program,
+            no ``ExecutionSettings``).
+    """
+    from plait.module import LLMInference  # the model layer; functional is imported lazily
+
+    llm = LLMInference(alias, system_prompt, temperature, max_tokens, response_format)
+    object.__setattr__(llm, "_name", "F.chat_complete")
+    result = llm(prompt)
+    if current_trace() is not None:
+        return result
+    if inspect.isawaitable(result):
+        return _response_value(result)
+    return _as_response(result)
+
+
+async def _response_value(pending: Any) -> Value:
+    return _as_response(await pending)
+
+
+def _as_response(output: Any) -> Value:
+    if isinstance(output, Value):
+        return output
+    return Value(ValueKind.RESPONSE if isinstance(output, str) else ValueKind.STRUCTURED, output)
 
 
 # ------------------------------------------------------------------- text

@@ -6,6 +6,13 @@ the conversation but keeps the prompt. It is plain data (no LLM calls): a
 module that takes ``history=`` reads the earlier turns from it and appends
 the new ones, and the same object carries the conversation to the next call.
 
+A module also records in the history the system turn it sent (its task
+added to your system prompt), so ``messages`` reads as what the model saw:
+system, user, assistant … (udspy's behaviour). The prompt you set stays
+`system_prompt`, and the next call starts from it again, not from the
+recorded turn, so the task is never written into the prompt twice. Every
+message reads as an OpenAI-style dict too: ``history.messages[0]["role"]``.
+
 Example::
 
     history = History("You are a terse assistant.")
@@ -20,7 +27,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from plait.backends.types import Message, ToolCall, message_from_dict, message_to_dict
+from plait.backends.types import (
+    Message,
+    ToolCall,
+    message_from_dict,
+    message_to_dict,
+    tool_call_from_dict,
+)
 
 __all__ = ["History"]
 
@@ -54,6 +67,7 @@ class History:
                 )
             system_prompt = turns.pop(0).content
         self._system = system_prompt
+        self._sent_system: str | None = None
         self._turns: list[Message] = []
         for turn in turns:
             self.add(turn)
@@ -67,6 +81,36 @@ class History:
     @system_prompt.setter
     def system_prompt(self, text: str | None) -> None:
         self._system = text
+        self._sent_system = None
+
+    def set_system_message(self, content: str) -> None:
+        """Sets the system prompt, kept first (udspy's name for assigning `system_prompt`)."""
+        self.system_prompt = content
+
+    def add_system_message(self, content: str) -> None:
+        """Sets the system prompt of a conversation that has no turns yet.
+
+        udspy appends a system message wherever the conversation is; plait
+        keeps one system turn, always first, because that is where every
+        provider reads it.
+
+        Raises:
+            ValueError: the conversation already has turns; use `set_system_message`.
+        """
+        if self._turns:
+            raise ValueError(
+                "History keeps one system prompt, first; this conversation already has turns, "
+                "so use history.set_system_message(...) to replace the prompt"
+            )
+        self.system_prompt = content
+
+    def record_system_prompt(self, text: str) -> None:
+        """Notes the system turn a module sent, so `messages` shows what the model saw.
+
+        The prompt set by you (`system_prompt`) is kept: the next call builds
+        its system turn from it again.
+        """
+        self._sent_system = text
 
     # ----------------------------------------------------------------- turns
     def add(self, message: Message) -> None:
@@ -90,12 +134,22 @@ class History:
             self.add(message)
 
     def add_user(self, text: str) -> None:
-        """Appends a user turn."""
+        """Appends a user turn (``add_user_message`` is udspy's name for it)."""
         self._turns.append(Message("user", text))
 
-    def add_assistant(self, text: str = "", tool_calls: Iterable[ToolCall] = ()) -> None:
-        """Appends an assistant turn, with the tool calls it made if any."""
-        self._turns.append(Message("assistant", text, tool_calls=tuple(tool_calls)))
+    def add_assistant(
+        self, text: str = "", tool_calls: Iterable[ToolCall | Mapping[str, Any]] | None = ()
+    ) -> None:
+        """Appends an assistant turn, with the tool calls it made if any.
+
+        Tool calls are `ToolCall`s or OpenAI-style dicts (``{"id", "function":
+        {"name", "arguments"}}``). ``add_assistant_message`` is udspy's name.
+        """
+        calls = tuple(_tool_call(call, i) for i, call in enumerate(tool_calls or ()))
+        self._turns.append(Message("assistant", text, tool_calls=calls))
+
+    add_user_message = add_user
+    add_assistant_message = add_assistant
 
     def add_tool_result(self, call_id: str, content: str, name: str | None = None) -> None:
         """Appends the result of the tool call ``call_id`` (a ``tool`` turn)."""
@@ -104,7 +158,23 @@ class History:
     # ---------------------------------------------------------------- access
     @property
     def messages(self) -> tuple[Message, ...]:
-        """All messages, the system prompt (if any) first."""
+        """All messages, the system turn (if any) first: what the model saw.
+
+        The system turn is the one a module last sent (see
+        `record_system_prompt`), else `system_prompt`. Each message reads as
+        an OpenAI-style dict too (``message["role"]``, ``dict(message)``).
+        """
+        system = self._sent_system if self._sent_system is not None else self._system
+        head = (Message("system", system),) if system is not None else ()
+        return (*head, *self._turns)
+
+    @property
+    def conversation(self) -> tuple[Message, ...]:
+        """The system prompt you set (if any), then the turns: what a module builds on.
+
+        Unlike `messages`, a system turn recorded by an earlier call is left
+        out, since the module adds its own task to the prompt again.
+        """
         head = (Message("system", self._system),) if self._system is not None else ()
         return (*head, *self._turns)
 
@@ -121,6 +191,7 @@ class History:
     def copy(self) -> History:
         """Returns an independent History with the same prompt and turns (a fork)."""
         fork = History(self._system)
+        fork._sent_system = self._sent_system
         fork._turns = list(self._turns)
         return fork
 
@@ -158,3 +229,14 @@ class History:
     def __repr__(self) -> str:
         prompt = f"system_prompt={self._system!r}, " if self._system is not None else ""
         return f"History({prompt}turns={len(self._turns)})"
+
+
+def _tool_call(call: ToolCall | Mapping[str, Any], index: int) -> ToolCall:
+    if isinstance(call, ToolCall):
+        return call
+    if isinstance(call, Mapping):
+        return tool_call_from_dict(call, f"tool call {index}")
+    raise TypeError(
+        f"tool call {index} is {type(call).__name__}; expected a ToolCall or an OpenAI-style "
+        "dict {'id': ..., 'function': {'name': ..., 'arguments': ...}}"
+    )

@@ -9,8 +9,13 @@ Calling a module does one of four things, decided by context:
 1. while a trace is recorded, the call is recorded (leaf) or followed (composite);
 2. inside an executing graph (an ``async def forward``), it returns a coroutine
    that runs the module on the same resources;
-3. when resources are bound (`bind`) or set by ``ExecutionSettings``, it
-   traces and executes the program: ``await module(x)``;
+3. when it has resources (`bind` on it, below it or above it, ``ExecutionSettings``,
+   ``plait.settings.configure``), it traces and executes the program: inside a
+   running event loop it returns an awaitable (``await module(x)``); called
+   from synchronous code with no loop running, it runs to completion and
+   returns the result, as ``module.run_sync(x)`` would (udspy's
+   ``result = predictor(question=...)``), instead of a coroutine that
+   would never run;
 4. otherwise ``forward`` runs directly, which is how modules without LLM
    calls are used and tested.
 """
@@ -21,14 +26,15 @@ import copy as _copy
 import dataclasses
 import inspect
 import typing
+import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Self
 
 from plait import _context
 from plait.feedback import BackwardContext, BackwardResult, clip
-from plait.parameter import Parameter
+from plait.parameter import Parameter, module_parent
 
-__all__ = ["LLMInference", "Module", "is_async_module"]
+__all__ = ["LLMInference", "Module", "adopt", "bound_resources", "is_async_module"]
 
 
 class Module:
@@ -78,12 +84,11 @@ class Module:
         if isinstance(value, Module):
             self._parameters.pop(name, None)
             self._children[name] = value
-            object.__setattr__(value, "_name", name)
+            adopt(self, name, value)
         elif isinstance(value, Parameter):
             self._children.pop(name, None)
             self._parameters[name] = value
-            if value._name is None:
-                value._name = name
+            adopt(self, name, value)
         else:
             self._children.pop(name, None)
             self._parameters.pop(name, None)
@@ -93,6 +98,24 @@ class Module:
         self._children.pop(name, None)
         self._parameters.pop(name, None)
         object.__delattr__(self, name)
+
+    # A pickle (Ray, multiprocessing) or deep copy leaves out the weak link to the
+    # parent, which cannot be pickled and would point at the original; each
+    # module re-links the children and parameters it restored. A shallow copy
+    # shares its children, which stay linked to the original.
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_parent", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for name, child in self._children.items():
+            if child._name == name and module_parent(child) is None:
+                object.__setattr__(child, "_parent", weakref.ref(self))
+        for name, param in self._parameters.items():
+            if param._name == name and param._owner is None:
+                param._owner = weakref.ref(self)
 
     def register_module(self, name: str, module: Module | None) -> None:
         """Registers ``module`` as a child under ``name`` (like ``add_module``)."""
@@ -119,11 +142,25 @@ class Module:
         runner = _context.current_run()
         if runner is not None:
             return runner.call_module(self, args, kwargs)
-        if self._bound_resources is not None or _context.setting("resources") is not None:
-            from plait.execution.run import execute_bound  # upper layer, loaded on first use
+        if _context.setting("resources") is not None or bound_resources(self) is not None:
+            from plait.execution.run import call_bound  # upper layer, loaded on first use
 
-            return execute_bound(self, args, kwargs)
+            return call_bound(self, args, kwargs)
         return self._call_directly(args, kwargs)
+
+    async def aforward(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the module and returns its output: ``await module.aforward(question=...)``.
+
+        The same as ``await module(...)`` (udspy's spelling; ``acall`` too),
+        and it also works for a module without LLM calls, whose direct call
+        is not awaitable. Override ``forward``, not this.
+        """
+        result = self(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    acall = aforward
 
     def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs ``forward`` with no resources. Override to refuse (as LLMInference does)."""
@@ -386,6 +423,10 @@ class Module:
         records.sort(key=lambda record: record.timestamp)
         return records
 
+    def get_traces(self) -> list[Any]:
+        """Returns `traces` (dsprrr's name for it, ``mod$get_traces()``)."""
+        return self.traces()
+
     def traces_frame(self) -> Any:
         """Returns `traces` as a pandas DataFrame, one row per LLM call.
 
@@ -450,6 +491,58 @@ def _call_report(ctx: BackwardContext) -> str:
         f"It produced:\n{clip(ctx.output, 600)}\n"
         f"Feedback on that output:\n{clip(ctx.feedback)}"
     )
+
+
+def adopt(owner: Module, name: str, item: Module | Parameter) -> None:
+    """Registers the name of ``item`` (a child or a parameter just stored in ``owner``).
+
+    A child module is named ``name`` and notes ``owner`` as its parent. A
+    parameter keeps the first name it was registered under, as long as that
+    registration holds (a parameter shared by two modules is named after the
+    first); a parameter no longer held there takes the new one. These links
+    give `Parameter.path` and the resources of a bound ancestor
+    (`bound_resources`).
+    """
+    if isinstance(item, Module):
+        object.__setattr__(item, "_name", name)
+        object.__setattr__(item, "_parent", weakref.ref(owner))
+    elif item._name is None or item._owner is None or not _still_held(item):
+        item._name = name
+        item._owner = weakref.ref(owner)
+
+
+def _still_held(param: Parameter) -> bool:
+    owner = param._owner() if param._owner is not None else None
+    return owner is not None and param.is_owned_by(owner)
+
+
+def bound_resources(module: Module) -> Any:
+    """Returns the resources ``module`` gets from binding, or None.
+
+    In order: what it is bound to itself; the one set of resources that every
+    bound module below it shares (a `TrainingStep` or a wrapper around a bound
+    program finds the program's); what its nearest bound ancestor is bound to
+    (``pipeline.bind(config)`` lets ``pipeline.summarizer`` be called alone, as
+    seed 000 says binding is "propagated to all child modules"). This is the
+    structural part of `plait.execution.settings.find_resources`, the one rule.
+    """
+    if module._bound_resources is not None:
+        return module._bound_resources
+    below = {
+        id(resources): resources
+        for sub in module.modules()
+        if (resources := sub._bound_resources) is not None
+    }
+    if len(below) == 1:
+        return next(iter(below.values()))
+    seen = {id(module)}
+    ancestor = module_parent(module)
+    while ancestor is not None and id(ancestor) not in seen:
+        if ancestor._bound_resources is not None:
+            return ancestor._bound_resources
+        seen.add(id(ancestor))
+        ancestor = module_parent(ancestor)
+    return None
 
 
 def is_async_module(module: Module) -> bool:

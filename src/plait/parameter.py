@@ -8,12 +8,13 @@ which nodes read it and backward can route feedback to it.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from plait._context import current_trace
 from plait.values import placeholder
 
-__all__ = ["Parameter"]
+__all__ = ["Parameter", "module_parent"]
 
 
 class Parameter:
@@ -42,6 +43,7 @@ class Parameter:
     __slots__ = (
         "_feedback",
         "_name",
+        "_owner",
         "description",
         "dropped_feedback",
         "graph_level",
@@ -62,6 +64,9 @@ class Parameter:
         self.description = description
         self.requires_grad = requires_grad
         self._name: str | None = None
+        self._owner: weakref.ref[Any] | None = None
+        """The module that registered it under ``_name`` (weak: a parameter does not keep
+        its module alive); None until registered."""
         self._feedback: list[str] = []
         self.dropped_feedback = 0
         """Feedback items dropped since the last update because the buffer was full."""
@@ -73,6 +78,42 @@ class Parameter:
     def name(self) -> str:
         """The attribute name it was registered under (``"<unnamed>"`` before that)."""
         return self._name or "<unnamed>"
+
+    @property
+    def path(self) -> str:
+        """The dotted name from the root of its module tree: ``"stage1.llm.system_prompt"``.
+
+        What `named_parameters` of the root calls it, and the ref
+        ``param:<path>`` that `plait.valueify` gives it outside a trace (inside
+        one, names are relative to the traced program). `name` when it is
+        not registered in a module.
+        """
+        owner = self._owner() if self._owner is not None else None
+        if owner is None or owner.__dict__.get("_parameters", {}).get(self._name) is not self:
+            return self.name
+        parts = [self.name]
+        seen = {id(owner)}
+        parent = module_parent(owner)
+        while parent is not None and id(parent) not in seen:
+            parts.append(owner._name)
+            seen.add(id(parent))
+            owner, parent = parent, module_parent(parent)
+        return ".".join(reversed(parts))
+
+    def is_owned_by(self, module: Any) -> bool:
+        """Whether ``module`` is the module this parameter is registered in (under its name)."""
+        owner = self._owner() if self._owner is not None else None
+        return owner is module and module.__dict__.get("_parameters", {}).get(self._name) is self
+
+    # Pickles and deep copies leave the owner out (a weak reference cannot be
+    # pickled, and a copy's owner is the copied module, which re-links it).
+    def __getstate__(self) -> dict[str, Any]:
+        return {slot: getattr(self, slot) for slot in self.__slots__ if slot != "_owner"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for slot, value in state.items():
+            object.__setattr__(self, slot, value)
+        self._owner = None
 
     # Parameters are identified by identity: two equal prompts are still two
     # parameters, and containers must never confuse them.
@@ -132,3 +173,18 @@ class Parameter:
         self._feedback.clear()
         self.dropped_feedback = 0
         self.graph_level = None
+
+
+def module_parent(module: Any) -> Any:
+    """Returns the module that holds ``module`` as a child (under its name), or None.
+
+    Modules note their parent when they are assigned (weakly, so a child does
+    not keep a discarded parent alive). The link counts only while the
+    parent still holds the module under that name, so a module that was
+    removed, replaced or deep-copied on its own is a root again.
+    """
+    ref = module.__dict__.get("_parent")
+    parent = ref() if ref is not None else None
+    if parent is None or parent.__dict__.get("_children", {}).get(module._name) is not module:
+        return None
+    return parent

@@ -56,8 +56,9 @@ from typing import Any, overload
 from plait.backends.types import Message, ToolSpec
 from plait.callbacks import active_callbacks, end_call, start_call
 from plait.confirmation import ConfirmationRequired, current_tool_call, is_approved
+from plait.errors import PlaitError
 
-__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolResult", "tool", "tool_table"]
+__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolCallError", "ToolResult", "tool", "tool_table"]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a tool call may take unless the tool sets ``timeout`` (``None`` disables it).
@@ -73,6 +74,18 @@ _SECTION = re.compile(
     r"Examples?|Notes?|Attributes|See Also|Warnings?):\s*$"
 )
 _ARG_LINE = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+class ToolCallError(PlaitError):
+    """A tool called with `Tool.acall` could not run: bad arguments, a timeout.
+
+    Attributes:
+        result: the `ToolResult` that says what went wrong (``error``, ``content``).
+    """
+
+    def __init__(self, result: ToolResult) -> None:
+        super().__init__(result.content)
+        self.result = result
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +236,27 @@ class Tool:
             raise
         end_call(scope, result, result.exception)
         return result
+
+    async def acall(self, **kwargs: Any) -> Any:
+        """Runs the tool on keyword arguments and returns what the function returned (udspy's way).
+
+        The arguments are validated and the call is timed, confirmed and
+        reported to callbacks exactly as in `call`; but where `call` hands
+        every failure back as text for a model, this raises it, as a direct
+        call would.
+
+        Raises:
+            ToolCallError: the arguments are invalid, the call timed out, or
+                (never for an exception of the tool's own) it could not finish.
+            Exception: whatever the tool itself raised.
+            ConfirmationRequired: the tool needs a person's approval first.
+        """
+        result = await self.call(kwargs)
+        if result.ok:
+            return result.value
+        if result.error == "exception" and result.exception is not None:
+            raise result.exception
+        raise ToolCallError(result)
 
     async def _checked_call(
         self, arguments: str | Mapping[str, Any] | None, call_id: str | None

@@ -29,6 +29,7 @@ import dataclasses
 import os
 import re
 import traceback
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -146,13 +147,18 @@ class Value:
         meta: facts about the payload (alias, usage, cache hit, ``_tape_ids`` …).
 
     Indexing goes through ``F.select`` so that, while tracing, ``value["k"]``
-    records a node instead of failing.
+    records a node instead of failing. The class itself takes a type argument
+    for annotations, as the seeds write it: ``-> Value[str]``, ``list[Value[T]]``.
     """
 
     kind: ValueKind
     payload: Any
     ref: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    # ``Value[str]`` annotates "a Value whose payload is a str"; like ``list[str]``
+    # it is not checked at run time.
+    __class_getitem__ = classmethod(types.GenericAlias)
 
     # ----------------------------------------------------------------- access
     @property
@@ -479,7 +485,9 @@ def _is_model_instance(x: Any) -> bool:
 
 def _lift_parameter(param: Any) -> Value:
     session = current_trace()
-    ref = session.param_ref(param) if session is not None else f"param:{param.name}"
+    # Inside a trace, names are relative to the traced program (the graph's
+    # parameter table); outside, the dotted path from the root of the tree.
+    ref = session.param_ref(param) if session is not None else f"param:{param.path}"
     kind = ValueKind.TEXT if isinstance(param.value, str) else ValueKind.STRUCTURED
     meta = {"param_name": ref[6:], "param_id": id(param)}
     if session is not None:

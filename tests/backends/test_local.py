@@ -201,6 +201,8 @@ async def test_generate_from_context_and_from_raw(backend):
     assert not thunk.is_computed
     response = await thunk
     assert thunk.is_computed and thunk.value == response.text
+    assert [m.role for m in after.messages] == ["system", "user", "assistant"]
+    assert after.messages[-1].content == response.text
     assert response.text.strip()
     assert thunk.usage is not None and 0 < thunk.usage.output_tokens <= 12
 

@@ -246,7 +246,8 @@ async def test_thunk_streams_and_resolves_through_this_backend(connect):
     assert "".join(streamed) == response.text == "echo: hi there"
     assert response.usage.output_tokens == 3
     assert raw.text == "echo: again"
-    assert ctx.messages == (Message("user", "hi there"),)
+    # The context after the call holds the reply now that the thunk is computed.
+    assert ctx.messages == (Message("user", "hi there"), Message("assistant", "echo: hi there"))
 
 
 # -- structured output dialects ----------------------------------------------------------

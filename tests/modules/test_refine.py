@@ -138,7 +138,9 @@ def test_setup_errors_are_clear() -> None:
 
     with pytest.raises(TypeError, match=r"must accept `feedback=` .* or `history=`"):
         Refine(Plain(), reward_fn=long_enough)
-    with pytest.raises(ValueError, match=r"reward_fn=\.\.\., requirements"):
-        Refine(Predict("q -> a"))
+    with pytest.raises(ValueError, match=r"may use \{previous_output\}, \{feedback\}"):
+        Refine(Predict("q -> a"), refinement_prompt="Improve {answer}")
+    with pytest.raises(TypeError, match="module= or base_module="):
+        Refine(Predict("q -> a"), base_module=Predict("q -> a"))
     with pytest.raises(ValueError, match="max_iters >= 1"):
         Refine(Predict("q -> a"), max_iters=0, reward_fn=long_enough)

@@ -187,3 +187,28 @@ def test_whatever_parses_builds_a_signature(text):
         return
     sig = Signature.from_string(text)
     assert sig.signature_text().count("->") == 1
+
+
+def test_dsprrr_type_words_are_synonyms():
+    _, outputs = parse_signature(
+        "text -> s: string, n: integer, x: number, ok: boolean, tags: list[string], "
+        "label: enum('a', 'b, c'), other: enum[1, 2]"
+    )
+    assert [annotation for _, annotation in outputs] == [
+        str, int, float, bool, list[str], Literal["a", "b, c"], Literal[1, 2]
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "position"),
+    [
+        ("a -> b: enum", "enum needs its values", 8),
+        ("a -> b: enum(", "this '(' is never closed", 12),
+        ("a -> b: enum('x']", "this ']' has no matching '['", 16),
+        ("a -> b)", "this ')' has no matching '('", 6),
+    ],
+)
+def test_enum_errors_name_the_problem_and_its_position(text, message, position):
+    with pytest.raises(SignatureSyntaxError) as info:
+        parse_signature(text)
+    assert message in str(info.value) and info.value.position == position

@@ -24,6 +24,7 @@ __all__ = [
     "Usage",
     "message_from_dict",
     "message_to_dict",
+    "tool_call_from_dict",
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -55,6 +56,36 @@ class Message:
     """For a ``tool`` turn: the id of the call it answers."""
     name: str | None = None
     """For a ``tool`` turn: the tool's name (some providers require it)."""
+
+    # A message also reads as its OpenAI-style dict (udspy keeps conversations as
+    # such dicts): message["role"], message.get("tool_calls"), dict(message), and
+    # it equals the dict that `message_to_dict` makes of it.
+    def __getitem__(self, key: str) -> Any:
+        return message_to_dict(self)[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Returns the value under ``key`` of the message's OpenAI-style dict, or ``default``."""
+        return message_to_dict(self).get(key, default)
+
+    def keys(self) -> Any:
+        """Returns the keys of the message's OpenAI-style dict (the parts that are set)."""
+        return message_to_dict(self).keys()
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Message):
+            return (
+                self.role == other.role
+                and self.content == other.content
+                and self.tool_calls == other.tool_calls
+                and self.tool_call_id == other.tool_call_id
+                and self.name == other.name
+            )
+        if isinstance(other, Mapping):
+            return message_to_dict(self) == dict(other)
+        return NotImplemented
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +249,7 @@ def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Messag
     if role not in _ROLES:
         raise ValueError(f"{where}: role must be system, user, assistant or tool; got {role!r}")
     calls = tuple(
-        _tool_call_from_dict(call, f"{where} tool call {i}")
+        tool_call_from_dict(call, f"{where} tool call {i}")
         for i, call in enumerate(item.get("tool_calls") or ())
     )
     return Message(
@@ -230,7 +261,12 @@ def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Messag
     )
 
 
-def _tool_call_from_dict(call: Any, where: str) -> ToolCall:
+def tool_call_from_dict(call: Any, where: str = "tool call") -> ToolCall:
+    """Returns the `ToolCall` an OpenAI-style dict describes (nested ``function`` or flat).
+
+    Raises:
+        ValueError: ``call`` is not a mapping; the message names ``where``.
+    """
     if not isinstance(call, Mapping):
         raise ValueError(f"{where}: expected a mapping, got {type(call).__name__}")
     function = call.get("function")

@@ -34,7 +34,7 @@ from plait.module import Module
 from plait.tracing import is_leaf_module
 from plait.values import Value, ValueKind, valueify
 
-__all__ = ["execute_bound", "run", "run_sync"]
+__all__ = ["call_bound", "execute_bound", "run", "run_sync"]
 
 
 async def run(
@@ -43,6 +43,7 @@ async def run(
     resources: Any = None,
     max_concurrent: int | None = None,
     checkpoint_dir: Any = None,
+    record: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs ``module`` on one input, or on each item when the first argument is a list.
@@ -55,13 +56,19 @@ async def run(
             or ``ExecutionSettings`` resources).
         max_concurrent: most LLM calls in flight at once.
         checkpoint_dir: directory that makes a batch resumable.
+        record: also return the forward record (seed 001): the call runs as in
+            training mode for this once, whatever ``module.training`` is, and
+            returns ``(output, tape)`` — the output a Value carrying its tape id
+            (``meta["_tape_ids"]``) for ``await Value.backward(output, grad=...)``,
+            and the `plait.execution.tape.Tape` (the graph and every node's
+            result). For a batch: ``(outputs, tapes)``, lists in input order.
         **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
             the whole call or batch, ``progress``, ``on_error``, ``cache=False``
             to skip response caches) or keyword arguments of ``forward``.
 
     Returns:
         The output (raw data in the structure ``forward`` returned), or a list
-        of outputs for a batch.
+        of outputs for a batch; with ``record=True``, a pair (see above).
 
     Raises:
         ExecutionError: a node failed; names the node, module path and input index.
@@ -70,8 +77,38 @@ async def run(
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
     if resources is not None:
         call["resources"] = resources
+    if record:
+        return await _recorded(module, args, {**kwargs, **call})
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
     return await execute_bound(module, args, {**kwargs, **call})
+
+
+RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
+"""Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
+
+
+async def _recorded(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Runs a call that keeps its forward record; returns ``(output, tape)`` (lists for a batch)."""
+    from plait.execution.tape import get_tape
+
+    def tape_of(output: Any) -> Tape | None:
+        ids = output.meta.get("_tape_ids") if isinstance(output, Value) else None
+        return get_tape(ids[-1]) if ids else None
+
+    if kwargs.get("streaming"):
+        raise TypeError(
+            "run(..., record=True) returns a batch's outputs together with their records, "
+            "so it cannot stream; drop streaming=True"
+        )
+    token = RECORD.set(True)
+    try:
+        # A batch comes back as a list even inside ExecutionSettings(streaming=True).
+        output = await execute_bound(module, args, {**kwargs, "streaming": False})
+    finally:
+        RECORD.reset(token)
+    if bool(args) and is_batch(args[0]):
+        return output, [tape_of(item) for item in output]
+    return output, tape_of(output)
 
 
 RUN_KEYWORDS = frozenset({"resources", "resume_state"})
@@ -147,12 +184,32 @@ def execute_bound(
     return _run_single(module, args, forward_kwargs, resources, options)
 
 
+def call_bound(
+    module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Coroutine[Any, Any, Any] | BatchStream | Any:
+    """Runs ``module(*args, **kwargs)`` for a module that has resources.
+
+    Inside a running event loop it returns what `execute_bound` returns, to
+    be awaited (``await module(x)``, ``async for r in module(batch)``).
+    Called from synchronous code with no event loop running, it runs the call
+    to completion (as `run_sync` does) and returns the result: nothing could
+    ever await a coroutine returned there, and udspy's snippets
+    (``result = predictor(question=...)``) are written that way.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return run_sync(module, args, kwargs)
+    return execute_bound(module, args, kwargs)
+
+
 def _runner(module: Module, resources: Any, options: dict[str, Any]) -> Runner:
     from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
 
     manager = ResourceManager.shared(resources)
     _remember_for_shutdown(manager)
-    return Runner(manager, options["max_concurrent"], options["timeout"], module.training)
+    training = module.training or RECORD.get()
+    return Runner(manager, options["max_concurrent"], options["timeout"], training)
 
 
 def _taped(

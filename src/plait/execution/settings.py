@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plait import _context
+from plait.module import bound_resources
 
 __all__ = ["DEFAULTS", "OPTION_NAMES", "ExecutionSettings", "effective_options", "find_resources"]
 
@@ -143,19 +144,17 @@ def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = Non
     (what the caller was bound to: `Module.bind`, ``Optimizer.bind``); the one
     set of resources that every bound module below ``module`` shares (so a
     `TrainingStep` or a wrapper around a bound program finds the program's);
-    the innermost ``ExecutionSettings`` (``plait.settings.context``); the
-    global ``plait.settings.configure``.
+    the resources of ``module``'s nearest bound ancestor (so a child of a bound
+    pipeline can be called alone); the innermost ``ExecutionSettings``
+    (``plait.settings.context``); the global ``plait.settings.configure``.
+    The module part is `plait.module.bound_resources`.
     """
     if explicit is not None:
         return explicit
     if bound is not None:
         return bound
     if module is not None:
-        below = {
-            id(resources): resources
-            for sub in module.modules()
-            if (resources := sub._bound_resources) is not None
-        }
-        if len(below) == 1:
-            return next(iter(below.values()))
+        found = bound_resources(module)
+        if found is not None:
+            return found
     return _context.setting("resources")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,12 +22,14 @@ __all__ = [
     "Retry",
     "bind_signature_inputs",
     "call_child",
+    "either",
     "feedback_mode",
     "maybe_await",
     "named_inputs",
     "render_inputs",
     "rollout",
     "to_text",
+    "valid_output",
 ]
 
 
@@ -94,6 +96,35 @@ def to_text(output: Any) -> str:
     from pydantic_core import to_json
 
     return to_json(output, fallback=str).decode()
+
+
+def valid_output(inputs: dict[str, Any], output: Any) -> float:
+    """The reward used when none is given: 1.0 for a usable output, else 0.0.
+
+    An attempt that raised (an invalid reply re-asked once and still
+    invalid, a failed call) never gets here; this also refuses an output
+    that is None or a `Prediction` / dict with a missing (None) field, or a
+    non-final Prediction (one still waiting for tools).
+    """
+    if output is None or getattr(output, "is_final", True) is False:
+        return 0.0
+    values = output.values() if isinstance(output, Mapping) else ()
+    return 0.0 if any(value is None for value in values) else 1.0
+
+
+def either(
+    owner: str, name: str, value: Any, alias: str, alias_value: Any, default: Any = None
+) -> Any:
+    """Returns the one of ``name=`` / its seed alias ``alias=`` that was given, else ``default``.
+
+    Raises:
+        TypeError: both were given.
+    """
+    if value is not None and alias_value is not None:
+        raise TypeError(f"{owner}: pass {name}= or {alias}= (the same thing), not both")
+    if alias_value is not None:
+        return alias_value
+    return default if value is None else value
 
 
 # ------------------------------------------------------------------ feedback

@@ -16,7 +16,14 @@ from typing import Any
 
 from plait.errors import PlaitError
 from plait.module import Module
-from plait.modules._wrapping import call_child, maybe_await, named_inputs, rollout
+from plait.modules._wrapping import (
+    call_child,
+    either,
+    maybe_await,
+    named_inputs,
+    rollout,
+    valid_output,
+)
 
 __all__ = ["AllAttemptsFailedError", "Attempt", "BestOfN"]
 
@@ -56,10 +63,14 @@ class BestOfN(Module):
     """Runs ``module`` ``n`` times concurrently and returns the output with the best reward.
 
     Args:
-        module: the module to sample (a `Predict`, a pipeline, another wrapper).
-        n: how many attempts.
+        module: the module to sample (a `Predict`, a pipeline, another wrapper);
+            ``base_module=`` is the same (dsprrr's name).
+        n: how many attempts (default 3); ``N=`` is the same (dsprrr, DSPy).
         reward_fn: ``reward_fn(inputs, output) -> float``, sync or async;
-            ``inputs`` are the call's arguments by name.
+            ``inputs`` are the call's arguments by name. Without one, an
+            attempt scores 1.0 when its output is valid (it parsed, and no
+            field is missing) and the threshold defaults to 1.0: the first
+            valid attempt in attempt order wins.
         threshold: when set, the first attempt *in attempt order* whose reward
             reaches it wins, and attempts after it that are still running are
             cancelled (the result does not depend on which finished first).
@@ -76,13 +87,25 @@ class BestOfN(Module):
     """
 
     def __init__(
-        self, module: Module, n: int, reward_fn: RewardFn, threshold: float | None = None
+        self,
+        module: Module | None = None,
+        n: int | None = None,
+        reward_fn: RewardFn | None = None,
+        threshold: float | None = None,
+        *,
+        base_module: Module | None = None,
+        N: int | None = None,
     ) -> None:
         super().__init__()
+        module = either("BestOfN", "module", module, "base_module", base_module)
+        n = either("BestOfN", "n", n, "N", N, default=3)
         if not isinstance(module, Module):
             raise TypeError(f"BestOfN wraps a Module, got {type(module).__name__}")
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"BestOfN needs n >= 1 attempts, got {n!r}")
+        if reward_fn is None:
+            reward_fn = valid_output
+            threshold = 1.0 if threshold is None else threshold
         if not callable(reward_fn):
             raise TypeError("BestOfN needs reward_fn(inputs, output) -> float")
         self.module = module

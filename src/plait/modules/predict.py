@@ -36,7 +36,7 @@ from plait.streaming import FieldStreamer, is_streaming, whole_text
 from plait.tools import Tool, tool_table
 from plait.values import unwrap
 
-__all__ = ["Predict", "ask_step", "history_messages"]
+__all__ = ["Predict", "ask_step", "history_messages", "record_system"]
 
 
 class Predict(Module):
@@ -238,7 +238,7 @@ class Predict(Module):
         values = {name: unwrap(value) for name, value in self._input_values(args, inputs).items()}
         request = self.build_request(values, history if history is not None else ())
         prediction = await self._ask(request, values)
-        _extend_history(history, request.messages[-1], prediction.raw)
+        _extend_history(history, request.messages, prediction.raw)
         return prediction
 
     def _input_values(self, args: tuple[Any, ...], inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -421,12 +421,18 @@ def _demo_list(sig: type[Signature], demos: Any, where: str) -> list[dict[str, A
 def history_messages(history: Any) -> tuple[Message, ...]:
     """Returns the turns of a history: Messages, role dicts, or an object with ``.messages``.
 
+    Of a `plait.History`, its `~plait.History.conversation`: the system prompt
+    you set, not the system turn an earlier call recorded (which already
+    holds a module's task).
+
     Raises:
         TypeError: it is none of these.
     """
     if history is None:
         return ()
-    items = getattr(history, "messages", history)
+    items = getattr(history, "conversation", None)
+    if items is None:
+        items = getattr(history, "messages", history)
     if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
         raise TypeError(
             "history must be a sequence of Message (or role dicts), or an object with "
@@ -446,10 +452,22 @@ def _as_message(item: Any, index: int) -> Message:
     )
 
 
-def _extend_history(history: Any, user: Message, reply: str) -> None:
-    """Appends the new turns to a History-like object (one with ``.messages`` and ``extend``)."""
+def _extend_history(history: Any, sent: tuple[Message, ...], reply: str) -> None:
+    """Appends the new turns to a History-like object (one with ``.messages`` and ``extend``).
+
+    A `plait.History` also records the system turn that was sent (seed 003:
+    the system prompt is part of the conversation).
+    """
     if history is None or not hasattr(history, "messages"):
         return
     extend = getattr(history, "extend", None)
     if callable(extend):
-        extend([user, Message("assistant", reply)])
+        extend([sent[-1], Message("assistant", reply)])
+    record_system(history, sent)
+
+
+def record_system(history: Any, sent: Sequence[Message]) -> None:
+    """Notes the system turn of ``sent`` in a History that can record it (`plait.History`)."""
+    record = getattr(history, "record_system_prompt", None)
+    if callable(record) and sent and sent[0].role == "system":
+        record(sent[0].content)

@@ -16,7 +16,7 @@ and every call is recorded in `Module.traces`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +36,7 @@ from plait.confirmation import ConfirmationRequired, ResumeState, approved, clai
 from plait.errors import StructuredOutputError
 from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
-from plait.modules.predict import Predict, ask_step, history_messages
+from plait.modules.predict import Predict, ask_step, history_messages, record_system
 from plait.modules.prediction import Prediction
 from plait.modules.traces import module_path
 from plait.parameter import Parameter
@@ -287,7 +287,7 @@ class ReAct(Module):
             resume = None  # answered: later pauses are new ones
             run.turn += 1
         prediction = await self._finish(values, final, run.trajectory, run.messages, run.usage)
-        _extend_history(history, run.messages[run.first_new :], prediction.raw)
+        _extend_history(history, run.messages[run.first_new :], prediction.raw, run.messages)
         return prediction
 
     async def _run_turn(
@@ -600,9 +600,12 @@ def render_trajectory(steps: list[ReActStep], final_text: str | None = None) -> 
     return "\n".join(lines) if lines else "No tools were called."
 
 
-def _extend_history(history: Any, turns: list[Message], final_text: str) -> None:
+def _extend_history(
+    history: Any, turns: list[Message], final_text: str, run_messages: Sequence[Message] = ()
+) -> None:
     """Appends the run's turns and its final answer to a History-like object."""
     extend = getattr(history, "extend", None)
     if history is None or not hasattr(history, "messages") or not callable(extend):
         return
     extend([*turns, Message("assistant", final_text)])
+    record_system(history, run_messages)

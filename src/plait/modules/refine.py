@@ -16,7 +16,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.module import Module
-from plait.modules._wrapping import AttemptCaller, Retry, call_child, feedback_mode, maybe_await
+from plait.modules._wrapping import (
+    AttemptCaller,
+    Retry,
+    call_child,
+    either,
+    feedback_mode,
+    maybe_await,
+    to_text,
+    valid_output,
+)
 from plait.modules._wrapping import rollout as rollout_scope
 from plait.modules.best_of_n import AllAttemptsFailedError
 from plait.modules.requirements import (
@@ -59,14 +68,21 @@ class Refine(Module):
 
     Args:
         module: the module to refine. Its ``forward`` must accept ``history=``
-            or ``feedback=`` (see the module docstring).
-        max_iters: most attempts.
+            or ``feedback=`` (see the module docstring). ``base_module=`` is
+            the same (dsprrr's name).
+        max_iters: most attempts (default 3); ``max_iterations=`` is the same.
         reward_fn: ``reward_fn(inputs, output)`` → a float, or ``(float, reason)``
-            whose reason is fed back; sync or async.
+            whose reason is fed back; sync or async. With neither a reward
+            nor requirements, an attempt passes when its output is valid (it
+            parsed, and no field is missing).
         requirements: `Requirement` objects or strings (judged by the model);
             an attempt passes only when all hold.
         threshold: the reward an attempt needs to be accepted.
         judge_alias: the resource alias of the requirements' LLM judge.
+        refinement_prompt: what the next attempt is told, as a template with
+            ``{previous_output}``, ``{feedback}`` (why it fell short) and
+            ``{score}`` (dsprrr: ``"Improve this response: {previous_output}"``);
+            by default the reasons an attempt fell short (see `feedback`).
 
     Returns the first attempt that passes; when none does, the best one
     (most requirements met, then highest reward; the earlier on ties). A
@@ -84,23 +100,26 @@ class Refine(Module):
 
     def __init__(
         self,
-        module: Module,
-        max_iters: int = 3,
+        module: Module | None = None,
+        max_iters: int | None = None,
         reward_fn: RewardFn | None = None,
         requirements: Iterable[Requirement | str] | Requirements | None = None,
         threshold: float = 1.0,
         *,
         judge_alias: str = "llm",
+        base_module: Module | None = None,
+        max_iterations: int | None = None,
+        refinement_prompt: str | None = None,
     ) -> None:
         super().__init__()
+        module = either("Refine", "module", module, "base_module", base_module)
+        max_iters = either("Refine", "max_iters", max_iters, "max_iterations", max_iterations, 3)
         if not isinstance(module, Module):
             raise TypeError(f"Refine wraps a Module, got {type(module).__name__}")
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"Refine needs max_iters >= 1, got {max_iters!r}")
         if reward_fn is None and requirements is None:
-            raise ValueError(
-                "Refine needs a way to judge attempts: reward_fn=..., requirements=[...], or both"
-            )
+            reward_fn = valid_output
         if reward_fn is not None and not callable(reward_fn):
             raise TypeError("Refine: reward_fn must be callable(inputs, output)")
         self._mode = feedback_mode(module, "Refine")
@@ -111,6 +130,7 @@ class Refine(Module):
             as_requirements(requirements, judge_alias) if requirements is not None else None
         )
         self.threshold = threshold
+        self.refinement_prompt = _checked_template(refinement_prompt)
 
     async def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Returns the output of the first passing attempt, or of the best one."""
@@ -154,6 +174,12 @@ class Refine(Module):
         if attempt.report is not None and not attempt.report.passed:
             reasons.append(attempt.report.feedback())
         text = "\n".join(reasons) or "It was not accepted."
+        if self.refinement_prompt is not None:
+            return self.refinement_prompt.format(
+                previous_output=to_text(attempt.output),
+                feedback=text,
+                score="none" if attempt.reward is None else f"{attempt.reward:g}",
+            )
         return f"That answer fell short. {text}\nWrite an improved answer that fixes this."
 
     # ---------------------------------------------------------------- helpers
@@ -176,3 +202,32 @@ class Refine(Module):
 
     def extra_repr(self) -> str:
         return f"max_iters={self.max_iters}, threshold={self.threshold}"
+
+
+_TEMPLATE_FIELDS = ("previous_output", "feedback", "score")
+
+
+def _checked_template(template: str | None) -> str | None:
+    """Returns a refinement prompt after checking it names only the fields Refine fills in.
+
+    Raises:
+        ValueError: it names another field, or is not a valid format string.
+    """
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        raise TypeError(f"refinement_prompt must be a str, got {type(template).__name__}")
+    import string
+
+    try:
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as exc:
+        raise ValueError(f"refinement_prompt {template!r} is not a valid template: {exc}") from None
+    unknown = [name for name in names if name not in _TEMPLATE_FIELDS]
+    if unknown:
+        allowed = ", ".join("{" + name + "}" for name in _TEMPLATE_FIELDS)
+        raise ValueError(
+            f"refinement_prompt names {', '.join('{' + n + '}' for n in unknown)}; it may use "
+            f"{allowed} (write {{{{ and }}}} for literal braces)"
+        )
+    return template

@@ -27,7 +27,7 @@ from typing import Any
 from plait import _context
 from plait.backends.types import Request, Response, message_to_dict
 
-__all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "record_trace"]
+__all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "get_traces", "record_trace"]
 
 DEFAULT_TRACE_LIMIT = 1000
 """Records kept per module when it sets no ``trace_limit`` of its own."""
@@ -69,6 +69,16 @@ class TraceRecord:
     def as_dict(self) -> dict[str, Any]:
         """Returns the record as a plain dict (one row of `Module.traces_frame`)."""
         return asdict(self)
+
+
+def get_traces(module: Any) -> list[TraceRecord]:
+    """Returns the records of every LLM call of ``module`` and its descendants, oldest first.
+
+    dsprrr's ``get_traces`` (seed 002); the same as ``module.traces()`` (and
+    ``module.get_traces()``). ``module.traces_frame()`` gives them as a
+    pandas DataFrame, dsprrr's tibble.
+    """
+    return module.traces()
 
 
 def module_path(module: Any) -> str:

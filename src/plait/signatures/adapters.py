@@ -182,6 +182,15 @@ def _fail(signature: type[Signature], message: str, raw: str) -> StructuredOutpu
     )
 
 
+def _without_task(text: str, task: str) -> str:
+    """Returns a history's system text without a copy of ``task`` at its end."""
+    if text == task:
+        return ""
+    if text.endswith("\n\n" + task):
+        return text[: -len(task) - 2]
+    return text
+
+
 # --------------------------------------------------------------- base class
 class _MessageAdapter:
     """Shared assembly: system turn, demo pairs, history turns, the inputs turn."""
@@ -194,9 +203,14 @@ class _MessageAdapter:
         history: Sequence[Message] = (),
     ) -> tuple[Message, ...]:
         # One system turn, always first (seed 003): a history's own system
-        # prompt (say, a persona) leads it, then the task and its fields.
-        preface = [m.content for m in history if m.role == "system" and m.content]
-        system = "\n\n".join([*preface, self.format_system(signature)])
+        # prompt (say, a persona) leads it, then the task and its fields. A
+        # history restored from a saved conversation may hold the whole turn an
+        # earlier call sent; its copy of this task is dropped, not sent twice.
+        task = self.format_system(signature)
+        preface = [
+            text for m in history if m.role == "system" and (text := _without_task(m.content, task))
+        ]
+        system = "\n\n".join([*preface, task])
         messages = [Message("system", system)]
         for demo in demos:
             pair = self._demo_pair(signature, demo)
@@ -219,7 +233,10 @@ class _MessageAdapter:
         )
 
     def format_system(self, signature: type[Signature]) -> str:
-        """Returns the system turn: instructions, then the input and output fields."""
+        """Returns the system turn: instructions, then the input and output fields.
+
+        ``format_instructions`` is the same method under udspy's name.
+        """
         parts = []
         if signature.instructions:
             parts.append(signature.instructions)
@@ -231,12 +248,53 @@ class _MessageAdapter:
         parts.append(self.reply_format(signature))
         return "\n\n".join(parts)
 
+    def format_instructions(self, signature: type[Signature]) -> str:
+        """Returns the system turn (udspy's name for `format_system`)."""
+        return self.format_system(signature)
+
+    def parse_outputs(
+        self, signature: type[Signature], completion: Response | str
+    ) -> dict[str, Any]:
+        """Returns the typed outputs of a reply given as a `Response` or as its text.
+
+        udspy's name for `parse`, which takes only a `Response`.
+
+        Raises:
+            StructuredOutputError: the reply does not hold valid outputs.
+        """
+        if isinstance(completion, str):
+            completion = Response(text=completion)
+        return self.parse(signature, completion)  # type: ignore[attr-defined]
+
+    def format_tool_schema(self, tool: Any) -> dict[str, Any]:
+        """Returns a tool (a `plait.Tool` or a function) in OpenAI's function-tool format.
+
+        What udspy's adapter offers; plait's backends do this translation
+        themselves from `Tool.spec`, so a program never needs it.
+        """
+        from plait.tools import Tool
+
+        spec = (tool if isinstance(tool, Tool) else Tool(tool)).spec
+        return {
+            "type": "function",
+            "function": {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": spec.parameters,
+            },
+        }
+
     def reply_format(self, signature: type[Signature]) -> str:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def format_inputs(
-        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool = True
     ) -> str:  # pragma: no cover - abstract
+        """Returns the user turn holding ``inputs``.
+
+        ``final`` (the default) is the turn the model must answer, which may
+        repeat what to reply with; demos are formatted with ``final=False``.
+        """
         raise NotImplementedError
 
     def format_outputs(
@@ -269,7 +327,7 @@ class JSONAdapter(_MessageAdapter):
         return f"Reply with a JSON object with the keys: {keys}."
 
     def format_inputs(
-        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool = True
     ) -> str:
         lines = [
             f"{name}: {format_value(inputs[name])}"
@@ -346,7 +404,7 @@ class ChatAdapter(_MessageAdapter):
         return "\n".join(lines)
 
     def format_inputs(
-        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool = True
     ) -> str:
         blocks = [
             f"{_marker(name)}\n{format_value(inputs[name])}"

@@ -9,7 +9,12 @@ Grammar (whitespace is free between tokens)::
     atom      := "str" | "int" | "float" | "bool" | "None"
                | "list" ("[" type "]")?  | "dict" ("[" type "," type "]")?
                | "Optional" "[" type "]" | "Literal" "[" literal ("," literal)* "]"
+               | "enum" "(" literal ("," literal)* ")"
     literal   := 'text' | "text" | number | True | False | None
+
+dsprrr's type words (seed 002, after R's ellmer types) are synonyms:
+``string`` is ``str``, ``integer`` ``int``, ``number`` ``float``, ``boolean``
+``bool``, and ``enum('a', 'b')`` (or ``enum['a', 'b']``) is ``Literal['a', 'b']``.
 
 It works in two passes: a scan that finds the arrow, the commas and colons
 outside brackets and quotes (so ``Literal['a, b']`` is one field), then a
@@ -35,7 +40,18 @@ SUPPORTED_TYPES = (
 )
 
 _MAX_DEPTH = 12
-_SCALARS: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool}
+_SCALARS: dict[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    # dsprrr's (ellmer's) words for the same types
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+}
+_CLOSING = {"[": "]", "(": ")"}
 
 
 class SignatureSyntaxError(PlaitError, ValueError):
@@ -103,11 +119,12 @@ def _scan(text: str) -> _Scan:
         if char in "'\"":
             i = _string_end(text, i)
             continue
-        if char == "[":
+        if char in _CLOSING:
             open_brackets.append(i)
-        elif char == "]":
-            if not open_brackets:
-                _fail("this ']' has no matching '['", text, i)
+        elif char in ")]":
+            if not open_brackets or _CLOSING[text[open_brackets[-1]]] != char:
+                opening = "[" if char == "]" else "("
+                _fail(f"this {char!r} has no matching {opening!r}", text, i)
             open_brackets.pop()
         elif not open_brackets:
             if text.startswith("->", i):
@@ -120,7 +137,7 @@ def _scan(text: str) -> _Scan:
                 found.colons.append(i)
         i += 1
     if open_brackets:
-        _fail("this '[' is never closed", text, open_brackets[-1])
+        _fail(f"this {text[open_brackets[-1]]!r} is never closed", text, open_brackets[-1])
     return found
 
 
@@ -209,7 +226,7 @@ _TOKEN = re.compile(
       (?P<name>[^\W\d]\w*)
     | (?P<number>[-+]?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)
     | (?P<string>'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")
-    | (?P<punct>[\[\],|])
+    | (?P<punct>[\[\](),|])
     )""",
     re.VERBOSE | re.DOTALL,
 )
@@ -320,6 +337,8 @@ class _TypeParser:
             return type(None)
         if name == "Literal":
             return self._literal(token)
+        if name == "enum":
+            return self._enum(token)
         if name in _SCALARS:
             if self._is("["):
                 self._fail(f"{name} takes no type arguments", self._peek())
@@ -360,6 +379,19 @@ class _TypeParser:
             self._next()
             values.append(self._literal_value())
         self._expect("]", "to close Literal[...]")
+        return Literal[tuple(values)]  # type: ignore[valid-type]
+
+    def _enum(self, token: _Token) -> Any:
+        """Returns dsprrr's ``enum('a', 'b')`` (or ``enum['a', 'b']``) as ``Literal['a', 'b']``."""
+        opening = self._peek()
+        if opening.kind != "punct" or opening.text not in _CLOSING:
+            self._fail("enum needs its values: enum('a', 'b')", token)
+        self._next()
+        values = [self._literal_value()]
+        while self._is(","):
+            self._next()
+            values.append(self._literal_value())
+        self._expect(_CLOSING[opening.text], "to close enum(...)")
         return Literal[tuple(values)]  # type: ignore[valid-type]
 
     def _literal_value(self) -> Any:

@@ -327,6 +327,21 @@ class Signature(metaclass=SignatureMeta):
         return make_signature(fields, instructions=instructions, name="StringSignature")
 
     @classmethod
+    def get_input_fields(cls) -> dict[str, FieldSpec]:
+        """Returns the input fields by name (udspy's spelling of `input_fields`, as a dict)."""
+        return dict(cls.input_fields)
+
+    @classmethod
+    def get_output_fields(cls) -> dict[str, FieldSpec]:
+        """Returns the output fields by name (udspy's spelling of `output_fields`, as a dict)."""
+        return dict(cls.output_fields)
+
+    @classmethod
+    def get_instructions(cls) -> str:
+        """Returns the instructions (udspy's spelling of `instructions`)."""
+        return cls.instructions
+
+    @classmethod
     def signature_text(cls) -> str:
         """Returns the field names as ``"context, question -> answer, confidence"``."""
         return f"{', '.join(cls.input_fields)} -> {', '.join(cls.output_fields)}"
@@ -424,19 +439,35 @@ def _spec_of(sig: type[Signature], name: str, field: Any, annotation: Any) -> Fi
 
 
 def make_signature(
-    fields: Iterable[FieldSpec], instructions: str | None = None, name: str = "Signature"
+    fields: Iterable[FieldSpec] = (),
+    instructions: str | None = None,
+    name: str = "Signature",
+    *,
+    input_fields: Mapping[str, Any] | None = None,
+    output_fields: Mapping[str, Any] | None = None,
 ) -> type[Signature]:
     """Returns a new signature class with these fields (inputs and outputs may be mixed).
 
-    ``instructions`` None means the default text naming the fields.
+    ``instructions`` None means the default text naming the fields. Fields
+    come as `FieldSpec`s, or (udspy's form) as ``input_fields=`` /
+    ``output_fields=`` mappings of name to a type, a ``(type, "description")``
+    pair, or a ``(type, InputField(...))`` pair::
+
+        QA = make_signature(
+            input_fields={"question": str},
+            output_fields={"answer": (int, "The count")},
+            instructions="Answer with a number",
+        )
 
     Raises:
         ValueError: a name is not an identifier, starts with ``_``, or repeats.
+        TypeError: a field is given in none of these forms.
     """
     specs = tuple(fields)
     for spec in specs:
         if not isinstance(spec, FieldSpec):
             raise TypeError(f"make_signature needs FieldSpec items, got {type(spec).__name__}")
+    specs += _specs_of_mapping(input_fields, "input") + _specs_of_mapping(output_fields, "output")
     namespace = {
         _FIELDS_KEY: specs,
         _INSTRUCTIONS_KEY: instructions,
@@ -444,6 +475,38 @@ def make_signature(
         "__qualname__": name,
     }
     return SignatureMeta(name, (Signature,), namespace)  # type: ignore[return-value]
+
+
+def _specs_of_mapping(given: Mapping[str, Any] | None, kind: FieldKind) -> tuple[FieldSpec, ...]:
+    """Returns the fields of an ``input_fields=`` / ``output_fields=`` mapping."""
+    if given is None:
+        return ()
+    if not isinstance(given, Mapping):
+        raise TypeError(
+            f"{kind}_fields must be a dict of field name to type, got {type(given).__name__}"
+        )
+    specs = []
+    for key, entry in given.items():
+        annotation, description = entry, ""
+        if isinstance(entry, tuple) and len(entry) == 2:
+            annotation, extra = entry
+            if isinstance(extra, _FieldMarker):
+                if extra.kind != kind:
+                    raise TypeError(
+                        f"{kind}_fields[{key!r}] is marked {type(extra).__name__}; "
+                        f"use {'InputField' if kind == 'input' else 'OutputField'} there"
+                    )
+                description = extra.description
+            elif isinstance(extra, str):
+                description = extra
+            else:
+                raise TypeError(
+                    f"{kind}_fields[{key!r}] must be a type, (type, 'description') or "
+                    f"(type, {'InputField' if kind == 'input' else 'OutputField'}(...)); "
+                    f"got a pair ending in {type(extra).__name__}"
+                )
+        specs.append(FieldSpec(key, annotation, description, kind))
+    return tuple(specs)
 
 
 def as_signature(signature: Any, instructions: str | None = None) -> type[Signature]:

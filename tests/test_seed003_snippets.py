@@ -1,0 +1,250 @@
+"""Seed 003 (udspy): its signatures, adapter, tools, history and call conventions, run on plait.
+
+Each test is a snippet of the seed, changed only where plait's resources need
+it (said in a comment): ``lm=`` is an endpoint of the scripted server, not an
+OpenAI key. Streaming, confirmation, callbacks and settings are in
+``test_seed003_interaction.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import pytest
+from pydantic import Field
+
+import plait
+from execution.support import server_in_thread
+from plait import (
+    History,
+    InputField,
+    Module,
+    OutputField,
+    Predict,
+    Prediction,
+    Signature,
+    tool,
+)
+from plait.signatures import ChatAdapter, JSONAdapter, make_signature
+from plait.testing import ScriptedServer
+from plait.tools import ToolCallError
+
+
+@pytest.fixture(autouse=True)
+def _reset_settings():
+    yield
+    plait.settings.reset()
+
+
+class QA(Signature):
+    """Answer questions concisely."""  # ← Instructions (docstring)
+
+    question: str = InputField(description="User's question")  # ← Input
+    answer: str = OutputField(description="Concise answer")  # ← Output
+
+
+# ------------------------------------------------------------------- signatures
+def test_field_extraction_snippet() -> None:
+    inputs = QA.get_input_fields()  # {"question": FieldInfo(...)}
+    outputs = QA.get_output_fields()  # {"answer": FieldInfo(...)}
+    assert list(inputs) == ["question"] and inputs["question"].description == "User's question"
+    assert list(outputs) == ["answer"] and outputs["answer"].annotation is str
+    assert QA.get_instructions() == "Answer questions concisely."
+
+
+def test_dynamic_creation_snippet() -> None:
+    # String format (all fields are str)
+    from_string = Signature.from_string("question -> answer", "Answer questions")
+    # Programmatic (custom types)
+    programmatic = make_signature(
+        input_fields={"question": str},
+        output_fields={"answer": str},
+        instructions="Answer questions",
+    )
+    assert programmatic == from_string
+    assert programmatic.get_instructions() == "Answer questions"
+
+    typed = make_signature(
+        input_fields={"question": (str, "The question")},
+        output_fields={"count": (int, OutputField(description="How many"))},
+    )
+    assert typed.input_fields["question"].description == "The question"
+    assert typed.output_fields["count"].annotation is int
+    with pytest.raises(TypeError, match=r"output_fields\['count'\] is marked InputField"):
+        make_signature(output_fields={"count": (int, InputField())})
+
+
+# ---------------------------------------------------------------------- adapter
+def test_adapter_methods_snippet() -> None:
+    adapter = JSONAdapter()
+    system = adapter.format_instructions(QA)  # Signature → system message
+    assert system.startswith("Answer questions concisely.") and "- question (str)" in system
+    assert adapter.format_inputs(QA, {"question": "What is Python?"}) == (
+        "question: What is Python?"  # Inputs → user message
+    )
+    assert adapter.parse_outputs(QA, '{"answer": "A language"}') == {"answer": "A language"}
+
+
+def test_format_tool_schema_snippet() -> None:
+    @tool(name="calculator", description="Perform arithmetic")
+    def calculator(
+        operation: str = Field(description="add, subtract, multiply, divide"),
+        a: float = Field(description="First number"),
+        b: float = Field(description="Second number"),
+    ) -> float:
+        """Perform arithmetic operations."""
+        ops = {"add": a + b, "subtract": a - b}
+        return ops[operation]
+
+    adapter = ChatAdapter()
+    schema = adapter.format_tool_schema(calculator)
+    assert schema == {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Perform arithmetic",
+            "parameters": calculator.parameters,  # Tool provides this
+        },
+    }
+    assert calculator.parameters["required"] == ["operation", "a", "b"]
+    assert calculator.parameters["properties"]["a"] == {
+        "type": "number",
+        "description": "First number",
+    }
+
+
+# ------------------------------------------------------------------------ tools
+async def test_tool_acall_snippet() -> None:
+    @tool(name="search", description="Search the web")
+    def search(query: str = Field(description="Search query")) -> str:
+        return f"results for {query}"
+
+    # In Predict's tool loop: result = await tool.acall(**tc.arguments)
+    arguments = {"query": "plait"}
+    result = await search.acall(**arguments)
+    assert result == "results for plait"
+    with pytest.raises(ToolCallError, match="invalid arguments for tool 'search'") as info:
+        await search.acall(q="plait")
+    assert info.value.result.error == "invalid_arguments"
+
+    @tool
+    async def fails(x: int) -> int:
+        """Fails."""
+        raise LookupError(f"nothing at {x}")
+
+    with pytest.raises(LookupError, match="nothing at 3"):  # the tool's own exception
+        await fails.acall(x=3)
+
+
+# ---------------------------------------------------------------------- history
+def test_history_methods() -> None:
+    history = History()
+    history.add_system_message("You are terse.")
+    history.add_user_message("hi")
+    history.add_assistant_message(
+        "",
+        tool_calls=[{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+    )
+    history.add_tool_result("c1", "42")
+    history.set_system_message("You are very terse.")  # Always at position 0
+    assert list(history.messages) == [
+        {"role": "system", "content": "You are very terse."},
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "content": "42", "tool_call_id": "c1"},
+    ]
+    assert history.messages[0]["role"] == "system" and dict(history.messages[1]) == {
+        "role": "user",
+        "content": "hi",
+    }
+    with pytest.raises(ValueError, match=r"use history.set_system_message"):
+        history.add_system_message("late")  # plait keeps one system turn, first
+
+
+def test_history_usage_snippet() -> None:
+    replies = iter(['{"answer": "A programming language"}', '{"answer": "Readable, dynamic"}'])
+    with server_in_thread(responder=lambda body: next(replies)) as server:
+        plait.settings.configure(lm=server.endpoint())  # plait: an endpoint, not an API key
+        predictor = Predict(QA)
+        history = History()
+
+        # First turn
+        result = predictor(question="What is Python?", history=history)
+        roles = [m["role"] for m in history.messages]
+        # History now contains: [system, user, assistant]
+        assert roles == ["system", "user", "assistant"]
+        assert history.messages[0]["content"] == JSONAdapter().format_instructions(QA)
+        assert history.messages[1] == {"role": "user", "content": "question: What is Python?"}
+        assert result.answer == "A programming language"
+
+        # Second turn (context preserved)
+        result = predictor(question="What are its features?", history=history)
+        second = server.stats.log[1].body["messages"]
+
+    assert result.answer == "Readable, dynamic"
+    # LLM sees full conversation history, with one system turn (the task is not doubled)
+    assert [m["role"] for m in second] == ["system", "user", "assistant", "user"]
+    assert second[0]["content"].count("Answer questions concisely.") == 1
+    assert [m["role"] for m in history.messages] == ["system", *["user", "assistant"] * 2]
+
+
+async def test_a_restored_history_does_not_repeat_the_task() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "ok"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict(QA)
+        history = History("Be kind.")
+        await predictor(question="one?", history=history)
+        restored = History.from_list(history.to_list())  # saved and loaded as JSON
+        await predictor(question="two?", history=restored)
+    system = server.stats.log[1].body["messages"][0]["content"]
+    assert system.startswith("Be kind.") and system.count("Answer questions concisely.") == 1
+
+
+# ------------------------------------------------------------- call conventions
+async def test_aforward_and_acall_snippet() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "AI is software."}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer")
+        result = await predictor.aforward(question="What is AI?")
+        print(result.answer)  # Just the final answer
+        again = await predictor.acall(question="What is AI?")
+    assert isinstance(result, Prediction) and result.answer == again.answer == "AI is software."
+
+    class Shout(Module):  # no LLM inside: its direct call is not awaitable, aforward still is
+        def forward(self, text: str) -> str:
+            return text.upper()
+
+    assert await Shout().aforward("hi") == "HI"
+
+
+def test_a_call_from_synchronous_code_returns_the_result() -> None:
+    # udspy: `result = predictor(question=...)` in a script, with no event loop running.
+    with server_in_thread(responder=lambda body: '{"answer": "4"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer")
+        result = predictor(question="2+2?")
+        batch = predictor([{"question": "1+3?"}, {"question": "2*2?"}])
+    assert isinstance(result, Prediction) and result.answer == "4"
+    assert [p.answer for p in batch] == ["4", "4"]
+
+
+async def test_a_call_inside_a_running_loop_is_awaitable() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "4"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer")
+        pending = predictor(question="2+2?")  # plait's own convention: await module(x)
+        assert inspect.isawaitable(pending)
+        assert (await pending).answer == "4"
+
+        async def from_a_task() -> Any:
+            return await predictor(question="2+2?")
+
+        assert (await asyncio.create_task(from_a_task())).answer == "4"
