@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from plait import _context
 from plait.backends.types import Message
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
@@ -40,6 +41,7 @@ async def run(
     resources: Any = None,
     max_concurrent: int | None = None,
     checkpoint_dir: Any = None,
+    report: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs ``module`` on one input, or on each item when the first argument is a list.
@@ -52,13 +54,16 @@ async def run(
             or ``ExecutionSettings`` resources).
         max_concurrent: most LLM calls in flight at once.
         checkpoint_dir: directory that makes a batch resumable.
+        report: also return a `plait.report.RunReport` of this run (usage,
+            cost, timings, retries, errors): the result is ``(output, report)``.
+            It profiles the run; an enclosing ``profile()`` sees nothing of it.
         **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
             the whole call or batch, ``progress``, ``on_error``, ``cache=False``
             to skip response caches) or keyword arguments of ``forward``.
 
     Returns:
         The output (raw data in the structure ``forward`` returned), or a list
-        of outputs for a batch.
+        of outputs for a batch; with ``report=True``, ``(output, report)``.
 
     Raises:
         ExecutionError: a node failed; names the node, module path and input index.
@@ -68,7 +73,18 @@ async def run(
     if resources is not None:
         call["resources"] = resources
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
-    return await execute_bound(module, args, {**kwargs, **call})
+    if not report:
+        return await execute_bound(module, args, {**kwargs, **call})
+    from plait.profiling import Profiler  # observability, above this layer: loaded on use
+
+    with Profiler() as profiler:
+        output = await execute_bound(module, args, {**kwargs, **call})
+    graph = None
+    if args:
+        forward_kwargs, _ = _split_kwargs(kwargs)
+        first = args[0][0] if is_batch(args[0]) and args[0] else args[0]
+        graph = trace_cached(module, (first, *args[1:]), forward_kwargs)
+    return output, profiler.report(program=type(module).__name__, graph=graph)
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -195,6 +211,7 @@ async def _run_batch(
 
     runner = _runner(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
+    profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
 
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
@@ -214,12 +231,16 @@ async def _run_batch(
                 usage = usage_by_index.pop(result.index, None)
                 if checkpoint is not None and result.ok:
                     checkpoint.write(result.index, result.output, usage)
+                if profiler is not None:
+                    profiler.record_item(result.index, result.error)
                 progress.advance(result.ok)
                 return report(result)
 
             if checkpoint is not None:
                 for index, output in sorted(checkpoint.done.items()):
                     reported.add(index)
+                    if profiler is not None:
+                        profiler.record_item(index, None)
                     progress.advance(True)
                     waiting = report(BatchResult(index, items[index], output))
                     if waiting is not None:

@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from plait import _context
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage
 from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
@@ -331,9 +332,14 @@ class ResourceManager:
         started = time.perf_counter()
         waited = 0.0
         attempts = 0
+        # An active profiler (plait.profiling) sees every attempt: its wait, request and status.
+        observer = _context.PROFILE.get()
+        call = observer.next_call() if observer is not None else 0
         while True:
             attempts += 1
+            queued = observer.now() if observer is not None else 0.0
             waited += await self._begin_attempt(route, reserved)
+            sent = observer.now() if observer is not None else 0.0
             try:
                 if timeout is None:
                     response = await backend.complete(request)
@@ -352,12 +358,23 @@ class ResourceManager:
                 raise
             else:
                 self._end_attempt(route, reserved, response.usage)
+                if observer is not None:
+                    observer.record_request(
+                        route.endpoint.name, route.alias, call, attempts, queued, sent,
+                        usage=response.usage,
+                    )  # fmt: skip
                 meta = response.meta
                 meta["alias"] = route.alias
                 meta["attempts"] = attempts
                 meta["latency"] = time.perf_counter() - started
                 meta["wait_time"] = waited
                 return response
+            if observer is not None:
+                observer.record_request(
+                    route.endpoint.name, route.alias, call, attempts, queued, sent,
+                    status=error.status, error=error,
+                    final=not policy.should_retry(error, attempts),
+                )  # fmt: skip
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
     async def _after_failure(
