@@ -238,5 +238,3 @@ def test_import_plait_does_not_import_click():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(SRC)}, check=True)  # fmt: skip
     assert out.stdout.strip() == "False"
-
-

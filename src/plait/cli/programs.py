@@ -173,9 +173,14 @@ class RowMapper:
         Raises:
             ProgramError: a required argument has no column; names the row.
         """
-        missing = [n for n in self.required if self.column(n) not in row]
+        missing = [n for n in self.required if row.get(self.column(n)) is None]
         if missing:
             name = missing[0]
+            if self.column(name) in row:  # columnar data (Parquet, Ray) has null, not absent
+                raise ProgramError(
+                    f"{source}: row {row_number} has null in column {self.column(name)!r}, "
+                    f"which fills the required argument {name!r}"
+                )
             raise ProgramError(
                 f"{source}: row {row_number} has no column {self.column(name)!r} for argument "
                 f"{name!r} of forward({', '.join(self.names)}); its columns: "

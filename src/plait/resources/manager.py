@@ -95,6 +95,9 @@ class ResourceManager:
         clock: monotonic clock for the limiters (tests inject a fake one).
         sleep: sleep for limiter waits and retry backoff, on ``clock``'s scale.
         seed: seeds retry jitter, for reproducible tests.
+        limiter_factory: builds the limiter of each endpoint from its
+            configuration, instead of a local `Limiter` (``plait.distributed``
+            plugs in one that asks a Ray actor, so limits hold across a cluster).
 
     Example::
 
@@ -116,6 +119,7 @@ class ResourceManager:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         seed: int | None = None,
+        limiter_factory: Callable[[EndpointConfig], Any] | None = None,
     ) -> None:
         if not isinstance(config, ResourceConfig):
             config = ResourceConfig(config)
@@ -127,6 +131,7 @@ class ResourceManager:
         self._clock = clock
         self._sleep = sleep
         self._seed = seed
+        self._limiter_factory = limiter_factory
         self._endpoints: dict[str, Endpoint] = {}
         self._routes: dict[str, _Route] = {}
         self._total = UsageTotals()
@@ -190,7 +195,10 @@ class ResourceManager:
         config = self.config.resolve(alias)  # raises UnknownAliasError
         endpoint = self._endpoints.get(config.name)
         if endpoint is None:
-            endpoint = Endpoint(config, clock=self._clock, sleep=self._sleep, seed=self._seed)
+            limiter = None if self._limiter_factory is None else self._limiter_factory(config)
+            endpoint = Endpoint(
+                config, clock=self._clock, sleep=self._sleep, seed=self._seed, limiter=limiter
+            )
             if config.cache:
                 endpoint.cache = self._cache_factory(config)
             self._endpoints[config.name] = endpoint
