@@ -27,6 +27,8 @@ import asyncio
 import json
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -88,18 +90,36 @@ class EndpointLimits:
 
 
 class RemoteLimiter:
-    """Stands in for a worker's `Limiter`: every decision is the endpoint actor's.
+    """Stands in for a worker's `Limiter`: every slot comes from the endpoint actor.
 
     ``release``, ``on_success`` and the 429 notes are sent without waiting
     for an answer (Ray runs one caller's calls to an actor in order, so a
     release never overtakes its acquire).
+
+    An endpoint limited by ``max_concurrent`` alone has slots to pass on: a
+    worker that frees a slot while its own calls wait hands it straight to
+    the next of them, with no round trip, up to ``handoffs`` times in a row;
+    then the slot goes back to the actor, whose queue is first come, first
+    served across workers, so a busy worker cannot starve the others (nor
+    hand over while a ``Retry-After`` it received pauses the endpoint). The
+    number of slots held cluster-wide never changes by a hand-over, so the
+    limit holds as before; only the actor's traffic drops. With rpm or tpm
+    every call asks the actor, which owns the token buckets.
     """
 
-    def __init__(self, actor: Any, config: EndpointConfig) -> None:
+    def __init__(self, actor: Any, config: EndpointConfig, handoffs: int = 32) -> None:
         self._actor = actor
         self.max_concurrent = config.max_concurrent
         self.rpm = config.rpm
         self.tpm = config.tpm
+        self._slots_only = config.rpm is None and config.tpm is None
+        self._handoffs = handoffs
+        self._chain = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._asking = 0
+        """Slot requests sent to the actor and not yet granted."""
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._paused_until = 0.0
         self.in_flight = 0
         self.queue_depth = 0
         self.acquired = 0
@@ -110,19 +130,70 @@ class RemoteLimiter:
     async def acquire(self, tokens: int = 0) -> float:
         self.acquired += 1
         self.queue_depth += 1
+        started = time.monotonic()
         try:
-            waited = await self._actor.acquire.remote(tokens)
+            if self._slots_only:
+                await self._wait_for_slot()
+            else:
+                await self._actor.acquire.remote(tokens)
         finally:
             self.queue_depth -= 1
         self.in_flight += 1
-        if waited > 0:
+        waited = time.monotonic() - started
+        if waited > 0.001:
             self.waited += 1
             self.wait_time_total += waited
         return waited
 
+    async def _wait_for_slot(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._ask()
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._give(None)  # a slot arrived as we were cancelled: pass it on
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def _ask(self) -> None:
+        """Asks the actor for slots until every local waiter has a request out for it."""
+        while self._asking < len(self._waiters):
+            self._asking += 1
+            task = asyncio.get_running_loop().create_task(self._granted())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _granted(self) -> None:
+        await self._actor.acquire.remote(0)
+        self._asking -= 1
+        self._chain = 0
+        self._give(None)
+
+    def _give(self, _: object) -> None:
+        """Hands a held slot to the first local waiter, or back to the actor."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._actor.release.remote(0, None)
+
     def release(self, reserved: int = 0, used: int | None = None) -> None:
         self.in_flight -= 1
-        self._actor.release.remote(reserved, used)
+        if not self._slots_only:
+            self._actor.release.remote(reserved, used)
+            return
+        paused = self._paused_until > time.monotonic()  # a Retry-After: ask the actor
+        if self._waiters and self._chain < self._handoffs and not paused:
+            self._chain += 1
+            self._give(None)
+            return
+        self._chain = 0
+        self._actor.release.remote(0, None)
+        self._ask()
 
     def on_success(self) -> None:
         # Only a limiter lowered by 429s has anything to recover; a worker that has seen
@@ -132,9 +203,12 @@ class RemoteLimiter:
 
     def on_rate_limited(self, retry_after: float | None = None) -> None:
         self.rate_limited += 1
+        if retry_after:
+            self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
         self._actor.on_rate_limited.remote(retry_after)
 
     def pause_for(self, seconds: float) -> None:
+        self._paused_until = max(self._paused_until, time.monotonic() + seconds)
         self._actor.pause_for.remote(seconds)
 
     # EndpointStats reads these; the cluster-wide truth is `EndpointLimits.stats`.
