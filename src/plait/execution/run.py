@@ -42,6 +42,7 @@ async def run(
     max_concurrent: int | None = None,
     checkpoint_dir: Any = None,
     report: bool = False,
+    batch_api: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs ``module`` on one input, or on each item when the first argument is a list.
@@ -57,6 +58,9 @@ async def run(
         report: also return a `plait.report.RunReport` of this run (usage,
             cost, timings, retries, errors): the result is ``(output, report)``.
             It profiles the run; an enclosing ``profile()`` sees nothing of it.
+        batch_api: send the batch's LLM calls through the provider's Batch API,
+            level by level, at the batch price (`plait.execution.batch_api.BatchJob`;
+            ``checkpoint_dir`` keeps the batch ids, so a rerun resumes).
         **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
             the whole call or batch, ``progress``, ``on_error``, ``cache=False``
             to skip response caches) or keyword arguments of ``forward``.
@@ -74,17 +78,34 @@ async def run(
         call["resources"] = resources
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
     if not report:
-        return await execute_bound(module, args, {**kwargs, **call})
+        return await _start(module, args, {**kwargs, **call}, batch_api)
     from plait.profiling import Profiler  # observability, above this layer: loaded on use
 
     with Profiler() as profiler:
-        output = await execute_bound(module, args, {**kwargs, **call})
+        output = await _start(module, args, {**kwargs, **call}, batch_api)
     graph = None
     if args:
         forward_kwargs, _ = _split_kwargs(kwargs)
         first = args[0][0] if is_batch(args[0]) and args[0] else args[0]
         graph = trace_cached(module, (first, *args[1:]), forward_kwargs)
     return output, profiler.report(program=type(module).__name__, graph=graph)
+
+
+async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch_api: bool):
+    if not batch_api:
+        return await execute_bound(module, args, kwargs)
+    from plait.execution.batch_api import BatchJob
+
+    if not args or not is_batch(args[0]):
+        raise ValueError("batch_api=True runs a batch: pass a list of inputs as first argument")
+    forward_kwargs, call_options = _split_kwargs(kwargs)
+    options = effective_options(module._bound_config, call_options)
+    job = BatchJob(
+        module,
+        _resources_of(module, kwargs.get("resources")),
+        checkpoint_dir=options["checkpoint_dir"],
+    )
+    return await job.run(args[0], *args[1:], on_error=options["on_error"], **forward_kwargs)
 
 
 def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -502,6 +502,21 @@ class ResourceManager:
 
     # -- usage, budget, cache -------------------------------------------------------------
 
+    def record_usage(self, alias: str, usage: Usage, *, price_factor: float = 1.0) -> Usage:
+        """Adds a call answered outside `complete` (a provider batch job) to the totals.
+
+        Its cost is the endpoint's price times ``price_factor`` (batch APIs bill
+        about half), set on ``usage`` and returned with it.
+        """
+        route = self._routes.get(alias) or self._route(alias)
+        price = route.endpoint.price
+        if price is not None:
+            usage.cost = price.cost(usage.input_tokens, usage.output_tokens) * price_factor
+        route.totals.record(usage)
+        route.endpoint.totals.record(usage)
+        self._total.record(usage)
+        return usage
+
     def _record(self, route: _Route, usage: Usage) -> None:
         price = route.endpoint.price
         if price is not None:
