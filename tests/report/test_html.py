@@ -45,14 +45,20 @@ async def a_real_report() -> RunReport:
     """A run with 429s and a failed item, then a short training run, both profiled."""
     faults = [Fault(status=429, headers={"Retry-After": "0.01"}, rate=0.2, seed=3)]
     async with (
-        ScriptedServer(latency=0.005, faults=faults, responder=hostile) as server,
+        ScriptedServer(latency=0.005, responder=hostile) as server,
+        ScriptedServer(latency=0.005, faults=faults) as limited,
         ScriptedServer(responder=model("GOOD")) as tutor,
     ):
         config = ResourceConfig(
             {
-                "fast": server.endpoint(max_concurrent=4, price={"input": 0.15, "output": 0.6}),
-                "smart": server.endpoint(
-                    max_concurrent=2, max_retries=0, price={"input": 3.0, "output": 15.0}
+                "fast": server.endpoint(
+                    max_concurrent=4, max_retries=0, price={"input": 0.15, "output": 0.6}
+                ),
+                "smart": limited.endpoint(
+                    max_concurrent=2,
+                    max_retries=8,
+                    retry_base_delay=0.01,
+                    price={"input": 3.0, "output": 15.0},
                 ),
                 "*": tutor.endpoint(max_retries=0),
             }
@@ -82,7 +88,8 @@ async def test_the_page_is_self_contained_and_escapes_what_the_run_wrote(tmp_pat
     page = path.read_text()
 
     assert report.usage["rate_limited"] > 0 and report.training["scores"] == [1.0]
-    assert any("pwned" in f["message"] for f in report.failures)
+    [failure] = report.failures  # the "boom" row, whose reply was hostile text
+    assert "pwned" in failure["message"] and failure["node"] == "extract"
     assert page.count("<script") == 1 + 6  # plotly.js, then one per figure, no other
     assert "window.pwned=1</script>" not in page
     assert "raised ValueError: &lt;/script&gt;&lt;script&gt;windo" in page
