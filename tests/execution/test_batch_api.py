@@ -116,3 +116,26 @@ async def test_run_with_batch_api_needs_a_batch_and_an_openai_endpoint():
         await run(TwoLevels(), "one", resources={"llm": {"provider": "local"}}, batch_api=True)
     with pytest.raises(ConfigError, match="needs an 'openai' endpoint"):
         await run(TwoLevels(), ["one"], resources={"llm": {"provider": "local"}}, batch_api=True)
+
+
+async def test_anthropic_message_batches_through_the_official_sdk_level_by_level():
+    pytest.importorskip("anthropic")
+    async with ScriptedServer() as server:
+        config = {
+            "llm": {
+                "provider": "anthropic",
+                "model": "claude-test",
+                "base_url": f"http://127.0.0.1:{server.port}",
+                "api_key": "k",
+                "price": {"input": 3.0, "output": 15.0},
+            }
+        }
+        job = BatchJob(TwoLevels(), config, poll_interval=0.01)
+        outputs = await job.run(["a", "b c"])
+
+    assert outputs == [f"echo: echo: {x} + echo: {x}" for x in ("a", "b c")]
+    batches = server.batch_api.message_batches
+    assert job.rounds == 2 and len(batches) == 2 and job.batch_ids == list(batches)
+    first = server.batch_api._requests[job.batch_ids[0]]
+    assert len(first) == 4 and first[0]["params"]["system"] in ("Left.", "Right.")
+    assert first[0]["params"]["model"] == "claude-test"

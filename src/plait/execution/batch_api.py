@@ -4,10 +4,11 @@
 that LLM calls are not sent one by one: each call waits in a *round* until
 every unfinished item is waiting on at least one call, then the round goes
 to the provider as one batch (OpenAI: a JSONL file on ``/v1/files`` and a
-``/v1/batches`` job), is polled until it finishes, and each answer resumes
-the call that asked it. A program with several levels of LLM calls (extract,
-then judge) therefore takes one round per level, and ``async def forward``
-leaves and structured re-asks simply add rounds.
+``/v1/batches`` job; Anthropic: a Message Batch through its SDK), is polled
+until it finishes, and each answer resumes the call that asked it. A program
+with several levels of LLM calls (extract, then judge) therefore takes one
+round per level, and ``async def forward`` leaves and structured re-asks
+simply add rounds.
 
 Resuming: with ``checkpoint_dir``, the id of each submitted batch is stored
 (``batch_api.json``) under the SHA-256 of its exact request lines before it is
@@ -50,11 +51,21 @@ _SETTLE_SPINS = 5
 
 
 def _check_endpoint(alias: str, endpoint: Any) -> None:
-    if endpoint.provider != "openai":
+    if endpoint.provider not in ("openai", "anthropic"):
         raise ConfigError(
             f"alias {alias!r} is a {endpoint.provider!r} endpoint; batch_api=True needs an "
-            "'openai' endpoint whose server has the Batch API"
+            "'openai' endpoint whose server has the Batch API, or an 'anthropic' one"
         )
+
+
+def _client_for(endpoint: Any) -> Any:
+    if endpoint.provider == "anthropic":
+        from plait.backends.anthropic_batch import AnthropicBatchClient
+
+        return AnthropicBatchClient.from_endpoint(endpoint)
+    from plait.backends.openai_batch import OpenAIBatchClient
+
+    return OpenAIBatchClient.from_endpoint(endpoint)
 
 
 @dataclass
@@ -91,7 +102,7 @@ class BatchJob:
         module: the program.
         resources: ResourceConfig / mapping / ResourceManager; every alias the
             program uses must be an ``openai`` endpoint (its ``base_url`` may be
-            any server with the Batch API).
+            any server with the Batch API) or an ``anthropic`` one (Message Batches).
         checkpoint_dir: where submitted batch ids are kept, so a rerun resumes.
         poll_interval: seconds between status checks of a running batch.
         price_factor: the share of the endpoint's price a batch call costs.
@@ -223,12 +234,10 @@ class BatchJob:
     async def _submit(
         self, manager: Any, endpoint: str, calls: list[_Call], collector: _Collector
     ) -> None:
-        from plait.backends.openai_batch import OpenAIBatchClient
-
         config = manager.config.resolve(calls[0].alias)
         client = self._clients.get(endpoint)
         if client is None:
-            client = self._clients[endpoint] = OpenAIBatchClient.from_endpoint(config)
+            client = self._clients[endpoint] = _client_for(config)
         lines = [client.input_line(f"request-{n}", call.request) for n, call in enumerate(calls)]
         key = hashlib.sha256(b"\n".join(lines)).hexdigest()
         started = time.perf_counter()
