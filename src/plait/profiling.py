@@ -5,21 +5,39 @@ Wrap any execution in `profile()` and read the records afterwards::
     with profile() as prof:
         pipeline.run_sync("some text")
     print(prof.table())
+    prof.save("trace.json")          # open in ui.perfetto.dev or chrome://tracing
+    report = prof.report()           # a `plait.report.RunReport` of what ran
 
-The scheduler reports to the active profiler through a context variable, so
-profiling costs nothing when it is off.
+The scheduler reports each node, the resource manager each request attempt
+(its wait for limits, the request, its status) and a batch each finished
+item to the active profiler through a context variable, so profiling costs
+nothing when it is off. With ``max_records`` a profiler keeps a uniform
+sample of that many records of each kind (the counters and the per-second
+timeline stay exact), so profiling a run of any length holds bounded memory.
 """
 
 from __future__ import annotations
 
 import contextvars
+import itertools
+import os
+import random
 import time
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait import _context
 
-__all__ = ["NodeTiming", "Profiler", "profile"]
+if TYPE_CHECKING:
+    from plait.report import RunReport
+
+__all__ = ["TIMELINE_STEP", "ItemOutcome", "NodeTiming", "Profiler", "RequestTiming", "profile"]
+
+TIMELINE_STEP = 0.1
+"""Seconds per bucket of the per-endpoint timeline at the start of a run."""
+_MAX_BUCKETS = 2000
+"""Buckets a timeline holds before it doubles its step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +62,169 @@ class NodeTiming:
         return self.end - self.start
 
 
-class Profiler:
-    """Collects a `NodeTiming` for every LLM call or async leaf run while active."""
+@dataclass(frozen=True, slots=True)
+class RequestTiming:
+    """One attempt of one model call, as the resource manager saw it."""
+
+    endpoint: str
+    """The configuration entry that served it (an alias, or ``"*"``)."""
+    alias: str
+    """The alias the program used."""
+    call: int
+    """Number of the call within this profiler; the attempts of one call share it."""
+    attempt: int
+    """1 for the first attempt, 2 for the first retry, …"""
+    queued: float
+    """Seconds since the profiler started when the attempt began to wait for its limits."""
+    sent: float
+    """When it held its slot and was sent (``sent - queued`` is its wait)."""
+    end: float
+    """When its answer or error was in."""
+    status: int | None = 200
+    """HTTP status of the answer; None when there was none (timeout, dropped connection)."""
+    error: str | None = None
+    """The error, for a failed attempt."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    @property
+    def wait(self) -> float:
+        """Seconds spent waiting for a slot, a rate or a pause."""
+        return self.sent - self.queued
+
+    @property
+    def duration(self) -> float:
+        """Seconds from sending to the answer."""
+        return self.end - self.sent
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    """A failed batch item (successful ones are only counted)."""
+
+    index: int
+    error_type: str
+    message: str
+    node: str | None = None
+    """The node that failed, when the error names one."""
+
+
+class _Reservoir:
+    """A uniform sample of at most ``size`` of the items offered (Algorithm R), or all of them."""
+
+    __slots__ = ("items", "seen", "size")
+
+    def __init__(self, size: int | None) -> None:
+        self.size = size
+        self.items: list[Any] = []
+        self.seen = 0
+
+    def offer(self, item: Any, rng: random.Random) -> None:
+        self.seen += 1
+        if self.size is None or len(self.items) < self.size:
+            self.items.append(item)
+            return
+        slot = rng.randrange(self.seen)
+        if slot < self.size:
+            self.items[slot] = item
+
+
+class _Timeline:
+    """Per-bucket sums of one endpoint's traffic: exact, and at most ``_MAX_BUCKETS`` long.
+
+    Buckets start at ``TIMELINE_STEP`` seconds; when a run outlasts
+    ``_MAX_BUCKETS`` of them, neighbours merge and the step doubles, so a run
+    of any length keeps a bounded timeline.
+    """
+
+    __slots__ = ("busy", "errors", "rate_limited", "requests", "step", "waiting")
 
     def __init__(self) -> None:
-        self.records: list[NodeTiming] = []
+        self.step = TIMELINE_STEP
+        self.busy: defaultdict[int, float] = defaultdict(float)
+        """Request-seconds in flight per bucket (divided by the step: mean requests in flight)."""
+        self.waiting: defaultdict[int, float] = defaultdict(float)
+        self.requests: defaultdict[int, int] = defaultdict(int)
+        self.rate_limited: defaultdict[int, int] = defaultdict(int)
+        self.errors: defaultdict[int, int] = defaultdict(int)
+
+    def add(self, r: RequestTiming) -> None:
+        while r.end / self.step >= _MAX_BUCKETS:
+            self._coarsen()
+        self._spread(self.waiting, r.queued, r.sent)
+        self._spread(self.busy, r.sent, r.end)
+        bucket = int(r.sent // self.step)
+        self.requests[bucket] += 1
+        if r.status == 429:
+            self.rate_limited[bucket] += 1
+        elif r.error is not None:
+            self.errors[bucket] += 1
+
+    def _spread(self, buckets: defaultdict[int, float], start: float, end: float) -> None:
+        """Adds the seconds of ``[start, end)`` to the buckets they fall in."""
+        if end <= start:
+            return
+        step = self.step
+        first, last = int(start // step), int(end // step)
+        if first == last:
+            buckets[first] += end - start
+            return
+        buckets[first] += (first + 1) * step - start
+        for bucket in range(first + 1, last):
+            buckets[bucket] += step
+        buckets[last] += end - last * step
+
+    def _coarsen(self) -> None:
+        self.step *= 2
+        for name in ("busy", "waiting", "requests", "rate_limited", "errors"):
+            old = getattr(self, name)
+            merged = defaultdict(old.default_factory)
+            for bucket, value in old.items():
+                merged[bucket // 2] += value
+            setattr(self, name, merged)
+
+
+class Profiler:
+    """Collects a `NodeTiming` for every LLM call or async leaf run while active.
+
+    It also collects a `RequestTiming` per request attempt (``requests``), an
+    `ItemOutcome` per failed batch item (``failures``), exact counters, and a
+    per-second timeline of each endpoint.
+
+    Args:
+        max_records: keep at most this many node records and as many request
+            records, a uniform sample of the run (None: keep all). Counters,
+            usage and the timeline are exact either way.
+        max_failures: keep the first this many failed items (all are counted).
+    """
+
+    def __init__(self, max_records: int | None = None, max_failures: int = 1000) -> None:
+        if max_records is not None and max_records < 1:
+            raise ValueError(f"max_records must be at least 1 or None, got {max_records}")
+        self._nodes = _Reservoir(max_records)
+        self._requests = _Reservoir(max_records)
+        self.records: list[NodeTiming] = self._nodes.items
+        """The node records (a uniform sample when ``max_records`` is set)."""
+        self.requests: list[RequestTiming] = self._requests.items
+        """The request attempts (a uniform sample when ``max_records`` is set)."""
+        self.failures: list[ItemOutcome] = []
+        """The first ``max_failures`` failed batch items, in the order they failed."""
+        self.items_ok = 0
+        """Batch items that finished with an output."""
+        self.items_failed = 0
+        """Batch items that failed."""
+        self.nodes_seen = 0
+        """Node records offered, kept or not."""
+        self.timelines: dict[str, _Timeline] = {}
+        """Per endpoint, the per-second timeline of its requests."""
+        self.alias_totals: dict[str, dict[str, float]] = {}
+        """Per alias: calls, cache_hits, requests, retries, rate_limited, failures, tokens, cost."""
+        self.started_at = time.time()
+        """Wall-clock time (epoch seconds) the profiler was created."""
+        self._max_failures = max_failures
+        self._calls = itertools.count(1)
+        self._rng = random.Random(0)
         self._origin = time.perf_counter()
         self._token: contextvars.Token[Any] | None = None
 
@@ -60,7 +236,8 @@ class Profiler:
         self, node_id: str, module_path: str, index: int | None, start: float, meta: dict[str, Any]
     ) -> None:
         """Adds one finished node (called by the scheduler)."""
-        self.records.append(
+        self.nodes_seen += 1
+        self._nodes.offer(
             NodeTiming(
                 node_id=node_id,
                 module_path=module_path,
@@ -72,8 +249,102 @@ class Profiler:
                 cost=meta.get("cost", 0.0),
                 cache_hit=bool(meta.get("cached", False)),
                 finish_reason=meta.get("finish_reason"),
-            )
+            ),
+            self._rng,
         )
+        if meta.get("cached"):
+            self._alias(meta.get("alias") or module_path)["cache_hits"] += 1
+
+    def next_call(self) -> int:
+        """Returns a new call number for the attempts of one model call (resource manager)."""
+        return next(self._calls)
+
+    def record_request(
+        self,
+        endpoint: str,
+        alias: str,
+        call: int,
+        attempt: int,
+        queued: float,
+        sent: float,
+        *,
+        status: int | None = 200,
+        error: BaseException | None = None,
+        usage: Any = None,
+        final: bool = True,
+    ) -> None:
+        """Adds one finished request attempt (called by the resource manager).
+
+        Args:
+            endpoint: the configuration entry serving the call.
+            alias: the alias the program used.
+            call: `next_call` number shared by the attempts of one call.
+            attempt: 1, 2, … within the call.
+            queued: `now` when the attempt began waiting for its limits.
+            sent: `now` when it was sent.
+            status: HTTP status of the answer (None: no answer).
+            error: the attempt's error; None when it succeeded.
+            usage: the `Usage` of a successful attempt.
+            final: False when the call will be retried after this attempt.
+        """
+        end = self.now()
+        timing = RequestTiming(
+            endpoint,
+            alias,
+            call,
+            attempt,
+            queued,
+            sent,
+            end,
+            status,
+            None if error is None else f"{type(error).__name__}: {error}",
+            getattr(usage, "input_tokens", 0),
+            getattr(usage, "output_tokens", 0),
+            getattr(usage, "cost", 0.0),
+        )
+        self._requests.offer(timing, self._rng)
+        timeline = self.timelines.get(endpoint)
+        if timeline is None:
+            timeline = self.timelines[endpoint] = _Timeline()
+        timeline.add(timing)
+        totals = self._alias(alias)
+        totals["requests"] += 1
+        if attempt > 1:
+            totals["retries"] += 1
+        if status == 429:
+            totals["rate_limited"] += 1
+        if error is None:
+            totals["calls"] += 1
+            totals["input_tokens"] += timing.input_tokens
+            totals["output_tokens"] += timing.output_tokens
+            totals["cost"] += timing.cost
+        elif final:
+            totals["failures"] += 1
+
+    def record_usage(self, alias: str, usage: Any, calls: int = 1) -> None:
+        """Adds calls made outside the request path (a provider batch job) to an alias's totals."""
+        totals = self._alias(alias)
+        totals["calls"] += calls
+        totals["input_tokens"] += usage.input_tokens
+        totals["output_tokens"] += usage.output_tokens
+        totals["cost"] += usage.cost
+
+    def _alias(self, alias: str) -> dict[str, float]:
+        totals = self.alias_totals.get(alias)
+        if totals is None:
+            totals = self.alias_totals[alias] = dict.fromkeys(_ALIAS_KEYS, 0)
+            totals["cost"] = 0.0
+        return totals
+
+    def record_item(self, index: int, error: BaseException | None) -> None:
+        """Counts one finished batch item and keeps the first failures (called by a batch)."""
+        if error is None:
+            self.items_ok += 1
+            return
+        self.items_failed += 1
+        if len(self.failures) < self._max_failures:
+            node = getattr(error, "node_id", None)
+            self.failures.append(ItemOutcome(index, type(error).__name__, str(error)[:2000], node))
 
     @property
     def wall_time(self) -> float:
@@ -99,6 +370,27 @@ class Profiler:
         )
         return "\n".join(rows)
 
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the run's timeline as a Chrome / Perfetto trace (JSON) to ``path``.
+
+        One process per endpoint and one per module, with a thread per lane of
+        overlapping spans: waits for limits, requests (named by status) and
+        retries on the endpoint tracks, node runs on the module tracks. Open it
+        in ui.perfetto.dev or chrome://tracing.
+        """
+        self.report().save_trace(path)
+
+    def report(self, **details: Any) -> RunReport:
+        """Returns a `plait.report.RunReport` of what this profiler saw.
+
+        Args:
+            **details: passed to `RunReport.from_profiler` (``program``,
+                ``kind``, ``graph``, ``training``, ``endpoints``).
+        """
+        from plait.report import RunReport  # the report builds on the profiler, not below it
+
+        return RunReport.from_profiler(self, **details)
+
     def __enter__(self) -> Profiler:
         self._token = _context.PROFILE.set(self)
         return self
@@ -109,6 +401,19 @@ class Profiler:
             self._token = None
 
 
-def profile() -> Profiler:
-    """Returns a profiler to use as ``with profile() as prof:``."""
-    return Profiler()
+_ALIAS_KEYS = (
+    "calls",
+    "cache_hits",
+    "requests",
+    "retries",
+    "rate_limited",
+    "failures",
+    "input_tokens",
+    "output_tokens",
+    "cost",
+)
+
+
+def profile(max_records: int | None = None) -> Profiler:
+    """Returns a profiler to use as ``with profile() as prof:`` (see `Profiler`)."""
+    return Profiler(max_records)

@@ -7,8 +7,17 @@ limits. Batches share one ResourceManager and stream results if asked.
 """
 
 from plait.execution.batch import BatchResult, BatchStream
+from plait.execution.batch_api import BatchJob
 from plait.execution.llm_call import generate
 from plait.execution.run import run, run_sync
 from plait.execution.settings import ExecutionSettings
 
-__all__ = ["BatchResult", "BatchStream", "ExecutionSettings", "generate", "run", "run_sync"]
+__all__ = [
+    "BatchJob",
+    "BatchResult",
+    "BatchStream",
+    "ExecutionSettings",
+    "generate",
+    "run",
+    "run_sync",
+]

@@ -44,6 +44,8 @@ async def run(
     max_concurrent: int | None = None,
     checkpoint_dir: Any = None,
     record: bool = False,
+    report: bool = False,
+    batch_api: bool = False,
     **kwargs: Any,
 ) -> Any:
     """Runs ``module`` on one input, or on each item when the first argument is a list.
@@ -62,13 +64,19 @@ async def run(
             (``meta["_tape_ids"]``) for ``await Value.backward(output, grad=...)``,
             and the `plait.execution.tape.Tape` (the graph and every node's
             result). For a batch: ``(outputs, tapes)``, lists in input order.
+        report: also return a `plait.report.RunReport` of this run (usage,
+            cost, timings, retries, errors): the result is ``(output, report)``.
+            It profiles the run; an enclosing ``profile()`` sees nothing of it.
+        batch_api: send the batch's LLM calls through the provider's Batch API,
+            level by level, at the batch price (`plait.execution.batch_api.BatchJob`;
+            ``checkpoint_dir`` keeps the batch ids, so a rerun resumes).
         **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
             the whole call or batch, ``progress``, ``on_error``, ``cache=False``
             to skip response caches) or keyword arguments of ``forward``.
 
     Returns:
         The output (raw data in the structure ``forward`` returned), or a list
-        of outputs for a batch; with ``record=True``, a pair (see above).
+        of outputs for a batch; with ``record=True`` or ``report=True``, a pair (see above).
 
     Raises:
         ExecutionError: a node failed; names the node, module path and input index.
@@ -78,9 +86,39 @@ async def run(
     if resources is not None:
         call["resources"] = resources
     if record:
+        if report or batch_api:
+            raise TypeError("run(..., record=True) cannot be combined with report= or batch_api=")
         return await _recorded(module, args, {**kwargs, **call})
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
-    return await execute_bound(module, args, {**kwargs, **call})
+    if not report:
+        return await _start(module, args, {**kwargs, **call}, batch_api)
+    from plait.profiling import Profiler  # observability, above this layer: loaded on use
+
+    with Profiler() as profiler:
+        output = await _start(module, args, {**kwargs, **call}, batch_api)
+    graph = None
+    if args:
+        forward_kwargs, _ = _split_kwargs(kwargs)
+        first = args[0][0] if is_batch(args[0]) and args[0] else args[0]
+        graph = trace_cached(module, (first, *args[1:]), forward_kwargs)
+    return output, profiler.report(program=type(module).__name__, graph=graph)
+
+
+async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch_api: bool):
+    if not batch_api:
+        return await execute_bound(module, args, kwargs)
+    from plait.execution.batch_api import BatchJob
+
+    if not args or not is_batch(args[0]):
+        raise ValueError("batch_api=True runs a batch: pass a list of inputs as first argument")
+    forward_kwargs, call_options = _split_kwargs(kwargs)
+    options = effective_options(module._bound_config, call_options)
+    job = BatchJob(
+        module,
+        _resources_of(module, kwargs.get("resources")),
+        checkpoint_dir=options["checkpoint_dir"],
+    )
+    return await job.run(args[0], *args[1:], on_error=options["on_error"], **forward_kwargs)
 
 
 RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
@@ -308,6 +346,7 @@ async def _run_batch(
 
     runner = _runner(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
+    profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
 
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
@@ -328,12 +367,16 @@ async def _run_batch(
                 usage = usage_by_index.pop(result.index, None)
                 if checkpoint is not None and result.ok:
                     checkpoint.write(result.index, result.output, usage)
+                if profiler is not None:
+                    profiler.record_item(result.index, result.error)
                 progress.advance(result.ok)
                 return report(result)
 
             if checkpoint is not None:
                 for index, output in sorted(checkpoint.done.items()):
                     reported.add(index)
+                    if profiler is not None:
+                        profiler.record_item(index, None)
                     progress.advance(True)
                     waiting = report(BatchResult(index, items[index], output))
                     if waiting is not None:

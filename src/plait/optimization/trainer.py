@@ -73,6 +73,9 @@ class TrainReport:
     """Updates rejected or reverted by those steps."""
     resumed_from: tuple[int, int] | None = None
     """(epoch, minibatch) a checkpoint resumed from, if one did."""
+    history: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per optimizer step of this call: ``epoch`` (from 1), ``accepted``,
+    ``rejected`` and ``train_score`` (the minibatch's mean loss score, or None)."""
 
 
 class _OnExample(Module):
@@ -211,6 +214,7 @@ class Trainer:
                     start = state["batch"] * self.batch_size
                     batch = [self.train_set[i] for i in order[start : start + self.batch_size]]
                     train_score = await self._train_batch(batch, report)
+                    report.history[-1]["epoch"] = state["epoch"] + 1
                     state["batch"] += 1
                     self._save(state)
                     progress.advance(report, train_score)
@@ -245,15 +249,21 @@ class Trainer:
         if taped:
             await backward(taped, resources=self.resources)
         step: StepReport = await self.optimizer.step()
+        accepted = len(step.accepted)
+        rejected = sum(r.status in ("rejected", "reverted") for r in step.updates)
         report.steps += 1
-        report.accepted += len(step.accepted)
-        report.rejected += sum(r.status in ("rejected", "reverted") for r in step.updates)
+        report.accepted += accepted
+        report.rejected += rejected
         scores = [
             loss.payload.score
             for loss in taped
             if isinstance(loss.payload, Feedback) and loss.payload.score is not None
         ]
-        return sum(scores) / len(scores) if scores else None
+        train_score = sum(scores) / len(scores) if scores else None
+        report.history.append(
+            {"accepted": accepted, "rejected": rejected, "train_score": train_score}
+        )
+        return train_score
 
     async def _end_epoch(self, state: dict[str, Any], report: TrainReport) -> None:
         score = await self.evaluate()

@@ -195,10 +195,12 @@ class Endpoint:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[object]],
         seed: int | None,
+        limiter: Limiter | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        self.limiter = Limiter(
+        # A stand-in with Limiter's methods may be given (plait.distributed: one per cluster).
+        self.limiter = limiter or Limiter(
             max_concurrent=config.max_concurrent,
             rpm=config.rpm,
             tpm=config.tpm,

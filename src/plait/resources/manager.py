@@ -33,6 +33,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
+from plait import _context
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage, message_to_dict
 from plait.callbacks import active_callbacks, end_call, start_call
@@ -107,6 +108,9 @@ class ResourceManager:
         clock: monotonic clock for the limiters (tests inject a fake one).
         sleep: sleep for limiter waits and retry backoff, on ``clock``'s scale.
         seed: seeds retry jitter, for reproducible tests.
+        limiter_factory: builds the limiter of each endpoint from its
+            configuration, instead of a local `Limiter` (``plait.distributed``
+            plugs in one that asks a Ray actor, so limits hold across a cluster).
 
     Example::
 
@@ -128,6 +132,7 @@ class ResourceManager:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         seed: int | None = None,
+        limiter_factory: Callable[[EndpointConfig], Any] | None = None,
     ) -> None:
         if not isinstance(config, ResourceConfig):
             config = ResourceConfig(config)
@@ -139,6 +144,7 @@ class ResourceManager:
         self._clock = clock
         self._sleep = sleep
         self._seed = seed
+        self._limiter_factory = limiter_factory
         self._endpoints: dict[str, Endpoint] = {}
         self._routes: dict[str, _Route] = {}
         self._total = UsageTotals()
@@ -202,7 +208,10 @@ class ResourceManager:
         config = self.config.resolve(alias)  # raises UnknownAliasError
         endpoint = self._endpoints.get(config.name)
         if endpoint is None:
-            endpoint = Endpoint(config, clock=self._clock, sleep=self._sleep, seed=self._seed)
+            limiter = None if self._limiter_factory is None else self._limiter_factory(config)
+            endpoint = Endpoint(
+                config, clock=self._clock, sleep=self._sleep, seed=self._seed, limiter=limiter
+            )
             if config.cache:
                 endpoint.cache = self._cache_factory(config)
             self._endpoints[config.name] = endpoint
@@ -389,11 +398,16 @@ class ResourceManager:
         waited = 0.0
         attempts = 0
         error: BackendError | None = None
+        # An active profiler (plait.profiling) sees every attempt: its wait, request and status.
+        observer = _context.PROFILE.get()
+        call = observer.next_call() if observer is not None else 0
         while True:
             attempts += 1
             if on_text is not None and on_text.started:
                 await on_text.restart(f"retried after: {error}")
+            queued = observer.now() if observer is not None else 0.0
             waited += await self._begin_attempt(route, reserved)
+            sent = observer.now() if observer is not None else 0.0
             try:
                 if on_text is not None:
                     response = await _streamed(backend, request, timeout, on_text)
@@ -412,12 +426,23 @@ class ResourceManager:
                 raise
             else:
                 self._end_attempt(route, reserved, response.usage)
+                if observer is not None:
+                    observer.record_request(
+                        route.endpoint.name, route.alias, call, attempts, queued, sent,
+                        usage=response.usage,
+                    )  # fmt: skip
                 meta = response.meta
                 meta["alias"] = route.alias
                 meta["attempts"] = attempts
                 meta["latency"] = time.perf_counter() - started
                 meta["wait_time"] = waited
                 return response
+            if observer is not None:
+                observer.record_request(
+                    route.endpoint.name, route.alias, call, attempts, queued, sent,
+                    status=error.status, error=error,
+                    final=not policy.should_retry(error, attempts),
+                )  # fmt: skip
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
     async def _after_failure(
@@ -536,6 +561,21 @@ class ResourceManager:
             await self._after_failure(route, error, attempts, policy, reserved)
 
     # -- usage, budget, cache -------------------------------------------------------------
+
+    def record_usage(self, alias: str, usage: Usage, *, price_factor: float = 1.0) -> Usage:
+        """Adds a call answered outside `complete` (a provider batch job) to the totals.
+
+        Its cost is the endpoint's price times ``price_factor`` (batch APIs bill
+        about half), set on ``usage`` and returned with it.
+        """
+        route = self._routes.get(alias) or self._route(alias)
+        price = route.endpoint.price
+        if price is not None:
+            usage.cost = price.cost(usage.input_tokens, usage.output_tokens) * price_factor
+        route.totals.record(usage)
+        route.endpoint.totals.record(usage)
+        self._total.record(usage)
+        return usage
 
     def _record(self, route: _Route, usage: Usage) -> None:
         price = route.endpoint.price

@@ -26,8 +26,9 @@ client's loop and CPU::
 or from a shell: ``python -m plait.testing.scripted_server --port 0 --latency 0.1``
 (prints ``PORT <n>`` as its first line). Besides the chat endpoint it serves
 ``GET /v1/models``, ``GET /stats`` (``?log=1`` adds the request log),
-``POST /stats/reset``, and ``GET``/``POST``/``DELETE /faults`` to inspect,
-add and clear faults from another process.
+``POST /stats/reset``, ``GET``/``POST``/``DELETE /faults`` to inspect,
+add and clear faults from another process, and the Batch API (``/v1/files``,
+``/v1/batches``; see `plait.testing._batches`).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 
+from plait.testing._batches import BatchStore
 from plait.testing._faults import Fault
 from plait.testing._process import fetch_stats, start_server_process
 from plait.testing._replies import (
@@ -215,6 +217,8 @@ class ScriptedServer:
         self.stream_pieces = stream_pieces
         self.keep_log = keep_log
         self.stats = ServerStats()
+        self.batch_api = BatchStore()
+        """The Batch API's files and batches (``/v1/files``, ``/v1/batches``)."""
         self._requested_port = port
         self._port: int | None = None
         self._runner: web.AppRunner | None = None
@@ -264,6 +268,7 @@ class ScriptedServer:
         for prefix in ("/v1", ""):  # some clients leave /v1 out of base_url
             app.router.add_post(f"{prefix}/chat/completions", self._handle_chat)
             app.router.add_get(f"{prefix}/models", self._handle_models)
+        self.batch_api.routes(app, self)
         app.router.add_get("/stats", self._handle_stats)
         app.router.add_post("/stats/reset", self._handle_stats_reset)
         app.router.add_get("/faults", self._handle_faults)

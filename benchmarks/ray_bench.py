@@ -1,0 +1,124 @@
+"""Ray: items/s with 1 and 2 worker processes, and whether an endpoint limit holds across them.
+
+A CPU-bound workload: many short calls (one LLM call per row, a scripted
+server in its own process with ``--latency``, default 2 ms), so the client's
+CPU per call decides the rate. Runs the same rows through
+``plait.distributed.map_dataset`` on a local Ray cluster (``num_cpus=2``):
+
+* 1 worker, limits="cluster"   — the baseline;
+* 2 workers, limits="cluster"  — one Ray actor per endpoint grants slots to both;
+* 2 workers, limits="shares"   — each worker holds half the limit, locally;
+* 2 workers, limits="local"    — each worker holds the whole limit (no coordination).
+
+Prints items/s, the speed-up over 1 worker, and the peak concurrency the
+*server* observed against the configured ``max_concurrent``.
+
+    python benchmarks/ray_bench.py [--rows 6000] [--limit 8] [--latency 0.002]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import ray
+import ray.data
+
+from plait import LLMInference, Module
+from plait.distributed import map_dataset
+from plait.testing import fetch_stats, start_server_process
+
+
+class OneCall(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.call = LLMInference("llm")
+
+    def forward(self, text: str) -> str:
+        return self.call(text)
+
+
+def reset(base_url: str) -> None:
+    root = base_url.rsplit("/v1", 1)[0]
+    urllib.request.urlopen(urllib.request.Request(root + "/stats/reset", method="POST")).read()
+
+
+def measure(base_url: str, rows: int, workers: int, limits: str, limit: int) -> dict:
+    resources = {
+        "llm": {
+            "provider": "openai",
+            "model": "bench",
+            "base_url": base_url,
+            "api_key": "k",
+            "max_concurrent": limit,
+            "max_retries": 0,
+        }
+    }
+    ds = ray.data.from_items([{"text": f"row {i}"} for i in range(rows)], override_num_blocks=8)
+    reset(base_url)
+    started = time.perf_counter()
+    out = map_dataset(
+        OneCall(), ds, resources=resources, limits=limits, concurrency=workers,
+        batch_size=500, max_concurrent=limit,
+    ).take_all()  # fmt: skip
+    seconds = time.perf_counter() - started
+    failed = sum(r["error"] is not None for r in out)
+    stats = fetch_stats(base_url)
+    return {
+        "workers": workers,
+        "limits": limits,
+        "items_per_s": rows / seconds,
+        "seconds": seconds,
+        "failed": failed,
+        "server_peak": stats["peak_concurrency"],
+        "requests": stats["requests"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=6000)
+    parser.add_argument("--limit", type=int, default=8, help="the endpoint's max_concurrent")
+    parser.add_argument("--latency", type=float, default=0.002)
+    args = parser.parse_args()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": src}},
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        with start_server_process(latency=args.latency) as (_, base_url):
+            measure(base_url, 500, 1, "cluster", args.limit)  # warm up the cluster
+            results = [
+                measure(base_url, args.rows, 1, "cluster", args.limit),
+                measure(base_url, args.rows, 2, "cluster", args.limit),
+                measure(base_url, args.rows, 2, "shares", args.limit),
+                measure(base_url, args.rows, 2, "local", args.limit),
+            ]
+    finally:
+        ray.shutdown()
+    base = results[0]["items_per_s"]
+    print(f"{args.rows} rows, 1 call each, server latency {args.latency * 1000:g} ms, "
+          f"max_concurrent={args.limit}, {os.cpu_count()} cores")  # fmt: skip
+    print(
+        f"{'workers':>7} {'limits':>8} {'items/s':>9} {'vs 1':>6} {'server peak':>12} {'failed':>7}"
+    )
+    for r in results:
+        held = "holds" if r["server_peak"] <= args.limit else "EXCEEDED"
+        print(
+            f"{r['workers']:>7} {r['limits']:>8} {r['items_per_s']:>9.0f} "
+            f"{r['items_per_s'] / base:>5.2f}x {r['server_peak']:>5} / {args.limit:<3} {held:>8} "
+            f"{r['failed']:>4}"
+        )
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

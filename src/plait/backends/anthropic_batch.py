@@ -1,0 +1,137 @@
+"""Anthropic Message Batches, through the official SDK (``client.messages.batches``).
+
+The same interface as `OpenAIBatchClient`, so a `BatchJob` drives either: each
+request becomes ``{"custom_id", "params"}`` with the params a live
+``messages.create`` would get (built by `_anthropic_wire.build_body`, whose
+plan also reads the reply back); a batch is ``in_progress`` until its
+``processing_status`` is ``ended``; its results (``succeeded``, ``errored``,
+``canceled``, ``expired``) stream from the SDK's ``results``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
+
+from plait.backends._anthropic_wire import WirePlan, build_body, read_message
+from plait.backends._urls import redact_url
+from plait.backends.openai_batch import BatchReply
+from plait.backends.types import Request
+from plait.errors import BackendError
+
+__all__ = ["AnthropicBatchClient"]
+
+_MAX_TOKENS_DEFAULT = 1024
+
+
+class AnthropicBatchClient:
+    """Talks to the Message Batches API of Anthropic (or a server that speaks it).
+
+    Args:
+        model: the default model.
+        base_url: another endpoint (a proxy, or a test server); None is Anthropic's.
+        api_key: the key; None lets the SDK read ``ANTHROPIC_API_KEY``.
+    """
+
+    def __init__(self, model: str, *, base_url: str | None = None, api_key: str | None = None):
+        self.model = model
+        self.base_url = base_url
+        self._api_key = api_key
+        self._plans: dict[str, WirePlan] = {}
+        self._client: Any = None
+
+    @classmethod
+    def from_endpoint(cls, config: Any) -> AnthropicBatchClient:
+        """Builds a client from an ``anthropic`` endpoint's configuration."""
+        import os
+
+        key = config.api_key or (os.environ.get(config.api_key_env) if config.api_key_env else None)
+        return cls(config.model or "", base_url=config.base_url, api_key=key)
+
+    def __repr__(self) -> str:
+        shown = None if self.base_url is None else redact_url(self.base_url)
+        return f"AnthropicBatchClient(model={self.model!r}, base_url={shown!r})"
+
+    def _sdk_client(self) -> Any:
+        if self._client is None:
+            from anthropic import AsyncAnthropic
+
+            self._client = AsyncAnthropic(
+                api_key=self._api_key, base_url=self.base_url, max_retries=0
+            )
+        return self._client
+
+    def input_line(self, custom_id: str, request: Request) -> bytes:
+        """Returns the batch entry of ``request`` as JSON (the bytes a rerun hashes again)."""
+        body, plan = build_body(request, model=self.model, max_tokens_default=_MAX_TOKENS_DEFAULT)
+        params = {k: v for k, v in body.items() if k != "extra_body"}
+        params.update(body.get("extra_body") or {})  # the SDK's create() keyword, plain here
+        self._plans[custom_id] = plan
+        entry = {"custom_id": custom_id, "params": params}
+        return orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
+
+    async def submit(self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None):
+        """Creates the batch; returns it as ``{"id", "status"}``."""
+        requests = [orjson.loads(line) for line in lines]
+        try:
+            batch = await self._sdk_client().messages.batches.create(requests=requests)
+        except Exception as exc:
+            raise self._error("create a message batch", exc) from None
+        return {"id": batch.id, "status": _status(batch)}
+
+    async def retrieve(self, batch_id: str) -> dict[str, Any]:
+        """Returns ``{"id", "status"}``; status ``completed`` once processing has ended."""
+        try:
+            batch = await self._sdk_client().messages.batches.retrieve(batch_id)
+        except Exception as exc:
+            raise self._error(f"read message batch {batch_id}", exc) from None
+        return {"id": batch.id, "status": _status(batch)}
+
+    async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
+        """Returns the reply of every request of an ended batch, by ``custom_id``."""
+        where = f"message batch {batch['id']}"
+        replies: dict[str, BatchReply] = {}
+        try:
+            entries = await self._sdk_client().messages.batches.results(batch["id"])
+            async for entry in entries:
+                replies[entry.custom_id] = self._reply(entry, where)
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise self._error(f"read the results of {where}", exc) from None
+        return replies
+
+    def _reply(self, entry: Any, where: str) -> BatchReply:
+        result = entry.result
+        if result.type == "succeeded":
+            plan = self._plans.get(entry.custom_id, WirePlan())
+            return BatchReply(entry.custom_id, response=read_message(result.message, plan))
+        detail = getattr(getattr(result, "error", None), "error", None)
+        message = getattr(detail, "message", None) or result.type
+        error = BackendError(
+            f"{where}: request {entry.custom_id} {result.type}: {message}",
+            retryable=result.type in ("expired", "canceled")
+            or getattr(detail, "type", "") in ("overloaded_error", "api_error"),
+        )
+        return BatchReply(entry.custom_id, error=error)
+
+    def _error(self, action: str, exc: Exception) -> BackendError:
+        status = getattr(exc, "status_code", None)
+        shown = redact_url(self.base_url) if self.base_url else "Anthropic"
+        return BackendError(
+            f"could not {action} at {shown}: {type(exc).__name__}: {exc}",
+            status=status,
+            retryable=status is None or status == 429 or status >= 500,
+        )
+
+    async def aclose(self) -> None:
+        """Closes the SDK client."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+
+def _status(batch: Any) -> str:
+    return "completed" if batch.processing_status == "ended" else "in_progress"

@@ -1,0 +1,208 @@
+"""The OpenAI Batch API: upload a JSONL file of requests, create a batch, poll, read results.
+
+The protocol (``/v1/files`` + ``/v1/batches``): each input line is
+``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body"}``;
+the batch moves ``validating`` → ``in_progress`` → ``finalizing`` →
+``completed`` (or ``failed``, ``expired``, ``cancelled``); its
+``output_file_id`` holds one line per answered request
+``{"custom_id", "response": {"status_code", "body"}, "error"}`` in any
+order, and its ``error_file_id`` the requests that failed. Requests are
+built and replies parsed by the same code as live calls (`_openai_wire`),
+so a batch asks exactly what the live call would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
+from plait.backends._urls import redact_url
+from plait.backends.types import Request, Response
+from plait.errors import BackendError
+
+__all__ = ["BATCH_DONE", "BatchReply", "OpenAIBatchClient"]
+
+BATCH_DONE = frozenset({"completed", "failed", "expired", "cancelled"})
+"""Batch statuses after which nothing changes."""
+
+_DEFAULT_URL = "https://api.openai.com/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReply:
+    """The outcome of one request of a batch: a response, or why it has none."""
+
+    custom_id: str
+    response: Response | None = None
+    error: BackendError | None = None
+
+
+class OpenAIBatchClient:
+    """Talks to one OpenAI-compatible server's Batch API.
+
+    Args:
+        model: the default model of the requests.
+        base_url: the API root (``https://api.openai.com/v1`` by default).
+        api_key: the key; None reads ``api_key_env``.
+        api_key_env: the environment variable holding the key.
+        headers: extra headers for every request.
+        dialect: ``openai`` (default for api.openai.com), ``generic`` or ``llama_cpp``.
+        timeout: seconds per HTTP request (not the batch, which may take hours).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        headers: Mapping[str, str] | None = None,
+        dialect: str | None = None,
+        timeout: float | None = 300.0,
+    ) -> None:
+        self.model = model
+        self.base_url = (base_url or _DEFAULT_URL).rstrip("/")
+        key = api_key or os.environ.get(api_key_env or "") or None
+        self._headers = {"Accept": "application/json", **dict(headers or {})}
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
+        wires = {"openai": OPENAI, "generic": GENERIC, "llama_cpp": LLAMA_CPP}
+        default = "openai" if self.base_url == _DEFAULT_URL else "generic"
+        self._wire = wires[dialect or default]
+        self._timeout = timeout
+        self._session: Any = None
+
+    @classmethod
+    def from_endpoint(cls, config: Any) -> OpenAIBatchClient:
+        """Builds a client from an ``openai`` endpoint's configuration."""
+        return cls(
+            config.model or "",
+            base_url=config.base_url,
+            api_key=config.api_key,
+            api_key_env=config.api_key_env or "OPENAI_API_KEY",
+            headers=config.headers,
+            dialect=config.dialect,
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenAIBatchClient(model={self.model!r}, base_url={redact_url(self.base_url)!r})"
+
+    # -- requests -----------------------------------------------------------------------
+
+    def input_line(self, custom_id: str, request: Request) -> bytes:
+        """Returns the JSONL line asking ``request`` under ``custom_id``."""
+        body = build_body(request, self.model, self._wire, stream=False)
+        line = {
+            "custom_id": custom_id,
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": body,
+        }
+        return orjson.dumps(line, option=orjson.OPT_SORT_KEYS)
+
+    async def submit(self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None):
+        """Uploads the lines as a batch file and creates the batch; returns the batch object."""
+        import aiohttp
+
+        content = b"\n".join(lines) + b"\n"
+        form = aiohttp.FormData()
+        form.add_field("purpose", "batch")
+        form.add_field(
+            "file", content, filename="plait-batch.jsonl", content_type="application/jsonl"
+        )
+        uploaded = await self._call("POST", "/files", data=form)
+        body = {
+            "input_file_id": uploaded["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": dict(metadata or {}),
+        }
+        return await self._call("POST", "/batches", json=body)
+
+    async def retrieve(self, batch_id: str) -> dict[str, Any]:
+        """Returns the batch object (``status``, ``output_file_id``, ``request_counts`` …)."""
+        return await self._call("GET", f"/batches/{batch_id}")
+
+    async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
+        """Returns the reply of every request of a finished batch, by ``custom_id``."""
+        replies: dict[str, BatchReply] = {}
+        where = f"batch {batch.get('id')} at {redact_url(self.base_url)}"
+        for key in ("output_file_id", "error_file_id"):
+            file_id = batch.get(key)
+            if not file_id:
+                continue
+            raw = await self._call("GET", f"/files/{file_id}/content", raw=True)
+            for line in raw.splitlines():
+                if line.strip():
+                    reply = _read_line(line, where)
+                    replies[reply.custom_id] = reply
+        return replies
+
+    # -- HTTP ---------------------------------------------------------------------------
+
+    async def _call(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
+            )
+        url = self.base_url + path
+        shown = f"{method} {redact_url(url)}"
+        try:
+            async with self._session.request(method, url, **kwargs) as answer:
+                body = await answer.read()
+                if answer.status >= 400:
+                    raise BackendError(
+                        f"{shown}: HTTP {answer.status}: {body[:300].decode(errors='replace')}",
+                        status=answer.status,
+                        retryable=answer.status in (408, 429) or answer.status >= 500,
+                    )
+        except aiohttp.ClientError as exc:
+            raise BackendError(f"{shown}: {type(exc).__name__}: {exc}", retryable=True) from exc
+        if raw:
+            return body
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise BackendError(f"{shown}: the answer is not JSON: {body[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise BackendError(f"{shown}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    async def aclose(self) -> None:
+        """Closes the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _read_line(line: bytes, where: str) -> BatchReply:
+    try:
+        data = orjson.loads(line)
+        custom_id = str(data["custom_id"])
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        raise BackendError(
+            f"{where}: a result line is not a batch result: {line[:200]!r}"
+        ) from None
+    response = data.get("response") or {}
+    status = response.get("status_code")
+    if data.get("error") or status != 200:
+        error = data.get("error") or (response.get("body") or {}).get("error") or {}
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        failure = BackendError(
+            f"{where}: request {custom_id} failed: HTTP {status}: {message}",
+            status=status if isinstance(status, int) else None,
+            retryable=isinstance(status, int) and (status == 429 or status >= 500),
+        )
+        return BatchReply(custom_id, error=failure)
+    try:
+        return BatchReply(custom_id, response=parse_completion(response.get("body"), where))
+    except BackendError as exc:
+        return BatchReply(custom_id, error=exc)

@@ -1,0 +1,228 @@
+"""Runs a program over the rows of a file, chunk by chunk, streaming outputs to a file.
+
+Rows are read a chunk at a time (``chunk_size``, 2,000 by default); each chunk
+is one streaming batch (one shared resource manager, every item concurrent up
+to ``max_concurrent``), and its results are written in input order as they
+finish. Memory is bounded by the chunk, not the file. With a checkpoint
+directory, each chunk checkpoints into ``chunk-NNNNNN/`` there, so a rerun
+replays what finished from disk (no model calls) and runs only the rest; the
+output file is rewritten whole on each run, so it is never half of two runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait.cli.datasets import count_rows, open_writer, read_rows
+from plait.cli.programs import ProgramError, RowMapper
+from plait.module import Module
+
+__all__ = ["FileRun", "RunOutcome", "default_report_path", "output_columns", "run_file"]
+
+_STATE = "cli.json"
+
+
+@dataclass
+class FileRun:
+    """What ``plait run`` / ``plait eval`` was asked to do."""
+
+    program: Module
+    mapper: RowMapper
+    input: Path
+    output: Path
+    resources: Any
+    input_format: str | None = None
+    output_format: str | None = None
+    checkpoint_dir: Path | None = None
+    max_concurrent: int | None = None
+    chunk_size: int = 2000
+    progress: bool | None = None
+    keep_inputs: bool = True
+    target_column: str | None = None
+    """For ``eval``: the column each output is scored against."""
+    metric: Callable[[Any, Any], Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    """More execution options (``timeout``, ``deadline``, ``cache``)."""
+
+
+@dataclass
+class RunOutcome:
+    rows: int = 0
+    failed: int = 0
+    score_total: float = 0.0
+    first_failures: list[str] = field(default_factory=list)
+    graph: Any = None
+
+    @property
+    def score(self) -> float | None:
+        return self.score_total / self.rows if self.rows else None
+
+
+def output_columns(output: Any) -> dict[str, Any]:
+    """Returns an output as columns: a mapping (or model) by key, anything else as ``output``."""
+    from pydantic_core import to_jsonable_python
+
+    data = to_jsonable_python(output, fallback=str)
+    if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
+        return data
+    return {"output": data}
+
+
+def _chunks(rows: Iterator[tuple[int, dict]], size: int) -> Iterator[list[tuple[int, dict]]]:
+    while True:
+        chunk = list(itertools.islice(rows, size))
+        if not chunk:
+            return
+        yield chunk
+
+
+def _check_state(directory: Path, run: FileRun) -> None:
+    """Keeps a checkpoint directory to one chunking, so chunks line up on resume."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / _STATE
+    state = {"chunk_size": run.chunk_size}
+    if path.is_file() and not path.is_symlink():
+        try:
+            found = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError:
+            found = None
+        if isinstance(found, dict) and found.get("chunk_size") != run.chunk_size:
+            raise ProgramError(
+                f"{directory} was written with --chunk-size {found.get('chunk_size')}; resume "
+                "with the same chunk size, or use another --checkpoint-dir"
+            )
+    path.write_text(json.dumps(state) + "\n", encoding="utf-8")
+
+
+async def run_file(run: FileRun) -> RunOutcome:
+    """Runs the program over every row of ``run.input``; writes ``run.output``.
+
+    Raises:
+        ProgramError: the first row lacks a column the program needs.
+        DatasetError: a file cannot be read or written (names file and row).
+        CheckpointError: the checkpoint belongs to another program or input.
+    """
+    from plait.execution.progress import BatchProgress
+
+    source = str(run.input)
+    total = count_rows(run.input, run.input_format)
+    outcome = RunOutcome()
+    if run.checkpoint_dir is not None:
+        _check_state(run.checkpoint_dir, run)
+    writer = open_writer(run.output, run.output_format)
+    try:
+        with BatchProgress(total, run.progress) as progress:
+            rows = read_rows(run.input, run.input_format)
+            for number, chunk in enumerate(_chunks(rows, run.chunk_size)):
+                await _run_chunk(run, number, chunk, source, writer, progress, outcome)
+    finally:
+        writer.close()
+    return outcome
+
+
+async def _run_chunk(
+    run: FileRun,
+    number: int,
+    chunk: list[tuple[int, dict]],
+    source: str,
+    writer: Any,
+    progress: Any,
+    outcome: RunOutcome,
+) -> None:
+    from plait.execution.run import execute_bound
+    from plait.execution.runner import trace_cached
+
+    items: list[Any] = []
+    positions: list[int] = []  # chunk position of each item
+    mapping_errors: dict[int, str] = {}
+    for position, (row_number, row) in enumerate(chunk):
+        try:
+            items.append(run.mapper.item(row_number, row, source))
+        except ProgramError as exc:
+            if row_number == 0:
+                raise  # the very first row: the columns are wrong, not one row
+            mapping_errors[position] = str(exc)
+            continue
+        positions.append(position)
+    if outcome.graph is None and items:
+        outcome.graph = trace_cached(run.mapper.module, (items[0],), {})
+    options = {
+        **run.options,
+        "resources": run.resources,
+        "streaming": True,
+        "preserve_order": True,
+        "progress": False,
+        "max_concurrent": run.max_concurrent,
+    }
+    if run.checkpoint_dir is not None:
+        options["checkpoint_dir"] = str(run.checkpoint_dir / f"chunk-{number:06d}")
+    results: dict[int, Any] = {}
+    next_position = 0
+
+    def flush() -> None:
+        nonlocal next_position
+        while next_position < len(chunk):
+            if next_position in mapping_errors:
+                _write(run, chunk[next_position], None, mapping_errors[next_position], writer,
+                       progress, outcome)  # fmt: skip
+            elif next_position in results:
+                result = results.pop(next_position)
+                error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
+                _write(run, chunk[next_position], result.output, error, writer, progress, outcome)
+            else:
+                return
+            next_position += 1
+
+    if items:
+        stream = execute_bound(run.mapper.module, (items,), options)
+        async for result in stream:
+            results[positions[result.index]] = result
+            flush()
+    flush()
+
+
+def _write(
+    run: FileRun,
+    entry: tuple[int, dict],
+    output: Any,
+    error: str | None,
+    writer: Any,
+    progress: Any,
+    outcome: RunOutcome,
+) -> None:
+    row_number, row = entry
+    record: dict[str, Any] = {"row": row_number}
+    if run.keep_inputs:
+        record.update(row)
+    if error is None:
+        for key, value in output_columns(output).items():
+            record[f"output.{key}" if key in row and run.keep_inputs else key] = value
+    if run.metric is not None:
+        from plait.evaluation import score_of
+
+        score = 0.0
+        if error is None:
+            try:
+                score = score_of(run.metric, output, row.get(run.target_column))
+            except Exception as exc:  # a metric that fails on one row fails that row
+                error = f"metric failed: {type(exc).__name__}: {exc}"
+        record["score"] = score
+        outcome.score_total += score
+    record["error"] = error
+    writer.write(record)
+    outcome.rows += 1
+    if error is not None:
+        outcome.failed += 1
+        if len(outcome.first_failures) < 5:
+            outcome.first_failures.append(f"row {row_number}: {error}")
+    progress.advance(error is None)
+
+
+def default_report_path(output: Path) -> Path:
+    """Returns where the run report of ``output`` goes: ``out.jsonl`` → ``out.run.json``."""
+    return output.with_name(output.name.split(".")[0] + ".run.json")

@@ -1,0 +1,320 @@
+"""One self-contained HTML page of a `RunReport`, with plots drawn by plotly.
+
+Every plot is a plotly figure; plotly.js is inlined once, so the page opens
+anywhere with no network. All text that came from the run (module paths,
+aliases, error messages) is escaped: a report never runs what a run wrote.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from plait.report.run_report import RunReport
+
+__all__ = ["render_html", "write_html"]
+
+_COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#FF9DA6"]
+
+
+def _go() -> Any:
+    try:
+        import plotly.graph_objects as go
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            "the HTML report needs plotly: pip install 'plait[report]'", name="plotly"
+        ) from exc
+    return go
+
+
+def _figure_html(figure: Any, div_id: str) -> str:
+    figure.update_layout(
+        template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360
+    )
+    return figure.to_html(
+        full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False}
+    )
+
+
+def latency_figure(report: RunReport) -> Any:
+    """Box plots of node latency (seconds) per module path."""
+    go = _go()
+    figure = go.Figure()
+    for i, (path, summary) in enumerate(report.modules.items()):
+        figure.add_trace(
+            go.Box(
+                y=summary["samples"],
+                name=path,
+                boxpoints="outliers",
+                marker_color=_COLORS[i % len(_COLORS)],
+                hovertemplate=f"{path}<br>%{{y:.3f}} s<extra></extra>",
+            )
+        )
+    figure.update_layout(title="Latency per module", yaxis_title="seconds", showlegend=False)
+    return figure
+
+
+def traffic_figure(report: RunReport) -> Any:
+    """Mean requests in flight (lines) and 429s (bars) over time, per endpoint."""
+    go = _go()
+    figure = go.Figure()
+    for i, (endpoint, series) in enumerate(report.timeline.items()):
+        color = _COLORS[i % len(_COLORS)]
+        figure.add_trace(
+            go.Scatter(
+                x=series["t"],
+                y=series["in_flight"],
+                mode="lines",
+                name=f"{endpoint}: in flight",
+                line={"color": color, "shape": "hv"},
+            )
+        )
+        figure.add_trace(
+            go.Scatter(
+                x=series["t"],
+                y=series["waiting"],
+                mode="lines",
+                name=f"{endpoint}: waiting",
+                line={"color": color, "dash": "dot", "shape": "hv"},
+            )
+        )
+        figure.add_trace(
+            go.Bar(
+                x=series["t"],
+                y=series["rate_limited"],
+                name=f"{endpoint}: 429s",
+                marker_color="#E45756",
+                opacity=0.7,
+                yaxis="y2",
+            )
+        )
+    figure.update_layout(
+        title="Requests in flight and 429s per endpoint",
+        xaxis_title="seconds since start",
+        yaxis={"title": "requests (mean per bucket)", "rangemode": "tozero"},
+        yaxis2={"title": "429s", "overlaying": "y", "side": "right", "rangemode": "tozero"},
+        legend={"orientation": "h", "y": -0.25},
+        barmode="overlay",
+    )
+    return figure
+
+
+def cost_figure(report: RunReport) -> Any:
+    """Cost (dollars) per alias, with tokens and calls on hover."""
+    go = _go()
+    aliases = list(report.aliases)
+    totals = [report.aliases[a] for a in aliases]
+    figure = go.Figure(
+        go.Bar(
+            x=aliases,
+            y=[t.get("cost", 0.0) for t in totals],
+            marker_color=_COLORS[0],
+            customdata=[
+                [
+                    int(t.get("calls", 0)),
+                    int(t.get("input_tokens", 0)),
+                    int(t.get("output_tokens", 0)),
+                ]
+                for t in totals
+            ],
+            hovertemplate="%{x}: $%{y:.4f}<br>%{customdata[0]} calls, "
+            "%{customdata[1]} in / %{customdata[2]} out tokens<extra></extra>",
+        )
+    )
+    figure.update_layout(title="Cost by alias", yaxis_title="dollars", xaxis_title="alias")
+    return figure
+
+
+def _levels(nodes: list[dict[str, Any]]) -> dict[str, int]:
+    level: dict[str, int] = {}
+    for node in nodes:  # recorded in a topological order
+        deps = [level[d] for d in node["dependencies"] if d in level]
+        level[node["id"]] = 1 + max(deps) if deps else 0
+    return level
+
+
+def graph_figure(report: RunReport) -> Any:
+    """The program graph, drawn in layers: inputs on top, each node below what it reads."""
+    go = _go()
+    nodes = report.graph["nodes"] if report.graph else []
+    level = _levels(nodes)
+    rows: dict[int, list[str]] = {}
+    for node in nodes:
+        rows.setdefault(level[node["id"]], []).append(node["id"])
+    position = {}
+    for depth, ids in rows.items():
+        for i, node_id in enumerate(ids):
+            position[node_id] = (i - (len(ids) - 1) / 2, -depth)
+    edge_x: list[float | None] = []
+    edge_y: list[float | None] = []
+    for node in nodes:
+        for dep in node["dependencies"]:
+            if dep in position:
+                (x0, y0), (x1, y1) = position[dep], position[node["id"]]
+                edge_x += [x0, x1, None]
+                edge_y += [y0, y1, None]
+    figure = go.Figure()
+    figure.add_trace(
+        go.Scatter(x=edge_x, y=edge_y, mode="lines", line={"color": "#999"}, hoverinfo="skip")
+    )
+    kinds = {"input": _COLORS[2], "op": _COLORS[4]}
+    figure.add_trace(
+        go.Scatter(
+            x=[position[n["id"]][0] for n in nodes],
+            y=[position[n["id"]][1] for n in nodes],
+            mode="markers+text",
+            text=[n["id"] for n in nodes],
+            textposition="middle right",
+            marker={
+                "size": 18,
+                "symbol": ["diamond" if n["llm"] else "circle" for n in nodes],
+                "color": [
+                    _COLORS[1] if n["llm"] else kinds.get(n["kind"], _COLORS[0]) for n in nodes
+                ],
+            },
+            hovertext=[f"{n['name']} ({n['kind']})" for n in nodes],
+            hoverinfo="text",
+        )
+    )
+    figure.update_layout(
+        title="Program graph (diamonds: LLM calls)",
+        showlegend=False,
+        xaxis={"visible": False},
+        yaxis={"visible": False},
+    )
+    return figure
+
+
+def training_figures(report: RunReport) -> list[Any]:
+    """Validation score per epoch, and accepted / rejected updates per optimizer step."""
+    go = _go()
+    training = report.training or {}
+    scores = [training.get("initial_score"), *training.get("scores", [])]
+    score = go.Figure(
+        go.Scatter(x=list(range(len(scores))), y=scores, mode="lines+markers", name="validation")
+    )
+    score.update_layout(
+        title="Validation score per epoch (0: before training)",
+        xaxis_title="epoch",
+        yaxis_title="score",
+        xaxis={"dtick": 1},
+    )
+    history = training.get("history", [])
+    steps = list(range(1, len(history) + 1))
+    updates = go.Figure(
+        [
+            go.Bar(x=steps, y=[h["accepted"] for h in history], name="accepted",
+                   marker_color=_COLORS[2]),
+            go.Bar(x=steps, y=[h["rejected"] for h in history], name="rejected",
+                   marker_color=_COLORS[3]),
+        ]
+    )  # fmt: skip
+    updates.update_layout(
+        title="Parameter updates per optimizer step",
+        barmode="stack",
+        xaxis_title="step",
+        yaxis_title="updates",
+    )
+    return [score, updates]
+
+
+def _table(rows: Iterable[tuple[str, Any]]) -> str:
+    cells = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows
+    )
+    return f"<table class='facts'>{cells}</table>"
+
+
+def _failures(report: RunReport) -> str:
+    if not report.failures:
+        return ""
+    rows = "".join(
+        f"<tr><td>{f['index']}</td><td>{html.escape(str(f.get('node') or ''))}</td>"
+        f"<td>{html.escape(f['error_type'])}</td><td>{html.escape(f['message'][:300])}</td></tr>"
+        for f in report.failures[:50]
+    )
+    more = len(report.failures) - 50
+    tail = f"<p>… and {more} more kept in the report.</p>" if more > 0 else ""
+    return (
+        "<h2>Failed items</h2><table class='failures'><tr><th>item</th><th>node</th>"
+        f"<th>error</th><th>message</th></tr>{rows}</table>{tail}"
+    )
+
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+h1 { margin-bottom: 0.2em; } .sub { color: #666; margin-top: 0; }
+table.facts th { text-align: left; padding-right: 2em; font-weight: 600; }
+table.failures { border-collapse: collapse; font-size: 90%; }
+table.failures td, table.failures th { border: 1px solid #ddd; padding: 4px 8px; }
+.plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
+.plots .wide { grid-column: 1 / span 2; }
+pre.mermaid { background: #f6f6f6; padding: 1em; font-size: 85%; }
+"""
+
+
+def render_html(report: RunReport) -> str:
+    """Returns the page as one string (plotly.js inlined)."""
+    from plotly.offline import get_plotlyjs
+
+    usage = report.usage
+    requests = (
+        f"{int(usage['requests'])} ({int(usage['retries'])} retries, "
+        f"{int(usage['rate_limited'])} rate-limited, {int(usage['failures'])} failed)"
+    )
+    facts = [
+        ("program", report.program or "(unnamed)"),
+        ("kind", report.kind),
+        ("wall time", f"{report.wall_time:.2f} s"),
+        ("items", f"{report.items['ok']} ok, {report.items['failed']} failed"),
+        ("LLM calls", f"{int(usage['calls'])} ({int(usage.get('cache_hits', 0))} from cache)"),
+        ("requests", requests),
+        ("tokens", f"{int(usage['input_tokens'])} in, {int(usage['output_tokens'])} out"),
+        ("cost", f"${usage['cost']:.4f}"),
+        *((name, value) for name, value in report.metrics.items()),
+    ]  # fmt: skip
+    figures: list[tuple[str, Any, bool]] = []
+    if report.modules:
+        figures.append(("latency", latency_figure(report), False))
+    if report.aliases:
+        figures.append(("cost", cost_figure(report), False))
+    if report.timeline:
+        figures.append(("traffic", traffic_figure(report), True))
+    if report.training:
+        score, updates = training_figures(report)
+        figures += [("validation", score, False), ("updates", updates, False)]
+    if report.graph:
+        figures.append(("graph", graph_figure(report), True))
+    plots = "".join(
+        f"<div class='plot{' wide' if wide else ''}'>{_figure_html(figure, f'plot-{name}')}</div>"
+        for name, figure, wide in figures
+    )
+    mermaid = ""
+    if report.graph and report.graph.get("mermaid"):
+        mermaid = (
+            "<details><summary>Mermaid source of the graph</summary><pre class='mermaid'>"
+            f"{html.escape(report.graph['mermaid'])}</pre></details>"
+        )
+    sampled = (
+        "<p class='sub'>Latency plots and the trace use a uniform sample of the run's spans; "
+        "totals and the timeline are exact.</p>"
+        if report.sampled
+        else ""
+    )
+    title = html.escape(f"plait run report: {report.program or report.kind}")
+    data = html.escape(json.dumps({"format": "plait.run/1", "program": report.program}))
+    return (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        f"<title>{title}</title><style>{_STYLE}</style>"
+        f"<script>{get_plotlyjs()}</script></head><body data-run='{data}'>"
+        f"<h1>{title}</h1>{_table(facts)}{sampled}<div class='plots'>{plots}</div>"
+        f"{mermaid}{_failures(report)}</body></html>"
+    )
+
+
+def write_html(report: RunReport, path: str) -> None:
+    """Writes `render_html` to ``path``."""
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(render_html(report))

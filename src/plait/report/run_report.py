@@ -1,0 +1,259 @@
+"""`RunReport`: what one run did, as plain data that saves to and loads from JSON.
+
+Built from a `Profiler` (`RunReport.from_profiler`), it holds exact totals
+(per alias: calls, requests, retries, 429s, failures, tokens, cost), a
+per-second timeline per endpoint (mean requests in flight and waiting,
+requests, 429s, errors), a latency summary per module, the failed items,
+optionally the program graph and training scores, and a sample of spans
+for the trace. A report read back with `RunReport.load` is data only: JSON
+numbers, strings, lists and mappings, never code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from plait.profiling import Profiler
+
+__all__ = ["FORMAT", "RunReport", "graph_data"]
+
+FORMAT = "plait.run/1"
+_SAMPLES_PER_MODULE = 2000
+"""Latencies kept per module for the distribution plot."""
+
+
+def graph_data(graph: Any) -> dict[str, Any]:
+    """Returns an `InferenceGraph` as JSON-ready data: nodes, edges, outputs and Mermaid text."""
+    nodes = [
+        {
+            "id": node.id,
+            "kind": str(node.kind),
+            "name": node.name or node.id,
+            "module_path": node.module_path,
+            "llm": getattr(node.module, "alias", None) is not None,
+            "dependencies": list(node.dependencies),
+        }
+        for node in graph.nodes.values()
+    ]
+    return {"nodes": nodes, "outputs": list(graph.output_ids), "mermaid": graph.to_mermaid()}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    position = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[position]
+
+
+@dataclass
+class RunReport:
+    """Usage, cost, timings, retries and errors of one run.
+
+    Example::
+
+        with profile() as prof:
+            outputs = program.run_sync(rows)
+        report = prof.report(program="Summarize")
+        report.usage["cost"], report.items["failed"]
+    """
+
+    program: str | None = None
+    """What ran (``pkg.module:Program`` from the CLI, else the class name)."""
+    kind: str = "run"
+    """``run``, ``eval`` or ``train``."""
+    started_at: float = 0.0
+    """Epoch seconds when profiling started."""
+    wall_time: float = 0.0
+    """Seconds from the start of profiling to the report."""
+    items: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0})
+    """Batch items that finished, and that failed."""
+    aliases: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Per alias: calls, cache_hits, requests, retries, rate_limited, failures, tokens, cost."""
+    modules: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per module path: count, mean, p50, p90, p99, max seconds, and ``samples``."""
+    timeline: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per endpoint: ``step`` (seconds per bucket), ``t`` (bucket starts), ``in_flight``
+    and ``waiting`` (mean requests), ``requests``, ``rate_limited``, ``errors`` per bucket."""
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    """The first failed items: index, error_type, message, node."""
+    graph: dict[str, Any] | None = None
+    """The program graph (`graph_data`)."""
+    training: dict[str, Any] | None = None
+    """For a training run: ``initial_score``, ``scores`` per epoch, ``best_epoch``,
+    ``accepted``, ``rejected``, and ``steps`` (per optimizer step: epoch, accepted, rejected)."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Anything else a caller adds (the CLI: ``score`` of an evaluation, file names)."""
+    spans: dict[str, list[dict[str, Any]]] = field(
+        default_factory=lambda: {"nodes": [], "requests": []}
+    )
+    """Node and request spans (a uniform sample when ``sampled``) for the trace."""
+    sampled: bool = False
+    """Whether ``spans`` is a sample of the run (profiling with ``max_records``)."""
+
+    # -- building ---------------------------------------------------------------------
+
+    @classmethod
+    def from_profiler(
+        cls,
+        profiler: Profiler,
+        *,
+        program: str | None = None,
+        kind: str = "run",
+        graph: Any = None,
+        training: dict[str, Any] | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> RunReport:
+        """Builds the report of everything ``profiler`` saw.
+
+        Args:
+            profiler: the profiler that was active during the run.
+            program: a name for what ran.
+            kind: ``run``, ``eval`` or ``train``.
+            graph: the program's `InferenceGraph` (or `graph_data` of it).
+            training: training scores and updates (see the ``training`` field).
+            metrics: extra figures to keep.
+        """
+        nodes = [asdict(r) for r in profiler.records]
+        requests = [asdict(r) for r in profiler.requests]
+        if graph is not None and not isinstance(graph, dict):
+            graph = graph_data(graph)
+        return cls(
+            program=program,
+            kind=kind,
+            started_at=profiler.started_at,
+            wall_time=profiler.now(),
+            items={"ok": profiler.items_ok, "failed": profiler.items_failed},
+            aliases={alias: dict(t) for alias, t in sorted(profiler.alias_totals.items())},
+            modules=_module_latencies(profiler),
+            timeline=_timelines(profiler),
+            failures=[asdict(f) for f in profiler.failures],
+            graph=graph,
+            training=training,
+            metrics=dict(metrics or {}),
+            spans={"nodes": nodes, "requests": requests},
+            sampled=profiler.nodes_seen > len(nodes)
+            or sum(t["requests"] for t in profiler.alias_totals.values()) > len(requests),
+        )
+
+    # -- reading ----------------------------------------------------------------------
+
+    @property
+    def usage(self) -> dict[str, float]:
+        """Totals over all aliases: calls, cache_hits, requests, retries, 429s, failures,
+        tokens and cost."""
+        total: dict[str, float] = {}
+        for numbers in self.aliases.values():
+            for key, value in numbers.items():
+                total[key] = total.get(key, 0) + value
+        for key in ("calls", "requests", "retries", "rate_limited", "failures", "cost"):
+            total.setdefault(key, 0)
+        total.setdefault("input_tokens", 0)
+        total.setdefault("output_tokens", 0)
+        return total
+
+    def summary(self) -> str:
+        """Returns a few lines for a terminal: items, calls, tokens, cost, retries, failures."""
+        u = self.usage
+        items = self.items
+        lines = [
+            f"{items['ok'] + items['failed']} items: {items['ok']} ok, {items['failed']} failed "
+            f"in {self.wall_time:.1f} s",
+            f"{int(u['calls'])} LLM calls ({int(u.get('cache_hits', 0))} from cache), "
+            f"{int(u['requests'])} requests, {int(u['retries'])} retries, "
+            f"{int(u['rate_limited'])} rate-limited, {int(u['failures'])} failed calls",
+            f"tokens: {int(u['input_tokens'])} in, {int(u['output_tokens'])} out; "
+            f"cost ${u['cost']:.4f}",
+        ]
+        for name, value in self.metrics.items():
+            if isinstance(value, int | float | str):
+                lines.append(f"{name}: {value}")
+        return "\n".join(lines)
+
+    # -- files ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the report as JSON-ready data (with its ``format``)."""
+        return {"format": FORMAT, **asdict(self)}
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the report as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.to_dict(), file, ensure_ascii=False, default=str)
+            file.write("\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> RunReport:
+        """Reads a report written by `save`.
+
+        Raises:
+            ValueError: the file is not a plait run report (names the file and why).
+        """
+        try:
+            with open(path, encoding="utf-8") as file:
+                data = json.load(file)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable run report ({exc})") from None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(
+                f"{path}: not a plait run report (format {found!r}, expected {FORMAT!r}); "
+                "write one with `plait run ... --output out.jsonl` or RunReport.save"
+            )
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def trace_events(self) -> dict[str, Any]:
+        """Returns the spans as a Chrome / Perfetto trace (``{"traceEvents": [...]}``)."""
+        from plait.report.perfetto import trace_events
+
+        return trace_events(self.spans["nodes"], self.spans["requests"], self.started_at)
+
+    def save_trace(self, path: str | os.PathLike[str]) -> None:
+        """Writes `trace_events` as JSON to ``path`` (open it in ui.perfetto.dev)."""
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(self.trace_events(), file, separators=(",", ":"))
+
+
+def _module_latencies(profiler: Profiler) -> dict[str, dict[str, Any]]:
+    by_module: dict[str, list[float]] = {}
+    for record in profiler.records:
+        if not record.cache_hit:
+            by_module.setdefault(record.module_path or record.node_id, []).append(record.duration)
+    summary: dict[str, dict[str, Any]] = {}
+    for path, durations in sorted(by_module.items()):
+        ordered = sorted(durations)
+        step = max(1, len(ordered) // _SAMPLES_PER_MODULE)
+        summary[path] = {
+            "count": len(ordered),
+            "mean": statistics.fmean(ordered),
+            "p50": _percentile(ordered, 0.5),
+            "p90": _percentile(ordered, 0.9),
+            "p99": _percentile(ordered, 0.99),
+            "max": ordered[-1],
+            "samples": [round(d, 6) for d in durations[::step]],
+        }
+    return summary
+
+
+def _timelines(profiler: Profiler) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for endpoint, tl in sorted(profiler.timelines.items()):
+        step = tl.step
+        buckets = set(tl.busy) | set(tl.waiting) | set(tl.requests)
+        if not buckets:
+            continue
+        span = range(min(buckets), max(buckets) + 1)
+        out[endpoint] = {
+            "step": step,
+            "t": [round(b * step, 6) for b in span],
+            "in_flight": [round(tl.busy.get(b, 0.0) / step, 3) for b in span],
+            "waiting": [round(tl.waiting.get(b, 0.0) / step, 3) for b in span],
+            "requests": [tl.requests.get(b, 0) for b in span],
+            "rate_limited": [tl.rate_limited.get(b, 0) for b in span],
+            "errors": [tl.errors.get(b, 0) for b in span],
+        }
+    return out

@@ -1,0 +1,256 @@
+"""The scripted server's Batch API: ``/v1/files`` and ``/v1/batches``, answered like OpenAI's.
+
+Anthropic's Message Batches (``/v1/messages/batches``, its ``results``) are
+served too, in Anthropic's shapes, so its official SDK can be tested here.
+A batch is answered by the server's own responder, line by line, as if each
+line were a chat-completions request (faults do not apply to batch lines; a
+responder that raises puts the line in the error file with status 500). It
+stays ``in_progress`` for ``batch_delay`` seconds after creation, so clients
+really poll, and a test can stop a client while its batch is running.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from plait.testing._replies import RawReply, completion_payload, error_payload
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from plait.testing.scripted_server import ScriptedServer
+
+__all__ = ["BatchStore"]
+
+
+@dataclass
+class BatchStore:
+    """Files and batches the server holds, and how often they were asked about."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    polls: int = 0
+    """``GET /v1/batches/{id}`` requests answered."""
+    batch_delay: float = 0.0
+    """Seconds a new batch stays ``in_progress`` before it completes."""
+    _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _ready_at: dict[str, float] = field(default_factory=dict)
+    message_batches: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Anthropic Message Batches (``/v1/messages/batches``), by id."""
+    _requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    _results: dict[str, bytes] = field(default_factory=dict)
+    _server: Any = None
+
+    def routes(self, app: web.Application, server: ScriptedServer) -> None:
+        """Adds the Batch API routes (with and without ``/v1``) to ``app``."""
+        self._server = server
+        for prefix in ("/v1", ""):
+            app.router.add_post(f"{prefix}/files", self._upload)
+            app.router.add_get(f"{prefix}/files/{{file_id}}/content", self._content)
+            app.router.add_post(f"{prefix}/batches", self._create)
+            app.router.add_get(f"{prefix}/batches/{{batch_id}}", self._get)
+        app.router.add_post("/v1/messages/batches", self._create_messages)
+        app.router.add_get("/v1/messages/batches/{batch_id}", self._get_messages)
+        app.router.add_get("/v1/messages/batches/{batch_id}/results", self._messages_results)
+
+    @staticmethod
+    def _json(payload: Any, status: int = 200) -> web.Response:
+        from aiohttp import web
+
+        return web.Response(
+            status=status, body=orjson.dumps(payload), content_type="application/json"
+        )
+
+    async def _upload(self, request: web.Request) -> web.Response:
+        form = await request.post()
+        upload = form.get("file")
+        if form.get("purpose") != "batch" or upload is None or isinstance(upload, str):
+            return self._json(error_payload(400, "send purpose=batch and a file"), 400)
+        content = upload.file.read()
+        file_id = f"file-{next(self._serial)}"
+        self.files[file_id] = content
+        info = {"id": file_id, "object": "file", "bytes": len(content), "purpose": "batch"}
+        return self._json(info)
+
+    async def _content(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        content = self.files.get(request.match_info["file_id"])
+        if content is None:
+            return self._json(error_payload(404, "No such file"), 404)
+        return web.Response(body=content, content_type="application/jsonl")
+
+    async def _create(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        file_id = body.get("input_file_id")
+        if file_id not in self.files or body.get("endpoint") != "/v1/chat/completions":
+            return self._json(error_payload(400, "unknown input_file_id or endpoint"), 400)
+        batch_id = f"batch_{next(self._serial)}"
+        lines = [line for line in self.files[file_id].splitlines() if line.strip()]
+        self.batches[batch_id] = {
+            "id": batch_id,
+            "object": "batch",
+            "endpoint": "/v1/chat/completions",
+            "input_file_id": file_id,
+            "completion_window": body.get("completion_window"),
+            "status": "in_progress",
+            "output_file_id": None,
+            "error_file_id": None,
+            "created_at": int(time.time()),
+            "metadata": body.get("metadata") or {},
+            "request_counts": {"total": len(lines), "completed": 0, "failed": 0},
+        }
+        self._ready_at[batch_id] = time.monotonic() + self.batch_delay
+        return self._json(self.batches[batch_id])
+
+    async def _get(self, request: web.Request) -> web.Response:
+        batch = self.batches.get(request.match_info["batch_id"])
+        if batch is None:
+            return self._json(error_payload(404, "No such batch"), 404)
+        self.polls += 1
+        if batch["status"] == "in_progress" and time.monotonic() >= self._ready_at[batch["id"]]:
+            await self._finish(batch, self._server)
+        return self._json(batch)
+
+    async def _finish(self, batch: dict[str, Any], server: ScriptedServer) -> None:
+        outputs, errors = [], []
+        for number, line in enumerate(self.files[batch["input_file_id"]].splitlines()):
+            if not line.strip():
+                continue
+            item = orjson.loads(line)
+            result = await self._answer(item, server, f"batch_req_{number}")
+            (outputs if result["response"]["status_code"] == 200 else errors).append(result)
+        for key, results in (("output_file_id", outputs), ("error_file_id", errors)):
+            if results:
+                file_id = f"file-{next(self._serial)}"
+                self.files[file_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
+                batch[key] = file_id
+        batch["request_counts"].update(completed=len(outputs), failed=len(errors))
+        batch["status"] = "completed"
+
+    async def _answer(self, item: dict[str, Any], server: ScriptedServer, request_id: str):
+        body = item.get("body") or {}
+        try:
+            reply = await server._ask_responder(body)
+            if isinstance(reply, RawReply):
+                raise TypeError("a RawReply cannot answer a batch line")
+        except Exception as exc:
+            message = f"scripted server responder raised {type(exc).__name__}: {exc}"
+            response = {"status_code": 500, "request_id": request_id,
+                        "body": error_payload(500, message)}  # fmt: skip
+        else:
+            payload = completion_payload(
+                reply, model=str(body.get("model") or server.model), request_id=request_id,
+                created=int(time.time()),
+            )  # fmt: skip
+            response = {"status_code": 200, "request_id": request_id, "body": payload}
+        return {"id": request_id, "custom_id": item.get("custom_id"), "response": response,
+                "error": None}  # fmt: skip
+
+    # -- Anthropic Message Batches ------------------------------------------------------
+
+    async def _create_messages(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        requests = body.get("requests")
+        if not isinstance(requests, list) or not requests:
+            return self._json(_anthropic_error("invalid_request_error", "no requests"), 400)
+        batch_id = f"msgbatch_{next(self._serial):06d}"
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.message_batches[batch_id] = {
+            "id": batch_id,
+            "type": "message_batch",
+            "processing_status": "in_progress",
+            "request_counts": {"processing": len(requests), "succeeded": 0, "errored": 0,
+                               "canceled": 0, "expired": 0},
+            "created_at": now,
+            "expires_at": now,
+            "ended_at": None,
+            "archived_at": None,
+            "cancel_initiated_at": None,
+            "results_url": None,
+        }  # fmt: skip
+        self._requests[batch_id] = requests
+        self._ready_at[batch_id] = time.monotonic() + self.batch_delay
+        return self._json(self.message_batches[batch_id])
+
+    async def _get_messages(self, request: web.Request) -> web.Response:
+        batch_id = request.match_info["batch_id"]
+        batch = self.message_batches.get(batch_id)
+        if batch is None:
+            return self._json(_anthropic_error("not_found_error", "No such batch"), 404)
+        self.polls += 1
+        ready = time.monotonic() >= self._ready_at[batch_id]
+        if batch["processing_status"] == "in_progress" and ready:
+            results = [await self._answer_message(entry) for entry in self._requests[batch_id]]
+            self._results[batch_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
+            succeeded = sum(r["result"]["type"] == "succeeded" for r in results)
+            batch["request_counts"].update(
+                processing=0, succeeded=succeeded, errored=len(results) - succeeded
+            )
+            batch["processing_status"] = "ended"
+            batch["ended_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            origin = str(request.url.origin())
+            batch["results_url"] = f"{origin}/v1/messages/batches/{batch_id}/results"
+        return self._json(batch)
+
+    async def _messages_results(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
+        content = self._results.get(request.match_info["batch_id"])
+        if content is None:
+            return self._json(_anthropic_error("not_found_error", "No results yet"), 404)
+        return web.Response(body=content, content_type="application/x-jsonl")
+
+    async def _answer_message(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """Answers one ``{"custom_id", "params"}`` with the responder, as Anthropic would."""
+        params = entry.get("params") or {}
+        messages = [{"role": "system", "content": params["system"]}] if params.get("system") else []
+        messages += [
+            {"role": m.get("role"), "content": m.get("content")} for m in params.get("messages", [])
+        ]
+        body = {"model": params.get("model"), "messages": messages,
+                "max_tokens": params.get("max_tokens")}  # fmt: skip
+        server = self._server
+        try:
+            reply = await server._ask_responder(body)
+            if isinstance(reply, RawReply):
+                raise TypeError("a RawReply cannot answer a batch request")
+        except Exception as exc:
+            message = f"scripted server responder raised {type(exc).__name__}: {exc}"
+            error = _anthropic_error("api_error", message)
+            return {"custom_id": entry.get("custom_id"), "result": {"type": "errored",
+                                                                      "error": error}}  # fmt: skip
+        choice = params.get("tool_choice") or {}
+        content: list[dict[str, Any]] = [{"type": "text", "text": reply.content}]
+        stop = "max_tokens" if reply.finish_reason == "length" else "end_turn"
+        if choice.get("type") == "tool":
+            try:
+                data = orjson.loads(reply.content)
+            except orjson.JSONDecodeError:
+                data = None
+            if isinstance(data, dict):
+                content = [{"type": "tool_use", "id": f"toolu_{next(self._serial)}",
+                            "name": choice["name"], "input": data}]  # fmt: skip
+                stop = "tool_use"
+        message = {
+            "id": f"msg_{next(self._serial)}",
+            "type": "message",
+            "role": "assistant",
+            "model": params.get("model") or server.model,
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": reply.usage.get("prompt_tokens", 0),
+                      "output_tokens": reply.usage.get("completion_tokens", 0)},
+        }  # fmt: skip
+        return {"custom_id": entry.get("custom_id"), "result": {"type": "succeeded",
+                                                                  "message": message}}  # fmt: skip
+
+
+def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}

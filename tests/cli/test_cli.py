@@ -1,0 +1,240 @@
+"""The ``plait`` command line, run as a child process against a scripted server on loopback."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import SRC, plait_cli, program
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def fail_marked(body: dict) -> str:
+    text = body["messages"][-1]["content"]
+    if "FAIL" in text:
+        raise ValueError("scripted failure")
+    return f"echo: {text}"
+
+
+def test_run_streams_outputs_in_input_order_and_writes_a_report(server, resources, tmp_path):
+    rows = [{"text": f"row {i}", "id": i} for i in range(7)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+
+    done = plait_cli(
+        "run", program("Summarize"), "-i", str(source), "-o", str(out),
+        "-r", str(resources), "--chunk-size", "3",
+    )  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    written = read_jsonl(out)
+    assert [r["row"] for r in written] == list(range(7))
+    expected = {"row": 2, "text": "row 2", "id": 2, "output": "echo: row 2", "error": None}
+    assert written[2] == expected
+    assert server.stats.requests == 7
+    assert "7 items: 7 ok, 0 failed" in done.stderr and "7 LLM calls" in done.stderr
+    report = json.loads((tmp_path / "out.run.json").read_text())
+    assert report["format"] == "plait.run/1" and report["kind"] == "run"
+    assert report["items"] == {"ok": 7, "failed": 0}
+    assert report["aliases"]["llm"]["calls"] == 7
+
+
+def test_a_failed_row_is_its_error_column_and_exit_code_1(server, resources, tmp_path):
+    server.responder = fail_marked
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, {"text": "FAIL"}, {"text": "ok"}])
+    out = tmp_path / "out.jsonl"
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 1
+    written = read_jsonl(out)
+    assert [r["error"] is None for r in written] == [True, False, True]
+    assert "summary" in written[1]["error"] and "scripted failure" in written[1]["error"]
+    assert "row 1: " in done.stderr
+
+
+def test_columns_fill_forward_by_name_and_csv_goes_in_and_out(server, resources, tmp_path):
+    source = tmp_path / "in.csv"
+    source.write_text("q,context,extra\nwho?,the docs,x\nwhat?,the code,y\n")
+    out = tmp_path / "out.csv"
+
+    done = plait_cli(
+        "run", program("Answer"), "-i", str(source), "-o", str(out), "-r", str(resources),
+        "--column", "question=q",
+    )  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    with out.open() as file:
+        written = list(csv.DictReader(file))
+    assert written[1]["answer"] == "echo: what? | the code"
+    assert written[1]["question_seen"] == "what?" and written[1]["extra"] == "y"
+    assert list(written[0]) == ["row", "q", "context", "extra", "answer", "question_seen", "error"]
+
+
+def test_a_first_row_without_the_column_is_a_usage_error_naming_row_and_column(
+    server, resources, tmp_path
+):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"body": "x"}])
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source),
+                     "-o", str(tmp_path / "o.jsonl"), "-r", str(resources))  # fmt: skip
+
+    assert done.code == 2
+    assert "row 0 has no column 'text'" in done.stderr and "--column text=COLUMN" in done.stderr
+    assert server.stats.requests == 0
+
+
+def test_a_later_row_without_the_column_fails_alone(server, resources, tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}, {"body": "b"}, {"text": "c"}])
+    out = tmp_path / "o.jsonl"
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 1
+    written = read_jsonl(out)
+    assert "row 1 has no column 'text'" in written[1]["error"]
+    assert [written[0]["output"], written[2]["output"]] == ["echo: a", "echo: c"]
+
+
+def test_a_bad_json_line_is_named_by_file_and_line(server, resources, tmp_path):
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a"}\n{"text": \n')
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source),
+                     "-o", str(tmp_path / "o.jsonl"), "-r", str(resources))  # fmt: skip
+
+    assert done.code == 2
+    assert f"{source}:2: row 1 is not valid JSON" in done.stderr
+
+
+def test_a_rerun_with_the_checkpoint_dir_calls_only_the_rows_that_did_not_finish(
+    server, resources, tmp_path
+):
+    server.responder = fail_marked
+    rows = [{"text": f"FAIL {i}" if i in (1, 4) else f"row {i}"} for i in range(6)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    args = ("run", program("Summarize"), "-i", str(source), "-o", str(out), "-r", str(resources),
+            "--checkpoint-dir", str(tmp_path / "ckpt"), "--chunk-size", "4")  # fmt: skip
+
+    first = plait_cli(*args)
+    assert first.code == 1 and server.stats.requests == 6
+
+    server.responder = lambda body: f"fixed: {body['messages'][-1]['content']}"
+    server.reset_stats()
+    second = plait_cli(*args)
+
+    assert second.code == 0, second.stderr
+    assert server.stats.requests == 2  # only rows 1 and 4 ran again
+    outputs = [r["output"] for r in read_jsonl(out)]
+    assert outputs[1] == "fixed: FAIL 1" and outputs[0] == "echo: row 0"
+    assert len(outputs) == 6
+
+    other = plait_cli(*args[:-2], "--chunk-size", "5")
+    assert other.code == 2 and "--chunk-size 4" in other.stderr
+
+
+def test_parquet_in_and_out(server, resources, tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"text": ["a", "b", "c"], "n": [1, 2, 3]}), source)
+    out = tmp_path / "out.parquet"
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    table = pq.read_table(out).to_pylist()
+    assert [r["output"] for r in table] == ["echo: a", "echo: b", "echo: c"]
+    assert table[0]["n"] == 1 and table[0]["error"] is None
+
+
+def test_eval_scores_each_row_and_fail_under_sets_exit_code_4(server, resources, tmp_path):
+    rows = [{"text": "a", "target": "echo: a"}, {"text": "b", "target": "wrong"}]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "scored.jsonl"
+    args = ("eval", program("Summarize"), "-i", str(source), "-o", str(out), "-r", str(resources))
+
+    done = plait_cli(*args)
+    assert done.code == 0, done.stderr
+    assert "score: 0.5000 (exact_match over 2 rows)" in done.stdout
+    assert [r["score"] for r in read_jsonl(out)] == [1.0, 0.0]
+    assert json.loads((tmp_path / "scored.run.json").read_text())["metrics"]["score"] == 0.5
+
+    assert plait_cli(*args, "--fail-under", "0.9").code == 4
+    missing = plait_cli(*args, "--target", "label")
+    assert missing.code == 2 and "no column 'label' to score against" in missing.stderr
+
+
+def test_graph_prints_mermaid_and_dot_without_calling_anything(tmp_path):
+    mermaid = plait_cli("graph", program("Answer"))
+    dot = plait_cli("graph", program("build_summarize"), "--format", "dot")
+
+    assert mermaid.code == 0 and mermaid.stdout.startswith("graph TD")
+    assert "input_question" in mermaid.stdout and "answer" in mermaid.stdout
+    assert dot.code == 0 and dot.stdout.startswith("digraph")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("no_colon", "must look like pkg.module:Name"),
+        (program("missing"), "has no 'missing'"),
+        (program("not_a_program"), "is a int, not a plait Module"),
+        ("no_such_package_xyz:Thing", "no module named 'no_such_package_xyz'"),
+    ],
+)
+def test_a_bad_program_name_is_a_usage_error(spec, message, tmp_path):
+    done = plait_cli("graph", spec)
+    assert done.code == 2 and message in done.stderr
+
+
+def test_train_saves_learned_parameters_and_a_training_report(server, resources, tmp_path):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [{"text": f"t{i}:{'yes' if i % 2 else 'no'}", "target": "yes" if i % 2 else "no"}
+         for i in range(4)],
+    )  # fmt: skip
+    val = write_jsonl(
+        tmp_path / "val.jsonl",
+        [{"text": f"v{i}:{'yes' if i % 2 else 'no'}", "target": "yes" if i % 2 else "no"}
+         for i in range(4)],
+    )  # fmt: skip
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert "validation: 0.5000 -> 1.0000" in done.stdout
+    assert "GOOD" in json.dumps(json.loads(saved.read_text()))
+    report = json.loads((tmp_path / "learned.run.json").read_text())
+    assert report["kind"] == "train"
+    assert report["training"]["scores"] == [1.0]
+    assert [step["epoch"] for step in report["training"]["history"]] == [1, 1]
+
+
+def test_import_plait_does_not_import_click():
+    code = "import sys, plait; print('click' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(SRC)}, check=True)  # fmt: skip
+    assert out.stdout.strip() == "False"

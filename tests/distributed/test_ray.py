@@ -1,0 +1,116 @@
+"""plait over Ray Data on a local cluster started here, against a scripted server on loopback.
+
+The server counts what really reached it: its peak concurrency is the test
+of whether an endpoint's ``max_concurrent`` held across worker processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from plait.testing import ScriptedServer
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.data")
+
+from tests.cli.sample_programs import Answer, Summarize  # noqa: E402
+
+from plait.distributed import PlaitMapper, map_dataset  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Ray Data warns about its own deprecated settings when it reads its context.
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    running = ScriptedServer(latency=0.05, responder=fail_marked)
+    try:
+        asyncio.run_coroutine_threadsafe(running.start(), loop).result(timeout=10)
+        yield running
+    finally:
+        asyncio.run_coroutine_threadsafe(running.stop(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def fail_marked(body: dict) -> str:
+    text = body["messages"][-1]["content"]
+    if "FAIL" in text:
+        raise ValueError("scripted failure")
+    return f"echo: {text}"
+
+
+def test_two_workers_keep_max_concurrent_across_the_cluster_and_input_order(cluster, server):
+    rows = [{"text": f"FAIL {i}" if i == 7 else f"row {i}", "id": i} for i in range(80)]
+    ds = ray.data.from_items(rows, override_num_blocks=4)
+    resources = {"llm": server.endpoint(max_concurrent=3, max_retries=0)}
+
+    out = map_dataset(
+        Summarize(), ds, resources=resources, concurrency=2, batch_size=10, max_concurrent=16
+    ).take_all()
+
+    assert [r["id"] for r in out] == list(range(80))
+    assert out[0]["output"] == "echo: row 0" and out[0]["error"] is None
+    assert out[7]["output"] is None and "scripted failure" in out[7]["error"]
+    assert server.stats.requests == 80
+    assert 1 <= server.stats.peak_concurrency <= 3
+
+
+def test_shares_split_the_limit_between_workers(cluster, server):
+    rows = [{"text": f"row {i}"} for i in range(40)]
+    resources = {"llm": server.endpoint(max_concurrent=4, max_retries=0)}
+    ds = ray.data.from_items(rows, override_num_blocks=4)
+
+    out = map_dataset(
+        Summarize(), ds, resources=resources, limits="shares", concurrency=2, batch_size=10
+    ).take_all()
+
+    assert [r["output"] for r in out] == [f"echo: row {i}" for i in range(40)]
+    assert server.stats.peak_concurrency <= 4
+
+
+def test_the_mapper_fills_several_arguments_by_column_and_fails_a_row_without_them(cluster, server):
+    rows = [{"q": "who?", "context": "docs"}, {"context": "no question"}]
+    resources = {"llm": server.endpoint(max_retries=0)}
+    ds = ray.data.from_items(rows)
+
+    out = ds.map_batches(
+        PlaitMapper,
+        fn_constructor_kwargs={
+            "program": Answer,
+            "resources": resources,
+            "columns": {"question": "q"},
+        },
+        concurrency=1,
+        batch_size=2,
+    ).take_all()
+
+    assert '"answer": "echo: who? | docs"' in out[0]["output"]
+    assert out[1]["output"] is None and "has null in column 'q'" in out[1]["error"]

@@ -1,0 +1,171 @@
+"""The HTML report: one self-contained page of plotly plots, checked in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from dataclasses import asdict
+
+import pytest
+from tests.optimization.test_trainer import exact, examples, model
+
+from plait import LLMInference, Module, Parameter, ResourceConfig, run
+from plait.optimization import SFAOptimizer, Trainer
+from plait.profiling import profile
+from plait.report import RunReport, write_html
+from plait.testing import ScriptedServer
+from plait.testing._faults import Fault
+
+pytest.importorskip("plotly")
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class Pipeline(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.extract = LLMInference("fast", "Extract.")
+        self.judge = LLMInference("smart", "Judge.")
+
+    def forward(self, text: str) -> dict:
+        facts = self.extract(text)
+        return {"facts": facts, "verdict": self.judge(f"{text} / {facts}")}
+
+
+def hostile(body: dict) -> str:
+    text = body["messages"][-1]["content"]
+    if "boom" in text:
+        raise ValueError("</script><script>window.pwned=1</script>")
+    return f"echo: {text}"
+
+
+async def a_real_report() -> RunReport:
+    """A run with 429s and a failed item, then a short training run, both profiled."""
+    faults = [Fault(status=429, headers={"Retry-After": "0.01"}, rate=0.2, seed=3)]
+    async with (
+        ScriptedServer(latency=0.005, responder=hostile) as server,
+        ScriptedServer(latency=0.005, faults=faults) as limited,
+        ScriptedServer(responder=model("GOOD")) as tutor,
+    ):
+        config = ResourceConfig(
+            {
+                "fast": server.endpoint(
+                    max_concurrent=4, max_retries=0, price={"input": 0.15, "output": 0.6}
+                ),
+                "smart": limited.endpoint(
+                    max_concurrent=2,
+                    max_retries=8,
+                    retry_base_delay=0.01,
+                    price={"input": 3.0, "output": 15.0},
+                ),
+                "*": tutor.endpoint(max_retries=0),
+            }
+        )
+        rows = [f"row {i}" for i in range(30)] + ["boom"]
+        with profile() as prof:
+            await run(Pipeline(), rows, resources=config, on_error="collect")
+            task = LLMInference(
+                "task", system_prompt=Parameter("PLAIN", description="task instructions")
+            )
+            trainer = Trainer(
+                task, exact, SFAOptimizer(task.named_parameters(), conservatism=0),
+                resources=config, train_set=examples("t", 4), val_set=examples("v", 4),
+                metric=exact, batch_size=2, progress=False,
+            )  # fmt: skip
+            trained = await trainer.fit()
+    from plait.execution.runner import trace_cached
+
+    graph = trace_cached(Pipeline(), ("x",), {})
+    return prof.report(program="Pipeline", kind="train", graph=graph, training=asdict(trained))
+
+
+async def test_the_page_is_self_contained_and_escapes_what_the_run_wrote(tmp_path):
+    report = await a_real_report()
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+    page = path.read_text()
+
+    assert report.usage["rate_limited"] > 0 and report.training["scores"] == [1.0]
+    [failure] = report.failures  # the "boom" row, whose reply was hostile text
+    assert "pwned" in failure["message"] and failure["node"] == "extract"
+    assert page.count("<script") == 1 + 6  # plotly.js, then one per figure, no other
+    assert "window.pwned=1</script>" not in page
+    assert "raised ValueError: &lt;/script&gt;&lt;script&gt;windo" in page
+    assert not re.search(r"<script[^>]+src=", page)  # nothing loaded from elsewhere
+    for div in ("plot-latency", "plot-cost", "plot-traffic", "plot-validation", "plot-updates",
+                "plot-graph"):  # fmt: skip
+        assert f'id="{div}"' in page
+
+
+PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+const __consoleError = console.error;
+console.error = (...args) => { window.__errors.push(args.join(" ")); __consoleError(...args); };
+window.addEventListener("load", () => setTimeout(() => {
+  const plots = [...document.querySelectorAll(".js-plotly-plot")].map(div => ({
+    id: div.id,
+    svg: div.querySelectorAll(".main-svg").length,
+    width: div.getBoundingClientRect().width,
+    marks: div.querySelectorAll(".trace path, .trace .point, .bars path, .boxlayer path").length,
+  }));
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({errors: window.__errors, plots, pwned: !!window.pwned});
+  document.body.appendChild(probe);
+}, 1000));
+</script>"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot_drawn(tmp_path):
+    report = await a_real_report()
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+    page = path.read_text()
+    probed = tmp_path / "probed.html"
+    probed.write_text(page.replace("<head>", "<head>" + PROBE, 1))
+
+    done = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1280,2400", "--virtual-time-budget=15000", "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+    found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
+    assert found, f"the page did not finish loading; chromium said: {done.stderr[-2000:]}"
+    probe = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert probe["errors"] == []
+    assert not probe["pwned"]
+    plots = {p["id"]: p for p in probe["plots"]}
+    assert set(plots) == {
+        "plot-latency", "plot-cost", "plot-traffic", "plot-validation", "plot-updates",
+        "plot-graph",
+    }  # fmt: skip
+    for plot in plots.values():
+        assert plot["svg"] >= 1 and plot["width"] > 100, plot
+        assert plot["marks"] > 0, plot
+    assert "Uncaught" not in done.stderr
+
+
+def test_report_command_writes_the_page(tmp_path):
+    from tests.cli.conftest import plait_cli
+
+    saved = tmp_path / "run.json"
+    RunReport(program="empty").save(saved)
+    done = plait_cli("report", str(saved), "-o", str(tmp_path / "r.html"))
+    assert done.code == 0, done.stderr
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    refused = plait_cli("report", str(bad), "-o", str(tmp_path / "x.html"))
+    assert refused.code == 2 and "not a plait run report" in refused.stderr
