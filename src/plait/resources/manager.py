@@ -499,9 +499,10 @@ class ResourceManager:
         an abandoned stream (``contextlib.aclosing``) to free it at once. A
         failure before the first chunk is retried like `complete`; after a
         chunk was yielded it is raised, since the caller has already seen
-        part of the reply. The timeout covers the whole stream. The last
-        chunk's usage gets its cost, and is added to the totals. Streams
-        never use the response cache.
+        part of the reply. The timeout covers the waits for the backend (time
+        the caller spends between chunks does not count). The last chunk's
+        usage gets its cost, and is added to the totals. Streams never use
+        the response cache.
 
         Raises:
             The same errors as `complete`.
@@ -513,20 +514,11 @@ class ResourceManager:
         while True:
             attempts += 1
             await self._begin_attempt(route, reserved)
-            loop = asyncio.get_running_loop()
-            deadline = None if timeout is None else loop.time() + timeout
-            chunks = backend.stream(request).__aiter__()
+            chunks = _within(backend.stream(request), timeout)
             usage: Usage | None = None
             yielded = False
             try:
-                # The deadline guards each wait for the backend, never a yield: a
-                # timeout spanning a yield would cancel the consumer's code instead.
-                while True:
-                    try:
-                        async with asyncio.timeout_at(deadline):
-                            chunk = await anext(chunks)
-                    except StopAsyncIteration:
-                        break
+                async for chunk in chunks:
                     if chunk.usage is not None:
                         usage = chunk.usage
                         if endpoint.price is not None:  # priced before the caller sees it
@@ -549,9 +541,7 @@ class ResourceManager:
                 self._end_attempt(route, reserved, usage or Usage())
                 return
             finally:
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                await chunks.aclose()
             if yielded:  # the caller has part of the reply: a retry would repeat it
                 endpoint.limiter.release(reserved, None)
                 endpoint.failures += 1
@@ -690,42 +680,58 @@ def _accepts(accept: Accept | None, response: Response) -> bool:
     return accepted and response.finish_reason not in _UNFINISHED
 
 
-async def _streamed(
-    backend: Backend, request: Request, timeout: float | None, on_text: TextSink
-) -> Response:
-    """Makes one attempt over the backend's stream, passing text to ``on_text``; the whole reply.
+async def _within(
+    stream: AsyncIterator[StreamChunk], timeout: float | None
+) -> AsyncIterator[StreamChunk]:
+    """Yields a backend's chunks, each wait for the backend guarded by one ``timeout``.
 
-    The timeout covers the waits for the backend only: time the sink spends
-    waiting for a slow consumer (backpressure) moves the deadline out, so a
-    slow reader never times a healthy call out.
+    The deadline guards the waits for the backend, never a yield: a timeout
+    spanning a yield would cancel the consumer's code instead, and the time
+    the consumer holds a chunk (a slow reader) moves the deadline out.
     """
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
-    chunks = backend.stream(request).__aiter__()
-    text: list[str] = []
-    calls: list[Any] = []
-    usage: Usage | None = None
-    finish: str | None = None
+    chunks = stream.__aiter__()
     try:
         while True:
             try:
                 async with asyncio.timeout_at(deadline):
                     chunk = await anext(chunks)
             except StopAsyncIteration:
-                break
-            if chunk.text:
-                text.append(chunk.text)
-                paused = loop.time()
-                await on_text.text(chunk.text)
-                if deadline is not None:
-                    deadline += loop.time() - paused
-            calls.extend(chunk.tool_calls)
-            usage = chunk.usage or usage
-            finish = chunk.finish_reason or finish
+                return
+            paused = loop.time()
+            yield chunk
+            if deadline is not None:
+                deadline += loop.time() - paused
     finally:
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+async def _streamed(
+    backend: Backend, request: Request, timeout: float | None, on_text: TextSink
+) -> Response:
+    """Makes one attempt over the backend's stream, passing text to ``on_text``; the whole reply.
+
+    The timeout covers the waits for the backend only (`_within`), so a slow
+    reader (backpressure in the sink) never times a healthy call out.
+    """
+    chunks = _within(backend.stream(request), timeout)
+    text: list[str] = []
+    calls: list[Any] = []
+    usage: Usage | None = None
+    finish: str | None = None
+    try:
+        async for chunk in chunks:
+            if chunk.text:
+                text.append(chunk.text)
+                await on_text.text(chunk.text)
+            calls.extend(chunk.tool_calls)
+            usage = chunk.usage or usage
+            finish = chunk.finish_reason or finish
+    finally:
+        await chunks.aclose()
     return Response(
         text="".join(text), tool_calls=tuple(calls), usage=usage or Usage(), finish_reason=finish
     )
