@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from plait.errors import ExecutionError, PlaitError, TracingError
+from plait.feedback import BackwardContext, BackwardResult, Feedback
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
 from plait.values import Value, ValueKind, ValueRef, collect_refs, unwrap, valueify
@@ -89,12 +90,15 @@ _LAZY = {
 }
 
 __all__ = [
+    "BackwardContext",
+    "BackwardResult",
     "BatchResult",
     "BestOfN",
     "ChainOfThought",
     "CompositeLoss",
     "ExecutionError",
     "ExecutionSettings",
+    "Feedback",
     "History",
     "HumanFeedbackLoss",
     "InputField",

@@ -9,8 +9,9 @@ Calling a module does one of four things, decided by context:
 1. while a trace is recorded, the call is recorded (leaf) or followed (composite);
 2. inside an executing graph (an ``async def forward``), it returns a coroutine
    that runs the module on the same resources;
-3. when resources are bound (`bind`) or set by ``ExecutionSettings``, it
-   traces and executes the program: ``await module(x)``;
+3. when resources are bound (`bind`, or to every bound module below it) or
+   set by ``ExecutionSettings``, it traces and executes the program:
+   ``await module(x)``;
 4. otherwise ``forward`` runs directly, which is how modules without LLM
    calls are used and tested.
 """
@@ -28,7 +29,7 @@ from plait import _context
 from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter
 
-__all__ = ["LLMInference", "Module", "is_async_module"]
+__all__ = ["LLMInference", "Module", "has_own_backward", "is_async_module"]
 
 
 class Module:
@@ -116,8 +117,10 @@ class Module:
         if runner is not None:
             return runner.call_module(self, args, kwargs)
         settings = _context.SETTINGS.get()
-        if self._bound_resources is not None or (
-            settings is not None and settings.resources is not None
+        if (
+            self._bound_resources is not None
+            or (settings is not None and settings.resources is not None)
+            or (self._children and _finds_resources_below(self))
         ):
             from plait.execution.run import execute_bound  # upper layer, loaded on first use
 
@@ -130,14 +133,25 @@ class Module:
 
     # --------------------------------------------------------------- backward
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult | Any:
-        """Says how feedback on this node's output reaches its inputs and parameters.
+        """Says how feedback on this module's output reaches its inputs and parameters.
 
-        Called for leaf nodes during ``await loss.backward()``, with the real
-        inputs and output of the forward pass in ``ctx``. The default passes
-        the feedback to every input and tells each learnable parameter of
-        this module (and its children) what went in, what came out and what
-        was said about it. Override to route more precisely; may be ``async``
-        and make LLM calls (they run through the training resources).
+        Called during ``await loss.backward()`` with the real inputs and
+        output of the forward pass in ``ctx`` and the feedback on that output
+        (text; ``feedback.payload`` gives the same text, as on a seed-style
+        Value). The default passes the feedback to every input and tells each
+        learnable parameter of this module (and its children) what went in,
+        what came out and what was said about it.
+
+        Override to route more precisely. A leaf's override replaces the
+        default for its node. A *composite*'s override (its ``forward`` calls
+        child modules) replaces backward through everything inside it: the
+        children's own ``backward`` methods are not called, and the override
+        decides what its inputs hear (``input_feedback`` by ``forward``
+        parameter name) and what any parameter below it hears
+        (``parameter_feedback`` by dotted name, e.g. ``"llm.system_prompt"``).
+        It may be ``async``, and its feedback values may be awaitables: calling
+        a child module inside it (``self.critic(text)``) makes that call
+        through the training resources and its reply becomes the feedback.
         """
         result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
         report = _call_report(ctx)
@@ -165,6 +179,9 @@ class Module:
     # ---------------------------------------------------------------- binding
     def bind(self, resources: Any, max_concurrent: int | None = None, **kwargs: Any) -> Self:
         """Binds resources so ``await module(x)`` and ``run_sync`` execute for real.
+
+        A module that is not bound but wraps bound modules (all bound to the
+        same resources) uses theirs: ``TrainingStep(program.bind(config), loss)``.
 
         Args:
             resources: a ``ResourceConfig``, ``ResourceManager`` or mapping.
@@ -433,6 +450,21 @@ def _call_report(ctx: BackwardContext) -> str:
         f"It produced:\n{clip(ctx.output, 600)}\n"
         f"Feedback on that output:\n{clip(ctx.feedback)}"
     )
+
+
+def _finds_resources_below(module: Module) -> bool:
+    """Whether an unbound wrapper (a `TrainingStep`) finds the resources of a bound program inside.
+
+    Asks `find_resources`, the one rule for which resources a call uses.
+    """
+    from plait.execution.settings import find_resources  # upper layer, loaded on first use
+
+    return find_resources(module=module) is not None
+
+
+def has_own_backward(module: Module) -> bool:
+    """Whether ``module``'s class overrides `Module.backward`."""
+    return type(module).backward is not Module.backward
 
 
 def is_async_module(module: Module) -> bool:

@@ -144,7 +144,14 @@ def _taped(
     """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
     if not runner.training:
         return output
-    tape = Tape(new_tape_id(), graph, results, runner.parameter_table(graph), index=index)
+    tape = Tape(
+        new_tape_id(),
+        graph,
+        results,
+        runner.parameter_table(graph),
+        index=index,
+        manager=runner.manager,
+    )
     value = output if isinstance(output, Value) else valueify(output, kind=_kind_of(output))
     attach_tape(value, tape)
     return value

@@ -2,12 +2,13 @@
 
 step = TrainingStep(pipeline, VerifierLoss(exact_match))
 step.train()
-loss = await step(question, target=answer)   # a Value holding Feedback, with a tape
+loss = await step(question, answer)           # or step(question, target=answer)
 await loss.backward()                         # feedback reaches pipeline's parameters
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,20 @@ from plait.optimization.losses import Loss, VerifierLoss
 
 __all__ = ["TrainingStep"]
 
+_NO_TARGET: Any = object()
+
 
 class TrainingStep(Module):
     """Runs ``module`` on the inputs, then ``loss_fn(output, target)``, as one graph.
+
+    The target is ``target=`` or, as in ``await step(input, target)``, the
+    last positional argument when there are more positional arguments than
+    the program's ``forward`` requires (a program taking one input gets
+    ``step(x, t)``; one taking two gets ``step(a, b, t)``). A loss without a
+    reference (an LLM judge) needs no target: ``step(x)``.
+
+    A step that is not bound finds the resources of the program it wraps
+    (``TrainingStep(program.bind(config), loss)``), or those of ``ExecutionSettings``.
 
     Args:
         module: the program being trained (reachable as ``step.module``).
@@ -30,6 +42,23 @@ class TrainingStep(Module):
         super().__init__()
         self.module = module
         self.loss = loss_fn if isinstance(loss_fn, Module) else VerifierLoss(loss_fn)
+        self._required = _required_positional(module)
 
-    def forward(self, *args: Any, target: Any = None, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, target: Any = _NO_TARGET, **kwargs: Any) -> Any:
+        if target is _NO_TARGET:
+            target = None
+            if len(args) >= 2 and len(args) > self._required:
+                *args, target = args  # type: ignore[assignment]
         return self.loss(self.module(*args, **kwargs), target)
+
+
+def _required_positional(module: Module) -> int:
+    """Returns how many positional arguments ``module.forward`` requires."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+        for p in parameters
+    )
