@@ -18,7 +18,7 @@ from plait.parameter import Parameter
 from plait.values import Value, ValueKind, ValueRef, collect_refs, unwrap, valueify
 
 if TYPE_CHECKING:
-    from plait.evaluation import evaluate
+    from plait.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
     from plait.modules import (
@@ -82,6 +82,8 @@ _LAZY = {
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
     "evaluate": "plait.evaluation",
+    "EvaluationResult": "plait.evaluation",
+    "run_dataset": "plait.evaluation",
     "ReAct": "plait.modules",
     "MultiChainComparison": "plait.modules",
     "Refine": "plait.modules",
@@ -96,6 +98,7 @@ __all__ = [
     "BestOfN",
     "ChainOfThought",
     "CompositeLoss",
+    "EvaluationResult",
     "ExecutionError",
     "ExecutionSettings",
     "Feedback",
@@ -140,6 +143,7 @@ __all__ = [
     "collect_refs",
     "evaluate",
     "run",
+    "run_dataset",
     "tool",
     "unwrap",
     "valueify",

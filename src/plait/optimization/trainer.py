@@ -176,6 +176,7 @@ class Trainer:
             self.metric,
             resources=self.resources,
             max_concurrent=self.max_concurrent,
+            progress=False,
         )
 
     async def fit(self) -> TrainReport:
