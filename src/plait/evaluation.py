@@ -50,8 +50,20 @@ Metric = Callable[[Any, Any], Any]
 
 
 def exact_match(output: Any, target: Any) -> bool:
-    """Whether ``output`` and ``target`` are the same text, ignoring case and outer spaces."""
+    """Whether ``output`` and ``target`` are the same text, ignoring case and outer spaces.
+
+    An output with exactly one field (a `Prediction` of a one-output
+    signature, a one-key dict) is compared by that field's value, unless the
+    target is itself such a mapping.
+    """
+    output, target = _sole_value(output, target), _sole_value(target, output)
     return str(output).strip().lower() == str(target).strip().lower()
+
+
+def _sole_value(value: Any, other: Any) -> Any:
+    if isinstance(value, Mapping) and len(value) == 1 and not isinstance(other, Mapping):
+        return next(iter(value.values()))
+    return value
 
 
 def examples_of(dataset: Iterable[Any]) -> list[tuple[Any, Any]]:

@@ -29,7 +29,7 @@ from plait import _context
 from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter
 
-__all__ = ["LLMInference", "Module", "has_own_backward", "is_async_module"]
+__all__ = ["LLMInference", "Module", "ModuleState", "has_own_backward", "is_async_module"]
 
 
 class Module:
@@ -350,7 +350,7 @@ class Module:
 
         Either way, bound resources are shared, not copied (a ResourceManager
         holds connections and limits that must stay one per program), and the
-        copy starts with no trace records.
+        copy starts with no trace records and a fresh `state` (not compiled).
         """
         if not deep:
             clone = _copy.copy(self)
@@ -358,6 +358,7 @@ class Module:
             object.__setattr__(clone, "_parameters", dict(self._parameters))
             object.__setattr__(clone, "_bound_config", dict(self._bound_config))
             clone.__dict__.pop("_traces", None)
+            clone.__dict__.pop("_state", None)
             return clone
         memo: dict[int, Any] = {}
         for module in self.modules():
@@ -367,7 +368,39 @@ class Module:
             records = module.__dict__.get("_traces")
             if records is not None:
                 memo[id(records)] = type(records)(maxlen=records.maxlen)
+            state = module.__dict__.get("_state")
+            if state is not None:
+                memo[id(state)] = ModuleState()
         return _copy.deepcopy(self, memo)
+
+    # ----------------------------------------------------------- optimization
+    @property
+    def state(self) -> ModuleState:
+        """Returns what optimizers recorded on this module: trials, best score and parameters.
+
+        Filled by the program-level optimizers (`plait.optimization.GridSearch`,
+        ``BootstrapFewShot``, ``RandomSearch``, ``ReflectiveSearch`` …) and by
+        `optimize_grid`; a copy starts with a fresh state.
+        """
+        state = self.__dict__.get("_state")
+        if state is None:
+            state = ModuleState()
+            object.__setattr__(self, "_state", state)
+        return state
+
+    def is_compiled(self) -> bool:
+        """Whether an optimizer has searched this module and applied what it found."""
+        state = self.__dict__.get("_state")
+        return state is not None and state.compiled
+
+    async def optimize_grid(
+        self, devset: Any, metric: Any = None, parameters: Any = None, **options: Any
+    ) -> Any:
+        """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
+        `plait.optimization.optimize_grid` (returns its trials table)."""
+        from plait.optimization.search import optimize_grid  # learning layer, loaded on use
+
+        return await optimize_grid(self, devset, metric, parameters, **options)
 
     # ----------------------------------------------------------------- traces
     def traces(self) -> list[Any]:
@@ -421,6 +454,38 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+@dataclasses.dataclass
+class ModuleState:
+    """What optimizers record on a module (seed 002's ``state``): trials and the best found.
+
+    Plain JSON-compatible data, so it can be saved and inspected; the
+    trials table is `trials_table` (a pandas DataFrame when pandas is installed).
+    """
+
+    trials: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """One record per candidate tried: number, params, score, selection score, calls,
+    cost, seconds, and the optimizer that tried it."""
+    best_score: float | None = None
+    """Validation score of what was applied."""
+    best_params: dict[str, Any] | None = None
+    """What distinguishes the applied candidate (settings, or parameter values)."""
+    best_trial: int | None = None
+    """Number of the applied trial (0: the module as it was)."""
+    compiled: bool = False
+    """Whether an optimizer has run and applied its choice."""
+    optimizer: str | None = None
+    """Name of the last optimizer that ran."""
+
+    def trials_table(self) -> Any:
+        """Returns the trials as a pandas DataFrame, or as a list of dicts without pandas."""
+        rows = [{k: v for k, v in trial.items() if not k.startswith("_")} for trial in self.trials]
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        return pandas.DataFrame(rows)
 
 
 def _json_kind(x: Any) -> Any:

@@ -64,17 +64,20 @@ class TraceRecord:
     """The model that answered, as the provider reported it."""
     rollout_id: str | None = None
     """The rollout id of the request (set by BestOfN and friends)."""
+    index: int | None = None
+    """Position of the batch item the call served (None outside a batch)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Returns the record as a plain dict (one row of `Module.traces_frame`)."""
         return asdict(self)
 
 
-def _module_path(module: Any) -> str:
+def _module_path(module: Any) -> tuple[str, int | None]:
+    """Returns the running module's path and the batch index it serves."""
     from plait.execution.scheduler import NODE_SCOPE
 
-    path = NODE_SCOPE.get()[0]
-    return path or getattr(module, "_name", None) or type(module).__name__
+    path, index = NODE_SCOPE.get()
+    return path or getattr(module, "_name", None) or type(module).__name__, index
 
 
 def record_trace(
@@ -108,8 +111,9 @@ def record_trace(
     usage = response.usage if response is not None else None
     if output is None and response is not None:
         output = response.text
+    path, index = _module_path(module)
     record = TraceRecord(
-        module=_module_path(module),
+        module=path,
         module_type=type(module).__name__,
         alias=alias or meta.get("alias") or getattr(module, "alias", None),
         inputs=dict(inputs),
@@ -124,6 +128,7 @@ def record_trace(
         error=None if error is None else _error_text(error),
         model=response.model if response is not None else None,
         rollout_id=request.rollout_id,
+        index=index,
     )
     _store(module, record)
     return record
