@@ -26,6 +26,7 @@ from plait.optimization.optimizers import (
     TextGradOptimizer,
     UpdateRecord,
 )
+from plait.optimization.reflective import ReflectiveSearch
 from plait.optimization.search import (
     GridSearch,
     ProgramSearch,
@@ -54,6 +55,7 @@ __all__ = [
     "ProgramSearch",
     "RandomSearch",
     "RankingFeedback",
+    "ReflectiveSearch",
     "SFAOptimizer",
     "SearchReport",
     "StepReport",

@@ -87,6 +87,8 @@ class Trial:
     """The candidate's ``state_dict`` (what `apply` loads)."""
     settings: dict[str, Any] = field(default_factory=dict, repr=False)
     """Module settings by ``path.attribute`` (what `apply` sets)."""
+    scores: list[float] = field(default_factory=list, repr=False)
+    """Its score on each validation example, in order (a Pareto frontier needs them)."""
 
     def row(self) -> dict[str, Any]:
         """Returns the trial as one row of a trials table (no parameter values)."""
@@ -317,6 +319,7 @@ class ProgramSearch:
             note=candidate.note,
             parameters=candidate.program.state_dict(),
             settings=dict(candidate.settings),
+            scores=result.scores,
         )
 
     @staticmethod

@@ -15,7 +15,7 @@ from typing import Any
 from plait.module import Module
 from plait.optimization.losses import Loss, VerifierLoss
 
-__all__ = ["TrainingStep"]
+__all__ = ["TrainingStep", "on_examples"]
 
 _NO_TARGET: Any = object()
 
@@ -62,3 +62,26 @@ def _required_positional(module: Module) -> int:
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
         for p in parameters
     )
+
+
+class _OnExample(Module):
+    """Runs a training step on an ``(input, target)`` pair, so a batch carries its targets."""
+
+    def __init__(self, step: TrainingStep) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, example: Any) -> Any:
+        inputs, target = example
+        return self.step(inputs, target=target)
+
+
+def on_examples(step: TrainingStep) -> Module:
+    """Returns a module that runs ``step`` on one ``(input, target)`` pair.
+
+    A batch passes its list as the first argument and shares keyword
+    arguments, so a per-example ``target=`` cannot ride along; with this
+    wrapper each batch item is the pair itself: ``await run(on_examples(step),
+    pairs)`` gives one loss per example, in one batch under one set of limits.
+    """
+    return _OnExample(step)

@@ -42,7 +42,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.optimizers import Optimizer, StepReport
-from plait.optimization.step import TrainingStep
+from plait.optimization.step import TrainingStep, on_examples
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -73,18 +73,6 @@ class TrainReport:
     """Updates rejected or reverted by those steps."""
     resumed_from: tuple[int, int] | None = None
     """(epoch, minibatch) a checkpoint resumed from, if one did."""
-
-
-class _OnExample(Module):
-    """Runs a training step on an ``(input, target)`` pair, so a batch carries its targets."""
-
-    def __init__(self, step: TrainingStep) -> None:
-        super().__init__()
-        self.step = step
-
-    def forward(self, example: Any) -> Any:
-        inputs, target = example
-        return self.step(inputs, target=target)
 
 
 class Trainer:
@@ -165,7 +153,7 @@ class Trainer:
         self.shuffle = shuffle
         self.seed = seed
         self.max_concurrent = max_concurrent
-        self._examples = _OnExample(step)
+        self._examples = on_examples(step)
 
     # ------------------------------------------------------------------ public
     async def evaluate(self) -> float:
