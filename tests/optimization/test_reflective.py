@@ -135,3 +135,17 @@ def _candidate(qa: Predict) -> Any:
     from plait.optimization.search import Candidate
 
     return Candidate(qa, {})
+
+
+@pytest.mark.slow
+async def test_reflective_search_on_the_embedded_model_keeps_its_budget() -> None:
+    from .test_search import LOCAL, bbh_booleans, local_program
+
+    train, val = bbh_booleans()
+    qa = local_program()
+    search = ReflectiveSearch(max_calls=40, minibatch=3, proposals=1, merge_every=2, seed=0)
+    report = await search.compile(qa, train, val, resources=ResourceConfig(LOCAL))
+    assert report.best.score >= report.start.score and qa.is_compiled()
+    # The last round may finish after the budget: at most one round's work beyond it.
+    assert report.calls <= 40 + 3 + 3 + 2 * 3 + len(val)
+    assert search.log  # every proposal says what became of it

@@ -23,6 +23,7 @@ from plait.optimization import (
     RandomSearch,
     balanced_sample,
     optimize_grid,
+    sign_test,
 )
 from plait.signatures import PlainAdapter
 from plait.testing import ScriptedServer
@@ -94,7 +95,7 @@ def chat_requests(server: ScriptedServer) -> list[dict[str, Any]]:
 
 
 TRAIN = examples([2, 4, 6, 8, 10, 12, 3, 5])  # majority even: 6 of 8
-VAL = examples([20, 21, 22, 23, 24, 25])
+VAL = examples(list(range(20, 30)))  # 5 odd: a candidate right on them wins clearly (p = 1/32)
 
 
 # ------------------------------------------------------------------ demos
@@ -163,10 +164,24 @@ async def test_the_majority_answer_does_not_win_on_a_skewed_validation_set(
     server.responder = respond
     qa = program()
     val = examples([40, 42, 44, 46, 41])
-    report = await LabeledFewShot(k=2).compile(qa, TRAIN, val, resources=config)
+    search = LabeledFewShot(k=2, significance=None)  # one win, one loss: no clear winner
+    report = await search.compile(qa, TRAIN, val, resources=config)
     assert report.start.score == report.trials[1].score == 0.8
     assert report.start.selection == 0.5 and report.trials[1].selection == 0.875
     assert report.best.number == 1
+
+
+async def test_a_candidate_must_win_clearly_to_replace_the_program(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # The demos fix the odd numbers of a small validation set, 2 wins and no loss:
+    # p = 1/4, no clear evidence at the default significance of 0.1.
+    small = examples([20, 21, 22, 23])
+    qa = program()
+    report = await LabeledFewShot(k=2).compile(qa, TRAIN, small, resources=config)
+    assert report.trials[1].score == 1.0 and report.best.number == 0 and qa.demos.value == []
+    assert sign_test([1, 1, 1, 1], [1, 0, 1, 0]) == 0.25
+    assert sign_test([1, 0], [0, 1]) == 0.75 and sign_test([1], [1]) == 1.0
 
 
 async def test_candidates_are_evaluated_concurrently(server: ScriptedServer) -> None:
@@ -266,3 +281,73 @@ async def test_a_search_bound_through_the_program_uses_its_resources(
         qa = program().bind(manager)
         report = await LabeledFewShot(k=2).compile(qa, TRAIN, VAL)
     assert report.best.score == 1.0
+
+
+# ---------------------------------------------------------- embedded model
+def bbh_booleans() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Six training and six validation examples of BBH boolean_expressions, 3 True / 3 False."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "data" / "bbh" / "boolean_expressions.json"
+    items = json.loads(path.read_text())["examples"]
+    true = [(x["input"], x["target"]) for x in items if x["target"] == "True"]
+    false = [(x["input"], x["target"]) for x in items if x["target"] == "False"]
+    return true[:3] + false[:3], true[3:6] + false[3:6]
+
+
+def local_program() -> Predict:
+    from typing import Literal
+
+    from plait.signatures import FieldSpec, make_signature
+
+    fields = [
+        FieldSpec("question", str, "", "input"),
+        FieldSpec("answer", Literal["True", "False"], "", "output"),
+    ]
+    signature = make_signature(
+        fields, instructions="Evaluate the boolean expression. Answer True or False.", name="Bool"
+    )
+    return Predict(signature, adapter=PlainAdapter(), temperature=0.0, max_tokens=8)
+
+
+LOCAL = {"*": {"provider": "local", "n_ctx": 2048}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["labeled", "bootstrap"])
+async def test_few_shot_on_the_embedded_model_never_ends_below_its_start(kind: str) -> None:
+    train, val = bbh_booleans()
+    qa = local_program()
+    search = LabeledFewShot(k=4) if kind == "labeled" else BootstrapFewShot(max_demos=4)
+    report = await search.compile(qa, train, val, resources=ResourceConfig(LOCAL))
+    assert report.best.score >= report.start.score and qa.is_compiled()
+    if report.improved:
+        labels = [d["answer"] for d in qa.demos.value]
+        assert labels.count("True") == labels.count("False") == 2
+    else:
+        assert qa.demos.value == []
+
+
+@pytest.mark.slow
+async def test_random_search_on_the_embedded_model() -> None:
+    train, val = bbh_booleans()
+    qa = local_program()
+    config = ResourceConfig({"task": LOCAL["*"], "optimizer": LOCAL["*"], "*": LOCAL["*"]})
+    search = RandomSearch(num_candidates=3, max_demos=2, propose=1, seed=0)
+    report = await search.compile(qa, train, val, resources=config)
+    assert len(report.trials) == 4 and report.best.score >= report.start.score
+    assert all(isinstance(text, str) and text for text in search.proposals.get("", []))
+
+
+@pytest.mark.slow
+async def test_grid_search_on_the_embedded_model() -> None:
+    _, val = bbh_booleans()
+    qa = local_program()
+    table = await qa.optimize_grid(
+        val,
+        None,
+        {"instructions": ["Answer True or False.", qa.instructions.value]},
+        resources=ResourceConfig(LOCAL),
+    )
+    assert len(table) == 3 and qa.state.best_score == max(table["score"])
+    assert qa.state.best_score >= table[table["number"] == 0]["score"].iloc[0]

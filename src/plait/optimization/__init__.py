@@ -34,6 +34,7 @@ from plait.optimization.search import (
     Trial,
     balanced_score,
     optimize_grid,
+    sign_test,
 )
 from plait.optimization.serialization import load_state
 from plait.optimization.step import TrainingStep
@@ -72,4 +73,5 @@ __all__ = [
     "demo_modules",
     "load_state",
     "optimize_grid",
+    "sign_test",
 ]

@@ -14,8 +14,14 @@ Shared here (`ProgramSearch`), so every such optimizer behaves alike:
 * candidates are evaluated **concurrently**, all through one resource manager,
   so the endpoints' limits hold across the whole search;
 * the program as it was is always trial 0, and a candidate is chosen only if
-  its validation score is at least trial 0's: a search never ends below its
-  start on validation;
+  its validation score is at least trial 0's (a search never ends below its
+  start on validation) and, by default, only if it beats trial 0 on clearly
+  more validation examples than it loses (a one-sided sign test at
+  ``significance`` 0.1). Why: on 30 validation examples, candidates that
+  differ only by noise differ by several examples. Measured on SmolLM2-135M,
+  BBH boolean_expressions: 17 random balanced demo sets scored 0.33 to 0.77
+  on validation, and their validation score did not predict their test score
+  (the 0.77 ones scored 0.56 to 0.59 on test, the zero-shot program 0.64);
 * among those, the choice is by a *balanced* score when the targets are
   labels (the mean over target values of each value's mean score), then by
   the plain score, then the earlier trial. Why: on 30 validation items a
@@ -38,6 +44,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import time
 from collections import defaultdict
@@ -59,6 +66,7 @@ __all__ = [
     "Trial",
     "balanced_score",
     "optimize_grid",
+    "sign_test",
 ]
 
 logger = logging.getLogger("plait.optimization")
@@ -175,6 +183,8 @@ class ProgramSearch:
         metric: ``metric(output, target)`` → bool, number or Feedback; default exact match.
         balance: choose by the balanced score: True, False, or ``"auto"``
             (when the validation targets repeat like labels).
+        significance: the largest sign-test p-value at which a candidate may
+            replace the program (None: any candidate at least as good may).
         max_concurrent: most LLM calls in flight per evaluation (endpoint limits apply too).
     """
 
@@ -183,12 +193,16 @@ class ProgramSearch:
         metric: Metric | None = None,
         *,
         balance: bool | str = "auto",
+        significance: float | None = 0.1,
         max_concurrent: int | None = None,
     ) -> None:
         if balance not in (True, False, "auto"):
             raise ValueError(f"balance must be True, False or 'auto', got {balance!r}")
+        if significance is not None and not 0 < significance <= 1:
+            raise ValueError(f"significance must be in (0, 1] or None, got {significance!r}")
         self.metric = metric
         self.balance = balance
+        self.significance = significance
         self.max_concurrent = max_concurrent
 
     def __repr__(self) -> str:
@@ -227,7 +241,7 @@ class ProgramSearch:
         with metered() as meter:
             start = await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
             trials = [start, *await self._search(program, train, val, resources, start)]
-        best = self._choose(trials, start)
+        best = self._choose(trials, start, self.significance)
         if best is not start:
             apply(program, best)
         report = SearchReport(
@@ -323,10 +337,32 @@ class ProgramSearch:
         )
 
     @staticmethod
-    def _choose(trials: Sequence[Trial], start: Trial) -> Trial:
-        """Returns the trial to apply: never below the start's score, then best selection."""
-        eligible = [t for t in trials if t.score >= start.score - 1e-12]
+    def _choose(trials: Sequence[Trial], start: Trial, significance: float | None = None) -> Trial:
+        """Returns the trial to apply (see the module docs): the start, or a clear winner."""
+        eligible = [
+            t
+            for t in trials
+            if t is start
+            or (
+                t.score >= start.score - 1e-12
+                and (significance is None or sign_test(t.scores, start.scores) <= significance)
+            )
+        ]
         return max(eligible, key=lambda t: (t.selection, t.score, -t.number))
+
+
+def sign_test(scores: Sequence[float], baseline: Sequence[float]) -> float:
+    """Returns the one-sided sign-test p-value that ``scores`` beat ``baseline`` example by example.
+
+    Ties are dropped; with ``w`` wins in ``n`` untied examples it is
+    P(at least ``w`` heads in ``n`` fair coin flips). 1.0 when nothing differs.
+    """
+    wins = sum(a > b for a, b in zip(scores, baseline, strict=True))
+    losses = sum(a < b for a, b in zip(scores, baseline, strict=True))
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
 def apply(program: Module, trial: Trial) -> None:
@@ -545,6 +581,7 @@ async def optimize_grid(
     resources: Any = None,
     checkpoint: str | os.PathLike[str] | None = None,
     balance: bool | str = "auto",
+    significance: float | None = 0.1,
     max_concurrent: int | None = None,
 ) -> Any:
     """Tries every combination of ``parameters`` on ``devset`` and keeps the best (seed 002).
@@ -564,6 +601,7 @@ async def optimize_grid(
         metric,
         checkpoint=checkpoint,
         balance=balance,
+        significance=significance,
         max_concurrent=max_concurrent,
     )
     report = await search.compile(module, None, devset, resources=resources)
