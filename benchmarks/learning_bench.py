@@ -17,7 +17,10 @@ task's labels, decoded as a bare label; free text for word_sorting), and
   (temperature × 3 instruction variants), ``ReflectiveSearch`` (GEPA-like,
   ``max_calls=budget``) — chosen on the validation set;
 * ``SFA`` and ``TextGrad`` — `Trainer` (2 epochs, minibatches of 8, a
-  validation hook and keep-best) rewriting the instructions.
+  validation hook and keep-best) rewriting the instructions;
+* ``RandomSearch (no sign test)`` — RandomSearch choosing on validation
+  scores alone (``significance=None``), to show what the evidence rule of
+  `ProgramSearch` guards against.
 
 Peers (their own venv, ``/work/peers_venv``; see `learning_peers.py`) talk to
 the same model served by ``python -m llama_cpp.server`` on loopback: DSPy
@@ -64,6 +67,7 @@ PLAIT_METHODS = [
     "ReflectiveSearch",
     "SFA",
     "TextGrad",
+    "RandomSearch (no sign test)",
 ]
 PEER_METHODS = [
     "DSPy zero-shot",
@@ -147,9 +151,9 @@ async def run_plait(task: Task, method: str, budget: int) -> dict[str, Any]:
     metric = metric_for(task)
     config = resources()
     program = program_for(task)
-    started = time.perf_counter()
     detail: dict[str, Any] = {}
     val_before = float(await evaluate(program, val, metric, resources=config, progress=False))
+    started = time.perf_counter()
     with metered() as meter:
         searches = {
             "LabeledFewShot": lambda: LabeledFewShot(4, metric),
@@ -165,11 +169,22 @@ async def run_plait(task: Task, method: str, budget: int) -> dict[str, Any]:
                 metric,
             ),
             "ReflectiveSearch": lambda: ReflectiveSearch(metric, max_calls=budget),
+            # The same search choosing on validation alone: what the sign test guards against.
+            "RandomSearch (no sign test)": lambda: RandomSearch(
+                metric,
+                num_candidates=max(2, (budget - 60) // len(val) - 1),
+                propose=2,
+                significance=None,
+            ),
         }
         if method in searches:
             report = await searches[method]().compile(program, train, val, resources=config)
             val_after = report.best.score
-            detail = {"trials": len(report.trials), "best": report.best.params}
+            detail = {
+                "trials": len(report.trials),
+                "best": report.best.params,
+                "val_scores": [round(t.score, 3) for t in report.trials],
+            }
         elif method in ("SFA", "TextGrad"):
             val_after = await _train(program, method, train, val, metric, config)
         elif method == "zero-shot":

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -44,6 +45,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bbh_tasks import TASKS, Task, is_correct
+
+# No network here: LiteLLM (under DSPy) would try to download its price list first.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 MAX_TOKENS = 256
 """Cap on every peer reply: a 135M model may otherwise ramble for thousands of tokens."""
@@ -234,8 +238,6 @@ def main() -> None:
     args = parser.parse_args()
     task = TASKS[args.task]
     with tempfile.TemporaryDirectory() as home:  # keeps DSPy's and TextGrad's files out of ~
-        import os
-
         os.environ.setdefault("DSPY_CACHEDIR", home)
         if args.method == "TextGrad (peer)":
             result = run_textgrad(task, args.budget, args.base_url)
