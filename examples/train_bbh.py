@@ -1,24 +1,35 @@
-"""Train a system prompt on a BIG-Bench-Hard task with the embedded model, and measure it.
+"""Learn a program for a BIG-Bench-Hard task with the embedded model, and measure it honestly.
 
 The task is ``boolean_expressions`` ("not ( True ) and ( True ) is" → False),
 copied with its MIT licence from BIG-Bench-Hard (github.com/suzgunmirac/BIG-Bench-Hard)
-into ``examples/data/bbh/``. The program is one LLM call whose system prompt is
-a learnable `Parameter`; its reply is constrained to ``Literal["True", "False"]``,
-so every answer is valid. Feedback comes from an exact-match `VerifierLoss`;
-`SFAOptimizer` rewrites the prompt with the *same* 135M model (its calls ask
-for JSON schemas, so even this model answers in a usable shape, and unusable
-rewrites are rejected and logged). Two guards keep training from doing harm:
-the optimizer's ``validate`` hook reverts a step that lowers validation
-accuracy, and `Trainer` keeps the best validated prompt, so validation
-accuracy never ends below where it started. Because the prompt is *chosen*
-on the validation set, a held-out test set gives the honest figure.
+into ``examples/data/bbh/``; ``--data`` reads another BBH task file. Split by
+file order: the first 30 examples train, the next 30 validate, the next 100 test.
 
-Runs with no key and no network, in several minutes on 2 cores:
+The program is one `Predict` step ``question -> answer`` whose answer is a
+``Literal`` of the task's labels (the local backend decodes the bare label),
+sent by `PlainAdapter` as plainly as a 135M model needs. Its learnable
+parameters are its instructions and its few-shot demos. Then:
 
-    python examples/train_bbh.py [--epochs 3] [--train 24] [--val 40] [--test 48]
+1. ``BootstrapFewShot`` runs the program on the training set and keeps the
+   calls that got the right answer as demos, balanced across labels (labeled
+   examples fill in a label the good runs lack);
+2. ``ReflectiveSearch`` evolves the program from there: it runs a few
+   training examples in training mode, sends the verifier's feedback
+   backward, rewrites the instructions from that feedback (or swaps demos),
+   keeps a child only if it does better on those examples, and keeps a Pareto
+   frontier of candidates over the validation examples, within a call budget.
 
-A 135M model is weak at this task and weaker as an optimizer: expect small
-gains or none. The point is that the machinery measurably works.
+Each step changes the program only if the change wins clearly on the
+validation set (more examples gained than lost, by a sign test), so the
+program never ends below where it started on validation; the held-out test
+set gives the honest figure. Runs with no key and no network:
+
+    python examples/train_bbh.py [--budget 300] [--data path/to/task.json]
+
+What to expect: SmolLM2-135M is close to chance on these tasks, so a learned
+program can only be as good as a 135M model allows; the printout shows the
+learned demos and instructions, the validation evidence and the test score,
+so you can judge the change yourself.
 """
 
 from __future__ import annotations
@@ -27,106 +38,93 @@ import argparse
 import asyncio
 import json
 import logging
-import random
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from plait import LLMInference, Parameter, ResourceConfig, SFAOptimizer, Trainer, evaluate
-from plait.evaluation import exact_match
-from plait.optimization import VerifierLoss
+from plait import Predict, ResourceConfig, evaluate
+from plait.optimization import BootstrapFewShot, ReflectiveSearch
+from plait.signatures import FieldSpec, PlainAdapter, make_signature
 
 DATA = Path(__file__).parent / "data" / "bbh" / "boolean_expressions.json"
-START = "Evaluate the boolean expression. Answer True or False."
-ROLE = "Instructions for answering whether the boolean expression in the input is True or False."
+START = "Evaluate the boolean expression. Answer with exactly one word: True or False."
 
 
-def split(sizes: list[int], seed: int) -> list[list[dict[str, Any]]]:
-    """Returns disjoint example sets of the given sizes, drawn reproducibly from the task file."""
-    examples = json.loads(DATA.read_text(encoding="utf-8"))["examples"]
-    random.Random(seed).shuffle(examples)
-    parts, start = [], 0
-    for size in sizes:
-        parts.append(examples[start : start + size])
-        start += size
-    return parts
+def load(path: Path) -> tuple[list[tuple[str, str]], ...]:
+    """Returns (train, validation, test) by file order: 30, 30 and 100 examples."""
+    items = [(x["input"], x["target"]) for x in json.loads(path.read_text())["examples"]]
+    return items[:30], items[30:60], items[60:160]
+
+
+def build(labels: tuple[str, ...], instructions: str) -> Predict:
+    fields = [
+        FieldSpec("question", str, "", "input"),
+        FieldSpec("answer", Literal[labels], "", "output"),  # type: ignore[valid-type]
+    ]
+    signature = make_signature(fields, instructions=instructions, name="BBH")
+    return Predict(signature, alias="task", adapter=PlainAdapter(), temperature=0.0, max_tokens=16)
+
+
+def correct(output: Any, target: str) -> bool:
+    return output.answer == target
 
 
 async def main(args: argparse.Namespace) -> None:
-    train_set, val_set, test_set = split([args.train, args.val, args.test], args.seed)
-    # Two aliases, one model: the endpoints share the loaded SmolLM2 and its queue.
+    train, val, test = load(Path(args.data))
+    labels = tuple(sorted({target for _, target in train + val}))
     local = {"provider": "local", "n_ctx": 4096}
     resources = ResourceConfig({"task": local, "optimizer": local})
-    program = LLMInference(
-        "task",
-        system_prompt=Parameter(START, description=ROLE),
-        temperature=0.0,
-        response_format=Literal["True", "False"],
-    )
-
-    async def validation_accuracy() -> float:
-        return await evaluate(program, val_set, exact_match, resources=resources)
-
-    optimizer = SFAOptimizer(
-        program.named_parameters(),
-        conservatism=args.conservatism,
-        validate=validation_accuracy,
-    )
-    trainer = Trainer(
-        program,
-        VerifierLoss(exact_match),
-        optimizer,
-        resources=resources,
-        train_set=train_set,
-        val_set=val_set,
-        metric=exact_match,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        checkpoint_dir=args.checkpoint_dir,
-    )
+    program = build(labels, args.instructions)
 
     started = time.perf_counter()
-    test_before = await evaluate(program, test_set, exact_match, resources=resources)
-    report = await trainer.fit()
-    test_after = await evaluate(program, test_set, exact_match, resources=resources)
+    before_val = await evaluate(program, val, correct, resources=resources, progress=False)
+    before_test = await evaluate(program, test, correct, resources=resources, progress=False)
+    reports = [
+        await BootstrapFewShot(correct, max_demos=4).compile(
+            program, train, val, resources=resources
+        ),
+        await ReflectiveSearch(correct, max_calls=args.budget, seed=args.seed).compile(
+            program, train, val, resources=resources
+        ),
+    ]
+    after_test = await evaluate(program, test, correct, resources=resources, progress=False)
     minutes = (time.perf_counter() - started) / 60
 
-    sizes = f"{len(train_set)} train / {len(val_set)} validation / {len(test_set)} test"
-    print(f"\ntask: boolean_expressions, {sizes}")
-    print(f"validation accuracy before: {report.initial_score:.3f}")
-    for epoch, score in enumerate(report.scores, 1):
-        print(f"  after epoch {epoch}: {score:.3f}")
-    kept = f"the prompt of epoch {report.best_epoch}" if report.best_epoch else "the first prompt"
-    print(f"validation accuracy after:  {report.best_score:.3f} (kept {kept})")
-    print(f"test accuracy (held out):   {test_before:.3f} -> {test_after:.3f}")
+    print(f"\n{Path(args.data).stem}: 30 train / 30 validation / 100 test, SmolLM2-135M")
+    for report in reports:
+        outcome = (
+            f"applied trial {report.best.number} ({report.best.note})"
+            if report.improved
+            else "kept the program: no candidate won clearly on validation"
+        )
+        print(
+            f"  {report.optimizer}: {len(report.trials)} trials, {report.calls} calls, "
+            f"validation {report.start.score:.2f} -> {report.best.score:.2f}; {outcome}"
+        )
+    print(f"validation accuracy: {before_val:.2f} -> {program.state.best_score:.2f}")
+    low, high = after_test.ci
     print(
-        f"optimizer: {report.steps} steps, {report.accepted} updates kept, "
-        f"{report.rejected} rejected or reverted"
+        f"test accuracy (held out): {before_test:.2f} -> {after_test:.2f} "
+        f"(95% CI {low:.2f}-{high:.2f})"
     )
-    for record in optimizer.history["system_prompt"]:
-        outcome = record.status + (f": {record.reason[:100]}" if record.reason else "")
-        print(f"  step {record.step} {outcome}")
-        if record.new is not None:
-            print(f"    proposed {str(record.new)[:120]!r}")
-    print(f"learned prompt: {program.system_prompt.value!r}")
+    print(f"learned instructions: {program.instructions.value!r}")
+    print("learned demos:")
+    for demo in program.demos.value or []:
+        print(f"  {demo['question']!r} -> {demo['answer']}")
+    if not program.demos.value:
+        print("  (none)")
     print(f"runtime: {minutes:.1f} min")
-    print(f"saved to {program.save(args.out, optimizer)}")
+    print(f"saved to {program.save(args.out)}")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--train", type=int, default=24)
-    parser.add_argument("--val", type=int, default=40)
-    parser.add_argument("--test", type=int, default=48)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument(
-        "--conservatism", type=float, default=0.0, help="0 rewrite freely … 1 minimal edits"
-    )
+    parser.add_argument("--data", default=str(DATA), help="a BBH task file")
+    parser.add_argument("--instructions", default=START)
+    parser.add_argument("--budget", type=int, default=300, help="ReflectiveSearch's model calls")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpoint-dir", default=None, help="resume from / save to here")
-    parser.add_argument("--out", default="learned_prompt.json")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every update")
+    parser.add_argument("--out", default="learned_program.json")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every trial")
     arguments = parser.parse_args()
     logging.basicConfig(
         level=logging.INFO if arguments.verbose else logging.ERROR,

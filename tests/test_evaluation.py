@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import plait
 from plait import LLMInference, ResourceConfig, ResourceManager
-from plait.evaluation import exact_match, examples_of, score_of
+from plait.evaluation import (
+    EvaluationResult,
+    ExampleRow,
+    exact_match,
+    examples_of,
+    run_dataset,
+    score_of,
+)
 from plait.feedback import Feedback
 from plait.testing import ScriptedServer
 
@@ -57,3 +66,73 @@ def test_metrics_and_examples_are_checked() -> None:
 async def test_an_empty_dataset_is_an_error(manager: ResourceManager) -> None:
     with pytest.raises(ValueError, match="empty dataset"):
         await plait.evaluate(LLMInference("task"), [], resources=manager)
+
+
+# ------------------------------------------------------------ result object
+async def test_the_result_is_its_mean_and_keeps_every_row(manager: ResourceManager) -> None:
+    task = LLMInference("task")
+    data = [("a:yes", "yes"), ("boom:yes", "yes"), ("c:no", "yes"), ("d:no", "no")]
+    result = await plait.evaluate(task, data, resources=manager)
+
+    assert result == 0.5 and f"{result:.2f}" == "0.50" and result > 0.25
+    assert json.loads(json.dumps({"score": result})) == {"score": 0.5}
+    assert [row.score for row in result.rows] == [1.0, 0.0, 0.0, 1.0]
+    first, failed = result.rows[0], result.rows[1]
+    assert (first.index, first.input, first.output, first.target) == (0, "a:yes", "yes", "yes")
+    assert first.calls == 1 and first.input_tokens > 0 and first.error is None
+    assert failed.output is None and "ExecutionError" in failed.error and failed.score == 0.0
+    assert result.failed == 1 and result.calls == 3  # the failed call returned no usage
+    assert result.input_tokens == sum(row.input_tokens for row in result.rows)
+    low, high = result.ci
+    assert 0.0 <= low <= 0.5 <= high <= 1.0
+    assert "mean=0.5" in repr(result) and "failed=1" in repr(result)
+
+
+async def test_a_feedback_metric_and_an_async_metric(manager: ResourceManager) -> None:
+    async def judge(output: Any, target: Any) -> Feedback:
+        return Feedback("right" if output == target else "wrong", score=float(output == target))
+
+    result = await plait.evaluate(
+        LLMInference("task"), [("a:yes", "yes"), ("b:no", "yes")], judge, resources=manager
+    )
+    assert result == 0.5
+    assert [row.feedback for row in result.rows] == ["right\nScore: 1.00", "wrong\nScore: 0.00"]
+
+
+def test_the_confidence_interval_narrows_with_more_examples() -> None:
+    def result_of(n: int) -> EvaluationResult:
+        return EvaluationResult.from_rows([ExampleRow(i, i, score=float(i % 2)) for i in range(n)])
+
+    small, large = result_of(10).ci, result_of(400).ci
+    assert small[0] < large[0] <= 0.5 <= large[1] < small[1]
+    assert result_of(10).confidence_interval(seed=1) == result_of(10).confidence_interval(seed=1)
+
+
+async def test_rows_save_as_jsonl_parquet_and_a_frame(
+    manager: ResourceManager, tmp_path: Path
+) -> None:
+    result = await plait.evaluate(
+        LLMInference("task"), [("a:yes", "yes"), ("b:no", "no")], resources=manager
+    )
+    lines = result.save(tmp_path / "eval.jsonl").read_text().splitlines()
+    assert [json.loads(line)["output"] for line in lines] == ["yes", "no"]
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet
+
+    table = pyarrow.parquet.read_table(result.save(tmp_path / "eval.parquet"))
+    assert table.column("score").to_pylist() == [1.0, 1.0]
+    pytest.importorskip("pandas")
+    assert list(result.to_frame()["input"]) == ["a:yes", "b:no"]
+    with pytest.raises(ValueError, match=r"\.jsonl or \.parquet"):
+        result.save(tmp_path / "eval.csv")
+
+
+async def test_run_dataset_gives_outputs_alone(manager: ResourceManager) -> None:
+    runs = await run_dataset(
+        LLMInference("task"),
+        ["a:one", {"input": "b:two", "target": "two"}, "boom:x"],
+        resources=manager,
+    )
+    assert runs.outputs == ["one", "two", None]
+    assert runs.rows[1].target == "two" and runs.rows[1].score is None
+    assert runs.failed == 1 and runs.calls == 2

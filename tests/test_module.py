@@ -9,30 +9,15 @@ import pytest
 
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
-from seed_programs import DeepPipeline, MultiPerspectiveAnalysis, SummarizeAndAnalyze, Synthesizer
+from seed_programs import (
+    AssistantGeneration,
+    DeepPipeline,
+    MultiPerspectiveAnalysis,
+    SummarizeAndAnalyze,
+    Synthesizer,
+)
 
 # ----------------------------------------------------------- seed 000 programs
-
-
-class AssistantGeneration(Module):
-    def __init__(self, assistant_instructions: str, temperature: float = 1.0) -> None:
-        super().__init__()
-        self.assistant_instructions = Parameter(
-            assistant_instructions,
-            description=(
-                "Defines the assistant's core behavior and tone. "
-                "Should be stable but improvable based on feedback."
-            ),
-        )
-        self.llm = LLMInference(alias="assistant_llm", temperature=temperature)
-        self.optimizer_llm = LLMInference(
-            alias="optimizer_llm",
-            temperature=0.7,
-            system_prompt="You help improve prompts based on feedback.",
-        )
-
-    def forward(self, request: str) -> str:
-        return self.llm(f"{self.assistant_instructions}\n\nUser: {request}")
 
 
 # --------------------------------------------------------------- small modules

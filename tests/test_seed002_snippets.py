@@ -28,10 +28,10 @@ from plait import (
 )
 
 
-def answers(*texts: str | None) -> Any:
-    """A responder answering ``{"answer": <next text>}`` to each request in turn."""
+def answers(*texts: str | None, field: str = "answer") -> Any:
+    """A responder answering ``{field: <next text>}`` to each request in turn."""
     queue = iter(texts)
-    return lambda body: json.dumps({"answer": next(queue)})
+    return lambda body: json.dumps({field: next(queue)})
 
 
 # ------------------------------------------------------------------- signatures
@@ -174,18 +174,12 @@ async def test_metrics_plug_into_evaluate() -> None:
 
 
 async def test_run_dataset_snippet() -> None:
-    from plait import evaluation
+    from plait.evaluation import run_dataset
 
-    run_dataset = getattr(evaluation, "run_dataset", None)
-    if run_dataset is None:
-        pytest.skip(
-            "plait.evaluation.run_dataset comes with the evaluation rewrite on another branch; "
-            "dsprrr's run_dataset(module, data) needs no adapter of its own"
-        )
-    async with scripted(answers("positive", "negative")) as (_server, manager):
+    async with scripted(answers("positive", "negative", field="sentiment")) as (_, manager):
         # signature("text -> sentiment") |> module(type = "predict") |> run_dataset(data)
         mod = Predict(signature("text -> sentiment")).bind(manager)
         data = [{"text": "I love this!"}, {"text": "This is bad"}]
         results = await run_dataset(mod, data, max_concurrent=1)
-    outputs = getattr(results, "outputs", results)
+    outputs = results.outputs
     assert [o.sentiment for o in outputs] == ["positive", "negative"]

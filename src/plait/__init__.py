@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from plait.errors import ExecutionError, PlaitError, TracingError
+from plait.feedback import BackwardContext, BackwardResult, Feedback
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
 from plait.values import Value, ValueKind, ValueRef, collect_refs, unwrap, valueify
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
         ResumeState,
         confirm_first,
     )
-    from plait.evaluation import evaluate
+    from plait.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
     from plait.metrics import metric_contains, metric_exact_match, metric_f1, metric_field_match
@@ -100,6 +101,8 @@ _LAZY = {
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
     "evaluate": "plait.evaluation",
+    "EvaluationResult": "plait.evaluation",
+    "run_dataset": "plait.evaluation",
     "ReAct": "plait.modules",
     "MultiChainComparison": "plait.modules",
     "Refine": "plait.modules",
@@ -127,6 +130,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "BackwardContext",
+    "BackwardResult",
     "BaseCallback",
     "BatchResult",
     "BestOfN",
@@ -134,8 +139,10 @@ __all__ = [
     "CompositeLoss",
     "ConfirmationRejected",
     "ConfirmationRequired",
+    "EvaluationResult",
     "ExecutionError",
     "ExecutionSettings",
+    "Feedback",
     "History",
     "HumanFeedbackLoss",
     "InputField",
@@ -192,6 +199,7 @@ __all__ = [
     "metric_field_match",
     "register_provider",
     "run",
+    "run_dataset",
     "settings",
     "signature",
     "tool",

@@ -1,32 +1,69 @@
-"""Evaluation: a program's mean score on a dataset, every example run concurrently.
+"""Evaluation: run a program over a dataset, every example concurrently, and score it.
 
-    accuracy = await evaluate(program, examples, exact_match, resources=config)
+    result = await evaluate(program, examples, exact_match, resources=config)
+    result                  # 0.64 — the mean; it compares and formats as a float
+    result.ci               # (0.55, 0.73): a 95 % bootstrap confidence interval
+    result.rows[3]          # input, output, target, score, error, calls, tokens, cost
+    result.calls, result.cost
+    result.save("eval.jsonl")      # or .parquet (with pyarrow), result.to_frame() (pandas)
+
+    outputs = await run_dataset(program, inputs, resources=config)   # no metric: outputs alone
 
 A dataset is a sequence of ``(input, target)`` pairs, or of mappings with
 ``"input"`` and ``"target"`` keys (the BIG-Bench-Hard layout). Each input is
 passed as the one argument of ``forward``; the examples run as one batch, so
-they share one resource manager and its limits.
+they share one resource manager and its limits, and each example's model
+calls (re-asks and calls inside ``async def forward`` included) are counted
+in its row.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from plait.feedback import Feedback
 from plait.module import Module
 
-__all__ = ["evaluate", "exact_match", "examples_of", "score_of"]
+__all__ = [
+    "EvaluationResult",
+    "ExampleRow",
+    "RunResult",
+    "evaluate",
+    "exact_match",
+    "examples_of",
+    "run_dataset",
+    "score_of",
+]
 
 logger = logging.getLogger("plait.evaluation")
 
 Metric = Callable[[Any, Any], Any]
+"""``metric(output, target)`` → bool, number or `Feedback` (or an awaitable of one)."""
 
 
 def exact_match(output: Any, target: Any) -> bool:
-    """Whether ``output`` and ``target`` are the same text, ignoring case and outer spaces."""
+    """Whether ``output`` and ``target`` are the same text, ignoring case and outer spaces.
+
+    An output with exactly one field (a `Prediction` of a one-output
+    signature, a one-key dict) is compared by that field's value, unless the
+    target is itself such a mapping.
+    """
+    output, target = _sole_value(output, target), _sole_value(target, output)
     return str(output).strip().lower() == str(target).strip().lower()
+
+
+def _sole_value(value: Any, other: Any) -> Any:
+    if isinstance(value, Mapping) and len(value) == 1 and not isinstance(other, Mapping):
+        return next(iter(value.values()))
+    return value
 
 
 def examples_of(dataset: Iterable[Any]) -> list[tuple[Any, Any]]:
@@ -56,16 +93,339 @@ def score_of(metric: Metric, output: Any, target: Any) -> float:
     Raises:
         TypeError: the metric returned something that is not a score.
     """
-    result = metric(output, target)
+    return _as_score(metric, metric(output, target))[0]
+
+
+def _as_score(metric: Metric, result: Any) -> tuple[float, str | None]:
+    """Returns a metric's result as (score, feedback text or None)."""
     if isinstance(result, Feedback):
-        return 0.0 if result.score is None else float(result.score)
+        return (0.0 if result.score is None else float(result.score)), str(result)
     if isinstance(result, bool | int | float):
-        return float(result)
+        return float(result), None
     name = getattr(metric, "__name__", type(metric).__name__)
     raise TypeError(
         f"metric {name} returned {type(result).__name__} {result!r:.80}; "
         "a metric returns a bool, a number or a Feedback with a score"
     )
+
+
+# ---------------------------------------------------------------------- rows
+@dataclass
+class ExampleRow:
+    """One example of a dataset run: what went in, what came out, what it cost."""
+
+    index: int
+    """Position in the dataset."""
+    input: Any
+    output: Any = None
+    """The program's output (None when it failed)."""
+    target: Any = None
+    score: float | None = None
+    """The metric's score (0 for a failed example; None without a metric)."""
+    feedback: str | None = None
+    """The metric's words, when it returned a `Feedback`."""
+    error: str | None = None
+    """Why the example failed (type and message), or None."""
+    calls: int = 0
+    """Model calls the example made (re-asks and inner calls included; cache hits not)."""
+    cached: int = 0
+    """Calls answered from a response cache."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    def as_record(self) -> dict[str, Any]:
+        """Returns the row as JSON-compatible data (models as dicts, other objects as text)."""
+        from pydantic_core import to_jsonable_python
+
+        return to_jsonable_python(asdict(self), fallback=str)
+
+
+class _Rows:
+    """Totals, tables and files over `ExampleRow`s (shared by both result types)."""
+
+    rows: list[ExampleRow]
+
+    @property
+    def failed(self) -> int:
+        """Examples whose run failed."""
+        return sum(row.error is not None for row in self.rows)
+
+    @property
+    def calls(self) -> int:
+        """Model calls made by all examples together."""
+        return sum(row.calls for row in self.rows)
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(row.input_tokens for row in self.rows)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(row.output_tokens for row in self.rows)
+
+    @property
+    def cost(self) -> float:
+        """Dollars spent (0 for the local model and unpriced models)."""
+        return sum(row.cost for row in self.rows)
+
+    def __iter__(self) -> Iterator[ExampleRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def to_frame(self) -> Any:
+        """Returns the rows as a pandas DataFrame, one row per example.
+
+        Raises:
+            ImportError: pandas is not installed.
+        """
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError(
+                "to_frame() needs pandas, which is not installed: `pip install pandas`, "
+                "or read .rows (a list of ExampleRow)"
+            ) from None
+        return pandas.DataFrame([asdict(row) for row in self.rows])
+
+    def save(self, path: str | Path) -> Path:
+        """Writes the rows to ``path``: JSON Lines (``.jsonl``) or Parquet (``.parquet``).
+
+        Raises:
+            ValueError: another file suffix.
+            ImportError: Parquet without pyarrow installed.
+        """
+        path = Path(path)
+        if path.suffix == ".jsonl":
+            return self.save_jsonl(path)
+        if path.suffix == ".parquet":
+            return self.save_parquet(path)
+        raise ValueError(f"save({str(path)!r}): use a .jsonl or .parquet file name")
+
+    def save_jsonl(self, path: str | Path) -> Path:
+        """Writes one JSON object per example; returns the path."""
+        path = Path(path)
+        lines = (json.dumps(row.as_record(), ensure_ascii=False) for row in self.rows)
+        path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        return path
+
+    def save_parquet(self, path: str | Path) -> Path:
+        """Writes the rows as a Parquet table (inputs and outputs as JSON text); returns the path.
+
+        Raises:
+            ImportError: pyarrow is not installed.
+        """
+        try:
+            import pyarrow
+            import pyarrow.parquet
+        except ImportError:
+            raise ImportError(
+                "save_parquet() needs pyarrow, which is not installed: `pip install pyarrow`, "
+                "or save as .jsonl"
+            ) from None
+        path = Path(path)
+        records = [row.as_record() for row in self.rows]
+        columns: dict[str, list[Any]] = {f.name: [] for f in fields(ExampleRow)}
+        for record in records:
+            for name, values in columns.items():
+                value = record[name]
+                if name in ("input", "output", "target") and value is not None:
+                    value = value if isinstance(value, str) else json.dumps(value)
+                values.append(value)
+        pyarrow.parquet.write_table(pyarrow.table(columns), path)
+        return path
+
+
+# ------------------------------------------------------------------ results
+class RunResult(_Rows):
+    """What `run_dataset` returns: one row per input, no scores."""
+
+    def __init__(self, rows: list[ExampleRow]) -> None:
+        self.rows = rows
+
+    @property
+    def outputs(self) -> list[Any]:
+        """The outputs in input order (None where an example failed)."""
+        return [row.output for row in self.rows]
+
+    def __repr__(self) -> str:
+        return f"RunResult(n={len(self.rows)}, failed={self.failed}, calls={self.calls})"
+
+
+class EvaluationResult(_Rows, float):
+    """What `evaluate` returns: the mean score, which it *is*, and every example's row.
+
+    It is a float, so code that used the mean keeps working: it compares,
+    formats, adds and serialises to JSON as the mean. Everything else is on
+    it: ``rows``, ``ci`` (a 95 % percentile-bootstrap confidence interval of
+    the mean), totals of calls, tokens and cost, and `save` / `to_frame`.
+
+    Example::
+
+        result = await evaluate(program, dev, exact_match, resources=config)
+        print(f"{result:.2f}", result.ci, result.calls)
+        best = max(results)          # compares by mean
+    """
+
+    rows: list[ExampleRow]
+
+    def __new__(cls, mean: float = 0.0) -> EvaluationResult:
+        return super().__new__(cls, mean)
+
+    @classmethod
+    def from_rows(cls, rows: list[ExampleRow]) -> EvaluationResult:
+        """Returns the result of scored rows (a failed example counts with its score 0)."""
+        scores = [row.score or 0.0 for row in rows]
+        result = cls(sum(scores) / len(scores) if scores else 0.0)
+        result.rows = rows
+        return result
+
+    @property
+    def mean(self) -> float:
+        """The mean score, as a plain float."""
+        return float(self)
+
+    @property
+    def scores(self) -> list[float]:
+        """Each example's score, in dataset order."""
+        return [row.score or 0.0 for row in self.rows]
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """The 95 % bootstrap confidence interval of the mean (see `confidence_interval`)."""
+        cached = self.__dict__.get("_ci")
+        if cached is None:
+            cached = self.__dict__["_ci"] = self.confidence_interval()
+        return cached
+
+    def confidence_interval(
+        self, level: float = 0.95, resamples: int = 2000, seed: int = 0
+    ) -> tuple[float, float]:
+        """Returns a percentile-bootstrap interval of the mean score.
+
+        The examples are resampled with replacement ``resamples`` times
+        (reproducibly, from ``seed``); the interval holds the middle ``level``
+        share of the resampled means. It says how much the mean could move on
+        another dataset of this size drawn the same way, not how good a model is.
+        """
+        scores = self.scores
+        if not 0 < level < 1:
+            raise ValueError(f"level must be in (0, 1), got {level}")
+        if len(scores) < 2:
+            return (float(self), float(self))
+        rng = random.Random(seed)
+        n = len(scores)
+        means = sorted(sum(rng.choices(scores, k=n)) / n for _ in range(resamples))
+        low = means[int((1 - level) / 2 * (resamples - 1))]
+        high = means[int((1 + level) / 2 * (resamples - 1))]
+        return (low, high)
+
+    def __repr__(self) -> str:
+        low, high = self.ci
+        return (
+            f"EvaluationResult(mean={float(self):.4g}, ci95=({low:.3g}, {high:.3g}), "
+            f"n={len(self.rows)}, failed={self.failed}, calls={self.calls})"
+        )
+
+    def __str__(self) -> str:
+        return float.__repr__(self)
+
+    def __reduce__(self) -> Any:
+        # Rebuilt as the float plus its rows (pickle, copy.deepcopy).
+        return (_rebuild, (float(self), self.rows))
+
+
+def _rebuild(mean: float, rows: list[ExampleRow]) -> EvaluationResult:
+    result = EvaluationResult(mean)
+    result.rows = rows
+    return result
+
+
+# ------------------------------------------------------------------- running
+async def _run_rows(
+    module: Module,
+    inputs: Sequence[Any],
+    *,
+    resources: Any,
+    max_concurrent: int | None,
+    progress: bool | None,
+) -> list[ExampleRow]:
+    """Runs ``module`` (eval mode) on every input as one batch; returns a row per input."""
+    from plait.execution import run
+
+    was_training = module.training
+    module.eval()
+    try:
+        results = await run(
+            module,
+            list(inputs),
+            resources=resources,
+            max_concurrent=max_concurrent,
+            streaming=True,
+            preserve_order=True,
+            progress=progress,
+        )
+    finally:
+        module.train(was_training)
+    rows = []
+    for result in results:
+        usage = result.usage or {}
+        error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
+        rows.append(
+            ExampleRow(
+                index=result.index,
+                input=result.input,
+                output=result.output if result.ok else None,
+                error=error,
+                calls=usage.get("calls", 0),
+                cached=usage.get("cached", 0),
+                input_tokens=usage.get("input_tokens", 0),
+                output_tokens=usage.get("output_tokens", 0),
+                cost=usage.get("cost", 0.0),
+            )
+        )
+    return rows
+
+
+async def run_dataset(
+    module: Module,
+    dataset: Iterable[Any],
+    *,
+    resources: Any = None,
+    max_concurrent: int | None = None,
+    progress: bool | None = None,
+) -> RunResult:
+    """Runs ``module`` on every input of a dataset (eval mode, concurrently); no scoring.
+
+    Args:
+        module: the program.
+        dataset: inputs; a mapping with an ``"input"`` key counts as an
+            example (its ``"target"``, if any, is kept in the row).
+        resources: ResourceConfig / ResourceManager / mapping (default: the
+            module's bound resources, or those of ``ExecutionSettings``).
+        max_concurrent: most LLM calls in flight at once.
+        progress: show a progress bar (None: when stderr is a terminal).
+
+    Returns:
+        A `RunResult`: ``outputs``, ``rows`` (with each example's error and
+        usage), totals, `RunResult.save` and `RunResult.to_frame`. A failed
+        example does not stop the others.
+    """
+    items = list(dataset)
+    inputs = [_input_of(item) for item in items]
+    rows = await _run_rows(
+        module, inputs, resources=resources, max_concurrent=max_concurrent, progress=progress
+    )
+    for row, item in zip(rows, items, strict=True):
+        if isinstance(item, Mapping) and "input" in item:
+            row.target = item.get("target")
+    return RunResult(rows)
+
+
+def _input_of(item: Any) -> Any:
+    return item["input"] if isinstance(item, Mapping) and "input" in item else item
 
 
 async def evaluate(
@@ -75,51 +435,54 @@ async def evaluate(
     *,
     resources: Any = None,
     max_concurrent: int | None = None,
-    progress: bool | None = False,
-) -> float:
-    """Runs ``module`` on every input (eval mode, concurrently) and returns the mean metric.
+    progress: bool | None = None,
+) -> EvaluationResult:
+    """Runs ``module`` on every input (eval mode, concurrently) and scores each output.
 
     Args:
         module: the program.
         dataset: ``(input, target)`` pairs or mappings with ``input``/``target``.
-        metric: ``metric(output, target)`` → bool, number or `Feedback`;
-            default `exact_match`.
+        metric: ``metric(output, target)`` → bool, number or `Feedback`, or an
+            awaitable of one; default `exact_match`.
         resources: ResourceConfig / ResourceManager / mapping (default: the
             module's bound resources, or those of ``ExecutionSettings``).
         max_concurrent: most LLM calls in flight at once.
         progress: show a progress bar (None: when stderr is a terminal).
 
     Returns:
-        The mean score; an example whose run failed scores 0 (and is logged).
+        An `EvaluationResult`: the mean score (it is a float) with every
+        example's row. An example whose run failed scores 0, keeps its error
+        in its row, and is logged.
 
     Raises:
         ValueError: the dataset is empty or malformed.
+        TypeError: the metric returned something that is not a score.
     """
-    from plait.execution import run
-
     pairs = examples_of(dataset)
     if not pairs:
         raise ValueError("evaluate() got an empty dataset")
     metric = metric or exact_match
-    was_training = module.training
-    module.eval()
-    try:
-        outputs = await run(
-            module,
-            [inputs for inputs, _ in pairs],
-            resources=resources,
-            max_concurrent=max_concurrent,
-            on_error="collect",
-            progress=progress,
-        )
-    finally:
-        module.train(was_training)
-    total, failed = 0.0, 0
-    for output, (_, target) in zip(outputs, pairs, strict=True):
-        if isinstance(output, BaseException):
-            failed += 1
-            continue
-        total += score_of(metric, output, target)
+    rows = await _run_rows(
+        module,
+        [inputs for inputs, _ in pairs],
+        resources=resources,
+        max_concurrent=max_concurrent,
+        progress=progress,
+    )
+    judged: list[tuple[ExampleRow, Any]] = []
+    for row, (_, target) in zip(rows, pairs, strict=True):
+        row.target = target
+        if row.error is not None:
+            row.score = 0.0
+        else:
+            judged.append((row, metric(row.output, target)))
+    waiting = [result for _, result in judged if inspect.isawaitable(result)]
+    if waiting:  # an LLM judge: every example's judgement concurrently
+        done = iter(await asyncio.gather(*waiting))
+        judged = [(row, next(done) if inspect.isawaitable(r) else r) for row, r in judged]
+    for row, result in judged:
+        row.score, row.feedback = _as_score(metric, result)
+    failed = sum(row.error is not None for row in rows)
     if failed:
         logger.warning("evaluate: %d of %d examples failed and scored 0", failed, len(pairs))
-    return total / len(pairs)
+    return EvaluationResult.from_rows(rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["BackwardContext", "BackwardResult", "Feedback", "clip"]
+__all__ = ["BackwardContext", "BackwardResult", "Feedback", "FeedbackText", "clip"]
 
 MAX_TEXT = 1500
 """Characters of any one input, output or feedback shown in a backward message."""
@@ -59,6 +59,21 @@ class Feedback:
             lines.append(f"Score: {self.score:.2f}")
         lines.extend(f"- {item}" for item in self.items)
         return "\n".join(lines)
+
+
+class FeedbackText(str):
+    """The feedback a ``backward`` method receives: text, also readable as ``feedback.payload``.
+
+    Seed-style overrides take ``feedback: Value`` and read ``feedback.payload``;
+    others treat it as the string it is. Both work.
+    """
+
+    __slots__ = ()
+
+    @property
+    def payload(self) -> str:
+        """Returns the text itself (what a feedback Value's payload would hold)."""
+        return str(self)
 
 
 @dataclass

@@ -34,7 +34,15 @@ from plait import _context
 from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter, module_parent
 
-__all__ = ["LLMInference", "Module", "adopt", "bound_resources", "is_async_module"]
+__all__ = [
+    "LLMInference",
+    "Module",
+    "ModuleState",
+    "adopt",
+    "bound_resources",
+    "has_own_backward",
+    "is_async_module",
+]
 
 
 class Module:
@@ -168,14 +176,25 @@ class Module:
 
     # --------------------------------------------------------------- backward
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult | Any:
-        """Says how feedback on this node's output reaches its inputs and parameters.
+        """Says how feedback on this module's output reaches its inputs and parameters.
 
-        Called for leaf nodes during ``await loss.backward()``, with the real
-        inputs and output of the forward pass in ``ctx``. The default passes
-        the feedback to every input and tells each learnable parameter of
-        this module (and its children) what went in, what came out and what
-        was said about it. Override to route more precisely; may be ``async``
-        and make LLM calls (they run through the training resources).
+        Called during ``await loss.backward()`` with the real inputs and
+        output of the forward pass in ``ctx`` and the feedback on that output
+        (text; ``feedback.payload`` gives the same text, as on a seed-style
+        Value). The default passes the feedback to every input and tells each
+        learnable parameter of this module (and its children) what went in,
+        what came out and what was said about it.
+
+        Override to route more precisely. A leaf's override replaces the
+        default for its node. A *composite*'s override (its ``forward`` calls
+        child modules) replaces backward through everything inside it: the
+        children's own ``backward`` methods are not called, and the override
+        decides what its inputs hear (``input_feedback`` by ``forward``
+        parameter name) and what any parameter below it hears
+        (``parameter_feedback`` by dotted name, e.g. ``"llm.system_prompt"``).
+        It may be ``async``, and its feedback values may be awaitables: calling
+        a child module inside it (``self.critic(text)``) makes that call
+        through the training resources and its reply becomes the feedback.
         """
         result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
         report = _call_report(ctx)
@@ -203,6 +222,9 @@ class Module:
     # ---------------------------------------------------------------- binding
     def bind(self, resources: Any, max_concurrent: int | None = None, **kwargs: Any) -> Self:
         """Binds resources so ``await module(x)`` and ``run_sync`` execute for real.
+
+        A module that is not bound but wraps bound modules (all bound to the
+        same resources) uses theirs: ``TrainingStep(program.bind(config), loss)``.
 
         Args:
             resources: a ``ResourceConfig``, ``ResourceManager`` or mapping.
@@ -387,7 +409,7 @@ class Module:
 
         Either way, bound resources are shared, not copied (a ResourceManager
         holds connections and limits that must stay one per program), and the
-        copy starts with no trace records.
+        copy starts with no trace records and a fresh `state` (not compiled).
         """
         if not deep:
             clone = _copy.copy(self)
@@ -395,6 +417,7 @@ class Module:
             object.__setattr__(clone, "_parameters", dict(self._parameters))
             object.__setattr__(clone, "_bound_config", dict(self._bound_config))
             clone.__dict__.pop("_traces", None)
+            clone.__dict__.pop("_state", None)
             return clone
         memo: dict[int, Any] = {}
         for module in self.modules():
@@ -404,7 +427,39 @@ class Module:
             records = module.__dict__.get("_traces")
             if records is not None:
                 memo[id(records)] = type(records)(maxlen=records.maxlen)
+            state = module.__dict__.get("_state")
+            if state is not None:
+                memo[id(state)] = ModuleState()
         return _copy.deepcopy(self, memo)
+
+    # ----------------------------------------------------------- optimization
+    @property
+    def state(self) -> ModuleState:
+        """Returns what optimizers recorded on this module: trials, best score and parameters.
+
+        Filled by the program-level optimizers (`plait.optimization.GridSearch`,
+        ``BootstrapFewShot``, ``RandomSearch``, ``ReflectiveSearch`` …) and by
+        `optimize_grid`; a copy starts with a fresh state.
+        """
+        state = self.__dict__.get("_state")
+        if state is None:
+            state = ModuleState()
+            object.__setattr__(self, "_state", state)
+        return state
+
+    def is_compiled(self) -> bool:
+        """Whether an optimizer has searched this module and applied what it found."""
+        state = self.__dict__.get("_state")
+        return state is not None and state.compiled
+
+    async def optimize_grid(
+        self, devset: Any, metric: Any = None, parameters: Any = None, **options: Any
+    ) -> Any:
+        """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
+        `plait.optimization.optimize_grid` (returns its trials table)."""
+        from plait.optimization.search import optimize_grid  # learning layer, loaded on use
+
+        return await optimize_grid(self, devset, metric, parameters, **options)
 
     # ----------------------------------------------------------------- traces
     def traces(self) -> list[Any]:
@@ -462,6 +517,38 @@ class Module:
         if not lines:
             return head + ")"
         return head + "\n  " + "\n  ".join(lines) + "\n)"
+
+
+@dataclasses.dataclass
+class ModuleState:
+    """What optimizers record on a module (seed 002's ``state``): trials and the best found.
+
+    Plain JSON-compatible data, so it can be saved and inspected; the
+    trials table is `trials_table` (a pandas DataFrame when pandas is installed).
+    """
+
+    trials: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """One record per candidate tried: number, params, score, selection score, calls,
+    cost, seconds, and the optimizer that tried it."""
+    best_score: float | None = None
+    """Validation score of what was applied."""
+    best_params: dict[str, Any] | None = None
+    """What distinguishes the applied candidate (settings, or parameter values)."""
+    best_trial: int | None = None
+    """Number of the applied trial (0: the module as it was)."""
+    compiled: bool = False
+    """Whether an optimizer has run and applied its choice."""
+    optimizer: str | None = None
+    """Name of the last optimizer that ran."""
+
+    def trials_table(self) -> Any:
+        """Returns the trials as a pandas DataFrame, or as a list of dicts without pandas."""
+        rows = [{k: v for k, v in trial.items() if not k.startswith("_")} for trial in self.trials]
+        try:
+            import pandas
+        except ImportError:
+            return rows
+        return pandas.DataFrame(rows)
 
 
 def _json_kind(x: Any) -> Any:
@@ -543,6 +630,11 @@ def bound_resources(module: Module) -> Any:
         seen.add(id(ancestor))
         ancestor = module_parent(ancestor)
     return None
+
+
+def has_own_backward(module: Module) -> bool:
+    """Whether ``module``'s class overrides `Module.backward`."""
+    return type(module).backward is not Module.backward
 
 
 def is_async_module(module: Module) -> bool:

@@ -27,6 +27,10 @@ class Parameter:
             ``requires_grad`` is true, because an optimizer rewriting it must
             know its role.
         requires_grad: whether backward passes collect feedback for it.
+        value_type: the type of the value when it is structured data, e.g.
+            ``list[Demo]`` for few-shot demos (anything pydantic can describe
+            as a JSON schema). Optimizers then ask for a new value in exactly
+            that shape (a grammar on the local backend), never as free text.
 
     Raises:
         ValueError: a learnable parameter has no description.
@@ -49,10 +53,16 @@ class Parameter:
         "graph_level",
         "requires_grad",
         "value",
+        "value_type",
     )
 
     def __init__(
-        self, value: Any, description: str | None = None, requires_grad: bool = True
+        self,
+        value: Any,
+        description: str | None = None,
+        requires_grad: bool = True,
+        *,
+        value_type: Any = None,
     ) -> None:
         if requires_grad and not (description and description.strip()):
             raise ValueError(
@@ -61,6 +71,7 @@ class Parameter:
                 "pass requires_grad=False for a fixed value"
             )
         self.value = value
+        self.value_type = value_type
         self.description = description
         self.requires_grad = requires_grad
         self._name: str | None = None

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from pydantic import BaseModel
@@ -28,6 +29,7 @@ from plait.backends.types import (
     ToolSpec,
 )
 from plait.errors import BackendError, BackendTimeout, ConfigError
+from plait.execution.structured import output_type_for
 
 pytest.importorskip("llama_cpp")
 
@@ -117,6 +119,18 @@ async def test_structured_output_is_json_of_the_schema(backend):
     parsed = Answer.model_validate_json(reply.text)
     assert len(parsed.answer) <= 16
     assert parsed.confidence in (0.0, 0.5, 1.0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_choice_among_labels_is_decoded_bare_and_given_back_as_json(backend, stream):
+    schema = output_type_for(Literal["True", "False"]).schema
+    request = ask("not ( True ) and ( True ) is", max_tokens=8, response_schema=schema)
+    if stream:
+        chunks = [chunk async for chunk in backend.stream(request)]
+        text = "".join(chunk.text for chunk in chunks)
+    else:
+        text = (await backend.complete(request)).text
+    assert json.loads(text) in ({"value": "True"}, {"value": "False"})
 
 
 async def test_concurrent_calls_are_queued_and_all_succeed(backend):

@@ -16,7 +16,15 @@ from typing import Any
 
 import pytest
 
-from plait import LLMInference, Module, Parameter, PlaitError, ResourceConfig, ResourceManager
+from plait import (
+    LLMInference,
+    Module,
+    Parameter,
+    PlaitError,
+    Predict,
+    ResourceConfig,
+    ResourceManager,
+)
 from plait.optimization import SFAOptimizer, TextGradOptimizer, TrainingStep
 from plait.testing import RequestRecord, ScriptedServer
 
@@ -275,7 +283,8 @@ async def test_conservatism_rejects_a_rewrite_that_is_too_large(
     optimizer = SFAOptimizer([("prompt", param)], conservatism=0.9, max_retries=0).bind(manager)
     report = await optimizer.step()
     assert param.value == "Summarise the text in two sentences."
-    assert "conservatism 0.9 allows at most 19%" in report.updates[0].reason
+    reason = report.updates[0].reason
+    assert "changes 6 of 6 words; conservatism 0.9 allows at most 4 (19% of the words" in reason
     assert "smallest edit" in prompt_of(requests(server, UPDATE)[0].body)
 
 
@@ -479,3 +488,25 @@ async def test_sfa_step_with_the_embedded_model_never_crashes() -> None:
         assert param.value == record.new and param.value != "Answer the question."
     else:
         assert param.value == "Answer the question."
+
+
+async def test_demos_are_asked_for_as_a_list_of_examples(
+    server: ScriptedServer, manager: ResourceManager
+) -> None:
+    qa = Predict("question -> answer: int", demos=[{"question": "1 + 1", "answer": 2}])
+    qa.demos.accumulate_feedback("The demos are all easy; add a harder one.")
+
+    def update(body: dict[str, Any]) -> Any:
+        schema = body["response_format"]["json_schema"]["schema"]
+        demo = schema["$defs"][schema["properties"]["new_value"]["items"]["$ref"].split("/")[-1]]
+        assert set(demo["properties"]) == {"question", "answer"}
+        new = [{"question": "1 + 1", "answer": 2}, {"question": "17 * 3", "answer": 51}]
+        return {"rationale": "a harder one", "new_value": new}
+
+    server.responder = scripted(update=update)
+    report = await TextGradOptimizer([("qa.demos", qa.demos)], conservatism=0).bind(manager).step()
+    assert report.accepted == ["qa.demos"]
+    assert qa.demos.value == [
+        {"question": "1 + 1", "answer": 2},
+        {"question": "17 * 3", "answer": 51},
+    ]

@@ -14,6 +14,7 @@ from plait.signatures import (
     InputField,
     JSONAdapter,
     OutputField,
+    PlainAdapter,
     Signature,
     format_value,
 )
@@ -270,3 +271,50 @@ def test_chat_adapter_errors_name_the_missing_or_invalid_field():
         StructuredOutputError, match="field `verdict`: Input should be 'good' or 'bad'"
     ):
         ChatAdapter().parse(Rate, reply("[[ ## verdict ## ]]\nmeh\n[[ ## score ## ]]\n2"))
+
+
+# ------------------------------------------------------------------ plain
+class Judge(Signature):
+    """Evaluate the boolean expression."""
+
+    expression: str = InputField()
+    answer: Literal["True", "False"] = OutputField()
+
+
+class Sort(Signature):
+    """Sort the words."""
+
+    words: str = InputField()
+    sorted_words: str = OutputField()
+
+
+def test_plain_adapter_sends_bare_text_and_bare_demo_replies():
+    adapter = PlainAdapter()
+    assert isinstance(adapter, Adapter)
+    messages = adapter.format(
+        Judge,
+        {"expression": "not True is"},
+        demos=[{"expression": "True and True is", "answer": "True"}],
+    )
+    assert messages == (
+        Message("system", "Evaluate the boolean expression."),
+        Message("user", "True and True is"),
+        Message("assistant", "True"),
+        Message("user", "not True is"),
+    )
+    # A choice keeps its schema (the local backend decodes the bare label); text has none.
+    assert adapter.response_schema(Judge).schema["properties"]["answer"]["enum"] == [
+        "True",
+        "False",
+    ]
+    assert adapter.response_schema(Sort) is None
+    assert adapter.parse(Judge, Response(text="False")) == {"answer": "False"}
+    assert adapter.parse(Judge, Response(text='{"answer": "True"}')) == {"answer": "True"}
+    assert adapter.parse(Sort, Response(text="a b c")) == {"sorted_words": "a b c"}
+
+
+def test_plain_adapter_handles_other_signatures_as_json():
+    plain, json_adapter = PlainAdapter(), JSONAdapter()
+    inputs = {"question": "q", "answer": "a"}
+    assert plain.format(Rate, inputs) == json_adapter.format(Rate, inputs)
+    assert plain.response_schema(Rate) == json_adapter.response_schema(Rate)

@@ -7,6 +7,7 @@ compiled library.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,7 @@ from llama_cpp import Llama, StoppingCriteriaList
 if TYPE_CHECKING:
     from plait.backends.local import GenerationProbe
 
-__all__ = ["HookedLlama", "load_llama", "renders_tools"]
+__all__ = ["HookedLlama", "grammar_of", "load_llama", "renders_tools"]
 
 
 class HookedLlama(Llama):
@@ -85,3 +86,9 @@ def renders_tools(llama: Llama) -> bool:
         return False
     template = llama.metadata.get("tokenizer.chat_template", "")
     return "tools" in template and "tool_calls" in template
+
+
+@functools.lru_cache(maxsize=64)
+def grammar_of(gbnf: str) -> llama_cpp.LlamaGrammar:
+    """Returns llama-cpp-python's grammar object for GBNF text (one per text)."""
+    return llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False)

@@ -16,6 +16,17 @@ template renders only ``role`` and ``content``):
   note asks for ``<tool_call>{...}</tool_call>`` and the reply is scanned for
   such blocks; a small model rarely writes them, and then the reply is text.
 
+How a choice among labels is decoded: a response schema whose only field is
+an enum (``Literal["True", "False"]``, an ``Enum``, a signature with one
+``Literal`` output) is decoded with a grammar of the *bare* labels, and the
+label is then written back as the JSON object the schema describes
+(``{"value": "True"}``), so parsing is unchanged. Decoding the JSON instead
+makes the model choose the label after ``{"value": "``, where a small model's
+preference no longer follows the question. Measured on SmolLM2-135M, BBH
+``boolean_expressions`` (100 test items, the same prompt, greedy): text 0.64,
+JSON grammar 0.56 (96 of 100 answers "True"), bare labels 0.64; on
+``sports_understanding`` 0.59 / 0.57 / 0.59 (``benchmarks/labels_bench.py``).
+
 llama-cpp-python's own tool paths (0.3.36) are not used: its template handler
 forces a tool by grammar but never shows the tool to a template like
 SmolLM2's, and its ``chatml-function-calling`` handler constrains an "auto"
@@ -38,7 +49,7 @@ __all__ = ["ChatPlan", "ToolCallFilter", "build_plan"]
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 
-Mode = Literal["text", "schema", "forced", "choose", "auto"]
+Mode = Literal["text", "schema", "label", "forced", "choose", "auto"]
 
 
 @dataclass(slots=True)
@@ -46,9 +57,10 @@ class ChatPlan:
     """What to send to llama-cpp-python and how to read its reply."""
 
     mode: Mode
-    """``text`` plain reply; ``schema`` JSON reply; ``forced`` the reply is the
-    arguments of `tool`; ``choose`` the reply names one of several tools;
-    ``auto`` the reply may contain ``<tool_call>`` blocks."""
+    """``text`` plain reply; ``schema`` JSON reply; ``label`` one of `labels`,
+    bare, given back as JSON; ``forced`` the reply is the arguments of `tool`;
+    ``choose`` the reply names one of several tools; ``auto`` the reply may
+    contain ``<tool_call>`` blocks."""
     messages: tuple[Message, ...]
     tools: tuple[ToolSpec, ...] = ()
     tool: ToolSpec | None = None
@@ -56,7 +68,10 @@ class ChatPlan:
     note: str | None = None
     """Tool description appended to the system turn when the template cannot render tools."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for ``create_chat_completion`` except ``messages`` and ``tools``."""
+    """Keyword arguments for ``create_chat_completion`` except ``messages``, ``tools``
+    and ``grammar``."""
+    labels: LabelChoice | None = None
+    """The labels to choose from (mode ``label``)."""
 
     def chat_messages(self, template_renders_tools: bool) -> list[dict[str, Any]]:
         """Returns the conversation in the OpenAI-style dicts llama-cpp-python expects."""
@@ -92,6 +107,9 @@ class ChatPlan:
             return "", (ToolCall(id=_call_id(), name=self.tool.name, arguments=text),)
         if self.mode == "choose":
             return _read_choice(text, self.tools)
+        if self.mode == "label":
+            assert self.labels is not None
+            return self.labels.as_json(text), ()
         if self.mode == "auto":
             reader = ToolCallFilter(self.tools)
             head = reader.feed(text)
@@ -143,8 +161,82 @@ def build_plan(request: Request, *, seed: int | None) -> ChatPlan:
 def _schema_or_text(request: Request, options: dict[str, Any]) -> ChatPlan:
     if request.response_schema is None:
         return ChatPlan("text", request.messages, options=options)
+    labels = LabelChoice.of(request.response_schema.schema)
+    if labels is not None:
+        return ChatPlan("label", request.messages, options=options, labels=labels)
     options["response_format"] = _json_format(request.response_schema.schema)
     return ChatPlan("schema", request.messages, options=options)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelChoice:
+    """A schema whose one field takes one of a few values: decoded as a bare label."""
+
+    key: str
+    """The field the label is written back under."""
+    values: tuple[Any, ...]
+    """The allowed JSON values (strings, numbers, booleans)."""
+
+    @classmethod
+    def of(cls, schema: dict[str, Any]) -> LabelChoice | None:
+        """Returns the choice a schema describes, or None when it is not one enum field."""
+        properties = schema.get("properties")
+        if schema.get("type") != "object" or not isinstance(properties, dict):
+            return None
+        if len(properties) != 1:
+            return None
+        ((key, spec),) = properties.items()
+        if key not in schema.get("required", ()):
+            return None
+        spec = _resolve(spec, schema)
+        values = spec.get("enum") if "const" not in spec else [spec["const"]]
+        if not isinstance(values, list) or not values:
+            return None
+        if not all(isinstance(v, str | int | float) and v == v for v in values):
+            return None  # bool is an int; NaN is no label
+        texts = [cls._text(v) for v in values]
+        if len(set(texts)) != len(texts) or not all(texts):
+            return None
+        return cls(key, tuple(values))
+
+    @staticmethod
+    def _text(value: Any) -> str:
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def grammar(self) -> str:
+        """Returns a GBNF grammar that accepts exactly the labels, bare."""
+        return "root ::= " + " | ".join(_gbnf_literal(self._text(v)) for v in self.values)
+
+    def as_json(self, text: str) -> str:
+        """Returns the reply as the JSON object of the schema; a cut-off label stays text."""
+        for value in self.values:
+            if self._text(value) == text:
+                return json.dumps({self.key: value}, ensure_ascii=False)
+        return json.dumps({self.key: text}, ensure_ascii=False)
+
+
+def _resolve(spec: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """Follows one local ``$ref`` (pydantic puts an Enum's values under ``$defs``)."""
+    if not isinstance(spec, dict):
+        return {}
+    ref = spec.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        target = schema.get("$defs", {}).get(ref.removeprefix("#/$defs/"))
+        return target if isinstance(target, dict) else {}
+    return spec
+
+
+def _gbnf_literal(text: str) -> str:
+    """Returns ``text`` as a GBNF string literal (quotes, backslashes, controls escaped)."""
+    out = []
+    for char in text:
+        if char in '"\\':
+            out.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(char)
+    return '"' + "".join(out) + '"'
 
 
 def _sampling(request: Request, seed: int | None) -> dict[str, Any]:

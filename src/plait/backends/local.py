@@ -18,6 +18,10 @@ whose arguments follow the tool's schema, unless ``max_tokens`` cuts it short
 (then ``finish_reason`` is ``"length"``). ``"auto"`` describes the tools in
 the prompt and reads ``<tool_call>{...}</tool_call>`` blocks from the reply;
 a 135M model seldom writes one, and then the reply is plain text.
+
+A response schema that is one choice among labels (``Literal``, ``Enum``)
+is decoded as the bare label and given back as the schema's JSON object
+(see `plait.backends._local_prompt.LabelChoice`).
 """
 
 from __future__ import annotations
@@ -292,7 +296,7 @@ class LocalBackend(Backend):
                 piece, finish = _delta(item, finish)
                 if not piece:
                     continue
-                if plan.mode in ("forced", "choose"):
+                if plan.mode in ("forced", "choose", "label"):
                     held.append(piece)
                     continue
                 out = reader.feed(piece) if reader else piece
@@ -415,10 +419,12 @@ def _run_stream(
 
 
 def _chat_kwargs(llama: HookedLlama, plan: ChatPlan) -> dict[str, Any]:
-    from plait.backends._llama import renders_tools
+    from plait.backends._llama import grammar_of, renders_tools
 
     native = renders_tools(llama)
     kwargs = dict(plan.options)
+    if plan.labels is not None:
+        kwargs["grammar"] = grammar_of(plan.labels.grammar())
     kwargs["messages"] = plan.chat_messages(native)
     tools = plan.chat_tools() if native else None
     if tools:

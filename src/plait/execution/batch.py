@@ -32,6 +32,9 @@ class BatchResult:
     """The program's output (None when it failed)."""
     error: BaseException | None = None
     """Why the item failed (an ExecutionError naming the node), or None."""
+    usage: dict[str, Any] | None = None
+    """The item's model calls: ``calls``, ``cached``, ``input_tokens``, ``output_tokens``,
+    ``cost`` (None for an item restored from a checkpoint)."""
 
     @property
     def ok(self) -> bool:

@@ -256,7 +256,14 @@ def _taped(
     """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
     if not runner.training:
         return output
-    tape = Tape(new_tape_id(), graph, results, runner.parameter_table(graph), index=index)
+    tape = Tape(
+        new_tape_id(),
+        graph,
+        results,
+        runner.parameter_table(graph),
+        index=index,
+        manager=runner.manager,
+    )
     value = output if isinstance(output, Value) else valueify(output, kind=_kind_of(output))
     attach_tape(value, tape)
     return value
@@ -343,6 +350,7 @@ async def _run_batch(
 ) -> None:
     """Runs every item, calling ``report(BatchResult)`` as each finishes."""
     from plait.execution.progress import BatchProgress
+    from plait.resources.usage import metered
 
     runner = _runner(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
@@ -351,8 +359,11 @@ async def _run_batch(
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
         graph = trace_cached(module, item_args, kwargs)
-        output, results = await _observed_graph(graph, runner, item_args, kwargs, index)
-        usage_by_index[index] = _usage_of(results)
+        with metered() as meter:  # every call of this item, inner and re-asked ones too
+            try:
+                output, results = await _observed_graph(graph, runner, item_args, kwargs, index)
+            finally:
+                usage_by_index[index] = meter.as_dict()
         return _taped(graph, runner, output, results, index)
 
     checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], runner)
@@ -365,6 +376,7 @@ async def _run_batch(
             def on_result(result: BatchResult) -> Any:
                 reported.add(result.index)
                 usage = usage_by_index.pop(result.index, None)
+                result.usage = usage
                 if checkpoint is not None and result.ok:
                     checkpoint.write(result.index, result.output, usage)
                 if profiler is not None:
@@ -439,15 +451,6 @@ def _open_checkpoint(
     identity = program_identity(module, graph.structural_hash(), runner.manager.config)
     codec = OutputCodec(t for sub in module.modules() for t in sub.declared_output_types())
     return Checkpoint(directory, identity, items, codec)
-
-
-def _usage_of(results: dict[str, Any]) -> dict[str, Any]:
-    """Returns the tokens and cost an item's LLM calls used."""
-    totals = {"input_tokens": 0, "output_tokens": 0, "cost": 0.0}
-    for value in results.values():
-        for key in totals:
-            totals[key] += value.meta.get(key, 0)
-    return totals
 
 
 async def _batch_to_list(

@@ -40,6 +40,8 @@ class Tape:
     """``param:<name>`` → Parameter, for the graph's root module."""
     index: int | None = None
     """Batch index of the input, if any."""
+    manager: Any = None
+    """The ResourceManager the forward pass ran on (backward's default resources)."""
 
 
 _tapes: dict[str, Tape] = {}

@@ -61,7 +61,9 @@ class Predict(Module):
 
     * ``instructions`` — starts as the signature's instructions; the call uses
       ``signature.with_instructions(instructions.value)``.
-    * ``demos`` — the list of few-shot example dicts.
+    * ``demos`` — the list of few-shot example dicts; a structured parameter
+      (``value_type`` is a list of the signature's `Signature.demo_model`), so
+      an optimizer that rewrites it asks for a list of examples of that shape.
 
     An invalid reply is re-asked once with the error shown to the model;
     a second invalid reply raises `StructuredOutputError` naming the field.
@@ -122,9 +124,10 @@ class Predict(Module):
         self.demos = Parameter(
             _jsonable(_demo_list(sig, demos or (), "demos")),
             description=(
-                f"Few-shot examples for the step `{text}`: a list of dicts, each with "
-                "input and output field values."
+                f"Few-shot examples for the step `{text}`: a list of examples, each with "
+                "a value for every input and output field."
             ),
+            value_type=_demo_type(sig),
         )
         self._call_signature: tuple[str, type[Signature]] | None = None
 
@@ -396,6 +399,14 @@ def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from pydantic_core import to_jsonable_python
 
     return to_jsonable_python(demos, fallback=str)
+
+
+def _demo_type(sig: type[Signature]) -> Any:
+    """Returns ``list[<signature>Demo]``, or None when a field type has no JSON schema."""
+    try:
+        return list[sig.demo_model()]  # type: ignore[misc]
+    except TypeError:
+        return None
 
 
 def _demo_list(sig: type[Signature], demos: Any, where: str) -> list[dict[str, Any]]:

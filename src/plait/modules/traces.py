@@ -65,6 +65,8 @@ class TraceRecord:
     """The model that answered, as the provider reported it."""
     rollout_id: str | None = None
     """The rollout id of the request (set by BestOfN and friends)."""
+    index: int | None = None
+    """Position of the batch item the call served (None outside a batch)."""
 
     def as_dict(self) -> dict[str, Any]:
         """Returns the record as a plain dict (one row of `Module.traces_frame`)."""
@@ -134,6 +136,7 @@ def record_trace(
         error=None if error is None else _error_text(error),
         model=response.model if response is not None else None,
         rollout_id=request.rollout_id,
+        index=_context.NODE_SCOPE.get()[1],
     )
     _store(module, record)
     return record

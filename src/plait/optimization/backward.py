@@ -10,6 +10,10 @@ its parameters:
 
 * functional-op nodes (``value["key"]``, ``F.*``) pass feedback through;
 * leaf modules call their ``backward`` (`Module.backward`);
+* a composite module that overrides ``backward`` is visited as one step (a
+  `Scope` of the graph): its override hears the feedback on its output and
+  decides what its inputs and every parameter below it hear; the nodes
+  inside it are not visited;
 * calls made inside an ``async def forward`` node are replayed to their own
   modules' ``backward``, so parameters used inside agents and loops learn too;
 * a parameter formatted into an input (``f"{self.instructions} ..."``) hears
@@ -28,8 +32,8 @@ from typing import Any
 from plait import _context
 from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
-from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
-from plait.tracing.graph import Node, iter_refs, substitute
+from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
+from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
 
 __all__ = ["BackwardReport", "backward", "node_levels"]
@@ -72,7 +76,8 @@ async def backward(
         grad: the feedback to send; default: each output's own payload (a
             loss Value's `Feedback`).
         resources: resources for backward methods that call LLMs (default:
-            those of the active ``ExecutionSettings``).
+            those of the active ``ExecutionSettings``, else those the forward
+            pass ran on).
         retain_tape: keep the tapes for another backward pass.
 
     Raises:
@@ -93,7 +98,7 @@ async def backward(
         text = _as_text(grad if grad is not None else value)
         jobs.extend((get_tape(tape_id), text) for tape_id in tape_ids)
     report = BackwardReport()
-    runner = await _runner_for(resources)
+    runner = await _runner_for(resources, jobs)
     token = _context.RUN.set(runner) if runner is not None else None
     try:
         await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
@@ -108,11 +113,14 @@ async def backward(
     return report
 
 
-async def _runner_for(resources: Any) -> Any:
+async def _runner_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
+    from plait.execution.runner import Runner
+
     resources = find_resources(resources)
     if resources is None:
-        return None
-    from plait.execution.runner import Runner
+        # The forward pass's own manager: a bound program needs no settings block.
+        managers = {id(t.manager): t.manager for t, _ in jobs if t.manager is not None}
+        return Runner(next(iter(managers.values()))) if len(managers) == 1 else None
     from plait.resources import ResourceManager
 
     return Runner(ResourceManager.shared(resources))
@@ -131,31 +139,63 @@ def node_levels(graph: Any) -> dict[str, int]:
     return levels
 
 
-def _waves(tape: Tape) -> list[list[Node]]:
-    """Returns the nodes grouped so that every node comes after all nodes reading it."""
+Site = Node | Scope
+"""What backward visits: a node, or the scope of a composite with its own ``backward``."""
+
+
+def _units(tape: Tape) -> tuple[list[Site], dict[str, Site]]:
+    """Returns the sites in recording order, and the site that answers for each node id.
+
+    A scope's nodes are contiguous in recording order, so putting the scope
+    where its nodes were keeps the order topological.
+    """
     graph = tape.graph
+    owner: dict[str, Site] = {}
+    for scope in graph.scopes:
+        for node_id in scope.node_ids:
+            owner[node_id] = scope
+    sites: list[Site] = []
+    seen: set[str] = set()
+    for node_id in graph.topological_order():
+        site = owner.setdefault(node_id, graph.nodes[node_id])
+        if site.id not in seen:
+            seen.add(site.id)
+            sites.append(site)
+    return sites, owner
+
+
+def _waves(tape: Tape, sites: list[Site], owner: dict[str, Site]) -> list[list[Site]]:
+    """Returns the sites grouped so that every site comes after all sites reading it."""
+    dependents = tape.graph.dependents
     level: dict[str, int] = {}
-    for node_id in reversed(graph.topological_order()):
-        readers = graph.dependents[node_id]
-        level[node_id] = 1 + max((level[r] for r in readers), default=-1)
-    waves: dict[int, list[Node]] = defaultdict(list)
-    for node_id, depth in level.items():
-        waves[depth].append(graph.nodes[node_id])
+    for site in reversed(sites):
+        inside = site.node_ids if isinstance(site, Scope) else (site.id,)
+        readers = {owner[r].id for node_id in inside for r in dependents[node_id]} - {site.id}
+        level[site.id] = 1 + max((level[r] for r in readers), default=-1)
+    waves: dict[int, list[Site]] = defaultdict(list)
+    for site in sites:
+        waves[level[site.id]].append(site)
     return [waves[depth] for depth in sorted(waves)]
 
 
 async def _backward_tape(tape: Tape, feedback: str, report: BackwardReport) -> None:
     pending: dict[str, list[str]] = defaultdict(list)
     levels = node_levels(tape.graph)
+    sites, owner = _units(tape)
+    for scope in tape.graph.scopes:
+        levels[scope.id] = min((levels[n] for n in scope.node_ids), default=0)
+    route = {node_id: site.id for node_id, site in owner.items()}
     for output_id in tape.graph.output_ids:
         if output_id in tape.graph.nodes:
-            pending[output_id].append(feedback)
+            pending[route[output_id]].append(feedback)
         elif output_id in tape.parameters:
             last = 1 + max(levels.values(), default=0)
             _to_parameter(tape.parameters[output_id], output_id[6:], feedback, report, last)
-    for wave in _waves(tape):
-        ready = [node for node in wave if pending.get(node.id) and node.kind != "input"]
-        await asyncio.gather(*(_visit(tape, node, pending, report, levels) for node in ready))
+    for wave in _waves(tape, sites, owner):
+        ready = [site for site in wave if pending.get(site.id) and site.kind != "input"]
+        await asyncio.gather(
+            *(_visit(tape, site, pending, report, levels, route) for site in ready)
+        )
 
 
 def _combined(items: list[str]) -> str:
@@ -168,44 +208,78 @@ def _combined(items: list[str]) -> str:
 
 async def _visit(
     tape: Tape,
-    node: Node,
+    site: Site,
     pending: dict[str, list[str]],
     report: BackwardReport,
     levels: dict[str, int],
+    route: dict[str, str],
 ) -> None:
-    report.nodes.append(node.id)
-    feedback = _combined(pending[node.id])
-    level = levels[node.id]
-    if node.kind == "op":
-        for ref in _refs((node.args, node.kwargs)):
-            _send(tape, ref, feedback, pending, report, via=node.id, level=level)
+    report.nodes.append(site.id)
+    feedback = FeedbackText(_combined(pending[site.id]))
+    level = levels[site.id]
+    if site.kind == "op":
+        for ref in _refs((site.args, site.kwargs)):
+            _send(tape, ref, feedback, pending, report, via=site.id, level=level, route=route)
         return
-    ctx = _context_of(tape, node, feedback)
-    result = node.module.backward(feedback, ctx)
+    ctx = _context_of(tape, site, feedback)
+    result = site.module.backward(feedback, ctx)
     if inspect.isawaitable(result):
         result = await result
-    _apply(tape, node, ctx, result, pending, report, level)
+    result = await _resolved(site.module, site.id, result)
+    _apply(tape, site, ctx, result, pending, report, level, route)
     await asyncio.gather(
-        *(_replay_inner_call(tape, node, call, feedback, report, level) for call in ctx.inner_calls)
+        *(_replay_inner_call(tape, site, call, feedback, report, level) for call in ctx.inner_calls)
     )
 
 
-def _context_of(tape: Tape, node: Node, feedback: str) -> BackwardContext:
+async def _resolved(module: Any, where: str, result: Any) -> BackwardResult:
+    """Returns ``result`` with awaitable feedback values awaited (concurrently) and as text.
+
+    Raises:
+        TypeError: the override returned something that is not a `BackwardResult`.
+    """
+    if not isinstance(result, BackwardResult):
+        raise TypeError(
+            f"{type(module).__name__}.backward ({where}) returned "
+            f"{type(result).__name__}; it must return a BackwardResult(input_feedback=..., "
+            "parameter_feedback=...)"
+        )
+    tables = (result.input_feedback, result.parameter_feedback)
+    waiting = [
+        (table, key) for table in tables for key, v in table.items() if inspect.isawaitable(v)
+    ]
+    if waiting:
+        values = await asyncio.gather(*(table[key] for table, key in waiting))
+        for (table, key), value in zip(waiting, values, strict=True):
+            table[key] = value
+    for table in tables:
+        for key, value in table.items():
+            if not isinstance(value, str):
+                table[key] = _as_text(value)
+    return result
+
+
+def _context_of(tape: Tape, site: Site, feedback: str) -> BackwardContext:
     def lookup(ref: str) -> Any:
         value = tape.results.get(ref)
         return value.payload if value is not None else tape.parameters[ref].value
 
-    args = substitute(node.args, lookup)
-    kwargs = substitute(node.kwargs, lookup)
+    args = substitute(site.args, lookup)
+    kwargs = substitute(site.kwargs, lookup)
+    if isinstance(site, Scope):
+        output, inner = substitute(site.output, lookup), []
+    else:
+        output = tape.results[site.id].payload
+        inner = tape.results[site.id].meta.get("_inner_calls", [])
     return BackwardContext(
-        node_id=node.id,
-        module_path=node.module_path,
+        node_id=site.id,
+        module_path=site.module_path,
         args=args,
         kwargs=kwargs,
-        input_names=_input_names(node.module, len(args)),
-        output=tape.results[node.id].payload,
+        input_names=_input_names(site.module, len(args)),
+        output=output,
         feedback=feedback,
-        inner_calls=tape.results[node.id].meta.get("_inner_calls", []),
+        inner_calls=inner,
     )
 
 
@@ -222,16 +296,17 @@ def _input_names(module: Any, count: int) -> tuple[str, ...]:
 
 def _apply(
     tape: Tape,
-    node: Node,
+    node: Site,
     ctx: BackwardContext,
     result: BackwardResult,
     pending: dict[str, list[str]],
     report: BackwardReport,
     level: int,
+    route: dict[str, str],
 ) -> None:
     for name, text in result.input_feedback.items():
         for ref in _refs(_recorded_input(node, ctx, name)):
-            _send(tape, ref, text, pending, report, via=node.id, level=level)
+            _send(tape, ref, text, pending, report, via=node.id, level=level, route=route)
     own = dict(node.module.named_parameters())
     for name, text in result.parameter_feedback.items():
         param = own.get(name)
@@ -244,7 +319,7 @@ def _apply(
         _to_parameter(param, full, text, report, level)
 
 
-def _recorded_input(node: Node, ctx: BackwardContext, name: str) -> Any:
+def _recorded_input(node: Site, ctx: BackwardContext, name: str) -> Any:
     """Returns what input ``name`` was recorded as; ``name[i]`` is item i of a list input.
 
     Raises:
@@ -283,6 +358,7 @@ def _send(
     report: BackwardReport,
     via: str,
     level: int,
+    route: dict[str, str],
 ) -> None:
     if ref.startswith("param:"):
         param = tape.parameters.get(ref)
@@ -290,7 +366,7 @@ def _send(
             note = f"This text was part of the input of step {via}.\n{text}"
             _to_parameter(param, ref[6:], note, report, level)
         return
-    pending[ref].append(text)
+    pending[route.get(ref, ref)].append(text)
 
 
 def _to_parameter(param: Any, name: str, text: str, report: BackwardReport, level: int) -> None:
@@ -304,7 +380,7 @@ def _to_parameter(param: Any, name: str, text: str, report: BackwardReport, leve
 
 async def _replay_inner_call(
     tape: Tape,
-    node: Node,
+    node: Site,
     call: dict[str, Any],
     feedback: str,
     report: BackwardReport,
@@ -331,6 +407,7 @@ async def _replay_inner_call(
     result = module.backward(feedback, ctx)
     if inspect.isawaitable(result):
         result = await result
+    result = await _resolved(module, ctx.node_id, result)
     own = dict(module.named_parameters())
     for name, text in result.parameter_feedback.items():
         if name in own:

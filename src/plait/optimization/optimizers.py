@@ -18,8 +18,12 @@ usable value comes, the update is *rejected*: logged, recorded in
 
 The conservatism rule (see `plait.optimization.updates`): ``conservatism`` c
 in [0, 1] is told to the model in words (0: rewrite freely, 1: minimal edits)
-and enforced on the result: the share of words changed may be at most
-``1 - 0.9 * c`` (c = 0: anything; the default 0.5: 55 %; c = 1: 10 %).
+and enforced on the result: the words changed may be at most
+``max((1 - 0.9 c) × words, 40 × (1 - c))`` (c = 0: anything; the default 0.5:
+55 % or 20 words, whichever is more, so a short prompt can be rewritten;
+c = 1: 10 %). A new prompt that pastes a run of feedback text is refused too.
+A parameter with a ``value_type`` (Predict's demos) is asked for a value of
+that type, not for JSON inside a string.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
 from plait.optimization.updates import (
+    WORD_FLOOR,
     FeedbackSummary,
     ParameterUpdate,
     StepReport,
@@ -54,6 +59,7 @@ from plait.optimization.updates import (
     kind_of,
     parse_leniently,
     placeholders,
+    update_model_for,
 )
 from plait.parameter import Parameter
 
@@ -383,21 +389,23 @@ class Optimizer:
         prompt = "\n\n".join(parts)
         old_text = as_text(param.value)
         proposals: list[Any] = []
+        sources = param.get_accumulated_feedback()
 
         def usable(update: ParameterUpdate) -> str | None:
-            value, reason = check_update(param.value, update.new_value, self.conservatism)
+            value, reason = check_update(
+                param.value, update.new_value, self.conservatism, sources=sources
+            )
             proposals.append((update, value))
             return reason
 
         max_tokens = min(4096, 256 + len(old_text) // 2)
+        target = update_model_for(param.value_type)
         try:
-            await self._ask_structured(
-                manager, prompt, ParameterUpdate, max_tokens, record, check=usable
-            )
+            await self._ask_structured(manager, prompt, target, max_tokens, record, check=usable)
         except StructuredOutputError as exc:
             record.status, record.reason = "rejected", str(exc)
             if proposals:
-                record.new = proposals[-1][0].new_value
+                record.new = _jsonable(proposals[-1][0].new_value)
             return
         update, value = proposals[-1]
         record.status, record.new, record.rationale = "accepted", value, update.rationale
@@ -411,11 +419,16 @@ class Optimizer:
             how = "Keep what already works and most of the wording; change what the changes need."
         else:
             how = "Make the smallest edit that carries out the changes; keep every other word."
-        lines = [f"{how} (At most {allowed_change(c):.0%} of the words may change.)"]
+        floor = WORD_FLOOR * (1 - c)
+        limit = f"At most {allowed_change(c):.0%} of the words, or {floor:.0f} words, may change."
+        lines = [f"{how} ({limit})"]
         if isinstance(param.value, str):
             fields = sorted(placeholders(param.value))
             if fields:
                 lines.append(f"Keep the placeholders {', '.join(fields)} exactly as written.")
+            lines.append("Do not paste the feedback into it: say what the step should do.")
+        elif param.value_type is not None:
+            lines.append(f"The value is a {kind_of(param.value)}: give the whole new one.")
         else:
             lines.append(f"The value is a {kind_of(param.value)}: give new_value as JSON text.")
         lines.append(
@@ -549,6 +562,12 @@ def _revert(applied: list[tuple[UpdateRecord, Parameter]], reason: str) -> None:
 
 async def _maybe_await(result: Any) -> Any:
     return await result if inspect.isawaitable(result) else result
+
+
+def _jsonable(value: Any) -> Any:
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value, fallback=str)
 
 
 def _upstream_lines(upstream: list[UpdateRecord]) -> str:

@@ -42,7 +42,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.optimizers import Optimizer, StepReport
-from plait.optimization.step import TrainingStep
+from plait.optimization.step import TrainingStep, on_examples
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -76,18 +76,6 @@ class TrainReport:
     history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per optimizer step of this call: ``epoch`` (from 1), ``accepted``,
     ``rejected`` and ``train_score`` (the minibatch's mean loss score, or None)."""
-
-
-class _OnExample(Module):
-    """Runs a training step on an ``(input, target)`` pair, so a batch carries its targets."""
-
-    def __init__(self, step: TrainingStep) -> None:
-        super().__init__()
-        self.step = step
-
-    def forward(self, example: Any) -> Any:
-        inputs, target = example
-        return self.step(inputs, target=target)
 
 
 class Trainer:
@@ -168,7 +156,7 @@ class Trainer:
         self.shuffle = shuffle
         self.seed = seed
         self.max_concurrent = max_concurrent
-        self._examples = _OnExample(step)
+        self._examples = on_examples(step)
 
     # ------------------------------------------------------------------ public
     async def evaluate(self) -> float:
@@ -179,6 +167,7 @@ class Trainer:
             self.metric,
             resources=self.resources,
             max_concurrent=self.max_concurrent,
+            progress=False,
         )
 
     async def fit(self) -> TrainReport:

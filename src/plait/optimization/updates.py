@@ -4,19 +4,31 @@ An optimizer's proposal for a parameter is applied only if `check_update`
 accepts it: not empty, not unchanged, not absurdly long (over 3 × the old
 length + 400 characters), keeping every ``{placeholder}`` of the old value
 (and adding none to a template), of the same JSON type for JSON-data
-parameters, and within the edit size ``conservatism`` allows.
+parameters, not copying a run of feedback text into a prompt, and within the
+edit size ``conservatism`` allows.
 
 The conservatism rule: ``conservatism`` c in [0, 1] is told to the model in
-words (0: rewrite freely, 1: minimal edits) and enforced on the result: the
-share of words changed, ``1 - difflib.SequenceMatcher(old words, new
-words).ratio()``, may be at most ``1 - 0.9 * c`` (c = 0: anything; the default
-0.5: 55 %; c = 1: 10 %). Words, not characters: a prompt is prose, and
-one reworded sentence should count as one change.
+words (0: rewrite freely, 1: minimal edits) and enforced on the result. The
+words changed (`changed_words`: words replaced, inserted or deleted, a
+replaced run counting as the longer of its two sides) may be at most
+
+    max((1 - 0.9 c) × the longer text's words,  40 × (1 - c))
+
+so c = 0 allows anything, the default c = 0.5 allows 55 % of the words or
+20 words, whichever is more, and c = 1 allows 10 %. The floor in words is
+what lets a short prompt be rewritten: with the share alone, a 9-word prompt
+rewritten into a clearer 14-word one (87 % changed) was refused at 0.5, so
+no instruction of a few words could ever improve. Long prompts keep the
+share, so one step cannot replace most of a long prompt (drift), and the copy
+check stops the drift seen before: feedback text ("The output failed the
+check. Expected ...") pasted into the prompt. Words, not characters: a prompt
+is prose, and one reworded sentence should count as one change.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -30,13 +42,17 @@ __all__ = [
     "StepReport",
     "UpdateRecord",
     "allowed_change",
+    "allowed_words",
     "as_text",
     "change_ratio",
+    "changed_words",
     "check_update",
     "clip_middle",
+    "copied_run",
     "kind_of",
     "parse_leniently",
     "placeholders",
+    "update_model_for",
 ]
 
 
@@ -59,6 +75,25 @@ class ParameterUpdate(BaseModel):
 
     rationale: str = Field(max_length=400)
     new_value: str
+
+
+@functools.cache
+def update_model_for(value_type: Any) -> type[BaseModel]:
+    """Returns the reply model of an update call: `ParameterUpdate`, or one with a typed value.
+
+    A parameter with a ``value_type`` (``list[Demo]``) is asked for
+    ``{"rationale": str, "new_value": <value_type>}``, so the reply is data of
+    the right shape rather than JSON written inside a string.
+    """
+    if value_type is None:
+        return ParameterUpdate
+    from pydantic import create_model
+
+    return create_model(
+        "ParameterUpdate",
+        rationale=(str, Field(max_length=400)),
+        new_value=(value_type, ...),
+    )
 
 
 # ------------------------------------------------------------------ records
@@ -134,30 +169,90 @@ def change_ratio(old: str, new: str) -> float:
     return 1.0 - difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
 
 
+def changed_words(old: str, new: str) -> int:
+    """Returns how many words an edit changed: replaced (the longer side), inserted or deleted."""
+    a, b = old.split(), new.split()
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return sum(
+        max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in matcher.get_opcodes() if tag != "equal"
+    )
+
+
+WORD_FLOOR = 40
+"""Words any edit may change at conservatism 0 (scaled by ``1 - c``); see the module docs."""
+
+
 def allowed_change(conservatism: float) -> float:
-    """Returns the largest `change_ratio` an update may have at ``conservatism``."""
+    """Returns the largest share of the (longer text's) words an update may change."""
     return 1.0 - 0.9 * conservatism
 
 
-def check_update(old: Any, proposed: str, conservatism: float) -> tuple[Any, str | None]:
+def allowed_words(conservatism: float, old: str, new: str) -> float:
+    """Returns how many words an edit from ``old`` to ``new`` may change at ``conservatism``."""
+    longer = max(len(old.split()), len(new.split()))
+    bound = max(allowed_change(conservatism) * longer, WORD_FLOOR * (1.0 - conservatism))
+    return round(bound, 9)  # 40 × (1 - 0.9) is 3.9999…, and means 4
+
+
+COPY_RUN = 8
+"""Consecutive words of feedback that a new prompt may not repeat (unless the old one had them)."""
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[\w{}]+", text.casefold())
+
+
+def copied_run(new: str, sources: Any, old: str = "", run: int = COPY_RUN) -> str | None:
+    """Returns a run of ``run`` words that ``new`` repeats from one of ``sources``, if any.
+
+    Runs the old value already had do not count: keeping a sentence is not copying it.
+    """
+    words = _words(new)
+    if len(words) < run:
+        return None
+    seen = {tuple(w[i : i + run]) for w in map(_words, sources) for i in range(len(w) - run + 1)}
+    kept = {tuple(w[i : i + run]) for w in [_words(old)] for i in range(len(w) - run + 1)}
+    for i in range(len(words) - run + 1):
+        piece = tuple(words[i : i + run])
+        if piece in seen and piece not in kept:
+            return " ".join(piece)
+    return None
+
+
+def check_update(
+    old: Any, proposed: Any, conservatism: float, *, sources: Any = ()
+) -> tuple[Any, str | None]:
     """Returns ``(new_value, None)`` for a usable proposal, or ``(None, reason)``.
 
     A string parameter takes the proposed text (stripped, unless the old
     value had surrounding whitespace); a JSON-data parameter (demos, a list)
-    takes the proposed text parsed as JSON of the same type.
+    takes proposed JSON text parsed, or proposed data as it is, when it is
+    of the same JSON type. ``sources`` are the feedback texts the proposal
+    answered: a new prompt must not paste a run of `COPY_RUN` words from them.
     """
-    text = proposed if isinstance(proposed, str) else str(proposed)
-    if not text.strip():
+    if not isinstance(proposed, str) and not isinstance(old, str):
+        from pydantic_core import to_jsonable_python
+
+        value: Any = to_jsonable_python(proposed, fallback=str)  # models become dicts
+        text = as_text(value)
+    else:
+        text = proposed if isinstance(proposed, str) else str(proposed)
+        value = None
+    if not text.strip() or value in ([], {}):
         return None, "the new value is empty"
     if isinstance(old, str):
         old_text = old
-        value: Any = text.strip() if old == old.strip() else text
+        value = text.strip() if old == old.strip() else text
     else:
         old_text = as_text(old)
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return None, f"the new value is not valid JSON (the parameter holds a {kind_of(old)})"
+        if value is None:
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return (
+                    None,
+                    f"the new value is not valid JSON (the parameter holds a {kind_of(old)})",
+                )
         if type(value) is not type(old):
             return (
                 None,
@@ -180,11 +275,22 @@ def check_update(old: Any, proposed: str, conservatism: float) -> tuple[Any, str
         added = sorted(new_fields - old_fields)
         if old_fields and added:
             return None, f"it adds placeholder(s) {', '.join(added)} that the program never fills"
-    ratio, bound = change_ratio(old_text, new_text), allowed_change(conservatism)
-    if ratio > bound + 1e-9:
+        copied = copied_run(new_text, sources, old_text)
+        if copied is not None:
+            return None, (
+                f'it copies "{copied}" from the feedback; write what the step should do, '
+                "not the feedback itself"
+            )
+    changed, bound = (
+        changed_words(old_text, new_text),
+        allowed_words(conservatism, old_text, new_text),
+    )
+    if changed > bound:
+        longer = max(len(old_text.split()), len(new_text.split()))
         return None, (
-            f"it changes {ratio:.0%} of the words; conservatism {conservatism:g} allows "
-            f"at most {bound:.0%}"
+            f"it changes {changed} of {longer} words; conservatism {conservatism:g} allows "
+            f"at most {int(bound)} ({allowed_change(conservatism):.0%} of the words, or "
+            f"{WORD_FLOOR * (1 - conservatism):.0f} words)"
         )
     return value, None
 

@@ -41,7 +41,7 @@ from plait.errors import BackendError, BackendTimeout, BudgetExceededError, Conf
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
 from plait.resources.retry import RetryPolicy, exhausted
-from plait.resources.usage import UsageTotals
+from plait.resources.usage import UsageTotals, active_meters
 
 __all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
 
@@ -574,6 +574,8 @@ class ResourceManager:
         route.totals.record(usage)
         route.endpoint.totals.record(usage)
         self._total.record(usage)
+        for meter in active_meters():
+            meter.record(usage)
 
     def _check_budget(self, route: _Route, holding: int | None = None) -> None:
         """Raises `BudgetExceededError` when a budget is spent.
@@ -609,6 +611,8 @@ class ResourceManager:
 
     def _cache_hit(self, route: _Route, response: Response) -> Response:
         route.endpoint.cache_hits += 1
+        for meter in active_meters():
+            meter.cached += 1
         response.usage.cost = 0.0
         meta = response.meta
         meta["cached"] = True

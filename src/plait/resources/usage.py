@@ -12,12 +12,24 @@ embedded ``local`` model costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from plait.backends.types import Usage
 
-__all__ = ["PRICES", "Price", "Usage", "UsageTotals", "price_for"]
+__all__ = [
+    "PRICES",
+    "Price",
+    "Usage",
+    "UsageMeter",
+    "UsageTotals",
+    "active_meters",
+    "metered",
+    "price_for",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +114,60 @@ class UsageTotals:
         """Returns a copy of the summed usage that later calls will not change."""
         u = self.usage
         return Usage(u.input_tokens, u.output_tokens, u.cost)
+
+
+@dataclass
+class UsageMeter:
+    """Counts the model calls made inside a `metered` block, whatever manager made them.
+
+    One evaluation example, one optimizer run, one candidate: meters measure
+    a piece of work, where `UsageTotals` measure an endpoint. Meters nest:
+    a call counts in every meter open around it.
+    """
+
+    calls: int = 0
+    """Calls that reached a model (each successful attempt; cache hits excluded)."""
+    cached: int = 0
+    """Calls answered from a response cache."""
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+    def record(self, usage: Usage) -> None:
+        """Adds one finished call."""
+        self.calls += 1
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cost += usage.cost
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the counts by name (JSON-compatible)."""
+        return asdict(self)
+
+
+_METERS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar(
+    "plait_usage_meters", default=()
+)
+
+
+def active_meters() -> tuple[UsageMeter, ...]:
+    """Returns the meters open in this context (innermost last)."""
+    return _METERS.get()
+
+
+@contextlib.contextmanager
+def metered(meter: UsageMeter | None = None) -> Iterator[UsageMeter]:
+    """Opens a meter for the calls made in this block (and in tasks it starts).
+
+    Example::
+
+        with metered() as meter:
+            await program(batch)
+        meter.calls, meter.input_tokens
+    """
+    meter = UsageMeter() if meter is None else meter
+    token = _METERS.set((*_METERS.get(), meter))
+    try:
+        yield meter
+    finally:
+        _METERS.reset(token)

@@ -10,6 +10,7 @@ from plait.signatures.adapters import (
     Adapter,
     ChatAdapter,
     JSONAdapter,
+    PlainAdapter,
     format_value,
     validate_outputs,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "InputField",
     "JSONAdapter",
     "OutputField",
+    "PlainAdapter",
     "Signature",
     "SignatureMeta",
     "SignatureSyntaxError",

@@ -16,6 +16,7 @@ __all__ = ["attribute_names", "output_model_for", "outputs_of"]
 
 _CACHE_SIZE = 512
 _cache: OrderedDict[tuple[str, tuple[FieldSpec, ...]], type[Any]] = OrderedDict()
+"""Models by (model name, field specs)."""
 _lock = threading.Lock()
 
 
@@ -40,15 +41,15 @@ def attribute_names(specs: tuple[FieldSpec, ...]) -> dict[str, str]:
     return names
 
 
-def output_model_for(name: str, specs: tuple[FieldSpec, ...]) -> type[Any]:
-    """Returns the pydantic model ``<name>Output`` with one required field per spec (cached)."""
-    key = (name, specs)
+def output_model_for(name: str, specs: tuple[FieldSpec, ...], suffix: str = "Output") -> type[Any]:
+    """Returns the pydantic model ``<name><suffix>`` with one required field per spec (cached)."""
+    key = (f"{name}{suffix}", specs)
     with _lock:
         model = _cache.get(key)
         if model is not None:
             _cache.move_to_end(key)
             return model
-    model = _build(name, specs)
+    model = _build(f"{name}{suffix}", specs)
     with _lock:
         _cache[key] = model
         if len(_cache) > _CACHE_SIZE:
@@ -75,11 +76,11 @@ def _build(name: str, specs: tuple[FieldSpec, ...]) -> type[Any]:
         populate_by_name=True,
     )
     try:
-        return create_model(f"{name}Output", __config__=config, **definitions)
+        return create_model(name, __config__=config, **definitions)
     except Exception as exc:
         fields = ", ".join(f"{s.name}: {s.annotation!r}" for s in specs)
         raise TypeError(
-            f"signature {name}: its outputs ({fields}) cannot be described as a JSON "
+            f"signature model {name}: its fields ({fields}) cannot be described as a JSON "
             f"schema: {type(exc).__name__}: {exc}"
         ) from exc
 

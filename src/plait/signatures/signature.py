@@ -409,6 +409,17 @@ class Signature(metaclass=SignatureMeta):
 
         return output_model_for(cls.__name__, cls._outputs)
 
+    @classmethod
+    def demo_model(cls) -> type[Any]:
+        """Returns a pydantic model of one few-shot demo: every input and output field (cached).
+
+        What an optimizer asks for when it proposes demos, so the reply is a
+        list of examples of the right shape (a grammar on the local backend).
+        """
+        from plait.signatures._models import output_model_for
+
+        return output_model_for(cls.__name__, (*cls._inputs, *cls._outputs), suffix="Demo")
+
     # ---------------------------------------------------------------- helpers
     @classmethod
     def _derived(cls, fields: list[FieldSpec]) -> type[Signature]:

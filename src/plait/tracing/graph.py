@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from plait.values import ValueRef
 
-__all__ = ["InferenceGraph", "Node", "Slot", "Template", "iter_refs", "substitute"]
+__all__ = ["InferenceGraph", "Node", "Scope", "Slot", "Template", "iter_refs", "substitute"]
 
 NodeKind = Literal["input", "call", "op"]
 
@@ -155,6 +155,34 @@ class Node:
         return f"Node({self.id!r}, {self.kind}, {self.name}, deps=[{deps}])"
 
 
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """The call of a composite module that overrides ``backward``: its nodes answer to it.
+
+    Tracing follows a composite's ``forward``, so its calls become ordinary
+    nodes; when the composite defines its own ``backward``, backward visits
+    the scope as one step instead of its nodes (see
+    `plait.optimization.backward`). Its nodes are contiguous in recording order.
+    """
+
+    id: str
+    """The composite's path, ``backward:<path>``."""
+    module: Any
+    module_path: str
+    args: tuple[Any, ...]
+    """Recorded positional arguments of the composite's call (ValueRef / Template inside)."""
+    kwargs: dict[str, Any]
+    output: Any
+    """What its ``forward`` returned, recorded."""
+    node_ids: tuple[str, ...]
+    """The nodes recorded while its ``forward`` ran."""
+
+    @property
+    def kind(self) -> str:
+        """Returns ``"scope"`` (a `Node`'s kind is input, call or op)."""
+        return "scope"
+
+
 class InferenceGraph:
     """A traced program: nodes in recording order (a topological order) plus outputs.
 
@@ -163,6 +191,7 @@ class InferenceGraph:
         input_ids: ids of the input nodes.
         output: the structure ``forward`` returned, with ValueRef / Template inside.
         output_ids: ids of the nodes the output reads, in order.
+        scopes: calls of composites with their own ``backward``, outermost only.
     """
 
     def __init__(
@@ -172,12 +201,14 @@ class InferenceGraph:
         output: Any,
         output_ids: list[str],
         root: Any = None,
+        scopes: tuple[Scope, ...] = (),
     ) -> None:
         self.nodes = nodes
         self.input_ids = input_ids
         self.output = output
         self.output_ids = output_ids
         self.root = root
+        self.scopes = scopes
         self._dependents: dict[str, list[str]] | None = None
         self._hash: str | None = None
 

@@ -31,9 +31,9 @@ from typing import Any, NoReturn
 
 from plait import _context
 from plait.errors import TracingError
-from plait.module import LLMInference, Module, is_async_module
+from plait.module import LLMInference, Module, has_own_backward, is_async_module
 from plait.parameter import Parameter
-from plait.tracing.graph import InferenceGraph, Node, Slot, Template
+from plait.tracing.graph import InferenceGraph, Node, Scope, Slot, Template
 from plait.values import (
     JSON_TOKEN_PATTERN,
     SYMBOLIC,
@@ -181,6 +181,8 @@ class _TraceSession:
         self.module_paths = {id(m): path for path, m in root.named_modules()}
         self.param_paths = {id(p): name for name, p in root.named_parameters()}
         self.scope: list[str] = []
+        self.scopes: list[Scope] = []
+        self._in_override = False
         self._leaf_cache: dict[int, bool] = {}
         self._id_counts: dict[str, int] = {}
         self._sites: dict[tuple[str, int], str] = {}
@@ -231,11 +233,40 @@ class _TraceSession:
         path = self._path_of(module)
         if self._is_leaf(module):
             return self._add_node("call", path, module, None, args, kwargs)
+        if not self._in_override and has_own_backward(module):
+            return self._record_scope(module, path, args, kwargs)
         self.scope.append(path)
         try:
             return module.forward(*args, **kwargs)
         finally:
             self.scope.pop()
+
+    def _record_scope(
+        self, module: Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Follows a composite that overrides ``backward``, noting its inputs, output and nodes."""
+        first = len(self.nodes)
+        self.scope.append(path)
+        self._in_override = True
+        try:
+            output = module.forward(*args, **kwargs)
+        finally:
+            self._in_override = False
+            self.scope.pop()
+        refs: dict[str, None] = {}
+        try:
+            recorded = (
+                tuple(self._record(a, refs) for a in args),
+                {k: self._record(v, refs) for k, v in kwargs.items()},
+                self._record(output, refs),
+            )
+        except _DamagedToken:
+            self.fail_damaged(path or type(module).__name__)
+        node_ids = tuple(list(self.nodes)[first:])
+        self.scopes.append(
+            Scope(f"backward:{path or type(module).__name__}", module, path, *recorded, node_ids)
+        )
+        return output
 
     def record_op(self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Value:
         """Records one functional-op node."""
@@ -367,7 +398,14 @@ class _TraceSession:
             recorded = self._record(output, refs)
         except _DamagedToken:
             self.fail_damaged(None)
-        return InferenceGraph(self.nodes, self.input_ids, recorded, list(refs), root=self.root)
+        return InferenceGraph(
+            self.nodes,
+            self.input_ids,
+            recorded,
+            list(refs),
+            root=self.root,
+            scopes=tuple(self.scopes),
+        )
 
     # ----------------------------------------------------------------- errors
     def fail(self, value: Value, action: str) -> NoReturn:

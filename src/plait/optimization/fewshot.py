@@ -1,0 +1,527 @@
+"""Few-shot demos and instructions: LabeledFewShot, BootstrapFewShot, RandomSearch.
+
+    report = await BootstrapFewShot(exact_match, max_demos=4).compile(
+        program, train, val, resources=config
+    )
+
+These optimizers fill the ``demos`` parameters of a program's `Predict`
+steps (any module with a ``signature`` and a learnable ``demos``
+parameter) and, for `RandomSearch`, choose among instruction candidates.
+They are `ProgramSearch` optimizers: candidates are deep copies evaluated
+concurrently on the validation set, and the program is changed only if a
+candidate is at least as good as the program was (see
+`plait.optimization.search`).
+
+Demo sets are **balanced across labels**: demos are drawn round-robin from
+the examples of each target value, so a set of four demos for a True/False
+task holds two of each instead of following the majority class. (DSPy's
+BootstrapFewShot picked four "True" demos on BBH boolean_expressions, and
+the program then answered "True" to everything: 0.52.)
+
+Where demos come from:
+
+* labeled (`LabeledFewShot`): the training examples themselves, mapped onto
+  the step's fields (an input string fills the only input field, a mapping
+  fills fields by name; the target likewise fills the output field(s));
+* bootstrapped (`BootstrapFewShot`): the program is run on the training
+  examples, and for each example the metric accepts, every step's own call
+  (its inputs and parsed outputs, from its traces) becomes a demo for that
+  step, so a multi-step program gets demos for its inner steps too.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from plait.backends.types import Message, Request, Response, SamplingOptions
+from plait.errors import StructuredOutputError
+from plait.evaluation import Metric, evaluate
+from plait.execution.structured import ask_structured, output_type_for
+from plait.module import Module
+from plait.optimization.search import Candidate, ProgramSearch, _label
+from plait.optimization.updates import as_text, check_update
+from plait.parameter import Parameter
+
+__all__ = [
+    "BootstrapFewShot",
+    "LabeledFewShot",
+    "RandomSearch",
+    "balanced_sample",
+    "demo_modules",
+]
+
+Example = tuple[Any, Any]
+Demo = dict[str, Any]
+
+
+# ----------------------------------------------------------------- helpers
+def demo_modules(program: Module) -> list[tuple[str, Module]]:
+    """Returns the steps whose demos an optimizer may set: ``(path, module)``, in tree order.
+
+    A step is a module with a ``signature`` and a learnable ``demos``
+    parameter (`Predict`, `ChainOfThought` …).
+    """
+    found = []
+    for path, module in program.named_modules():
+        demos = module._parameters.get("demos")
+        has_signature = getattr(module, "signature", None) is not None
+        if has_signature and demos is not None and demos.requires_grad:
+            found.append((path, module))
+    return found
+
+
+def balanced_sample(
+    items: Sequence[Any],
+    label: Callable[[Any], str],
+    k: int,
+    rng: random.Random,
+    fallback: Sequence[Any] = (),
+) -> list[Any]:
+    """Returns up to ``k`` items drawn round-robin across labels, in a shuffled order.
+
+    Each label's items are shuffled, the labels are visited in a shuffled
+    order, and one item is taken from each label in turn: with two labels and
+    ``k`` = 4, two of each (when each label has two). ``fallback`` items are
+    used for a label only after its own ``items`` ran out, and bring in
+    labels ``items`` lack: bootstrapped demos first, labeled ones to balance.
+    """
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for tier in (items, fallback):
+        shuffled = list(tier)
+        rng.shuffle(shuffled)
+        for item in shuffled:
+            groups[label(item)].append(item)
+    order = sorted(groups)
+    rng.shuffle(order)
+    picked: list[Any] = []
+    while len(picked) < k and any(groups.values()):
+        for key in order:
+            if groups[key] and len(picked) < k:
+                picked.append(groups[key].pop(0))
+    rng.shuffle(picked)
+    return picked
+
+
+def labeled_demo(module: Module, example: Example) -> Demo | None:
+    """Returns ``example`` as a demo of ``module``'s signature, or None when it does not fit."""
+    signature = module.signature  # type: ignore[attr-defined]
+    inputs = _fields(signature.input_fields, example[0])
+    outputs = _fields(signature.output_fields, example[1])
+    if inputs is None or outputs is None:
+        return None
+    return _jsonable({**inputs, **outputs})
+
+
+def _fields(fields: Mapping[str, Any], value: Any) -> dict[str, Any] | None:
+    if isinstance(value, Mapping):
+        if all(name in value for name in fields):
+            return {name: value[name] for name in fields}
+        return None
+    if len(fields) == 1:
+        return {next(iter(fields)): value}
+    return None
+
+
+def _jsonable(value: Any) -> Any:
+    from pydantic_core import to_jsonable_python
+
+    return to_jsonable_python(value, fallback=str)
+
+
+def _demo_key(demo: Demo, module: Module) -> str:
+    inputs = {k: demo.get(k) for k in module.signature.input_fields}  # type: ignore[attr-defined]
+    return json.dumps(inputs, sort_keys=True, default=str)
+
+
+def _labeled_pool(program: Module, train: list[Example]) -> dict[str, list[tuple[str, Demo]]]:
+    """Returns, per demo step, the training examples that fit it, each with its label."""
+    pool: dict[str, list[tuple[str, Demo]]] = {}
+    for path, module in demo_modules(program):
+        fitting = [(ex, labeled_demo(module, ex)) for ex in train]
+        pool[path] = [(_label(ex[1]), demo) for ex, demo in fitting if demo is not None]
+    return pool
+
+
+async def bootstrap_pool(
+    program: Module,
+    train: list[Example],
+    metric: Metric | None,
+    resources: Any,
+    *,
+    threshold: float = 1.0,
+    max_concurrent: int | None = None,
+) -> tuple[dict[str, list[tuple[str, Demo]]], float]:
+    """Runs ``program`` on ``train`` and returns each step's demos from the accepted examples.
+
+    Returns:
+        Per demo step (by path): ``(label, demo)`` pairs, one per training
+        example whose score reached ``threshold`` (the step's last successful
+        call for that example), and the program's mean score on ``train``.
+    """
+    teacher = program.copy()  # its own traces, so the caller's records stay as they were
+    result = await evaluate(
+        teacher, train, metric, resources=resources, max_concurrent=max_concurrent, progress=False
+    )
+    accepted = {row.index for row in result.rows if (row.score or 0.0) >= threshold}
+    modules = dict(teacher.named_modules())
+    pool: dict[str, list[tuple[str, Demo]]] = {}
+    for path, _ in demo_modules(program):
+        module = modules[path]
+        latest: dict[int, Demo] = {}
+        for record in module.__dict__.get("_traces", ()):
+            if (
+                record.index in accepted
+                and record.error is None
+                and isinstance(record.output, dict)
+            ):
+                latest[record.index] = _jsonable({**record.inputs, **record.output})
+        pool[path] = [(_label(train[i][1]), demo) for i, demo in sorted(latest.items())]
+    return pool, float(result)
+
+
+def _with_demos(
+    program: Module, chosen: Mapping[str, list[Demo]], instructions: Mapping[str, str] | None = None
+) -> Module:
+    candidate = program.copy()
+    modules = dict(candidate.named_modules())
+    for path, demos in chosen.items():
+        modules[path].demos.value = list(demos)  # type: ignore[union-attr]
+    for path, text in (instructions or {}).items():
+        modules[path].instructions.value = text  # type: ignore[union-attr]
+    return candidate
+
+
+def _pick(
+    pool: Mapping[str, list[tuple[str, Demo]]],
+    program: Module,
+    k: int,
+    rng: random.Random,
+    fallback: Mapping[str, list[tuple[str, Demo]]] | None = None,
+) -> dict[str, list[Demo]]:
+    """Returns a balanced demo set of up to ``k`` per step, without repeated inputs.
+
+    ``fallback`` demos (per step) fill labels that ``pool`` has too few of.
+    """
+    modules = dict(program.named_modules())
+    chosen: dict[str, list[Demo]] = {}
+    for path, items in pool.items():
+        module = modules[path]
+        first = {_demo_key(d, module): (lab, d) for lab, d in items}
+        extra = {
+            key: item
+            for key, item in (
+                (_demo_key(d, module), (lab, d)) for lab, d in (fallback or {}).get(path, [])
+            )
+            if key not in first
+        }
+        picked = balanced_sample(
+            list(first.values()), lambda item: item[0], k, rng, list(extra.values())
+        )
+        chosen[path] = [d for _, d in picked]
+    return chosen
+
+
+def _describe(chosen: Mapping[str, list[Demo]]) -> dict[str, Any]:
+    return {f"{path or 'program'}.demos": len(demos) for path, demos in chosen.items()}
+
+
+def _require_steps(program: Module, owner: str) -> None:
+    if not demo_modules(program):
+        raise ValueError(
+            f"{owner}: {type(program).__name__} has no step with learnable demos (a Predict or "
+            "another module with a signature and a demos parameter)"
+        )
+
+
+# ------------------------------------------------------------ the searches
+class LabeledFewShot(ProgramSearch):
+    """Uses ``k`` training examples, balanced across labels, as every step's demos.
+
+    A step gets demos only from examples that fit its fields (see the module
+    docs); a program whose steps no example fits is an error.
+
+    Args:
+        k: demos per step.
+        metric, balance, max_concurrent: as `ProgramSearch`.
+        seed: the sampling seed.
+    """
+
+    def __init__(self, k: int = 4, metric: Metric | None = None, *, seed: int = 0, **options: Any):
+        super().__init__(metric, **options)
+        if k < 1:
+            raise ValueError(f"LabeledFewShot needs k >= 1, got {k}")
+        self.k = k
+        self.seed = seed
+
+    async def _candidates(
+        self, program: Module, train: list[Example], resources: Any
+    ) -> list[Candidate]:
+        _require_steps(program, type(self).__name__)
+        pool = {path: items for path, items in _labeled_pool(program, train).items() if items}
+        if not pool:
+            raise ValueError(
+                f"LabeledFewShot: no training example fits the fields of any step of "
+                f"{type(program).__name__}; give examples whose input and target are the step's "
+                "field values (a mapping by field name), or use BootstrapFewShot"
+            )
+        chosen = _pick(pool, program, self.k, random.Random(self.seed))
+        return [Candidate(_with_demos(program, chosen), _describe(chosen), "labeled demos")]
+
+
+class BootstrapFewShot(ProgramSearch):
+    """Demos from the program's own successful runs on the training set, balanced across labels.
+
+    The program runs on every training example (concurrently); each step's
+    call on an example the metric accepts becomes a demo for that step. Where
+    the good runs lack a label (a model that always answers "True" has good
+    runs only on True examples) or are too few, labeled examples that fit the
+    step's fields fill in (``fill_labeled``), so the set stays balanced.
+
+    Args:
+        metric: decides which runs are good; default exact match.
+        max_demos: demos per step.
+        threshold: the score a run needs to count as good.
+        fill_labeled: fill a short demo set with labeled examples.
+        seed: the sampling seed.
+        balance, max_concurrent: as `ProgramSearch`.
+    """
+
+    def __init__(
+        self,
+        metric: Metric | None = None,
+        *,
+        max_demos: int = 4,
+        threshold: float = 1.0,
+        fill_labeled: bool = True,
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        super().__init__(metric, **options)
+        if max_demos < 1:
+            raise ValueError(f"BootstrapFewShot needs max_demos >= 1, got {max_demos}")
+        self.max_demos = max_demos
+        self.threshold = threshold
+        self.fill_labeled = fill_labeled
+        self.seed = seed
+
+    async def _candidates(
+        self, program: Module, train: list[Example], resources: Any
+    ) -> list[Candidate]:
+        _require_steps(program, type(self).__name__)
+        if not train:
+            raise ValueError("BootstrapFewShot needs a non-empty train_set")
+        pool, _ = await bootstrap_pool(
+            program,
+            train,
+            self.metric,
+            resources,
+            threshold=self.threshold,
+            max_concurrent=self.max_concurrent,
+        )
+        rng = random.Random(self.seed)
+        labeled = _labeled_pool(program, train) if self.fill_labeled else None
+        chosen = _pick(pool, program, self.max_demos, rng, fallback=labeled)
+        note = f"bootstrapped from {sum(len(v) for v in pool.values())} good runs"
+        return [Candidate(_with_demos(program, chosen), _describe(chosen), note)]
+
+
+class InstructionProposal(BaseModel):
+    """What an instruction-proposal call returns."""
+
+    rationale: str = Field(max_length=300)
+    instruction: str = Field(max_length=600)
+
+
+class RandomSearch(ProgramSearch):
+    """Random search over demo sets and instruction candidates, every candidate concurrently.
+
+    Candidates combine a demo set (bootstrapped from good runs with labeled
+    examples filling in missing labels, or labeled only; balanced across
+    labels; 1 to ``max_demos`` per step) with an
+    instruction for each step (its current one, one of ``instructions``, or
+    one proposed by the optimizer model). The first candidates are the
+    plain ones (bootstrapped demos; labeled demos; each instruction alone),
+    then random combinations up to ``num_candidates``.
+
+    Args:
+        metric: as `ProgramSearch`.
+        num_candidates: candidates besides the program as it was.
+        max_demos: most demos per step.
+        instructions: instruction texts to try (for every step).
+        propose: instructions to ask the optimizer model for, per step.
+        alias: the resource alias of the proposal calls.
+        seed: the sampling seed.
+        balance, max_concurrent: as `ProgramSearch`.
+    """
+
+    def __init__(
+        self,
+        metric: Metric | None = None,
+        *,
+        num_candidates: int = 8,
+        max_demos: int = 4,
+        instructions: Sequence[str] = (),
+        propose: int = 0,
+        alias: str = "optimizer",
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        super().__init__(metric, **options)
+        if num_candidates < 1 or max_demos < 0 or propose < 0:
+            raise ValueError(
+                "RandomSearch needs num_candidates >= 1, max_demos >= 0 and propose >= 0; got "
+                f"{num_candidates}, {max_demos}, {propose}"
+            )
+        self.num_candidates = num_candidates
+        self.max_demos = max_demos
+        self.instructions = [str(text) for text in instructions]
+        self.propose = propose
+        self.alias = alias
+        self.seed = seed
+        self.proposals: dict[str, list[str]] = {}
+        """Instructions the model proposed in the last search, per step (kept or not)."""
+
+    async def _candidates(
+        self, program: Module, train: list[Example], resources: Any
+    ) -> list[Candidate]:
+        _require_steps(program, type(self).__name__)
+        rng = random.Random(self.seed)
+        steps = dict(demo_modules(program))
+        booted: dict[str, list[tuple[str, Demo]]] = {path: [] for path in steps}
+        if train and self.max_demos:
+            booted, _ = await bootstrap_pool(
+                program, train, self.metric, resources, max_concurrent=self.max_concurrent
+            )
+        labeled = _labeled_pool(program, train)
+        texts = await self._instruction_pool(program, steps, train, resources, rng)
+        plans: list[tuple[str, dict[str, list[Demo]], dict[str, str]]] = []
+        if self.max_demos:
+            chosen = _pick(booted, program, self.max_demos, rng, fallback=labeled)
+            plans.append(("bootstrapped demos", chosen, {}))
+            plans.append(("labeled demos", _pick(labeled, program, self.max_demos, rng), {}))
+        for path, pool in texts.items():
+            for text in pool[1:]:
+                plans.append(("instructions", {}, {path: text}))
+        while len(plans) < self.num_candidates:
+            k = rng.randint(1, self.max_demos) if self.max_demos else 0
+            source = rng.choice(["bootstrapped", "labeled"])
+            if source == "bootstrapped":
+                chosen = _pick(booted, program, k, rng, fallback=labeled)
+            else:
+                chosen = _pick(labeled, program, k, rng)
+            instructions = {path: rng.choice(pool) for path, pool in texts.items()}
+            plans.append((f"random: {k} {source} demos", chosen, instructions))
+        candidates = []
+        for note, chosen, instructions in plans[: self.num_candidates]:
+            params: dict[str, Any] = _describe(chosen)
+            for path, text in instructions.items():
+                if text != steps[path].instructions.value:  # type: ignore[union-attr]
+                    params[f"{path or 'program'}.instructions"] = text
+            candidate = _with_demos(program, chosen, instructions)
+            candidates.append(Candidate(candidate, params, note))
+        return candidates
+
+    async def _instruction_pool(
+        self,
+        program: Module,
+        steps: Mapping[str, Module],
+        train: list[Example],
+        resources: Any,
+        rng: random.Random,
+    ) -> dict[str, list[str]]:
+        """Returns per step: its current instructions, then the given and proposed ones."""
+        import asyncio
+
+        pools: dict[str, list[str]] = {}
+        self.proposals = {}
+        for path, module in steps.items():
+            if not isinstance(module._parameters.get("instructions"), Parameter):
+                continue  # a step without learnable instructions keeps what it has
+            current = str(module.instructions.value)  # type: ignore[union-attr]
+            pool = [current, *(t for t in self.instructions if t != current)]
+            if self.propose:
+                proposed = await asyncio.gather(
+                    *(
+                        propose_instruction(
+                            module, train, resources, self.alias, seed=rng.randrange(2**31)
+                        )
+                        for _ in range(self.propose)
+                    )
+                )
+                self.proposals[path] = [p for p in proposed if p is not None]
+                pool += [p for p in self.proposals[path] if p not in pool]
+            pools[path] = pool
+        return pools
+
+
+async def propose_instruction(
+    module: Module,
+    train: Sequence[Example],
+    resources: Any,
+    alias: str = "optimizer",
+    *,
+    seed: int = 0,
+    shown: int = 4,
+) -> str | None:
+    """Asks the optimizer model for new instructions of one step; None when none is usable.
+
+    The model sees the current instructions and a few training examples
+    (input and expected output) and answers ``{"rationale", "instruction"}``
+    through `ask_structured`. A proposal that is empty, the same, too long,
+    or pastes an example is refused (`check_update` at conservatism 0).
+    """
+    from plait.resources import ResourceManager
+
+    manager = ResourceManager.shared(resources)
+    current = str(module.instructions.value)  # type: ignore[attr-defined]
+    rng = random.Random(seed)
+    examples = rng.sample(list(train), min(shown, len(train)))
+    lines = "\n".join(
+        f"- input: {as_text(x)[:300]!s}\n  expected output: {as_text(t)[:100]!s}"
+        for x, t in examples
+    )
+    prompt = (
+        "Write better instructions for one step of an LLM program.\n\n"
+        f"Current instructions:\n<<<\n{current}\n>>>\n\n"
+        f"Examples of the step's input and the output it should give:\n{lines}\n\n"
+        "The instructions must say what to do with any input like these and what to answer. "
+        "Do not copy the examples. Reply with JSON: a short rationale, then the instruction."
+    )
+    output = output_type_for(InstructionProposal)
+    request = Request(
+        messages=(
+            Message("system", "You write instructions for LLM programs."),
+            Message("user", prompt),
+        ),
+        options=SamplingOptions(temperature=0.9, max_tokens=400, seed=seed),
+        response_schema=output.schema,
+    )
+    sources = [f"{as_text(x)} {as_text(t)}" for x, t in examples]
+
+    def parse(response: Response) -> str:
+        proposal = output.read(response)
+        value, reason = check_update(current, proposal.instruction, 0.0, sources=sources)
+        if reason is not None:
+            raise StructuredOutputError(reason, raw=response.text, target=output.name)
+        return value
+
+    def complete(request: Request, accept: Callable[[Response], bool]) -> Any:
+        return manager.complete(alias, request, accept=accept)
+
+    try:
+        reply = await ask_structured(
+            complete,
+            request,
+            parse,
+            expected=output.expected,
+            label=f"RandomSearch (alias {alias!r})",
+        )
+    except StructuredOutputError:
+        return None
+    return reply.value

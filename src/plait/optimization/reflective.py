@@ -1,0 +1,434 @@
+"""ReflectiveSearch: evolve a program by reflecting on the feedback its runs get (GEPA-like).
+
+    search = ReflectiveSearch(exact_match, max_calls=600)
+    report = await search.compile(program, train, val, resources=config)
+
+The search keeps a *pool* of candidate programs and, for each, its score on
+every validation example. Each round:
+
+1. **Select** parents from the Pareto frontier over validation examples: a
+   candidate is on it for an example when no candidate scores higher there;
+   dominated candidates are dropped, and parents are drawn with weight equal
+   to the number of examples each one leads on. A candidate that is best on a
+   few hard examples survives even when its mean is lower.
+2. **Mutate by reflection**: run the parent in training mode on a small
+   minibatch of training examples, send the loss backward through plait's
+   own `backward`, so every parameter collects textual feedback on the calls
+   it took part in, and rewrite one component (parameters in turn):
+   instructions with a `TextGradOptimizer` step (a structured call; an
+   unusable or too drifting proposal is refused, see `check_update`); a
+   ``demos`` parameter by swapping in demos from the minibatch's good runs,
+   balanced across labels.
+3. **Accept** the child only if it beats its parent on that same minibatch,
+   then evaluate it on the whole validation set and add it to the pool.
+4. Every ``merge_every`` rounds, **merge** two frontier candidates that
+   descend from a common ancestor: each parameter is taken from whichever of
+   the two changed it (from the better one when both did).
+
+It stops starting new work once ``max_calls`` model calls (the search's own:
+runs, backward, rewrites, evaluations) are spent; work in flight finishes.
+Proposals of one round, and every evaluation, run concurrently under the
+endpoints' limits. The pool's best (chosen as in `ProgramSearch`: never below
+the start on validation, balanced over labels) is applied to the program.
+
+Why plait's own engine and not the ``gepa`` package (0.1.4, MIT, no
+dependencies), whose adapter API (``GEPAAdapter.evaluate`` returning an
+``EvaluationBatch``, ``make_reflective_dataset``, ``propose_new_texts``,
+``gepa.optimize(seed_candidate, trainset, valset, adapter, max_metric_calls)``)
+was evaluated as the engine:
+
+* its engine and adapter are synchronous and evaluate one candidate at a
+  time: an adapter would have to block a thread on plait's event loop for
+  each evaluation, and the proposals of a round and their evaluations could
+  no longer run concurrently under the endpoint limits;
+* a candidate is ``dict[str, str]``: plait's structured parameters (demos as
+  a typed list) would travel as JSON text and be parsed back;
+* its default proposer asks the reflection LM for free text and reads the new
+  instruction out of a fenced block, which SmolLM2-135M does not write; plait
+  would replace it with its structured, checked updates anyway (a custom
+  ``propose_new_texts``), and would rebuild the "reflective dataset" from the
+  feedback its own backward already routes to each parameter;
+* its budget counts metric calls (examples evaluated), not model calls, so
+  the "same call budget" comparison of the learning benchmark would need a
+  second meter.
+
+What is left for an engine — Pareto bookkeeping, parent sampling, merge — is
+about 150 lines here, in plait's terms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from plait.evaluation import Metric
+from plait.feedback import Feedback
+from plait.module import Module
+from plait.optimization.backward import backward
+from plait.optimization.fewshot import (
+    Example,
+    _demo_key,
+    _jsonable,
+    balanced_sample,
+    demo_modules,
+    labeled_demo,
+)
+from plait.optimization.losses import Loss, VerifierLoss
+from plait.optimization.optimizers import TextGradOptimizer
+from plait.optimization.search import Candidate, ProgramSearch, Trial, _label
+from plait.optimization.step import TrainingStep, on_examples
+from plait.parameter import Parameter
+from plait.values import Value
+
+__all__ = ["ReflectiveSearch"]
+
+logger = logging.getLogger("plait.optimization")
+
+
+@dataclass
+class _Member:
+    """A candidate in the pool: its program, its trial, and where it came from."""
+
+    program: Module
+    trial: Trial
+    parent: int | None = None
+    """Pool index of the parent (None for the start)."""
+    other_parent: int | None = None
+    """The second parent of a merge."""
+    changed: set[str] = field(default_factory=set)
+    """Parameter names this member changed relative to its parent."""
+
+
+class ReflectiveSearch(ProgramSearch):
+    """Reflective evolutionary search with a Pareto frontier, merges and a call budget.
+
+    See the module docs for the algorithm and why it does not use the
+    ``gepa`` package.
+
+    Args:
+        metric: ``metric(output, target)`` for validation and for the default loss.
+        loss: the training loss whose feedback drives reflection (default:
+            ``VerifierLoss(metric)``); an LLM judge gives richer feedback.
+        max_calls: model calls the search may spend.
+        minibatch: training examples per reflection.
+        proposals: children proposed concurrently per round.
+        merge_every: rounds between merges (0: never merge).
+        max_demos: most demos a demo mutation leaves in a step.
+        alias: the resource alias of the rewriting calls.
+        conservatism: how far one rewrite may go (see `Optimizer`).
+        seed: the seed of every random choice.
+        balance, max_concurrent: as `ProgramSearch`.
+    """
+
+    def __init__(
+        self,
+        metric: Metric | None = None,
+        *,
+        loss: Loss | None = None,
+        max_calls: int = 600,
+        minibatch: int = 4,
+        proposals: int = 2,
+        merge_every: int = 3,
+        max_demos: int = 4,
+        alias: str = "optimizer",
+        conservatism: float = 0.5,
+        seed: int = 0,
+        **options: Any,
+    ) -> None:
+        super().__init__(metric, **options)
+        if max_calls < 1 or minibatch < 1 or proposals < 1 or merge_every < 0:
+            raise ValueError(
+                "ReflectiveSearch needs max_calls, minibatch and proposals >= 1 and "
+                f"merge_every >= 0; got {max_calls}, {minibatch}, {proposals}, {merge_every}"
+            )
+        self.loss = loss
+        self.max_calls = max_calls
+        self.minibatch = minibatch
+        self.proposals = proposals
+        self.merge_every = merge_every
+        self.max_demos = max_demos
+        self.alias = alias
+        self.conservatism = conservatism
+        self.seed = seed
+        self.log: list[str] = []
+        """What each proposal of the last search did, in words."""
+
+    async def _search(
+        self,
+        program: Module,
+        train: list[Example],
+        val: list[Example],
+        resources: Any,
+        start: Trial,
+    ) -> list[Trial]:
+        from plait.resources.usage import metered
+
+        if not train:
+            raise ValueError("ReflectiveSearch needs a non-empty train_set")
+        components = [n for n, p in program.named_parameters() if p.requires_grad]
+        if not components:
+            raise ValueError(
+                f"ReflectiveSearch: {type(program).__name__} has no learnable parameter"
+            )
+        rng = random.Random(self.seed)
+        pool = [_Member(program.copy(), start)]
+        self.log = []
+        turn = 0
+        with metered() as meter:
+            round_number, seen = 0, -1
+            while start.calls + meter.calls < self.max_calls:
+                if meter.calls + meter.cached == seen:
+                    break  # a round made no request at all (every reply cached): nothing new
+                seen = meter.calls + meter.cached
+                round_number += 1
+                parents = [self._select(pool, rng) for _ in range(self.proposals)]
+                jobs = []
+                for parent in parents:
+                    name = components[turn % len(components)]
+                    turn += 1
+                    batch = rng.sample(train, min(self.minibatch, len(train)))
+                    jobs.append(
+                        self._mutate(pool, parent, name, batch, val, resources, rng.random())
+                    )
+                for child in await asyncio.gather(*jobs):
+                    if child is not None:
+                        child.trial.number = len(pool)
+                        pool.append(child)
+                if self.merge_every and round_number % self.merge_every == 0:
+                    merged = await self._merge(pool, val, resources, rng)
+                    if merged is not None:
+                        merged.trial.number = len(pool)
+                        pool.append(merged)
+        return [member.trial for member in pool[1:]]
+
+    # ----------------------------------------------------------- selection
+    @staticmethod
+    def frontier(pool: list[_Member]) -> dict[int, int]:
+        """Returns pool index → validation examples it leads on; dominated members are dropped."""
+        vectors = [m.trial.scores for m in pool]
+        best = [max(column) for column in zip(*vectors, strict=True)]
+        leads = {
+            i: sum(s >= b for s, b in zip(v, best, strict=True)) for i, v in enumerate(vectors)
+        }
+        leads = {i: n for i, n in leads.items() if n}
+
+        def dominated(i: int) -> bool:
+            return any(
+                j != i
+                and all(a >= b for a, b in zip(vectors[j], vectors[i], strict=True))
+                and vectors[j] != vectors[i]
+                for j in leads
+            )
+
+        return {i: n for i, n in leads.items() if not dominated(i)} or {0: 1}
+
+    def _select(self, pool: list[_Member], rng: random.Random) -> int:
+        weights = self.frontier(pool)
+        indices = sorted(weights)
+        return rng.choices(indices, weights=[weights[i] for i in indices])[0]
+
+    # ------------------------------------------------------------ mutation
+    async def _mutate(
+        self,
+        pool: list[_Member],
+        parent_index: int,
+        name: str,
+        batch: list[Example],
+        val: list[Example],
+        resources: Any,
+        salt: float,
+    ) -> _Member | None:
+        parent = pool[parent_index]
+        child = parent.program.copy()
+        losses, before = await self._run_training(child, batch, resources)
+        if before and min(before) >= 1.0:
+            self.log.append(f"{name}: the minibatch was already perfect")
+            return None
+        param = dict(child.named_parameters())[name]
+        old = _jsonable(param.value)
+        if _is_demos(child, name):
+            self._mutate_demos(child, name, batch, before, random.Random(salt))
+        else:
+            await backward([v for v in losses if isinstance(v, Value)], resources=resources)
+            optimizer = TextGradOptimizer(
+                [(name, param)], alias=self.alias, conservatism=self.conservatism
+            ).bind(resources)
+            report = await optimizer.step()
+            if not report.accepted:
+                reasons = "; ".join(r.reason for r in report.updates) or "no feedback"
+                self.log.append(f"{name}: rewrite refused ({reasons[:200]})")
+                for _, other in child.named_parameters():
+                    other.zero_feedback()
+                return None
+        for _, other in child.named_parameters():
+            other.zero_feedback()
+        if _jsonable(param.value) == old:
+            self.log.append(f"{name}: no change")
+            return None
+        after = await self._scores(child, batch, resources)
+        if sum(after) <= sum(before):
+            self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, rejected")
+            return None
+        self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, accepted")
+        trial = await self._evaluate_one(0, Candidate(child, {"changed": name}), val, resources)
+        trial.note = f"reflection on {name}, from trial {parent.trial.number}"
+        return _Member(child, trial, parent=parent_index, changed={name})
+
+    async def _run_training(
+        self, program: Module, batch: list[Example], resources: Any
+    ) -> tuple[list[Any], list[float]]:
+        """Runs ``program`` in training mode on ``batch``; returns the losses and their scores."""
+        from plait.execution import run
+
+        step = TrainingStep(program, self.loss or VerifierLoss(self.metric or _exact))
+        examples = on_examples(step)
+        examples.train()
+        try:
+            losses = await run(
+                examples,
+                list(batch),
+                resources=resources,
+                max_concurrent=self.max_concurrent,
+                on_error="collect",
+                progress=False,
+            )
+        finally:
+            examples.eval()
+        scores = []
+        for loss in losses:
+            payload = loss.payload if isinstance(loss, Value) else None
+            score = payload.score if isinstance(payload, Feedback) else None
+            scores.append(0.0 if score is None else float(score))
+        return list(losses), scores
+
+    async def _scores(self, program: Module, batch: list[Example], resources: Any) -> list[float]:
+        from plait.evaluation import evaluate
+
+        result = await evaluate(
+            program,
+            batch,
+            self.metric,
+            resources=resources,
+            max_concurrent=self.max_concurrent,
+            progress=False,
+        )
+        return result.scores
+
+    def _mutate_demos(
+        self,
+        program: Module,
+        name: str,
+        batch: list[Example],
+        scores: list[float],
+        rng: random.Random,
+    ) -> None:
+        """Swaps demos of one step for demos from the minibatch's good runs (or its labels)."""
+        path = name.rpartition(".")[0]
+        module = dict(program.named_modules())[path]
+        param: Parameter = module.demos  # type: ignore[assignment]
+        good: list[tuple[str, dict[str, Any]]] = []
+        for record in module.__dict__.get("_traces", ()):
+            index = record.index
+            if index is None or index >= len(batch) or scores[index] < 1.0:
+                continue
+            if record.error is None and isinstance(record.output, dict):
+                demo = _jsonable({**record.inputs, **record.output})
+                good.append((_label(batch[index][1]), demo))
+        labeled = [
+            (_label(t), d) for (x, t) in batch if (d := labeled_demo(module, (x, t))) is not None
+        ]
+        current = [(_label(_output_of(module, d)), d) for d in param.value or []]
+        fresh = {_demo_key(d, module): (lab, d) for lab, d in good + labeled}
+        for _, d in current:
+            fresh.pop(_demo_key(d, module), None)
+        if not fresh:
+            return
+        keep = max(1, min(self.max_demos, len(current) + 1)) - 1
+        kept = rng.sample(current, min(keep, len(current)))
+        picked = balanced_sample(
+            list(fresh.values()), lambda item: item[0], self.max_demos - len(kept), rng
+        )
+        merged = balanced_sample(kept + picked, lambda item: item[0], self.max_demos, rng)
+        param.value = [d for _, d in merged]
+
+    # --------------------------------------------------------------- merge
+    async def _merge(
+        self, pool: list[_Member], val: list[Example], resources: Any, rng: random.Random
+    ) -> _Member | None:
+        leaders = sorted(self.frontier(pool))
+        pairs = [
+            (a, b)
+            for a in leaders
+            for b in leaders
+            if a < b and not _descends(pool, a, b) and not _descends(pool, b, a)
+        ]
+        rng.shuffle(pairs)
+        for a, b in pairs:
+            ancestor = _common_ancestor(pool, a, b)
+            if ancestor is None:
+                continue
+            base = pool[ancestor].trial.parameters
+            first, second = pool[a].trial, pool[b].trial
+            merged = dict(base)
+            for key in base:
+                took_a = first.parameters.get(key) != base[key]
+                took_b = second.parameters.get(key) != base[key]
+                if took_a and (not took_b or first.score >= second.score):
+                    merged[key] = first.parameters[key]
+                elif took_b:
+                    merged[key] = second.parameters[key]
+            if merged in (first.parameters, second.parameters):
+                continue
+            program = pool[a].program.copy()
+            program.load_state_dict(merged)
+            trial = await self._evaluate_one(
+                0, Candidate(program, {"merge": [first.number, second.number]}), val, resources
+            )
+            trial.note = f"merge of trials {first.number} and {second.number}"
+            self.log.append(f"merge of {first.number} and {second.number}: {trial.score:.3g}")
+            return _Member(program, trial, parent=a, other_parent=b)
+        return None
+
+
+def _exact(output: Any, target: Any) -> bool:
+    from plait.evaluation import exact_match
+
+    return exact_match(output, target)
+
+
+def _is_demos(program: Module, name: str) -> bool:
+    path, _, attribute = name.rpartition(".")
+    return attribute == "demos" and path in dict(demo_modules(program))
+
+
+def _output_of(module: Module, demo: dict[str, Any]) -> Any:
+    fields = list(module.signature.output_fields)  # type: ignore[attr-defined]
+    return demo.get(fields[0]) if len(fields) == 1 else {k: demo.get(k) for k in fields}
+
+
+def _ancestors(pool: list[_Member], index: int) -> list[int]:
+    seen: list[int] = []
+    frontier = [index]
+    while frontier:
+        current = frontier.pop()
+        member = pool[current]
+        for parent in (member.parent, member.other_parent):
+            if parent is not None and parent not in seen:
+                seen.append(parent)
+                frontier.append(parent)
+    return seen
+
+
+def _descends(pool: list[_Member], child: int, ancestor: int) -> bool:
+    return ancestor in _ancestors(pool, child)
+
+
+def _common_ancestor(pool: list[_Member], a: int, b: int) -> int | None:
+    mine = set(_ancestors(pool, a))
+    for candidate in _ancestors(pool, b):
+        if candidate in mine:
+            return candidate
+    return None

@@ -1,0 +1,353 @@
+"""Program-search optimizers against the scripted server: few-shot demos, random and grid search.
+
+The task is a number's parity. The scripted model answers by rules each test
+sets (it reads the request: system prompt, demo turns, temperature), so every
+outcome is deterministic: which demos were chosen, that they are balanced
+across labels, that candidates ran concurrently, and that a search never
+leaves a program worse on validation than it found it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from plait import Predict, ResourceConfig, ResourceManager
+from plait.optimization import (
+    BootstrapFewShot,
+    GridSearch,
+    LabeledFewShot,
+    RandomSearch,
+    balanced_sample,
+    optimize_grid,
+    sign_test,
+)
+from plait.signatures import PlainAdapter
+from plait.testing import ScriptedServer
+
+PARITY = "number -> parity: Literal['even', 'odd']"
+INSTRUCTIONS = "Say whether the number is even or odd."
+BETTER = "Answer even when the last digit is 0, 2, 4, 6 or 8, else odd."
+
+
+def parity(n: int) -> str:
+    return "even" if n % 2 == 0 else "odd"
+
+
+def examples(numbers: list[int]) -> list[tuple[str, str]]:
+    return [(str(n), parity(n)) for n in numbers]
+
+
+def demo_turns(body: dict[str, Any]) -> list[str]:
+    return [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+
+
+def question(body: dict[str, Any]) -> str:
+    return [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+
+
+def system(body: dict[str, Any]) -> str:
+    return body["messages"][0]["content"]
+
+
+Rule = Callable[[dict[str, Any]], bool]
+
+
+def model(knows: Rule) -> Callable[[dict[str, Any]], str]:
+    """A parity model: right when ``knows(request)``, else it always says "even"."""
+
+    def respond(body: dict[str, Any]) -> str:
+        if "InstructionProposal" in json.dumps(body.get("response_format") or {}):
+            return json.dumps({"rationale": "clearer", "instruction": BETTER})
+        if knows(body):
+            return parity(int(question(body)))
+        return "even"
+
+    return respond
+
+
+def balanced_demos(body: dict[str, Any]) -> bool:
+    """Knows the task once it has seen at least one demo of each label."""
+    turns = demo_turns(body)
+    return "even" in turns and "odd" in turns
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ScriptedServer]:
+    async with ScriptedServer(responder=model(balanced_demos)) as running:
+        yield running
+
+
+@pytest.fixture
+def config(server: ScriptedServer) -> ResourceConfig:
+    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=8)})
+
+
+def program() -> Predict:
+    return Predict(PARITY, adapter=PlainAdapter()).copy()
+
+
+def chat_requests(server: ScriptedServer) -> list[dict[str, Any]]:
+    return [r.body for r in server.stats.log if r.body]
+
+
+TRAIN = examples([2, 4, 6, 8, 10, 12, 3, 5])  # majority even: 6 of 8
+VAL = examples(list(range(20, 30)))  # 5 odd: a candidate right on them wins clearly (p = 1/32)
+
+
+# ------------------------------------------------------------------ demos
+def test_balanced_sample_takes_labels_in_turn() -> None:
+    import random
+
+    items = [("even", i) for i in range(6)] + [("odd", i) for i in range(2)]
+    picked = balanced_sample(items, lambda item: item[0], 4, random.Random(0))
+    assert sorted(label for label, _ in picked) == ["even", "even", "odd", "odd"]
+    assert len(balanced_sample(items, lambda item: item[0], 20, random.Random(0))) == 8
+
+
+async def test_labeled_few_shot_balances_a_majority_class(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    qa = program()
+    report = await LabeledFewShot(k=4).compile(qa, TRAIN, VAL, resources=config)
+
+    labels = sorted(demo["parity"] for demo in qa.demos.value)
+    assert labels == ["even", "even", "odd", "odd"]  # not 3 even + 1 odd, as drawn by frequency
+    assert all(set(demo) == {"number", "parity"} for demo in qa.demos.value)
+    assert (report.start.score, report.best.score, report.best.number) == (0.5, 1.0, 1)
+    assert qa.is_compiled() and qa.state.best_score == 1.0
+    assert qa.state.best_params == {"program.demos": 4}
+    assert report.calls == 2 * len(VAL) and len(chat_requests(server)) == 2 * len(VAL)
+
+
+async def test_bootstrap_few_shot_uses_good_runs_and_fills_with_labels(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    qa = program()
+    report = await BootstrapFewShot(max_demos=4).compile(qa, TRAIN, VAL, resources=config)
+
+    # Zero-shot, the model says "even" to all: the 6 even examples were good runs,
+    # the odd ones were not, so the odd demos come from the labels.
+    demos = qa.demos.value
+    assert sorted(d["parity"] for d in demos) == ["even", "even", "odd", "odd"]
+    assert {d["number"] for d in demos if d["parity"] == "odd"} == {"3", "5"}
+    assert report.best.score == 1.0 and "bootstrapped from 6 good runs" in report.best.note
+    # Bootstrapping ran every training example once; then the two evaluations.
+    assert report.calls == len(TRAIN) + 2 * len(VAL)
+
+
+async def test_a_search_never_leaves_the_program_worse_on_validation(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    server.responder = model(lambda body: not demo_turns(body))  # demos confuse this model
+    qa = program()
+    before = qa.state_dict()
+    report = await LabeledFewShot(k=2).compile(qa, TRAIN, VAL, resources=config)
+    assert report.best.number == 0 and not report.improved
+    assert report.trials[1].score < report.start.score
+    assert qa.state_dict() == before and qa.is_compiled()
+
+
+async def test_the_majority_answer_does_not_win_on_a_skewed_validation_set(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # Validation is 4 even : 1 odd. Zero-shot "even" to all scores 0.8; the
+    # demos make the model right on odd numbers but wrong on one even one: 0.8 too.
+    def respond(body: dict[str, Any]) -> str:
+        if not demo_turns(body):
+            return "even"
+        return "odd" if question(body) == "40" else parity(int(question(body)))
+
+    server.responder = respond
+    qa = program()
+    val = examples([40, 42, 44, 46, 41])
+    search = LabeledFewShot(k=2, significance=None)  # one win, one loss: no clear winner
+    report = await search.compile(qa, TRAIN, val, resources=config)
+    assert report.start.score == report.trials[1].score == 0.8
+    assert report.start.selection == 0.5 and report.trials[1].selection == 0.875
+    assert report.best.number == 1
+
+
+async def test_a_candidate_must_win_clearly_to_replace_the_program(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # The demos fix the odd numbers of a small validation set, 2 wins and no loss:
+    # p = 1/4, no clear evidence at the default significance of 0.1.
+    small = examples([20, 21, 22, 23])
+    qa = program()
+    report = await LabeledFewShot(k=2).compile(qa, TRAIN, small, resources=config)
+    assert report.trials[1].score == 1.0 and report.best.number == 0 and qa.demos.value == []
+    assert sign_test([1, 1, 1, 1], [1, 0, 1, 0]) == 0.25
+    assert sign_test([1, 0], [0, 1]) == 0.75 and sign_test([1], [1]) == 1.0
+
+
+async def test_candidates_are_evaluated_concurrently(server: ScriptedServer) -> None:
+    server.latency = 0.05
+    config = ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=64)})
+    search = RandomSearch(num_candidates=6, max_demos=2, seed=1)
+    await search.compile(program(), TRAIN, VAL, resources=config)
+    # Seven programs times six examples: the server saw more than one program's batch at once.
+    assert server.stats.peak_concurrency > len(VAL)
+
+
+async def test_random_search_tries_given_and_proposed_instructions(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    server.responder = model(lambda body: system(body) == BETTER)
+    qa = program()
+    search = RandomSearch(num_candidates=4, max_demos=2, propose=1, seed=0)
+    report = await search.compile(qa, TRAIN, VAL, resources=config)
+    assert search.proposals == {"": [BETTER]}
+    assert qa.instructions.value == BETTER and report.best.score == 1.0
+    assert report.best.params.get("program.instructions") == BETTER
+    assert len(report.trials) == 5
+    table = report.table()
+    assert table.iloc[0]["number"] == report.best.number  # best first
+
+
+# ------------------------------------------------------------------- grid
+def strict(body: dict[str, Any]) -> bool:
+    return body.get("temperature") == 0.0 and system(body) == BETTER
+
+
+async def test_optimize_grid_keeps_the_best_settings_and_records_state(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    server.responder = model(strict)
+    qa = Predict(PARITY, adapter=PlainAdapter(), temperature=0.7)
+    assert not qa.is_compiled()
+    table = await qa.optimize_grid(
+        VAL,
+        None,
+        {"temperature": [0.0, 0.7], "instructions": [INSTRUCTIONS, BETTER]},
+        resources=config,
+    )
+    assert qa.temperature == 0.0 and qa.instructions.value == BETTER
+    assert qa.is_compiled()
+    assert qa.state.best_params == {"temperature": 0.0, "instructions": BETTER}
+    assert qa.state.best_score == 1.0 and len(qa.state.trials) == 5
+    assert list(table.columns) == [
+        "number", "params", "score", "selection", "calls", "cost", "seconds", "note",
+    ]  # fmt: skip
+    assert table.iloc[0]["score"] == 1.0 and table.iloc[0]["calls"] == len(VAL)
+    # The copies were evaluated; the original was never changed mid-search.
+    assert {json.dumps(b.get("temperature")) for b in chat_requests(server)} == {"0.0", "0.7"}
+
+
+async def test_a_grid_search_resumes_from_its_checkpoint(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    server.responder = model(strict)
+    grid = {"temperature": [0.0, 0.7], "instructions": [INSTRUCTIONS, BETTER]}
+    checkpoint = tmp_path / "grid.json"
+    first = Predict(PARITY, adapter=PlainAdapter())
+    await optimize_grid(first, VAL, None, grid, resources=config, checkpoint=checkpoint)
+    server.reset_stats()
+
+    again = Predict(PARITY, adapter=PlainAdapter())
+    report = await GridSearch(grid, checkpoint=checkpoint).compile(
+        again, None, VAL, resources=config
+    )
+    assert server.stats.requests == len(VAL)  # only the start was evaluated again
+    assert again.state.best_params == first.state.best_params
+    assert again.temperature == 0.0 and again.instructions.value == BETTER
+    assert len(report.trials) == 5
+
+
+async def test_grid_keys_are_checked_and_demo_counts_cut(config: ResourceConfig) -> None:
+    qa = Predict(PARITY, adapter=PlainAdapter(), demos=[{"number": "2", "parity": "even"}] * 3)
+    with pytest.raises(ValueError, match=r"no module of Predict has a setting or parameter 'topk'"):
+        await qa.optimize_grid(VAL, None, {"topk": [1, 2]}, resources=config)
+    with pytest.raises(ValueError, match="needs parameters"):
+        await GridSearch({}).compile(qa, None, VAL, resources=config)
+    await qa.optimize_grid(VAL, None, {"demos": [0, 1]}, resources=config)
+    assert [t["params"] for t in qa.state.trials] == [{}, {"demos": 0}, {"demos": 1}]
+
+
+async def test_a_search_without_resources_says_how_to_give_them() -> None:
+    from plait import PlaitError
+
+    with pytest.raises(PlaitError, match="pass resources= to compile"):
+        await LabeledFewShot().compile(program(), TRAIN, VAL)
+
+
+async def test_a_search_bound_through_the_program_uses_its_resources(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    async with ResourceManager(config) as manager:
+        qa = program().bind(manager)
+        report = await LabeledFewShot(k=2).compile(qa, TRAIN, VAL)
+    assert report.best.score == 1.0
+
+
+# ---------------------------------------------------------- embedded model
+def bbh_booleans() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Six training and six validation examples of BBH boolean_expressions, 3 True / 3 False."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "examples" / "data" / "bbh" / "boolean_expressions.json"
+    items = json.loads(path.read_text())["examples"]
+    true = [(x["input"], x["target"]) for x in items if x["target"] == "True"]
+    false = [(x["input"], x["target"]) for x in items if x["target"] == "False"]
+    return true[:3] + false[:3], true[3:6] + false[3:6]
+
+
+def local_program() -> Predict:
+    from typing import Literal
+
+    from plait.signatures import FieldSpec, make_signature
+
+    fields = [
+        FieldSpec("question", str, "", "input"),
+        FieldSpec("answer", Literal["True", "False"], "", "output"),
+    ]
+    signature = make_signature(
+        fields, instructions="Evaluate the boolean expression. Answer True or False.", name="Bool"
+    )
+    return Predict(signature, adapter=PlainAdapter(), temperature=0.0, max_tokens=8)
+
+
+LOCAL = {"*": {"provider": "local", "n_ctx": 2048}}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["labeled", "bootstrap"])
+async def test_few_shot_on_the_embedded_model_never_ends_below_its_start(kind: str) -> None:
+    train, val = bbh_booleans()
+    qa = local_program()
+    search = LabeledFewShot(k=4) if kind == "labeled" else BootstrapFewShot(max_demos=4)
+    report = await search.compile(qa, train, val, resources=ResourceConfig(LOCAL))
+    assert report.best.score >= report.start.score and qa.is_compiled()
+    if report.improved:
+        labels = [d["answer"] for d in qa.demos.value]
+        assert labels.count("True") == labels.count("False") == 2
+    else:
+        assert qa.demos.value == []
+
+
+@pytest.mark.slow
+async def test_random_search_on_the_embedded_model() -> None:
+    train, val = bbh_booleans()
+    qa = local_program()
+    config = ResourceConfig({"task": LOCAL["*"], "optimizer": LOCAL["*"], "*": LOCAL["*"]})
+    search = RandomSearch(num_candidates=3, max_demos=2, propose=1, seed=0)
+    report = await search.compile(qa, train, val, resources=config)
+    assert len(report.trials) == 4 and report.best.score >= report.start.score
+    assert all(isinstance(text, str) and text for text in search.proposals.get("", []))
+
+
+@pytest.mark.slow
+async def test_grid_search_on_the_embedded_model() -> None:
+    _, val = bbh_booleans()
+    qa = local_program()
+    table = await qa.optimize_grid(
+        val,
+        None,
+        {"instructions": ["Answer True or False.", qa.instructions.value]},
+        resources=ResourceConfig(LOCAL),
+    )
+    assert len(table) == 3 and qa.state.best_score == max(table["score"])
+    assert qa.state.best_score >= table[table["number"] == 0]["score"].iloc[0]
