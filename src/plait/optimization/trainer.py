@@ -160,8 +160,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ public
     async def evaluate(self) -> float:
-        """Returns the program's validation score with its current parameters."""
-        return await evaluate(
+        """Returns the program's validation score with its current parameters.
+
+        A plain float (the mean of the `EvaluationResult`), because scores go
+        into the report and the JSON checkpoint.
+        """
+        result = await evaluate(
             self.module,
             self.val_set,
             self.metric,
@@ -169,6 +173,7 @@ class Trainer:
             max_concurrent=self.max_concurrent,
             progress=False,
         )
+        return float(result)
 
     async def fit(self) -> TrainReport:
         """Trains for the remaining epochs and leaves the program with its best parameters."""
