@@ -187,3 +187,35 @@ async def test_open_telemetry_spans_follow_the_gen_ai_conventions_and_nest() -> 
     assert json.loads(chat.attributes["gen_ai.output.messages"])[0]["content"] == (
         "echo: secret words"
     )
+
+
+async def test_evaluate_hooks_bracket_the_run_and_carry_its_result() -> None:
+    recorder = Recorder()
+    data = [("a", "echo: echo: a"), ("b", "wrong")]
+    async with ScriptedServer() as server:
+        with plait.settings.context(callbacks=[recorder]):
+            result = await plait.evaluate(Pipeline(), data, resources=config_of(server))
+    assert result == 0.5
+    hooks = recorder.hooks()
+    assert hooks[0] == "on_evaluate_start" and hooks[-1] == "on_evaluate_end"
+    assert hooks.count("on_lm_start") == 4  # the programs' calls are heard inside it
+    _, start_id, (program, inputs) = recorder.calls[0]
+    assert isinstance(program, Pipeline) and inputs["devset"] == data
+    _, end_id, (outputs, exception) = recorder.calls[-1]
+    assert end_id == start_id and outputs is result and exception is None
+
+
+async def test_evaluate_end_hears_the_exception_that_stopped_it() -> None:
+    recorder = Recorder()
+
+    def broken_metric(output: Any, target: Any) -> Any:
+        return object()  # not a score
+
+    async with ScriptedServer() as server:
+        with plait.settings.context(callbacks=[recorder]), pytest.raises(TypeError):
+            await plait.evaluate(
+                Pipeline(), [("a", "x")], broken_metric, resources=config_of(server)
+            )
+    _, _, (outputs, exception) = recorder.calls[-1]
+    assert recorder.hooks()[-1] == "on_evaluate_end"
+    assert outputs is None and isinstance(exception, TypeError)

@@ -457,11 +457,38 @@ async def evaluate(
     Raises:
         ValueError: the dataset is empty or malformed.
         TypeError: the metric returned something that is not a score.
+
+    Callbacks (``ExecutionSettings(callbacks=...)`` or the module's own) hear
+    ``on_evaluate_start`` with the program, the dataset and the metric, and
+    ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
+    from plait.callbacks import end_call, start_call
+    from plait.execution.observe import callbacks_for
+
     pairs = examples_of(dataset)
     if not pairs:
         raise ValueError("evaluate() got an empty dataset")
     metric = metric or exact_match
+    inputs = {"devset": pairs, "metric": metric}
+    scope = start_call("evaluate", module, inputs, callbacks_for(module))
+    try:
+        result = await _scored(module, pairs, metric, resources, max_concurrent, progress)
+    except BaseException as exc:
+        end_call(scope, None, exc)
+        raise
+    end_call(scope, result)
+    return result
+
+
+async def _scored(
+    module: Module,
+    pairs: list[tuple[Any, Any]],
+    metric: Metric,
+    resources: Any,
+    max_concurrent: int | None,
+    progress: bool | None,
+) -> EvaluationResult:
+    """Runs the examples and scores them: the body of `evaluate`."""
     rows = await _run_rows(
         module,
         [inputs for inputs, _ in pairs],
