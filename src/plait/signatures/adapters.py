@@ -212,16 +212,7 @@ class _MessageAdapter:
         demos: Sequence[Mapping[str, Any]] = (),
         history: Sequence[Message] = (),
     ) -> tuple[Message, ...]:
-        # One system turn, always first (seed 003): a history's own system
-        # prompt (say, a persona) leads it, then the task and its fields. A
-        # history restored from a saved conversation may hold the whole turn an
-        # earlier call sent; its copy of this task is dropped, not sent twice.
-        task = self.format_system(signature)
-        preface = [
-            text for m in history if m.role == "system" and (text := _without_task(m.content, task))
-        ]
-        system = "\n\n".join([*preface, task])
-        messages = [Message("system", system)]
+        messages = [Message("system", self._system_turn(signature, history))]
         for demo in demos:
             pair = self._demo_pair(signature, demo)
             if pair is not None:
@@ -229,6 +220,20 @@ class _MessageAdapter:
         messages.extend(m for m in history if m.role != "system")
         messages.append(Message("user", self.format_inputs(signature, inputs, final=True)))
         return tuple(messages)
+
+    def _system_turn(self, signature: type[Signature], history: Sequence[Message]) -> str:
+        """Returns the one system turn, always first (seed 003).
+
+        A history's own system prompt (say, a persona) leads it, then the task
+        and its fields. A history restored from a saved conversation may hold
+        the whole turn an earlier call sent; its copy of this task is dropped,
+        not sent twice.
+        """
+        task = self.format_system(signature)
+        preface = [
+            text for m in history if m.role == "system" and (text := _without_task(m.content, task))
+        ]
+        return "\n\n".join([*preface, task])
 
     def _demo_pair(
         self, signature: type[Signature], demo: Mapping[str, Any]
@@ -407,25 +412,11 @@ class PlainAdapter(JSONAdapter):
         user:      not ( True ) and ( True ) is
     """
 
-    def format(
-        self,
-        signature: type[Signature],
-        inputs: Mapping[str, Any],
-        demos: Sequence[Mapping[str, Any]] = (),
-        history: Sequence[Message] = (),
-    ) -> tuple[Message, ...]:
+    def _system_turn(self, signature: type[Signature], history: Sequence[Message]) -> str:
         if not _is_plain(signature):
-            return super().format(signature, inputs, demos, history)
+            return super()._system_turn(signature, history)
         preface = [m.content for m in history if m.role == "system" and m.content]
-        system = "\n\n".join([*preface, signature.instructions])
-        messages = [Message("system", system)]
-        for demo in demos:
-            pair = self._demo_pair(signature, demo)
-            if pair is not None:
-                messages.extend(pair)
-        messages.extend(m for m in history if m.role != "system")
-        messages.append(Message("user", self.format_inputs(signature, inputs, final=True)))
-        return tuple(messages)
+        return "\n\n".join([*preface, signature.instructions])
 
     def format_inputs(
         self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
