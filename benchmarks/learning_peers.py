@@ -237,8 +237,10 @@ def main() -> None:
     parser.add_argument("--base-url", required=True)
     args = parser.parse_args()
     task = TASKS[args.task]
-    with tempfile.TemporaryDirectory() as home:  # keeps DSPy's and TextGrad's files out of ~
+    # DSPy's cache and TextGrad's ./logs go to a directory that is removed afterwards.
+    with tempfile.TemporaryDirectory() as home:
         os.environ.setdefault("DSPY_CACHEDIR", home)
+        os.chdir(home)
         if args.method == "TextGrad (peer)":
             result = run_textgrad(task, args.budget, args.base_url)
         else:
