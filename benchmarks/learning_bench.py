@@ -333,10 +333,13 @@ def print_table(results: list[dict[str, Any]], tasks: list[str]) -> None:
             elif "error" in r:
                 row.append("failed")
             else:
-                row.append(f"{r['test']:.2f} / {r['calls']} / {r['minutes']:.1f}")
+                lenient = (r.get("detail") or {}).get("test_lenient")
+                shown = f"{r['test']:.2f}" + (f" [{lenient:.2f}]" if lenient is not None else "")
+                row.append(f"{shown} / {r['calls']} / {r['minutes']:.1f}")
         rows.append(row)
     widths = [max(len(str(x[i])) for x in [header, *rows]) for i in range(len(header))]
-    print("test accuracy / optimisation calls / minutes (100 test items per task)")
+    print("test accuracy / optimisation calls / minutes (100 test items per task);")
+    print("[lenient]: DSPy scored by the first label anywhere in its answer field")
     for row in [header, ["-" * w for w in widths], *rows]:
         print(" | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
     print()
