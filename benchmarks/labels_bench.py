@@ -6,7 +6,8 @@ order), the same zero-shot prompt is run three ways on SmolLM2-135M, greedy:
 * ``text``: no response format; the first word of the reply is the answer
   (`bbh_tasks.normalise`), which forgives "True." and "False, because …";
 * ``Literal``: ``LLMInference(response_format=Literal[labels])``; the local
-  backend decodes the bare label under a grammar and gives it back as JSON;
+  backend decodes the bare label under a grammar (a count may follow a few
+  words: "There are 3.") and gives it back as JSON;
 * ``Literal (JSON grammar)``: the same type, but the reply decoded as the
   JSON object ``{"value": "<label>"}`` under a JSON-schema grammar — how the
   local backend decoded labels before, shown for comparison.

@@ -133,6 +133,19 @@ async def test_a_choice_among_labels_is_decoded_bare_and_given_back_as_json(back
     assert json.loads(text) in ({"value": "True"}, {"value": "False"})
 
 
+async def test_a_count_is_read_after_its_lead_in_even_under_a_tiny_token_cap(backend):
+    labels = tuple(str(n) for n in range(21))
+    schema = output_type_for(Literal[labels]).schema  # type: ignore[valid-type]
+    request = ask(
+        "I have a chair, two tables and a lamp. How many pieces of furniture do I have?",
+        max_tokens=2,
+        response_schema=schema,
+    )
+    reply = await backend.complete(request)
+    assert reply.finish_reason == "stop", reply.text
+    assert json.loads(reply.text)["value"] in labels
+
+
 async def test_concurrent_calls_are_queued_and_all_succeed(backend):
     requests = [ask(f"Say one word about the number {i}.", max_tokens=8) for i in range(8)]
     replies = await asyncio.gather(*(backend.complete(r) for r in requests))

@@ -77,3 +77,20 @@ def test_a_cut_off_label_is_given_back_as_text_that_fails_validation() -> None:
     plan = build_plan(request_for(output_type_for(Literal["True", "False"]).schema.schema), seed=0)
     text, _ = plan.read_reply("Tr")
     assert json.loads(text) == {"value": "Tr"}
+
+
+def test_a_count_may_follow_a_few_words_and_end_with_one_mark() -> None:
+    counts = LabelChoice("value", tuple(str(n) for n in range(21)))
+    assert counts.counts
+    grammar = counts.grammar()
+    assert grammar.startswith('root ::= lead? ("0" | "1" |') and grammar.endswith(
+        '"20") [^0-9]?\nlead ::= [^0-9\\n]{1,60}'
+    )
+    assert json.loads(counts.as_json("There are 3.")) == {"value": "3"}
+    assert json.loads(counts.as_json("10")) == {"value": "10"}
+    numbers = LabelChoice("value", (1, 2, 3))
+    assert json.loads(numbers.as_json("It is 2\n")) == {"value": 2}
+    assert json.loads(numbers.as_json("It is")) == {"value": "It is"}  # cut off: fails validation
+    # Word labels stay bare: no lead-in that could hide a label among words.
+    assert not LabelChoice("value", ("True", "False")).counts
+    assert LabelChoice("value", ("True", "False")).grammar() == 'root ::= "True" | "False"'

@@ -20,7 +20,8 @@ the prompt and reads ``<tool_call>{...}</tool_call>`` blocks from the reply;
 a 135M model seldom writes one, and then the reply is plain text.
 
 A response schema that is one choice among labels (``Literal``, ``Enum``)
-is decoded as the bare label and given back as the schema's JSON object
+is decoded as the bare label (a count after a few words, "There are 3.") and
+given back as the schema's JSON object
 (see `plait.backends._local_prompt.LabelChoice`).
 """
 
@@ -38,7 +39,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plait.backends._local_prompt import ChatPlan, ToolCallFilter, build_plan
+from plait.backends._local_prompt import (
+    COUNT_LEAD_IN_CHARS,
+    ChatPlan,
+    ToolCallFilter,
+    build_plan,
+)
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, ToolCall, Usage
 from plait.errors import BackendError, BackendTimeout, ConfigError
@@ -425,6 +431,11 @@ def _chat_kwargs(llama: HookedLlama, plan: ChatPlan) -> dict[str, Any]:
     kwargs = dict(plan.options)
     if plan.labels is not None:
         kwargs["grammar"] = grammar_of(plan.labels.grammar())
+        if plan.labels.counts and kwargs.get("max_tokens") is not None:
+            # The grammar bounds the reply; a token cap sized for a bare label must not cut
+            # the lead-in. A token is at least one character.
+            floor = COUNT_LEAD_IN_CHARS + len(max(map(str, plan.labels.values), key=len)) + 1
+            kwargs["max_tokens"] = max(kwargs["max_tokens"], floor)
     kwargs["messages"] = plan.chat_messages(native)
     tools = plan.chat_tools() if native else None
     if tools:
