@@ -45,14 +45,13 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Literal
+
+from plait.testing import start_llama_server
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -237,60 +236,6 @@ async def _train(
 
 
 # ------------------------------------------------------------------- peers
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class LlamaServer:
-    """``python -m llama_cpp.server`` with the embedded model, on a free loopback port."""
-
-    def __init__(self, log: Path) -> None:
-        from plait.backends.local import default_model_path
-
-        self.port = _free_port()
-        self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "llama_cpp.server",
-            "--model",
-            str(default_model_path()),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--n_ctx",
-            "4096",
-        ]
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 120
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited; see {log}")
-            try:
-                with urllib.request.urlopen(f"{self.base_url}/models", timeout=2):
-                    return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"llama_cpp.server did not start; see {log}") from None
-                time.sleep(0.5)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
 def run_peer(task: Task, method: str, budget: int, base_url: str) -> dict[str, Any]:
     script = Path(__file__).parent / "learning_peers.py"
     command = [
@@ -394,12 +339,9 @@ def main() -> None:
         peers = [m for m in methods if m in PEER_METHODS and not args.no_peers]
         todo = [(n, m) for n in tasks for m in peers if (n, m) not in done]
         if todo:
-            server = LlamaServer(out.with_suffix(".server.log"))
-            try:
+            with start_llama_server(out.with_suffix(".server.log"), n_ctx=4096) as base_url:
                 for name, method in todo:
-                    _append(out, run_peer(TASKS[name], method, args.budget, server.base_url))
-            finally:
-                server.stop()
+                    _append(out, run_peer(TASKS[name], method, args.budget, base_url))
         print(f"wall time of this run: {(time.perf_counter() - started) / 60:.1f} min\n")
     print_table(load(out), tasks)
 

@@ -13,85 +13,29 @@ skip: CI must exercise this path.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
 import pydantic
 import pytest
 
-from plait.backends.local import default_model_path
 from plait.backends.openai_compat import OpenAICompatBackend
 from plait.backends.types import Message, Request, ResponseSchema, SamplingOptions
+from plait.testing import start_llama_server
 
 pytestmark = pytest.mark.slow
-
-STARTUP_SECONDS = 120.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="session")
 def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Starts llama_cpp.server with the embedded model; yields its base URL."""
-    port = _free_port()
+    """Starts llama_cpp.server with the embedded model; yields its base URL.
+
+    If the server cannot start, the RuntimeError (with the server's output)
+    errors every test that uses it.
+    """
     log_path = tmp_path_factory.mktemp("llama_server") / "server.log"
-    command = [
-        sys.executable,
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(default_model_path()),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_ctx",
-        "2048",
-    ]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            if process.poll() is not None:
-                pytest.fail(
-                    f"llama_cpp.server exited with code {process.returncode} before serving; "
-                    f"install the server extra (pip install -e '.[server]'). Its output:\n"
-                    f"{_tail(log_path)}"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"llama_cpp.server did not answer /v1/models within "
-                        f"{STARTUP_SECONDS:g} s. Its output:\n{_tail(log_path)}"
-                    )
-                time.sleep(0.25)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with start_llama_server(log_path) as base_url:
+        yield base_url
 
 
 @pytest.fixture(params=["aiohttp", "sdk"])
@@ -146,3 +90,17 @@ async def test_json_schema_output_with_auto_dialect(backend):
     assert parsed.color in ("red", "green", "blue")
     again = await backend.complete(ask("Another one, as JSON.", max_tokens=100, schema=SCHEMA))
     Answer.model_validate_json(again.text)
+
+
+def test_a_server_that_cannot_start_is_a_clear_error_with_its_output(tmp_path) -> None:
+    not_a_model = tmp_path / "not-a-model.gguf"
+    not_a_model.write_text("this is not a GGUF file")
+
+    with (
+        pytest.raises(RuntimeError, match="exited with code") as failure,
+        start_llama_server(tmp_path / "server.log", model_path=not_a_model, startup_timeout=60),
+    ):
+        pass
+
+    # The reason is in the server's own output, which the error carries.
+    assert f"Failed to load model from file: {not_a_model}" in str(failure.value)

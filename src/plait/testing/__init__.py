@@ -1,7 +1,8 @@
 """Test helpers that ship with plait: a scripted OpenAI-compatible server.
 
 `ScriptedServer` runs inside a test's event loop; `start_server_process`
-runs the same server in a child process for benchmarks. See
+runs the same server in a child process for benchmarks; `start_llama_server`
+serves the embedded model with ``python -m llama_cpp.server``. See
 `plait.testing.scripted_server` for the full story.
 
 Names are loaded on first use, so ``python -m plait.testing.scripted_server``
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from plait.testing._faults import Fault
+    from plait.testing._llama_server import start_llama_server
     from plait.testing._process import fetch_stats, start_server_process
     from plait.testing._replies import RawReply
     from plait.testing.scripted_server import RequestRecord, ScriptedServer, ServerStats
@@ -26,6 +28,7 @@ __all__ = [
     "ScriptedServer",
     "ServerStats",
     "fetch_stats",
+    "start_llama_server",
     "start_server_process",
 ]
 
@@ -36,6 +39,7 @@ _HOMES = {
     "ScriptedServer": "plait.testing.scripted_server",
     "ServerStats": "plait.testing.scripted_server",
     "fetch_stats": "plait.testing._process",
+    "start_llama_server": "plait.testing._llama_server",
     "start_server_process": "plait.testing._process",
 }
 
