@@ -22,6 +22,7 @@ from plait import (
     run,
     tool,
 )
+from plait.callbacks import call_path
 from plait.testing import Fault, ScriptedServer
 
 
@@ -219,3 +220,49 @@ async def test_evaluate_end_hears_the_exception_that_stopped_it() -> None:
     _, _, (outputs, exception) = recorder.calls[-1]
     assert recorder.hooks()[-1] == "on_evaluate_end"
     assert outputs is None and isinstance(exception, TypeError)
+
+
+async def test_a_tool_that_raises_and_a_module_that_fails_report_their_exceptions() -> None:
+    @tool
+    def divide(a: int, b: int) -> float:
+        """Divides a by b."""
+        return a / b
+
+    class Failing(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llm = LLMInference("llm")
+
+        def forward(self, text: str) -> str:
+            return self.llm(text)
+
+    class EndRecorder(BaseCallback):
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, str, Any]] = []
+
+        def on_tool_end(self, call_id: str, outputs: Any, exception: Any = None) -> None:
+            self.calls.append(("on_tool_end", call_id, (outputs, exception)))
+
+        def on_module_end(self, call_id: str, outputs: Any, exception: Any = None) -> None:
+            self.calls.append(("on_module_end", call_id, (outputs, exception, call_path())))
+
+    recorder = EndRecorder()
+    with plait.settings.context(callbacks=[recorder]):
+        result = await divide.call('{"a": 1, "b": 0}', call_id="c1")
+    assert result.ok is False and isinstance(result.exception, ZeroDivisionError)
+    tool_end = next(rest for name, _, rest in recorder.calls if name == "on_tool_end")
+    assert tool_end[0] is result and tool_end[1] is result.exception
+
+    recorder.calls.clear()
+    async with ScriptedServer() as server:
+        server.inject(Fault(status=400, times=1))
+        with (
+            plait.settings.context(callbacks=[recorder]),
+            pytest.raises(plait.ExecutionError),
+        ):
+            await run(Failing(), "x", resources=config_of(server))
+    module_ends = [rest for name, _, rest in recorder.calls if name == "on_module_end"]
+    assert module_ends and all(outputs is None for outputs, _, _ in module_ends)
+    assert all("HTTP 400" in str(exception) for _, exception, _ in module_ends)
+    # The end hook runs inside the call, so it still names the module ("" is the program).
+    assert sorted(path for _, _, path in module_ends) == ["", "llm"]

@@ -48,6 +48,7 @@ from plait import _context
 __all__ = [
     "BaseCallback",
     "CallScope",
+    "ReportedCall",
     "active_call_id",
     "active_callbacks",
     "call_path",
@@ -189,6 +190,42 @@ def end_call(
     error = exception if isinstance(exception, Exception) else None
     for callback in scope.callbacks:
         _safely(callback, f"on_{scope.kind}_end", scope.call_id, outputs, error)
+
+
+class ReportedCall:
+    """A ``with`` block that ``callbacks`` hear of as one call of ``kind``.
+
+    Entering tells them the call started (`start_call`); leaving tells them it
+    ended (`end_call`) with ``outputs``, which the block sets, or with the
+    exception that escaped the block. ``exception`` reports a failure the
+    call returned rather than raised (a tool's error result)::
+
+        with ReportedCall("lm", config, inputs, callbacks) as call:
+            call.outputs = await send(request)
+    """
+
+    __slots__ = ("_callbacks", "_inputs", "_instance", "_kind", "_scope", "exception", "outputs")
+
+    def __init__(
+        self, kind: str, instance: Any, inputs: dict[str, Any], callbacks: tuple[Any, ...]
+    ) -> None:
+        self._kind = kind
+        self._instance = instance
+        self._inputs = inputs
+        self._callbacks = callbacks
+        self._scope: CallScope | None = None
+        self.outputs: Any = None
+        self.exception: BaseException | None = None
+
+    def __enter__(self) -> ReportedCall:
+        self._scope = start_call(self._kind, self._instance, self._inputs, self._callbacks)
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, traceback: Any) -> None:
+        if exc is None:
+            end_call(self._scope, self.outputs, self.exception)
+        else:
+            end_call(self._scope, None, exc)
 
 
 def _safely(callback: Any, hook: str, *args: Any) -> None:

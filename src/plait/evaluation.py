@@ -462,7 +462,7 @@ async def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
-    from plait.callbacks import end_call, start_call
+    from plait.callbacks import ReportedCall
     from plait.execution.observe import callbacks_for
 
     pairs = examples_of(dataset)
@@ -470,14 +470,9 @@ async def evaluate(
         raise ValueError("evaluate() got an empty dataset")
     metric = metric or exact_match
     inputs = {"devset": pairs, "metric": metric}
-    scope = start_call("evaluate", module, inputs, callbacks_for(module))
-    try:
-        result = await _scored(module, pairs, metric, resources, max_concurrent, progress)
-    except BaseException as exc:
-        end_call(scope, None, exc)
-        raise
-    end_call(scope, result)
-    return result
+    with ReportedCall("evaluate", module, inputs, callbacks_for(module)) as call:
+        call.outputs = await _scored(module, pairs, metric, resources, max_concurrent, progress)
+    return call.outputs
 
 
 async def _scored(

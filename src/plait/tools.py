@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from plait.backends.types import Message, ToolSpec
-from plait.callbacks import active_callbacks, end_call, start_call
+from plait.callbacks import ReportedCall, active_callbacks
 from plait.confirmation import ConfirmationRequired, current_tool_call, is_approved
 from plait.errors import PlaitError
 
@@ -228,13 +228,10 @@ class Tool:
                 approvals are given by this id.
         """
         callbacks = active_callbacks()
-        scope = start_call("tool", self, {"arguments": arguments, "call_id": call_id}, callbacks)
-        try:
-            result = await self._checked_call(arguments, call_id)
-        except BaseException as exc:
-            end_call(scope, None, exc)
-            raise
-        end_call(scope, result, result.exception)
+        inputs = {"arguments": arguments, "call_id": call_id}
+        with ReportedCall("tool", self, inputs, callbacks) as call:
+            result = call.outputs = await self._checked_call(arguments, call_id)
+            call.exception = result.exception
         return result
 
     async def acall(self, **kwargs: Any) -> Any:

@@ -13,13 +13,14 @@ read per node.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from plait import _context
-from plait.callbacks import active_callbacks, callbacks_for, end_call, start_call
+from plait.callbacks import ReportedCall, active_callbacks, callbacks_for
 from plait.module import LLMInference
 
 __all__ = ["module_inputs", "observed", "observed_sync", "resolve_callbacks"]
@@ -64,15 +65,9 @@ async def observed(
     callbacks = callbacks_for(module)
     if not callbacks:
         return await run()
-    scope, tokens = _start(module, args, kwargs, callbacks, path)
-    try:
+    with _module_call(module, args, kwargs, callbacks, path) as call:
         result = await run()
-    except BaseException as exc:
-        end_call(scope, None, exc)
-        raise
-    finally:
-        _reset(tokens)
-    end_call(scope, reported(result))
+        call.outputs = reported(result)
     return result
 
 
@@ -83,27 +78,28 @@ def observed_sync(
     callbacks = callbacks_for(module)
     if not callbacks:
         return run()
-    scope, tokens = _start(module, args, kwargs, callbacks, path)
-    try:
-        result = run()
-    except BaseException as exc:
-        end_call(scope, None, exc)
-        raise
-    finally:
-        _reset(tokens)
-    end_call(scope, result)
+    with _module_call(module, args, kwargs, callbacks, path) as call:
+        result = call.outputs = run()
     return result
 
 
-def _start(
+@contextlib.contextmanager
+def _module_call(
     module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], callbacks: Any, path: str
-) -> tuple[Any, tuple[Any, Any]]:
+) -> Iterator[ReportedCall]:
+    """One module call told to ``callbacks``; inside it, ``call_path()`` names the module.
+
+    The module's callbacks become the active ones inside the block, so the
+    calls it contains (LLM, tools, adapters) are told to them too.
+    """
     path_token = _context.CALL_PATH.set(path or getattr(module, "_name", None) or "")
-    scope = start_call("module", module, module_inputs(module, args, kwargs), callbacks)
-    return scope, (path_token, _context.CALLBACKS.set(callbacks))
-
-
-def _reset(tokens: tuple[Any, Any]) -> None:
-    path_token, callbacks_token = tokens
-    _context.CALLBACKS.reset(callbacks_token)
-    _context.CALL_PATH.reset(path_token)
+    try:
+        inputs = module_inputs(module, args, kwargs)
+        with ReportedCall("module", module, inputs, callbacks) as call:
+            callbacks_token = _context.CALLBACKS.set(callbacks)
+            try:
+                yield call
+            finally:
+                _context.CALLBACKS.reset(callbacks_token)
+    finally:
+        _context.CALL_PATH.reset(path_token)

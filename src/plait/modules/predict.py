@@ -20,7 +20,7 @@ from typing import Any
 
 from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions, message_from_dict
-from plait.callbacks import active_callbacks, end_call, start_call
+from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import PlaitError
 from plait.execution.llm_call import generate
 from plait.execution.run import RUN_KEYWORDS, is_batch
@@ -158,18 +158,9 @@ class Predict(Module):
         sig = self.current_signature()
         demos = _demo_list(sig, self.demos.value or (), "demos parameter")
         turns = history_messages(history)
-        scope = start_call(
-            "adapter_format",
-            self.adapter,
-            {"signature": sig, "inputs": dict(inputs), "demos": demos},
-            active_callbacks(),
-        )
-        try:
-            messages = self.adapter.format(sig, inputs, demos=demos, history=turns)
-        except BaseException as exc:
-            end_call(scope, None, exc)
-            raise
-        end_call(scope, messages)
+        told = {"signature": sig, "inputs": dict(inputs), "demos": demos}
+        with ReportedCall("adapter_format", self.adapter, told, active_callbacks()) as call:
+            messages = call.outputs = self.adapter.format(sig, inputs, demos=demos, history=turns)
         options = SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens)
         if self.tools:  # a step that may call tools: free text, the tools on offer
             return Request(
@@ -193,19 +184,10 @@ class Predict(Module):
             StructuredOutputError: the reply does not hold valid outputs (names the field).
         """
         sig = self.current_signature()
-        scope = start_call(
-            "adapter_parse",
-            self.adapter,
-            {"signature": sig, "completion": response.text},
-            active_callbacks(),
-        )
-        try:
-            outputs = self.adapter.parse(sig, response)
-        except BaseException as exc:
-            end_call(scope, None, exc)
-            raise
-        end_call(scope, outputs)
-        return outputs
+        told = {"signature": sig, "completion": response.text}
+        with ReportedCall("adapter_parse", self.adapter, told, active_callbacks()) as call:
+            call.outputs = self.adapter.parse(sig, response)
+        return call.outputs
 
     # --------------------------------------------------------------- forward
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

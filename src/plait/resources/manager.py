@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from plait import _context
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage, message_to_dict
-from plait.callbacks import active_callbacks, end_call, start_call
+from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
@@ -268,16 +268,12 @@ class ResourceManager:
         callbacks = active_callbacks()
         if not callbacks:
             return await self._cached_or_fresh(route, request, cache, max_retries, accept, on_text)
-        scope = start_call("lm", route.endpoint.config, _lm_inputs(route, request), callbacks)
-        try:
-            response = await self._cached_or_fresh(
+        inputs = _lm_inputs(route, request)
+        with ReportedCall("lm", route.endpoint.config, inputs, callbacks) as call:
+            call.outputs = await self._cached_or_fresh(
                 route, request, cache, max_retries, accept, on_text
             )
-        except BaseException as exc:
-            end_call(scope, None, exc)
-            raise
-        end_call(scope, response)
-        return response
+        return call.outputs
 
     async def _cached_or_fresh(
         self,
