@@ -47,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -250,7 +251,10 @@ def run_peer(task: Task, method: str, budget: int, base_url: str) -> dict[str, A
         "--base-url",
         base_url,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    # TextGrad writes a log folder into the working directory unless told otherwise.
+    logs = Path(tempfile.gettempdir()) / "textgrad-logs"
+    environment = {**os.environ, "TEXTGRAD_LOG_DIR": f"{logs}/"}
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environment)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr or done.stdout)[-600:]

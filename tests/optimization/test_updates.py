@@ -10,6 +10,7 @@ from plait.optimization.updates import (
     change_ratio,
     changed_words,
     check_update,
+    copied_name,
     copied_run,
     parse_leniently,
     placeholders,
@@ -66,6 +67,22 @@ def test_a_prompt_that_pastes_feedback_is_refused() -> None:
     assert check_update(old, own, 0.0, sources=feedback) == (own, None)
     # Keeping a sentence the old value had is not copying it.
     assert copied_run(old + " x", [old], old) is None
+
+
+def test_a_prompt_that_takes_a_name_from_the_feedback_is_refused() -> None:
+    # Seen on SmolLM2-135M (object_counting, TextGrad): seven copied words, one short of a run.
+    old = "Count the objects the question asks about. Answer with only the number."
+    feedback = [
+        "The output failed object_counting_correct. Expected: '2'. Got: Prediction(answer='3')."
+    ]
+    pasted = "The feedback failed object_counting_correct. Expected: 2. Got: Prediction(answer='2')"
+    value, reason = check_update(old, pasted, 0.0, sources=feedback)
+    assert value is None and 'copies "Prediction("' in reason
+    assert copied_name("Use object_counting_correct.", feedback) == "object_counting_correct"
+    # Names the old value had, and plain words, are not copies.
+    assert copied_name("Call fix_it() first.", ["fix_it( failed"], "Call fix_it() now.") is None
+    own = "Count only the things the question names, then answer with the number."
+    assert check_update(old, own, 0.0, sources=feedback) == (own, None)
 
 
 def test_typed_values_are_checked_as_data() -> None:

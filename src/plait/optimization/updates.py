@@ -20,9 +20,13 @@ what lets a short prompt be rewritten: with the share alone, a 9-word prompt
 rewritten into a clearer 14-word one (87 % changed) was refused at 0.5, so
 no instruction of a few words could ever improve. Long prompts keep the
 share, so one step cannot replace most of a long prompt (drift), and the copy
-check stops the drift seen before: feedback text ("The output failed the
-check. Expected ...") pasted into the prompt. Words, not characters: a prompt
-is prose, and one reworded sentence should count as one change.
+checks stop the drift seen before: feedback text ("The output failed the
+check. Expected ...") pasted into the prompt, either as a run of words or as
+a name only the feedback has (``object_counting_correct``, ``Prediction(``):
+a 135M model once wrote "The feedback failed object_counting_correct.
+Expected: 2. Got: Prediction(answer='2.10.2013')" as its new instructions,
+seven copied words in a row, one short of a run. Words, not characters: a
+prompt is prose, and one reworded sentence should count as one change.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "changed_words",
     "check_update",
     "clip_middle",
+    "copied_name",
     "copied_run",
     "kind_of",
     "parse_leniently",
@@ -219,6 +224,24 @@ def copied_run(new: str, sources: Any, old: str = "", run: int = COPY_RUN) -> st
     return None
 
 
+_NAME = re.compile(r"\b[A-Za-z]\w*_\w*|\b[A-Za-z]\w*\(")
+
+
+def copied_name(new: str, sources: Any, old: str = "") -> str | None:
+    """Returns a name that ``new`` takes from one of ``sources``, if any.
+
+    A name is a word with an underscore (a metric's function name) or a word
+    opening a call (``Prediction(``, an output's repr): code the feedback
+    shows, never an instruction to a model. Names the old value had do not count.
+    """
+    found = set(_NAME.findall(new))
+    if not found:
+        return None
+    seen = {name for text in sources for name in _NAME.findall(text)}
+    kept = set(_NAME.findall(old))
+    return next((name for name in sorted(found) if name in seen and name not in kept), None)
+
+
 def check_update(
     old: Any, proposed: Any, conservatism: float, *, sources: Any = ()
 ) -> tuple[Any, str | None]:
@@ -275,7 +298,7 @@ def check_update(
         added = sorted(new_fields - old_fields)
         if old_fields and added:
             return None, f"it adds placeholder(s) {', '.join(added)} that the program never fills"
-        copied = copied_run(new_text, sources, old_text)
+        copied = copied_run(new_text, sources, old_text) or copied_name(new_text, sources, old_text)
         if copied is not None:
             return None, (
                 f'it copies "{copied}" from the feedback; write what the step should do, '
