@@ -16,7 +16,7 @@ Methods:
   (4 bootstrapped + 4 labeled demos), ``DSPy MIPROv2-light``
   (``auto="light"``, 4 + 4 demos, valset = the validation split), each on a
   ``dspy.Predict`` of the signature ``question -> answer`` with the task's
-  instructions, ``temperature=0``, no cache;
+  instructions, ``temperature=0``, replies capped at 256 tokens, no cache;
 * ``TextGrad (peer)``: ``TextualGradientDescent`` on the system prompt of a
   ``BlackboxLLM`` (the prompt-optimisation recipe of TextGrad's tutorial):
   minibatches of 3 training examples, a string-based correctness loss, one
@@ -81,6 +81,9 @@ def run_dspy(task: Task, method: str, budget: int, base_url: str) -> dict[str, A
         api_key="none",
         temperature=0.0,
         max_tokens=MAX_TOKENS,
+        # LiteLLM sends the cap as ``max_completion_tokens``, which llama_cpp.server
+        # ignores (replies ran to the end of the context); ``max_tokens`` it honours.
+        extra_body={"max_tokens": MAX_TOKENS},
         cache=False,
         num_retries=0,
     )
