@@ -26,8 +26,10 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── CheckpointMismatchError  it was written by another program or for other inputs
     ├── AllAttemptsFailedError    every attempt of BestOfN / Refine failed;
     │                             plait.modules.best_of_n
-    └── RequirementsNotMetError   outputs still break requirements after repair;
-                                  plait.modules.requirements
+    ├── RequirementsNotMetError   outputs still break requirements after repair;
+    │                             plait.modules.requirements
+    └── DatasetError              a data file of the ``plait`` command cannot be read or
+                                  written; names file, line and column; plait.cli.datasets
 
 Foreign exceptions are wrapped at one boundary (the backend adapters) and
 chained with ``raise ... from exc``, so the original traceback is never lost.

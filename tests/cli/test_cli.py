@@ -111,17 +111,6 @@ def test_a_later_row_without_the_column_fails_alone(server, resources, tmp_path)
     assert [written[0]["output"], written[2]["output"]] == ["echo: a", "echo: c"]
 
 
-def test_a_bad_json_line_is_named_by_file_and_line(server, resources, tmp_path):
-    source = tmp_path / "in.jsonl"
-    source.write_text('{"text": "a"}\n{"text": \n')
-
-    done = plait_cli("run", program("Summarize"), "-i", str(source),
-                     "-o", str(tmp_path / "o.jsonl"), "-r", str(resources))  # fmt: skip
-
-    assert done.code == 2
-    assert f"{source}:2: row 1 is not valid JSON" in done.stderr
-
-
 def test_a_rerun_with_the_checkpoint_dir_calls_only_the_rows_that_did_not_finish(
     server, resources, tmp_path
 ):

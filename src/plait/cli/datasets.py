@@ -8,14 +8,19 @@ Errors name the file and the line (or row) that is wrong.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from plait import _jsontext as jsontext
+from plait.errors import PlaitError
+
 __all__ = [
     "FORMATS",
+    "MAX_CSV_FIELD",
     "DatasetError",
     "RowWriter",
     "count_rows",
@@ -28,7 +33,7 @@ FORMATS = ("jsonl", "csv", "parquet")
 _SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet"}
 
 
-class DatasetError(Exception):
+class DatasetError(PlaitError):
     """A data file cannot be read or written as asked; the message names the file and row."""
 
 
@@ -64,9 +69,12 @@ def _pyarrow() -> Any:
 def read_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[tuple[int, dict]]:
     """Yields ``(row_number, row)`` for every row of a file, row numbers from 0.
 
+    JSON Lines and CSV are UTF-8 text (a byte-order mark at the start is dropped).
+
     Raises:
-        DatasetError: the file is missing, or a row is not an object / not
-            valid; the message names the file and the line.
+        DatasetError: the file is missing or is not of its format, or a row is
+            not an object / not valid / nested too deep; the message names the
+            file, the line and, where it can, the column.
     """
     fmt = format_of(path, fmt)
     if not Path(path).is_file():
@@ -81,60 +89,166 @@ def read_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[
 
 def _read_jsonl(path: Any) -> Iterator[tuple[int, dict]]:
     row = 0
-    with open(path, encoding="utf-8") as file:
-        for line_number, line in enumerate(file, 1):
-            if not line.strip():
-                continue
+    for line_number, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            data = jsontext.loads(line.rstrip("\r\n"))  # so that columns count in this line
+        except ValueError as exc:
+            raise DatasetError(_json_problem(path, line_number, row, exc)) from None
+        if not isinstance(data, dict):
+            raise DatasetError(
+                f"{path}:{line_number}: row {row} is a JSON {type(data).__name__}; each "
+                'line must be an object whose keys are column names, e.g. {"text": "..."}'
+            )
+        yield row, data
+        row += 1
+
+
+def _json_problem(path: Any, line_number: int, row: int, exc: ValueError) -> str:
+    if not isinstance(exc, json.JSONDecodeError):  # a number too long to convert
+        return f"{path}:{line_number}: row {row} is not valid JSON ({exc})"
+    where = f"{path}:{line_number}:{exc.colno}: row {row}"
+    if isinstance(exc, jsontext.TooDeep):
+        return (
+            f"{where} nests lists or objects more than {jsontext.MAX_DEPTH} levels deep; "
+            "flatten it, or keep the structure as JSON text in a string column"
+        )
+    return f"{where} is not valid JSON ({exc.msg}); each line must be one JSON object"
+
+
+def _utf8_lines(path: Any) -> Iterator[tuple[int, str]]:
+    """Yields ``(line_number, line)`` of a UTF-8 text file, lines split as in text mode."""
+    try:
+        with open(path, encoding="utf-8-sig") as file:
+            yield from enumerate(file, 1)
+    except UnicodeDecodeError:
+        raise _not_utf8(path) from None
+
+
+def _not_utf8(path: Any) -> DatasetError:
+    """Returns the error naming the first byte of ``path`` that is not UTF-8.
+
+    Text files are decoded a block at a time, so the decoder's offset says
+    nothing about lines; this second pass over the bytes finds line and column.
+    """
+    with open(path, "rb") as file:
+        for line_number, raw in enumerate(file, 1):
             try:
-                data = json.loads(line)
-            except ValueError as exc:
-                raise DatasetError(
-                    f"{path}:{line_number}: row {row} is not valid JSON ({exc})"
-                ) from None
-            if not isinstance(data, dict):
-                raise DatasetError(
-                    f"{path}:{line_number}: row {row} is a JSON {type(data).__name__}; each "
-                    'line must be an object whose keys are column names, e.g. {"text": "..."}'
+                raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                column = len(raw[: exc.start].decode("utf-8")) + 1
+                return DatasetError(
+                    f"{path}:{line_number}:{column}: byte 0x{raw[exc.start]:02x} is not UTF-8 "
+                    "text; plait reads CSV and JSON Lines as UTF-8, so save the file as UTF-8 "
+                    "(or pass --input-format if it is Parquet)"
                 )
-            yield row, data
-            row += 1
+    return DatasetError(f"{path}: is not UTF-8 text; save it as UTF-8")
+
+
+MAX_CSV_FIELD = 16 * 1024 * 1024
+"""Longest CSV field read (characters): far above any model's context, and a bound on what
+one unclosed quote can pull into a single field."""
+
+
+def _csv_records(path: Any) -> Iterator[tuple[int, list[str]]]:
+    """Yields ``(line_number, fields)`` of each CSV record but blank ones; the number is the
+    line the record starts on."""
+    csv.field_size_limit(MAX_CSV_FIELD)
+    with open(path, encoding="utf-8-sig", newline="") as file:
+        reader = csv.reader(file)
+        ended = 0  # the line the last record ended on
+        try:
+            for fields in reader:
+                if fields:
+                    yield ended + 1, fields
+                ended = reader.line_num
+        except UnicodeDecodeError:
+            raise _not_utf8(path) from None
+        except csv.Error as exc:
+            raise DatasetError(_csv_problem(path, ended + 1, exc)) from None
+
+
+def _csv_problem(path: Any, line_number: int, exc: csv.Error) -> str:
+    if "field limit" in str(exc):
+        return (
+            f"{path}:{line_number}: a field is longer than {MAX_CSV_FIELD // 2**20} MiB, most "
+            "often a quote that is never closed; check the quotes on that line, or write "
+            "long texts as JSON Lines"
+        )
+    return f"{path}:{line_number}: not valid CSV ({exc})"
 
 
 def _read_csv(path: Any) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8", newline="") as file:
-        reader = csv.DictReader(file)
-        for row, data in enumerate(reader):
-            if None in data:
-                raise DatasetError(
-                    f"{path}:{reader.line_num}: row {row} has more fields than the header "
-                    f"({len(reader.fieldnames or [])} columns)"
-                )
-            yield row, dict(data)
+    records = _csv_records(path)
+    header = next(records, None)
+    if header is None:
+        return
+    line_number, columns = header
+    _check_header(path, line_number, columns)
+    for row, (line_number, fields) in enumerate(records):
+        if len(fields) > len(columns):
+            raise DatasetError(
+                f"{path}:{line_number}: row {row} has more fields than the header "
+                f"({len(columns)} columns)"
+            )
+        yield row, dict(itertools.zip_longest(columns, fields))  # missing fields: None
+
+
+def _check_header(path: Any, line_number: int, columns: list[str]) -> None:
+    seen = set()
+    for column in columns:
+        if column in seen:
+            raise DatasetError(
+                f"{path}:{line_number}: column {column!r} appears twice in the header; "
+                "rename one, so that neither hides the other's values"
+            )
+        seen.add(column)
+
+
+def _parquet_file(path: Any) -> Any:
+    """Returns ``path`` opened as a `pyarrow.parquet.ParquetFile`."""
+    pq = _pyarrow()
+    import pyarrow
+
+    try:
+        return pq.ParquetFile(path)
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise DatasetError(
+            f"{path}: not a Parquet file (pyarrow: {exc}); check the file, or pass "
+            "--input-format jsonl or csv if it holds text rows"
+        ) from None
 
 
 def _read_parquet(path: Any) -> Iterator[tuple[int, dict]]:
-    pq = _pyarrow()
+    parquet = _parquet_file(path)
+    import pyarrow
+
     row = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-        for data in batch.to_pylist():
-            yield row, data
-            row += 1
+    try:
+        for batch in parquet.iter_batches(batch_size=1024):
+            for data in batch.to_pylist():
+                yield row, data
+                row += 1
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise DatasetError(
+            f"{path}: rows from {row} cannot be read (pyarrow: {exc}); the file is damaged"
+        ) from None
 
 
 def count_rows(path: str | os.PathLike[str], fmt: str | None = None) -> int:
-    """Returns how many rows ``read_rows`` will yield, reading as little as it can."""
-    fmt = format_of(path, fmt)
-    if fmt == "parquet":
-        return int(_pyarrow().ParquetFile(path).metadata.num_rows)
-    if fmt == "csv":
-        with open(path, encoding="utf-8", newline="") as file:
-            return max(0, sum(1 for _ in csv.reader(file)) - 1)
-    count = 0
-    with open(path, "rb") as file:
-        for line in file:
-            if line.strip():
-                count += 1
-    return count
+    """Returns how many rows ``read_rows`` will yield.
+
+    JSON Lines and CSV are read through (and so checked) whole, a row at a time,
+    so a bad row stops a run before any model call; Parquet keeps the count in
+    its metadata.
+
+    Raises:
+        DatasetError: as `read_rows`.
+    """
+    if format_of(path, fmt) == "parquet" and Path(path).is_file():
+        return int(_parquet_file(path).metadata.num_rows)
+    return sum(1 for _ in read_rows(path, fmt))
 
 
 # ------------------------------------------------------------------ writing

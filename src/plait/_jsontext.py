@@ -1,0 +1,82 @@
+"""JSON text read from a user's files, parsed with a bound on nesting.
+
+Python's JSON parser recurses once per level, so a line of ten thousand ``[``
+ends in a bare ``RecursionError``, and a few hundred levels parse but break the
+first recursive walk after them. `loads` finds nesting past its bound before
+parsing, and reports it as `TooDeep`, a `json.JSONDecodeError` carrying the line
+and column like any other unreadable JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "TooDeep", "loads"]
+
+MAX_DEPTH = 100
+"""Most arrays and objects JSON from a file may nest inside each other; real data
+nests a few levels, and tracing refuses inputs nested deeper than this anyway."""
+
+
+class TooDeep(json.JSONDecodeError):
+    """JSON text nests deeper than the bound; ``lineno`` and ``colno`` point at the first
+    bracket past it."""
+
+
+# A whole string, so that brackets inside it are skipped (an unclosed one runs to the end).
+_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"?'
+_STRING_OR_BRACKET = re.compile(_STRING + r"|[\[\]{}]", re.DOTALL)
+_STRING_OR_NOT_BRACKET = re.compile(_STRING + r'|[^\[\]{}"]+', re.DOTALL)
+_INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
+
+
+def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """Returns the value of JSON ``text`` that nests at most ``max_depth`` levels.
+
+    NaN and infinities are read as Python reads them (floats).
+
+    Raises:
+        TooDeep: the text nests deeper than ``max_depth``.
+        json.JSONDecodeError: the text is not JSON.
+    """
+    if _may_nest_deeper(text, max_depth):
+        too_deep = _first_bracket_past(text, max_depth)
+        if too_deep is not None:
+            raise TooDeep(
+                f"lists or objects nested more than {max_depth} levels deep", text, too_deep
+            )
+    return json.loads(text)
+
+
+def _may_nest_deeper(text: str, max_depth: int) -> bool:
+    """Whether ``text`` may nest deeper than ``max_depth``, found with C-speed passes only.
+
+    With strings and everything but brackets taken out, each pass removes the
+    innermost level (every adjacent pair); brackets left after ``max_depth``
+    passes nest deeper, or do not pair up (then the JSON parser says where).
+    """
+    if text.count("[") + text.count("{") <= max_depth:  # most text stops here
+        return False
+    brackets = _STRING_OR_NOT_BRACKET.sub("", text)
+    for _ in range(max_depth):
+        inner = _INNERMOST_PAIR.sub("", brackets)
+        if inner == brackets:
+            return bool(inner)
+        brackets = inner
+    return bool(brackets)
+
+
+def _first_bracket_past(text: str, max_depth: int) -> int | None:
+    """Returns the offset of the first ``[`` or ``{`` nested past ``max_depth``, if any."""
+    depth = 0
+    for token in _STRING_OR_BRACKET.finditer(text):
+        bracket = token.group()
+        if bracket in ("[", "{"):
+            depth += 1
+            if depth > max_depth:
+                return token.start()
+        elif bracket in ("]", "}"):
+            depth -= 1
+    return None
