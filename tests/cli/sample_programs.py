@@ -45,3 +45,30 @@ def build_summarize() -> Summarize:
 
 
 not_a_program = 42
+
+
+class Clashing(Module):
+    """A dict output whose keys are the names of plait's own columns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tag = LLMInference("llm", "Tag.")
+
+    def forward(self, text: str) -> dict:
+        return {"row": self.tag(text), "error": "none", "score": text}
+
+
+class NotFinite(Module):
+    """An output holding NaN and infinities, which JSON cannot spell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = LLMInference("llm", "Answer.")
+
+    def forward(self, text: str) -> dict:
+        return {"answer": self.answer(text), "ratio": float("nan"), "spread": [float("inf"), 1.5]}
+
+
+def nan_metric(output: object, target: object) -> float:
+    """A metric that returns NaN, which is no score."""
+    return float("nan")

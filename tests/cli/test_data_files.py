@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,76 @@ def assert_refused(done, where: str) -> None:
     assert done.code == 2, done.stderr
     assert f"plait: error: {where}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------ row content
+def test_columns_and_output_keys_named_like_plaits_own_columns_are_kept_beside_them(
+    server, resources, tmp_path
+):
+    source = write_jsonl(
+        tmp_path / "in.jsonl", [{"text": "a", "row": "R-7", "error": "user note", "score": 3}]
+    )
+    out = tmp_path / "out.jsonl"
+
+    done = run(source, out, resources, "Clashing")
+
+    assert done.code == 0, done.stderr
+    [written] = read_jsonl(out)
+    assert written == {
+        "row": 0, "text": "a", "input.row": "R-7", "input.error": "user note", "score": 3,
+        "output.row": "echo: a", "output.error": "none", "output.score": "a", "error": None,
+    }  # fmt: skip
+
+
+def test_eval_keeps_an_input_column_named_score_beside_the_score(server, resources, tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a", "target": "echo: a", "score": 9}])
+    out = tmp_path / "scored.csv"
+
+    done = plait_cli("eval", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    with out.open(newline="") as file:
+        [written] = list(csv.DictReader(file))
+    assert written["input.score"] == "9" and written["score"] == "1.0"
+    assert written["row"] == "0" and written["output"] == "echo: a"
+
+
+def test_nan_and_infinity_are_written_as_valid_json_csv_and_parquet(server, resources, tmp_path):
+    pq = pytest.importorskip("pyarrow.parquet")
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"text": "a", "measured": NaN, "limit": -Infinity}\n')
+
+    for suffix in ("jsonl", "csv", "parquet"):
+        done = run(source, tmp_path / f"out.{suffix}", resources, "NotFinite")
+        assert done.code == 0, done.stderr
+
+    [line] = (tmp_path / "out.jsonl").read_text().splitlines()
+    written = strict_json(line)
+    assert written["measured"] is None and written["limit"] is None
+    assert written["ratio"] is None and written["spread"] == [None, 1.5]
+    assert written["answer"] == "echo: a"
+    with (tmp_path / "out.csv").open(newline="") as file:
+        [cells] = list(csv.DictReader(file))
+    assert cells["measured"] == "" and cells["ratio"] == ""
+    assert strict_json(cells["spread"]) == [None, 1.5]
+    [table] = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert math.isnan(table["ratio"]) and table["spread"] == [math.inf, 1.5]
+
+
+def test_a_metric_that_returns_nan_fails_its_row_and_keeps_the_mean_a_number(
+    server, resources, tmp_path
+):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a", "target": "x"}])
+    out = tmp_path / "scored.jsonl"
+
+    done = plait_cli("eval", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources), "--metric", program("nan_metric"))  # fmt: skip
+
+    assert done.code == 1, done.stderr
+    [written] = [strict_json(line) for line in out.read_text().splitlines()]
+    assert written["score"] == 0.0 and "returned nan" in written["error"]
+    assert strict_json((tmp_path / "scored.run.json").read_text())["metrics"]["score"] == 0.0
 
 
 # ------------------------------------------------------------------ CSV

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,18 +268,43 @@ class _JsonlWriter(RowWriter):
         self.file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close)
 
     def write(self, row: dict[str, Any]) -> None:
-        self.file.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        self.file.write(_json_text(row) + "\n")
         self.file.flush()
 
     def close(self) -> None:
         self.file.close()
 
 
+def _json_text(value: Any) -> str:
+    """Returns ``value`` as JSON text; NaN and infinities, which JSON cannot spell, as null.
+
+    Objects JSON does not know are written as their text.
+    """
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:  # a float JSON cannot spell, somewhere inside: rare, so walk only now
+        return json.dumps(_finite(value), ensure_ascii=False, default=str, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    """Returns ``value`` with every NaN or infinity inside it replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _cell(value: Any) -> Any:
-    """A CSV cell: text and numbers as they are, anything else as JSON."""
-    if value is None or isinstance(value, str | int | float | bool):
+    """A CSV cell: text and numbers as they are (NaN and infinities empty, as in JSON Lines),
+    anything else as JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | int | bool):
         return value
-    return json.dumps(value, ensure_ascii=False, default=str)
+    return _json_text(value)
 
 
 class _CsvWriter(RowWriter):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,12 @@ class FileRun:
     metric: Callable[[Any, Any], Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """More execution options (``timeout``, ``deadline``, ``cache``)."""
+
+    @property
+    def own_columns(self) -> tuple[str, ...]:
+        """The columns plait writes itself: the row number, the error, and for ``eval`` the
+        score."""
+        return ("row", "score", "error") if self.metric is not None else ("row", "error")
 
 
 @dataclass
@@ -196,21 +203,9 @@ def _write(
     outcome: RunOutcome,
 ) -> None:
     row_number, row = entry
-    record: dict[str, Any] = {"row": row_number}
-    if run.keep_inputs:
-        record.update(row)
-    if error is None:
-        for key, value in output_columns(output).items():
-            record[f"output.{key}" if key in row and run.keep_inputs else key] = value
+    record = _record(run, row_number, row, output_columns(output) if error is None else {})
     if run.metric is not None:
-        from plait.evaluation import score_of
-
-        score = 0.0
-        if error is None:
-            try:
-                score = score_of(run.metric, output, row.get(run.target_column))
-            except Exception as exc:  # a metric that fails on one row fails that row
-                error = f"metric failed: {type(exc).__name__}: {exc}"
+        score, error = _score(run, output, row, error)
         record["score"] = score
         outcome.score_total += score
     record["error"] = error
@@ -221,6 +216,48 @@ def _write(
         if len(outcome.first_failures) < 5:
             outcome.first_failures.append(f"row {row_number}: {error}")
     progress.advance(error is None)
+
+
+def _record(run: FileRun, row_number: int, row: dict, outputs: dict[str, Any]) -> dict[str, Any]:
+    """Returns the written row before its score and error: the row number, the inputs
+    (unless ``--no-inputs``), then the outputs.
+
+    No value hides another: an input column named like one of ``run.own_columns``
+    is written as ``input.<name>``, and an output key named like one of them or like
+    an input column as ``output.<name>``.
+    """
+    taken = run.own_columns
+    record: dict[str, Any] = {"row": row_number}
+    if run.keep_inputs:
+        for key, value in row.items():
+            record[_free_name(key, "input.", record, taken)] = value
+    for key, value in outputs.items():
+        record[_free_name(key, "output.", record, taken)] = value
+    return record
+
+
+def _free_name(key: str, prefix: str, record: dict[str, Any], taken: tuple[str, ...]) -> str:
+    """Returns ``key``, behind ``prefix`` as often as it takes to name no column taken."""
+    name = key
+    while name in record or name in taken:
+        name = prefix + name
+    return name
+
+
+def _score(run: FileRun, output: Any, row: dict, error: str | None) -> tuple[float, str | None]:
+    """Returns a row's score and error: a failed row, or a metric that fails or returns no
+    finite number, scores 0."""
+    from plait.evaluation import score_of
+
+    if error is not None:
+        return 0.0, error
+    try:
+        score = score_of(run.metric, output, row.get(run.target_column))
+    except Exception as exc:  # a metric that fails on one row fails that row
+        return 0.0, f"metric failed: {type(exc).__name__}: {exc}"
+    if not math.isfinite(score):
+        return 0.0, f"metric returned {score}; a score is a finite number"
+    return score, None
 
 
 def default_report_path(output: Path) -> Path:
