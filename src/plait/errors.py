@@ -28,8 +28,10 @@ catch the whole family with one clause and still tell the cases apart::
     │                             plait.modules.best_of_n
     ├── RequirementsNotMetError   outputs still break requirements after repair;
     │                             plait.modules.requirements
-    └── DatasetError              a data file of the ``plait`` command cannot be read or
-                                  written; names file, line and column; plait.cli.datasets
+    ├── DatasetError              a data file of the ``plait`` command cannot be read or
+    │                             written; names file, line and column; plait.cli.datasets
+    └── RunReportError            a run.json cannot be read as a report (also ValueError);
+                                  names the file and the line or field; plait.report
 
 Foreign exceptions are wrapped at one boundary (the backend adapters) and
 chained with ``raise ... from exc``, so the original traceback is never lost.

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
 import subprocess
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 from tests.optimization.test_trainer import exact, examples, model
@@ -119,16 +121,11 @@ window.addEventListener("load", () => setTimeout(() => {
 </script>"""
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
-async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot_drawn(tmp_path):
-    report = await a_real_report()
-    path = tmp_path / "report.html"
-    write_html(report, str(path))
-    page = path.read_text()
+def open_in_chromium(page: Path, probe: str, tmp_path: Path) -> dict:
+    """Loads ``page`` with ``probe`` (a script that writes JSON into ``<pre id="probe">``)
+    first in its head, in headless Chromium; returns what the probe wrote."""
     probed = tmp_path / "probed.html"
-    probed.write_text(page.replace("<head>", "<head>" + PROBE, 1))
-
+    probed.write_text(page.read_text().replace("<head>", "<head>" + probe, 1))
     done = subprocess.run(
         [
             CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
@@ -139,10 +136,21 @@ async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot
         ],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-
     found = re.search(r'<pre id="probe">(.*?)</pre>', done.stdout, re.DOTALL)
     assert found, f"the page did not finish loading; chromium said: {done.stderr[-2000:]}"
-    probe = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert "Uncaught" not in done.stderr
+    return json.loads(html.unescape(found.group(1)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot_drawn(tmp_path):
+    report = await a_real_report()
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+
+    probe = open_in_chromium(path, PROBE, tmp_path)
+
     assert probe["errors"] == []
     assert not probe["pwned"]
     plots = {p["id"]: p for p in probe["plots"]}
@@ -153,7 +161,6 @@ async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot
     for plot in plots.values():
         assert plot["svg"] >= 1 and plot["width"] > 100, plot
         assert plot["marks"] > 0, plot
-    assert "Uncaught" not in done.stderr
 
 
 def test_report_command_writes_the_page(tmp_path):
@@ -169,3 +176,100 @@ def test_report_command_writes_the_page(tmp_path):
     bad.write_text("[]")
     refused = plait_cli("report", str(bad), "-o", str(tmp_path / "x.html"))
     assert refused.code == 2 and "not a plait run report" in refused.stderr
+
+
+# ------------------------------------------------------------------ a hostile run.json
+SCRIPT = '<script>window.pwned = 1; document.title = "pwned"</script>'
+IMAGE = '<img src=x onerror="window.pwned = 1">'
+SVG = '<svg onload="window.pwned = 1">'
+LINK = '<a href="javascript:window.pwned = 1">a <b>link</b></a>'  # markup plotly would draw
+
+
+def hostile_report(index: object = 3) -> RunReport:
+    """A report whose every text field holds markup, as a hand-edited run.json could."""
+    node = {"kind": "input", "module_path": None, "llm": False, "dependencies": []}
+    return RunReport(
+        program=SCRIPT,
+        kind=IMAGE,
+        wall_time=1.5,
+        items={"ok": 1, "failed": 1},
+        aliases={IMAGE: {"calls": 2, "cost": 0.5, "input_tokens": 3, "output_tokens": 4}},
+        modules={LINK: {"count": 2, "mean": 0.15, "samples": [0.1, 0.2]}},
+        timeline={SVG: {"step": 1.0, "t": [0, 1], "in_flight": [1, 2], "waiting": [0, 1],
+                        "requests": [1, 1], "rate_limited": [0, 1], "errors": [0, 0]}},
+        failures=[{"index": index, "error_type": IMAGE, "message": SCRIPT, "node": SVG}],
+        graph={
+            "nodes": [{**node, "id": SCRIPT, "name": LINK},
+                      {**node, "id": SVG, "name": SCRIPT, "kind": IMAGE, "llm": True,
+                       "dependencies": [SCRIPT]}],
+            "outputs": [SVG],
+            "mermaid": SCRIPT,
+        },
+        training={"initial_score": 0.5, "scores": [1.0],
+                  "history": [{"epoch": 1, "accepted": 1, "rejected": 0}]},
+        metrics={SVG: SCRIPT},
+    )  # fmt: skip
+
+
+TEXT_PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => setTimeout(() => {
+  const text = selector => [...document.querySelectorAll(selector)].map(e => e.textContent);
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({
+    pwned: !!window.pwned, title: document.title, errors: window.__errors,
+    facts: text("table.facts td"), failures: text("table.failures td"),
+    mermaid: text("pre.mermaid"), plots: text(".js-plotly-plot svg text"),
+  });
+  document.body.appendChild(probe);
+}, 1000));
+</script>"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+def test_a_hostile_run_json_is_drawn_as_text_and_runs_nothing_in_the_browser(tmp_path):
+    from tests.cli.conftest import plait_cli
+
+    saved = tmp_path / "run.json"
+    hostile_report().save(saved)
+    page = tmp_path / "report.html"
+
+    done = plait_cli("report", str(saved), "-o", str(page))
+    assert done.code == 0, done.stderr
+    probe = open_in_chromium(page, TEXT_PROBE, tmp_path)
+
+    assert not probe["pwned"] and probe["errors"] == []
+    assert probe["title"] == f"plait run report: {SCRIPT}"
+    assert SCRIPT in probe["facts"] and IMAGE in probe["facts"]
+    assert probe["failures"] == ["3", SVG, IMAGE, SCRIPT]
+    assert probe["mermaid"] == [SCRIPT]
+    drawn = "\n".join(probe["plots"])  # legends, ticks and labels of the plotly figures
+    for markup in (SCRIPT, IMAGE, SVG, LINK):
+        assert markup in drawn
+
+
+def test_a_failure_index_that_is_not_a_number_is_refused_naming_the_field(tmp_path):
+    from tests.cli.conftest import plait_cli
+
+    saved = tmp_path / "run.json"
+    hostile_report(index=SCRIPT).save(saved)
+    page = tmp_path / "report.html"
+
+    done = plait_cli("report", str(saved), "-o", str(page))
+
+    assert done.code == 2 and "Traceback" not in done.stderr
+    assert f"plait: error: {saved}: failures[0].index " in done.stderr
+    assert not page.exists()
+
+
+def test_every_value_of_a_report_built_in_code_is_escaped(tmp_path):
+    page = tmp_path / "report.html"
+    write_html(hostile_report(index=SCRIPT), str(page))
+
+    text = page.read_text()
+    for markup in (SCRIPT, IMAGE, SVG, LINK):
+        assert markup not in text
+    assert f"<tr><td>{html.escape(SCRIPT)}</td>" in text  # the index cell

@@ -95,3 +95,84 @@ async def test_a_profiler_with_max_records_samples_spans_but_keeps_exact_totals(
     assert report.sampled
     assert report.usage["calls"] == 40 and report.items["ok"] == 20
     assert sum(report.timeline["llm"]["requests"]) == 40
+
+
+# ------------------------------------------------------------------ a hand-edited run.json
+async def a_saved_report() -> dict:
+    """The JSON data of a real run with a failed item."""
+    async with ScriptedServer(responder=fail_on_bad) as server:
+        config = {"llm": server.endpoint(max_retries=0)}
+        _, report = await run(
+            TwoSteps(), ["good", "bad"], resources=config, report=True, on_error="collect"
+        )
+    return json.loads(json.dumps(report.to_dict()))
+
+
+def first_node(data: dict) -> dict:
+    return data["graph"]["nodes"][0]
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.update(wall_time="soon"), "wall_time"),
+        (lambda d: d.update(program=5), "program"),
+        (lambda d: d["items"].update(ok="7"), "items.ok"),
+        (lambda d: d["aliases"]["llm"].update(cost="free"), "aliases.llm.cost"),
+        (lambda d: d["aliases"]["llm"].update(calls=float("nan")), "aliases.llm.calls"),
+        (lambda d: d["modules"]["draft"].update(samples="abc"), "modules.draft.samples"),
+        (lambda d: d.update(failures={"index": 1}), "failures"),
+        (lambda d: first_node(d).pop("id"), "graph.nodes[0].id"),
+        (lambda d: d.update(training={"scores": ["x"]}), "training.scores[0]"),
+        (lambda d: d["spans"]["requests"][0].update(call="c"), "spans.requests[0].call"),
+        (lambda d: d["timeline"]["llm"].update(t=None), "timeline.llm.t"),
+    ],
+)
+async def test_plait_report_refuses_a_run_json_of_the_wrong_shape_naming_the_field(
+    tmp_path, edit, field
+):
+    from tests.cli.conftest import plait_cli
+
+    data = await a_saved_report()
+    edit(data)
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(data))
+
+    done = plait_cli("report", str(saved), "-o", str(tmp_path / "report.html"))
+
+    assert done.code == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"plait: error: {saved}: {field} " in done.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+@pytest.mark.parametrize("depth", [150, 5000])
+async def test_plait_report_refuses_a_deeply_nested_run_json_naming_line_and_column(
+    tmp_path, depth
+):
+    from tests.cli.conftest import plait_cli
+
+    data = await a_saved_report()
+    data["metrics"]["tree"] = "TREE"
+    text = json.dumps(data, indent=1)
+    saved = tmp_path / "run.json"
+    saved.write_text(text.replace('"TREE"', "[" * depth + "]" * depth))
+    line = text[: text.index('"TREE"')].count("\n") + 1
+
+    done = plait_cli("report", str(saved), "-o", str(tmp_path / "report.html"))
+
+    assert done.code == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"plait: error: {saved}:{line}:" in done.stderr
+    assert "nested more than 100 levels" in done.stderr
+
+
+async def test_a_report_that_loads_is_a_report_the_page_and_trace_can_draw(tmp_path):
+    from tests.cli.conftest import plait_cli
+
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(await a_saved_report()))
+
+    done = plait_cli("report", str(saved), "-o", str(tmp_path / "report.html"),
+                     "--trace", str(tmp_path / "trace.json"))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]

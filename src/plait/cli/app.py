@@ -436,11 +436,11 @@ def graph_command(program_spec: str, fmt: str, input_path: Path | None,
 )
 def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -> None:  # fmt: skip
     """Draw a run report (*.run.json) as one HTML page of plots (needs plait[report])."""
-    from plait.report import RunReport, write_html
+    from plait.report import RunReport, RunReportError, write_html
 
     try:
         report = RunReport.load(run_json)
-    except ValueError as exc:
+    except RunReportError as exc:
         _fail(str(exc))
     try:
         write_html(report, str(output_path))

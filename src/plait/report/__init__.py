@@ -13,9 +13,9 @@ and saved as JSON (``run.json``)::
 self-contained page; that needs the ``report`` extra (plotly), loaded only then.
 """
 
-from plait.report.run_report import RunReport, graph_data
+from plait.report.run_report import RunReport, RunReportError, graph_data
 
-__all__ = ["RunReport", "graph_data", "write_html"]
+__all__ = ["RunReport", "RunReportError", "graph_data", "write_html"]
 
 
 def write_html(report: RunReport, path: str) -> None:

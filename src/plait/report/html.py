@@ -1,8 +1,9 @@
 """One self-contained HTML page of a `RunReport`, with plots drawn by plotly.
 
 Every plot is a plotly figure; plotly.js is inlined once, so the page opens
-anywhere with no network. All text that came from the run (module paths,
-aliases, error messages) is escaped: a report never runs what a run wrote.
+anywhere with no network. Every value that came from the run (module paths,
+aliases, node names, item numbers, error messages) is escaped, in the page and
+in the plots' labels: a report shows what a run wrote as text and never runs it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ def _go() -> Any:
     return go
 
 
+def _label(text: Any) -> str:
+    """Returns text for a plotly label: plotly draws some HTML in labels (links, bold),
+    so the run's text is escaped to be shown as written (plotly decodes ``&amp;``,
+    ``&lt;`` and ``&gt;``, not ``&quot;``, so quotes stay as they are)."""
+    return html.escape(str(text), quote=False)
+
+
 def _figure_html(figure: Any, div_id: str) -> str:
     figure.update_layout(
         template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360
@@ -46,10 +54,10 @@ def latency_figure(report: RunReport) -> Any:
         figure.add_trace(
             go.Box(
                 y=summary["samples"],
-                name=path,
+                name=_label(path),
                 boxpoints="outliers",
                 marker_color=_COLORS[i % len(_COLORS)],
-                hovertemplate=f"{path}<br>%{{y:.3f}} s<extra></extra>",
+                hovertemplate="%{fullData.name}<br>%{y:.3f} s<extra></extra>",
             )
         )
     figure.update_layout(title="Latency per module", yaxis_title="seconds", showlegend=False)
@@ -67,7 +75,7 @@ def traffic_figure(report: RunReport) -> Any:
                 x=series["t"],
                 y=series["in_flight"],
                 mode="lines",
-                name=f"{endpoint}: in flight",
+                name=f"{_label(endpoint)}: in flight",
                 line={"color": color, "shape": "hv"},
             )
         )
@@ -76,7 +84,7 @@ def traffic_figure(report: RunReport) -> Any:
                 x=series["t"],
                 y=series["waiting"],
                 mode="lines",
-                name=f"{endpoint}: waiting",
+                name=f"{_label(endpoint)}: waiting",
                 line={"color": color, "dash": "dot", "shape": "hv"},
             )
         )
@@ -84,7 +92,7 @@ def traffic_figure(report: RunReport) -> Any:
             go.Bar(
                 x=series["t"],
                 y=series["rate_limited"],
-                name=f"{endpoint}: 429s",
+                name=f"{_label(endpoint)}: 429s",
                 marker_color="#E45756",
                 opacity=0.7,
                 yaxis="y2",
@@ -108,7 +116,7 @@ def cost_figure(report: RunReport) -> Any:
     totals = [report.aliases[a] for a in aliases]
     figure = go.Figure(
         go.Bar(
-            x=aliases,
+            x=[_label(alias) for alias in aliases],
             y=[t.get("cost", 0.0) for t in totals],
             marker_color=_COLORS[0],
             customdata=[
@@ -165,7 +173,7 @@ def graph_figure(report: RunReport) -> Any:
             x=[position[n["id"]][0] for n in nodes],
             y=[position[n["id"]][1] for n in nodes],
             mode="markers+text",
-            text=[n["id"] for n in nodes],
+            text=[_label(n["id"]) for n in nodes],
             textposition="middle right",
             marker={
                 "size": 18,
@@ -174,7 +182,7 @@ def graph_figure(report: RunReport) -> Any:
                     _COLORS[1] if n["llm"] else kinds.get(n["kind"], _COLORS[0]) for n in nodes
                 ],
             },
-            hovertext=[f"{n['name']} ({n['kind']})" for n in nodes],
+            hovertext=[_label(f"{n['name']} ({n['kind']})") for n in nodes],
             hoverinfo="text",
         )
     )
@@ -231,8 +239,9 @@ def _failures(report: RunReport) -> str:
     if not report.failures:
         return ""
     rows = "".join(
-        f"<tr><td>{f['index']}</td><td>{html.escape(str(f.get('node') or ''))}</td>"
-        f"<td>{html.escape(f['error_type'])}</td><td>{html.escape(f['message'][:300])}</td></tr>"
+        f"<tr><td>{html.escape(str(f['index']))}</td>"
+        f"<td>{html.escape(str(f.get('node') or ''))}</td><td>{html.escape(f['error_type'])}</td>"
+        f"<td>{html.escape(f['message'][:300])}</td></tr>"
         for f in report.failures[:50]
     )
     more = len(report.failures) - 50

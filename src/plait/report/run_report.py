@@ -6,7 +6,8 @@ per-second timeline per endpoint (mean requests in flight and waiting,
 requests, 429s, errors), a latency summary per module, the failed items,
 optionally the program graph and training scores, and a sample of spans
 for the trace. A report read back with `RunReport.load` is data only: JSON
-numbers, strings, lists and mappings, never code.
+numbers, strings, lists and mappings, never code, each field plait reads
+checked for its type first (`report._shape`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ import json
 import os
 import statistics
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
+from plait import _jsontext as jsontext
+from plait.errors import PlaitError
 from plait.profiling import Profiler
 
-__all__ = ["FORMAT", "RunReport", "graph_data"]
+__all__ = ["FORMAT", "RunReport", "RunReportError", "graph_data"]
 
 FORMAT = "plait.run/1"
 _SAMPLES_PER_MODULE = 2000
 """Latencies kept per module for the distribution plot."""
+
+
+class RunReportError(PlaitError, ValueError):
+    """A run.json cannot be read as a report; the message names the file and the line,
+    column or field that is wrong."""
 
 
 def graph_data(graph: Any) -> dict[str, Any]:
@@ -187,21 +196,35 @@ class RunReport:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> RunReport:
-        """Reads a report written by `save`.
+        """Reads a report written by `save`, checking the type of every field plait reads.
 
         Raises:
-            ValueError: the file is not a plait run report (names the file and why).
+            RunReportError: the file is not a plait run report, is not JSON, nests
+                deeper than a report does, or has a field of the wrong type; the
+                message names the file and the line and column or the field.
         """
+        from plait.report._shape import shape_problem  # pydantic, only when reading a file
+
         try:
-            with open(path, encoding="utf-8") as file:
-                data = json.load(file)
+            text = Path(path).read_text(encoding="utf-8")
+            data = jsontext.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RunReportError(
+                f"{path}:{exc.lineno}:{exc.colno}: not a readable run report ({exc.msg})"
+            ) from None
         except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: not a readable run report ({exc})") from None
+            raise RunReportError(f"{path}: not a readable run report ({exc})") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
-            raise ValueError(
+            raise RunReportError(
                 f"{path}: not a plait run report (format {found!r}, expected {FORMAT!r}); "
                 "write one with `plait run ... --output out.jsonl` or RunReport.save"
+            )
+        problem = shape_problem(data)
+        if problem is not None:
+            raise RunReportError(
+                f"{path}: {problem}; the file was edited or damaged: write it again with "
+                "`plait run` or RunReport.save"
             )
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
