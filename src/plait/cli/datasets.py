@@ -2,7 +2,8 @@
 
 Readers yield ``(row_number, row)`` one row at a time and writers take rows
 one at a time, so a file of any size streams through in bounded memory.
-Errors name the file and the line (or row) that is wrong.
+JSON Lines and CSV are UTF-8 text. Errors name the file, the line and, where
+it can, the column that is wrong.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def count_rows(path: str | os.PathLike[str], fmt: str | None = None) -> int:
     Raises:
         DatasetError: as `read_rows`.
     """
-    if format_of(path, fmt) == "parquet" and Path(path).is_file():
+    if format_of(path, fmt) == "parquet" and Path(path).is_file():  # else read_rows says why
         return int(_parquet_file(path).metadata.num_rows)
     return sum(1 for _ in read_rows(path, fmt))
 
