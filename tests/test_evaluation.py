@@ -11,6 +11,7 @@ import pytest
 
 import plait
 from plait import LLMInference, ResourceConfig, ResourceManager
+from plait.errors import FileError
 from plait.evaluation import (
     EvaluationResult,
     ExampleRow,
@@ -125,6 +126,20 @@ async def test_rows_save_as_jsonl_parquet_and_a_frame(
     assert list(result.to_frame()["input"]) == ["a:yes", "b:no"]
     with pytest.raises(ValueError, match=r"\.jsonl or \.parquet"):
         result.save(tmp_path / "eval.csv")
+
+
+@pytest.mark.parametrize("name", ["eval.jsonl", "eval.parquet"])
+def test_saved_rows_never_go_through_a_planted_link(tmp_path: Path, name: str) -> None:
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    result = EvaluationResult.from_rows([ExampleRow(0, "a", score=1.0)])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / name).symlink_to(victim)
+    with pytest.raises(FileError, match=rf"{name} is a symbolic link"):
+        result.save(tmp_path / name)
+    assert victim.read_text() == "precious\n"
+    assert result.save(tmp_path / f"fresh-{name}").stat().st_size > 0
 
 
 async def test_run_dataset_gives_outputs_alone(manager: ResourceManager) -> None:

@@ -17,6 +17,8 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
     ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
     │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
+    ├── FileError             a file plait writes (or reads back) is a symbolic link, not a
+    │                         regular file, or unusable; names the path (also OSError)
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -50,6 +52,7 @@ __all__ = [
     "DeadlineExceededError",
     "ExecutionError",
     "ExecutionInterrupt",
+    "FileError",
     "PlaitError",
     "RateLimitError",
     "StructuredOutputError",
@@ -162,6 +165,17 @@ class StructuredOutputError(PlaitError, ValueError):
         self.raw = raw
         self.target = target
         self.usage: Any = None
+
+
+class FileError(PlaitError, OSError):
+    """A file plait would write, or read back from its own state, cannot be used safely.
+
+    Raised for a path that is a symbolic link (plait never writes through one or replaces
+    one), that is not a regular file (a directory, FIFO or device), that cannot be opened or
+    written, or whose contents are not what plait wrote there (too large, not JSON, nested
+    too deeply). The message names the path and what to do. It is also an `OSError`, as the
+    failed ``open`` it replaces was.
+    """
 
 
 class ExecutionError(PlaitError):

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from plait import _files
 from plait.feedback import Feedback
 from plait.module import Module
 
@@ -193,9 +194,14 @@ class _Rows:
     def save(self, path: str | Path) -> Path:
         """Writes the rows to ``path``: JSON Lines (``.jsonl``) or Parquet (``.parquet``).
 
+        The file is replaced whole (atomically); a symbolic link at ``path`` is
+        refused, never written through.
+
         Raises:
             ValueError: another file suffix.
             ImportError: Parquet without pyarrow installed.
+            FileError: ``path`` is a symbolic link or not a regular file, or
+                cannot be written.
         """
         path = Path(path)
         if path.suffix == ".jsonl":
@@ -207,8 +213,9 @@ class _Rows:
     def save_jsonl(self, path: str | Path) -> Path:
         """Writes one JSON object per example; returns the path."""
         path = Path(path)
-        lines = (json.dumps(row.as_record(), ensure_ascii=False) for row in self.rows)
-        path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        with _files.replacing(path) as file:
+            for row in self.rows:
+                file.write(json.dumps(row.as_record(), ensure_ascii=False) + "\n")
         return path
 
     def save_parquet(self, path: str | Path) -> Path:
@@ -234,7 +241,8 @@ class _Rows:
                 if name in ("input", "output", "target") and value is not None:
                     value = value if isinstance(value, str) else json.dumps(value)
                 values.append(value)
-        pyarrow.parquet.write_table(pyarrow.table(columns), path)
+        with _files.replacing(path, binary=True) as file:
+            pyarrow.parquet.write_table(pyarrow.table(columns), file)
         return path
 
 

@@ -207,17 +207,26 @@ class Module:
         """Returns the types this module says its outputs are made of.
 
         Checkpoints restore an output only as one of the types the program
-        itself declares (never a class named in the file). The default is the
-        return annotation of ``forward``, when it can be resolved. Override this
-        to add the types a module builds its output from (a response format,
-        a signature's output fields).
+        itself declares (never a class named in the file). The default is
+        `declared_return_type`, when there is one. Override this to add the
+        types a module builds its output from (a signature's output fields).
+        """
+        returned = self.declared_return_type()
+        return () if returned is None else (returned,)
+
+    def declared_return_type(self) -> Any:
+        """Returns the type this module declares for its whole output, or None for none.
+
+        A checkpointed output of the program must be of this type, when it is
+        written and when it is restored (a line edited to hold a plain string
+        where a model is declared is refused). The default is the return
+        annotation of ``forward``, when it can be resolved.
         """
         try:
             hints = typing.get_type_hints(type(self).forward)
         except Exception:  # an annotation naming a local or missing class: nothing declared
-            return ()
-        returned = hints.get("return")
-        return () if returned is None else (returned,)
+            return None
+        return hints.get("return")
 
     # ---------------------------------------------------------------- binding
     def bind(self, resources: Any, max_concurrent: int | None = None, **kwargs: Any) -> Self:
@@ -692,9 +701,9 @@ class LLMInference(Module):
             "(bound, or inside ExecutionSettings) instead"
         )
 
-    def declared_output_types(self) -> tuple[Any, ...]:
+    def declared_return_type(self) -> Any:
         """Returns the response format, when there is one (the reply is text otherwise)."""
-        return () if self.response_format is None else (self.response_format,)
+        return self.response_format
 
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult:
         """Sends the feedback to the prompt's producers and, if learnable, to the system prompt."""

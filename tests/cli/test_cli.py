@@ -138,6 +138,68 @@ def test_a_rerun_with_the_checkpoint_dir_calls_only_the_rows_that_did_not_finish
     assert other.code == 2 and "--chunk-size 4" in other.stderr
 
 
+def test_a_link_planted_as_the_checkpoint_state_is_refused_not_written_through(
+    server, resources, tmp_path
+):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "cli.json").symlink_to(victim)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source),
+                     "-o", str(tmp_path / "o.jsonl"), "-r", str(resources),
+                     "--checkpoint-dir", str(checkpoint))  # fmt: skip
+
+    assert done.code == 3 and f"{checkpoint / 'cli.json'} is a symbolic link" in done.stderr
+    assert victim.read_text() == "precious\n" and server.stats.requests == 0
+
+
+@pytest.mark.parametrize("name", ["out.jsonl", "out.csv", "out.parquet"])
+def test_an_output_file_that_is_a_link_is_refused_before_any_call(
+    server, resources, tmp_path, name
+):
+    if name.endswith(".parquet"):
+        pytest.importorskip("pyarrow")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / name).symlink_to(victim)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source), "-o", str(tmp_path / name),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 2 and f"{tmp_path / name} is a symbolic link" in done.stderr
+    assert victim.read_text() == "precious\n" and server.stats.requests == 0
+
+
+def test_the_report_trace_graph_and_page_never_go_through_planted_links(
+    server, resources, tmp_path
+):
+    from plait.report import RunReport
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("run.json", "trace.json", "graph.mmd", "page.html"):
+        (tmp_path / name).symlink_to(victim)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    args = ("run", program("Summarize"), "-i", str(source), "-o", str(tmp_path / "out.jsonl"),
+            "-r", str(resources))  # fmt: skip
+
+    report = plait_cli(*args, "--report", str(tmp_path / "run.json"))
+    assert report.code == 3 and "run.json is a symbolic link" in report.stderr
+    trace = plait_cli(*args, "--trace", str(tmp_path / "trace.json"))
+    assert trace.code == 3 and "trace.json is a symbolic link" in trace.stderr
+    graph = plait_cli("graph", program("Summarize"), "-o", str(tmp_path / "graph.mmd"))
+    assert graph.code == 2 and "graph.mmd is a symbolic link" in graph.stderr
+    saved = tmp_path / "saved.run.json"
+    RunReport(program="empty").save(saved)
+    page = plait_cli("report", str(saved), "-o", str(tmp_path / "page.html"))
+    assert page.code == 2 and "page.html is a symbolic link" in page.stderr
+    assert victim.read_text() == "precious\n"
+
+
 def test_parquet_in_and_out(server, resources, tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

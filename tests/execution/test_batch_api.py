@@ -15,6 +15,7 @@ import pytest
 from plait import LLMInference, Module, run
 from plait.errors import ConfigError
 from plait.execution.batch_api import BatchJob
+from plait.execution.checkpoint import CheckpointError
 from plait.testing import ScriptedServer
 
 
@@ -109,6 +110,27 @@ async def test_an_interrupted_job_resumes_from_the_stored_batch_without_paying_a
     assert len(server.batch_api.batches) == 2  # only the second level was new
     stored = json.loads((tmp_path / "batch_api.json").read_text())["batches"]
     assert set(stored.values()) == set(second.batch_ids)
+
+
+async def test_links_planted_where_batch_ids_are_kept_are_never_written_through(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    at_temporary = tmp_path / "temporary"
+    at_temporary.mkdir()
+    (at_temporary / "batch_api.tmp").symlink_to(victim)  # the temporary name plait once used
+    at_target = tmp_path / "target"
+    at_target.mkdir()
+    (at_target / "batch_api.json").symlink_to(victim)
+    async with ScriptedServer() as server:
+        config = {"llm": server.endpoint()}
+        job = BatchJob(TwoLevels(), config, checkpoint_dir=at_temporary, poll_interval=0.01)
+        assert await job.run(["a"]) == ["echo: echo: a + echo: a"]
+        refused = BatchJob(TwoLevels(), config, checkpoint_dir=at_target, poll_interval=0.01)
+        with pytest.raises(CheckpointError, match=r"batch_api\.json is a symbolic link"):
+            await refused.run(["a"])
+    stored = json.loads((at_temporary / "batch_api.json").read_text())["batches"]
+    assert set(stored.values()) == set(job.batch_ids)
+    assert victim.read_text() == "precious\n"
 
 
 async def test_run_with_batch_api_needs_a_batch_and_an_openai_endpoint():

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from plait import Predict, ResourceConfig, ResourceManager
+from plait.execution.checkpoint import CheckpointError
 from plait.optimization import (
     BootstrapFewShot,
     GridSearch,
@@ -255,6 +256,24 @@ async def test_a_grid_search_resumes_from_its_checkpoint(
     assert again.state.best_params == first.state.best_params
     assert again.temperature == 0.0 and again.instructions.value == BETTER
     assert len(report.trials) == 5
+
+
+async def test_links_planted_at_the_grid_checkpoint_are_never_written_through(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    grid = {"temperature": [0.0, 0.7]}
+    checkpoint = tmp_path / "grid.json"
+    (tmp_path / "grid.tmp").symlink_to(victim)  # the temporary name plait once used
+    await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=checkpoint)
+    assert not checkpoint.is_symlink() and len(json.loads(checkpoint.read_text())["trials"]) == 2
+
+    linked = tmp_path / "linked.json"
+    linked.symlink_to(victim)
+    with pytest.raises(CheckpointError, match=r"linked\.json is a symbolic link"):
+        await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=linked)
+    assert victim.read_text() == "precious\n"
 
 
 async def test_grid_keys_are_checked_and_demo_counts_cut(config: ResourceConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from plait import LLMInference, Module, Parameter
+from plait.errors import FileError
 from plait.optimization import SFAOptimizer, load_state
 
 
@@ -39,6 +41,19 @@ def test_save_and_load_round_trip_through_json(tmp_path: Path) -> None:
         {"question": "3*3?", "answer": "9"},
         {"question": "1+1?", "answer": "2"},
     ]
+
+
+def test_save_never_writes_through_a_planted_link(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    linked = tmp_path / "linked.json"
+    linked.symlink_to(victim)
+    with pytest.raises(FileError, match=r"linked\.json is a symbolic link"):
+        Program().save(linked)
+    (tmp_path / f".program.json.{os.getpid()}.tmp").symlink_to(victim)  # plait's old temporary
+    path = Program().save(tmp_path / "program.json")
+    assert json.loads(path.read_text())["format"] == 1 and not path.is_symlink()
+    assert victim.read_text() == "precious\n"
 
 
 def test_the_file_is_readable_json_with_descriptions(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from plait import LLMInference, Parameter, ResourceConfig, ResourceManager
+from plait.execution.checkpoint import CheckpointError
 from plait.optimization import SFAOptimizer, Trainer, TrainingStep
 from plait.testing import ScriptedServer
 
@@ -251,6 +252,26 @@ async def test_a_checkpoint_of_other_settings_is_refused(
     await trainer_for(program(), manager, checkpoint_dir=tmp_path).fit()
     with pytest.raises(ValueError, match="batch_size"):
         await trainer_for(program(), manager, checkpoint_dir=tmp_path, batch_size=3).fit()
+
+
+async def test_links_planted_in_the_checkpoint_dir_are_never_written_through(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    at_temporary = tmp_path / "temporary"
+    at_temporary.mkdir()
+    (at_temporary / "trainer.json.tmp").symlink_to(victim)  # the temporary name plait once used
+    await trainer_for(program(), manager, checkpoint_dir=at_temporary).fit()
+    saved = at_temporary / "trainer.json"
+    assert not saved.is_symlink() and json.loads(saved.read_text())["epoch"] == 1
+
+    at_target = tmp_path / "target"
+    at_target.mkdir()
+    (at_target / "trainer.json").symlink_to(victim)
+    with pytest.raises(CheckpointError, match=r"trainer\.json is a symbolic link"):
+        await trainer_for(program(), manager, checkpoint_dir=at_target).fit()
+    assert victim.read_text() == "precious\n"
 
 
 # --------------------------------------------------------------- arguments

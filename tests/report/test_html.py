@@ -14,6 +14,7 @@ import pytest
 from tests.optimization.test_trainer import exact, examples, model
 
 from plait import LLMInference, Module, Parameter, ResourceConfig, run
+from plait.errors import FileError
 from plait.optimization import SFAOptimizer, Trainer
 from plait.profiling import profile
 from plait.report import RunReport, write_html
@@ -161,6 +162,15 @@ async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot
     for plot in plots.values():
         assert plot["svg"] >= 1 and plot["width"] > 100, plot
         assert plot["marks"] > 0, plot
+
+
+def test_the_page_never_goes_through_a_planted_link(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "report.html").symlink_to(victim)
+    with pytest.raises(FileError, match=r"report\.html is a symbolic link"):
+        write_html(RunReport(program="empty"), str(tmp_path / "report.html"))
+    assert victim.read_text() == "precious\n"
 
 
 def test_report_command_writes_the_page(tmp_path):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from plait import LLMInference, Module, run
+from plait.errors import FileError
 from plait.profiling import profile
 from plait.report import RunReport
 from plait.testing import ScriptedServer
@@ -82,6 +83,18 @@ async def test_a_saved_report_loads_back_equal_and_refuses_other_json(tmp_path):
     other.write_text(json.dumps({"format": "something/2"}))
     with pytest.raises(ValueError, match=r"other.json: not a plait run report"):
         RunReport.load(other)
+
+
+@pytest.mark.parametrize("write", [RunReport.save, RunReport.save_trace], ids=["report", "trace"])
+def test_a_report_or_trace_never_goes_through_a_planted_link(tmp_path, write):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "run.json").symlink_to(victim)
+    with pytest.raises(FileError, match=r"run\.json is a symbolic link"):
+        write(RunReport(program="empty"), tmp_path / "run.json")
+    assert victim.read_text() == "precious\n"
+    write(RunReport(program="empty"), tmp_path / "fresh.json")
+    assert json.loads((tmp_path / "fresh.json").read_text())
 
 
 async def test_a_profiler_with_max_records_samples_spans_but_keeps_exact_totals():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +96,8 @@ async def test_symlinks_planted_in_the_checkpoint_directory_are_refused_or_repla
 
     linked_tmp = tmp_path / "tmp-link"
     linked_tmp.mkdir()
-    (linked_tmp / "manifest.tmp").symlink_to(victim)
+    (linked_tmp / "manifest.tmp").symlink_to(victim)  # the temporary name plait once used
     await run(program, ITEMS, resources=manager, checkpoint_dir=linked_tmp)
-    assert not (linked_tmp / "manifest.tmp").exists()
     assert json.loads((linked_tmp / "manifest.json").read_text())["items"] == 3
 
     linked_manifest = tmp_path / "manifest-link"
@@ -123,6 +123,57 @@ async def test_a_fifo_or_a_file_where_a_directory_belongs_gives_a_clear_error(
     os.mkfifo(fifo_dir / "items.jsonl")
     with pytest.raises(CheckpointError, match="not a regular file"):
         await run(program, ITEMS, resources=manager, checkpoint_dir=fifo_dir)
+
+
+# ------------------------------------------------------------- hostile sizes
+async def test_a_large_junk_tail_is_read_line_by_line_not_whole(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path
+) -> None:
+    program = LLMInference("llm", temperature=0.0)
+    first = await run(program, ITEMS, resources=manager, checkpoint_dir=tmp_path)
+    junk = 48 * 1024 * 1024
+    with open(tmp_path / "items.jsonl", "ab") as file:
+        file.write(b"x" * junk)  # one line, no newline: what a torn write or an attacker leaves
+    tracemalloc.start()
+    try:
+        resumed = await run(program, ITEMS, resources=manager, checkpoint_dir=tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert resumed == first and server.stats.requests == 3  # every item came from disk
+    assert peak < junk / 3, f"resuming held {peak / 2**20:.0f} MB of a {junk / 2**20:.0f} MB file"
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("field", ["output", "shape"], ids=["deep-output", "deep-shape"])
+async def test_deeply_nested_json_in_a_line_is_a_checkpoint_error_naming_file_and_line(
+    manager: ResourceManager, tmp_path: Path, field: str
+) -> None:
+    program = LLMInference("llm", temperature=0.0)
+    await run(program, ITEMS, resources=manager, checkpoint_dir=tmp_path)
+    lines = (tmp_path / "items.jsonl").read_text().splitlines()
+    record = json.loads(lines[1])
+    if field == "output":
+        lines[1] = lines[1].replace('"output": ', f'"output": {nested(100_000)}, "was": ', 1)
+    else:  # shallow enough for the JSON parser, too deep to restore
+        shape = '{"list": [' * 400 + "null" + "]}" * 400
+        lines[1] = json.dumps({**record, "output": None}).replace(
+            '"output": null', f'"shape": {shape}, "output": {"[" * 400}null{"]" * 400}', 1
+        )
+    (tmp_path / "items.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(CheckpointError, match=r"items\.jsonl:2: .*nested too deeply"):
+        await run(program, ITEMS, resources=manager, checkpoint_dir=tmp_path)
+
+
+async def test_a_deeply_nested_manifest_is_a_checkpoint_error_naming_the_file(
+    manager: ResourceManager, tmp_path: Path
+) -> None:
+    (tmp_path / "manifest.json").write_text(f'{{"format": 2, "program": {nested(100_000)}}}')
+    with pytest.raises(CheckpointError, match=r"manifest\.json is nested too deeply"):
+        await run(LLMInference("llm"), ITEMS, resources=manager, checkpoint_dir=tmp_path)
 
 
 # ------------------------------------------------------------- faithful outputs
@@ -186,6 +237,54 @@ async def test_an_undeclared_custom_output_is_refused_when_written_not_stored_as
     with pytest.raises(CheckpointError, match=r"item \d cannot be checkpointed.*Undeclared"):
         await run(MakeUndeclared(), ITEMS, resources=manager, checkpoint_dir=tmp_path)
     assert not (tmp_path / "items.jsonl").read_text()  # nothing half-true was stored
+
+
+class Judge(Module):
+    """The program's output is declared as a model by its response format."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.judge = LLMInference("llm", response_format=Verdict)
+
+    def forward(self, text: str) -> Verdict:
+        return self.judge(text)
+
+
+@pytest.mark.parametrize(
+    ("make", "planted"),
+    [
+        (lambda: LLMInference("llm", response_format=Verdict), "just a string"),
+        (Judge, {"label": "ok", "score": 0.5}),  # the right data, but not restored as Verdict
+        (Tag, "a"),
+    ],
+    ids=["response-format", "forward-annotation", "dataclass"],
+)
+async def test_a_line_whose_output_is_not_the_declared_type_is_refused(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path, make: Any, planted: Any
+) -> None:
+    server.responder = lambda body: '{"label": "ok", "score": 0.5}'
+    await run(make(), ITEMS, resources=manager, checkpoint_dir=tmp_path)
+
+    def plant(lines: list[dict[str, Any]]) -> None:
+        lines[1]["output"] = planted
+        lines[1].pop("shape", None)
+
+    rewrite(tmp_path, plant)
+    with pytest.raises(CheckpointError, match=r"items\.jsonl:2: .*(Verdict|Tagged)"):
+        await run(make(), ITEMS, resources=manager, checkpoint_dir=tmp_path)
+
+
+class Mislabelled(Module):
+    async def forward(self, text: str) -> Tagged:
+        return text  # type: ignore[return-value]  # says Tagged, returns a str
+
+
+async def test_an_output_that_is_not_its_declared_type_is_refused_when_written(
+    manager: ResourceManager, tmp_path: Path
+) -> None:
+    with pytest.raises(CheckpointError, match=r"item \d cannot be checkpointed: .*str.*Tagged"):
+        await run(Mislabelled(), ITEMS, resources=manager, checkpoint_dir=tmp_path)
+    assert not (tmp_path / "items.jsonl").read_text()
 
 
 # ------------------------------------------------------------- identity

@@ -19,7 +19,7 @@ from plait.cli import (
 )
 from plait.cli.datasets import FORMATS, DatasetError, read_rows
 from plait.cli.programs import ProgramError, RowMapper, load_metric, load_program
-from plait.errors import ConfigError, PlaitError
+from plait.errors import ConfigError, FileError, PlaitError
 
 __all__ = ["cli"]
 
@@ -414,8 +414,13 @@ def graph_command(program_spec: str, fmt: str, input_path: Path | None,
     text = graph.to_mermaid() if fmt == "mermaid" else graph.to_dot()
     if output_path is None:
         click.echo(text)
-    else:
-        output_path.write_text(text + "\n", encoding="utf-8")
+        return
+    from plait import _files
+
+    try:
+        _files.write_atomically(output_path, text + "\n")
+    except FileError as exc:
+        _fail(str(exc))
 
 
 @cli.command("report")
@@ -444,8 +449,10 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
         _fail(str(exc))
     try:
         write_html(report, str(output_path))
+        if trace_path is not None:
+            report.save_trace(trace_path)
     except ModuleNotFoundError as exc:
         _fail(f"the report needs {exc.name}: pip install 'plait[report]'")
-    if trace_path is not None:
-        report.save_trace(trace_path)
+    except FileError as exc:
+        _fail(str(exc))
     click.echo(f"wrote {output_path}", err=True)

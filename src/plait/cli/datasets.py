@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
 
@@ -266,7 +267,7 @@ class RowWriter:
 
 class _JsonlWriter(RowWriter):
     def __init__(self, path: Any) -> None:
-        self.file: IO[str] = open(path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close)
+        self.file: IO[str] = _files.open_for_writing(path, error=DatasetError)
 
     def write(self, row: dict[str, Any]) -> None:
         self.file.write(_json_text(row) + "\n")
@@ -313,7 +314,7 @@ class _CsvWriter(RowWriter):
 
     def __init__(self, path: Any) -> None:
         self.path = path
-        self.file: IO[str] = open(path, "w", encoding="utf-8", newline="")  # noqa: SIM115
+        self.file: IO[str] = _files.open_for_writing(path, newline="", error=DatasetError)
         self.writer: csv.DictWriter[str] | None = None
 
     def write(self, row: dict[str, Any]) -> None:
@@ -340,6 +341,7 @@ class _ParquetWriter(RowWriter):
     def __init__(self, path: Any, group: int = 1000) -> None:
         self.pq = _pyarrow()
         self.path = path
+        self.file: IO[bytes] = _files.open_for_writing(path, binary=True, error=DatasetError)
         self.group = group
         self.rows: list[dict[str, Any]] = []
         self.writer: Any = None
@@ -362,7 +364,7 @@ class _ParquetWriter(RowWriter):
                     if pa.types.is_null(column.type):  # all empty so far (errors): text
                         schema = schema.set(position, pa.field(column.name, pa.string()))
                 table = table.cast(schema)
-                self.writer = self.pq.ParquetWriter(self.path, schema)
+                self.writer = self.pq.ParquetWriter(self.file, schema)
             else:
                 table = pa.Table.from_pylist(self.rows, schema=self.writer.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -375,13 +377,24 @@ class _ParquetWriter(RowWriter):
         self.rows = []
 
     def close(self) -> None:
-        self._flush()
-        if self.writer is not None:
+        try:
+            self._flush()
+            if self.writer is None:  # no rows: still a Parquet file, of no columns
+                import pyarrow as pa
+
+                self.writer = self.pq.ParquetWriter(self.file, pa.schema([]))
             self.writer.close()
+        finally:
+            self.file.close()
 
 
 def open_writer(path: str | os.PathLike[str], fmt: str | None = None) -> RowWriter:
-    """Opens ``path`` for writing rows (truncating it) in its format."""
+    """Opens ``path`` for writing rows (truncating it) in its format.
+
+    Raises:
+        DatasetError: the suffix is unknown, or ``path`` is a symbolic link (never
+            written through), not a regular file, or cannot be opened.
+    """
     fmt = format_of(path, fmt)
     if fmt == "jsonl":
         return _JsonlWriter(path)

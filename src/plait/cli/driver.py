@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait import _files
 from plait.cli.datasets import count_rows, open_writer, read_rows
 from plait.cli.programs import ProgramError, RowMapper
+from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
 
 __all__ = ["FileRun", "RunOutcome", "default_report_path", "output_columns", "run_file"]
@@ -89,21 +91,23 @@ def _chunks(rows: Iterator[tuple[int, dict]], size: int) -> Iterator[list[tuple[
 
 
 def _check_state(directory: Path, run: FileRun) -> None:
-    """Keeps a checkpoint directory to one chunking, so chunks line up on resume."""
+    """Keeps a checkpoint directory to one chunking, so chunks line up on resume.
+
+    Raises:
+        ProgramError: the directory was written with another chunk size.
+        CheckpointError: ``cli.json`` there is a link, not a regular file, or not plait's.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / _STATE
+    remedy = "delete it, or use another --checkpoint-dir"
+    found = _files.read_json(path, error=CheckpointError, remedy=remedy)
+    if isinstance(found, dict) and found.get("chunk_size") != run.chunk_size:
+        raise ProgramError(
+            f"{directory} was written with --chunk-size {found.get('chunk_size')}; resume "
+            "with the same chunk size, or use another --checkpoint-dir"
+        )
     state = {"chunk_size": run.chunk_size}
-    if path.is_file() and not path.is_symlink():
-        try:
-            found = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            found = None
-        if isinstance(found, dict) and found.get("chunk_size") != run.chunk_size:
-            raise ProgramError(
-                f"{directory} was written with --chunk-size {found.get('chunk_size')}; resume "
-                "with the same chunk size, or use another --checkpoint-dir"
-            )
-    path.write_text(json.dumps(state) + "\n", encoding="utf-8")
+    _files.write_atomically(path, json.dumps(state) + "\n", error=CheckpointError)
 
 
 async def run_file(run: FileRun) -> RunOutcome:

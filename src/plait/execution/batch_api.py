@@ -33,10 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plait import _context
+from plait import _context, _files
 from plait.backends.types import Request, Response
 from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
-from plait.execution.checkpoint import _read_text, _write_atomically
+from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.module import Module
@@ -305,18 +305,13 @@ class BatchJob:
     def _state(self) -> dict[str, str]:
         if self.checkpoint_dir is None:
             return {}
-        text = _read_text(self.checkpoint_dir / _STATE)
-        if text is None:
+        path = self.checkpoint_dir / _STATE
+        remedy = "delete it, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if data is None:
             return {}
-        try:
-            data = json.loads(text)
-        except ValueError:
-            data = None
         if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            raise ConfigError(
-                f"{self.checkpoint_dir / _STATE} is not a plait batch checkpoint; delete it "
-                "or use another checkpoint_dir"
-            )
+            raise CheckpointError(f"{path} is not a plait batch checkpoint: {remedy}")
         batches = data.get("batches")
         return {str(k): str(v) for k, v in batches.items()} if isinstance(batches, dict) else {}
 
@@ -329,4 +324,4 @@ class BatchJob:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         batches = {**self._state(), key: batch_id}
         text = json.dumps({"format": _FORMAT, "batches": batches}, indent=2) + "\n"
-        _write_atomically(self.checkpoint_dir / _STATE, text)
+        _files.write_atomically(self.checkpoint_dir / _STATE, text, error=CheckpointError)

@@ -11,28 +11,31 @@ A checkpoint directory holds two files:
 * ``items.jsonl`` — one JSON line per finished item (index, input hash,
   output, its shape, usage), written and flushed the moment the item
   finishes. A crash can tear at most the line being written; a line that is
-  not JSON is skipped on resume and its item runs again.
+  not JSON, or longer than any line plait writes (8 MiB), is skipped on
+  resume and its item runs again. The file is read a line at a time, so junk
+  appended to it costs no more memory than one line.
 
 The files are data, never code: outputs are JSON restored only as types the
 program declares (`plait.execution.checkpoint_codec`), never pickle and never
-a class named in the file. A checkpoint directory may have been prepared by
-someone else, so plait opens only regular files in it and never follows a
-symbolic link there (a link named ``items.jsonl`` could otherwise make it
-append to any file the user can write).
+a class named in the file, and a restored output must be of the type the
+program declares for its output. A checkpoint directory may have been
+prepared by someone else, so plait opens only regular files in it, never
+through a symbolic link (a link named ``items.jsonl`` could otherwise make it
+append to any file the user can write), and writes the manifest through
+`plait._files` like every file it writes.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from plait import _files
+from plait import _jsontext as jsontext
 from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
 
 __all__ = [
@@ -46,6 +49,8 @@ __all__ = [
 _MANIFEST = "manifest.json"
 _ITEMS = "items.jsonl"
 _FORMAT = 2
+_MAX_LINE = 8 * 1024 * 1024
+"""The longest line a checkpoint writes or reads back (bytes, newline included)."""
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -189,72 +194,13 @@ def _prepare_directory(directory: Path) -> None:
         raise CheckpointError(f"checkpoint_dir {directory} cannot be created: {exc}") from None
 
 
-def _open_regular(path: Path, flags: int) -> int:
-    """Opens ``path`` as a regular file without following a link; returns the descriptor.
-
-    What is there is looked at first, for a clear error; ``O_NOFOLLOW`` and the
-    check on the opened descriptor then make sure nothing swapped in between is
-    used, and ``O_NONBLOCK`` keeps a planted FIFO from blocking the open.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        _refuse_special(path, os.lstat(path).st_mode)
-    try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            _refuse_special(path, stat.S_IFLNK)
-        raise CheckpointError(f"{path} cannot be opened: {exc.strerror or exc}") from None
-    try:
-        _refuse_special(path, os.fstat(fd).st_mode)
-    except CheckpointError:
-        os.close(fd)
-        raise
-    os.set_blocking(fd, True)
-    return fd
-
-
-def _refuse_special(path: Path, mode: int) -> None:
-    """Raises `CheckpointError` unless ``mode`` is a regular file's."""
-    if stat.S_ISLNK(mode):
-        raise CheckpointError(
-            f"{path} is a symbolic link; plait never follows links inside a checkpoint "
-            "directory. Remove it, or use another checkpoint_dir"
-        )
-    if not stat.S_ISREG(mode):
-        raise CheckpointError(
-            f"{path} is not a regular file; remove it, or use another checkpoint_dir"
-        )
-
-
-def _read_text(path: Path) -> str | None:
-    """Returns the text of a regular file in the checkpoint, or None when it does not exist."""
-    if not os.path.lexists(path):
-        return None
-    fd = _open_regular(path, os.O_RDONLY)
-    with os.fdopen(fd, "rb") as file:
-        raw = file.read()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CheckpointError(f"{path} is not UTF-8 text ({exc}); delete it") from None
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Writes ``text`` to a new temporary file beside ``path``, then renames it over ``path``.
-
-    A stale temporary (a crash, or a planted link) is removed first: removing
-    a link removes the link itself, never its target, and the new file is
-    created exclusively, so nothing outside the directory is written.
-    """
-    temporary = path.with_suffix(".tmp")
-    try:
-        temporary.unlink(missing_ok=True)
-    except IsADirectoryError:
-        raise CheckpointError(f"{temporary} is a directory; remove it") from None
-    fd = _open_regular(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    with os.fdopen(fd, "w", encoding="utf-8") as file:
-        file.write(text)
-    os.replace(temporary, path)
+def _ends_torn(file: Any) -> bool:
+    """Whether a non-empty file's last byte is not a newline (a crash tore its last line)."""
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:
+        return False
+    file.seek(size - 1)
+    return file.read(1) != b"\n"
 
 
 # ------------------------------------------------------------------ checkpoint
@@ -270,7 +216,9 @@ class Checkpoint:
     Raises:
         CheckpointMismatchError: the directory belongs to another program or inputs.
         CheckpointError: the directory or a file in it cannot be used safely, or
-            a line names a type the program does not declare (file and line named).
+            a line names a type the program does not declare, holds an output of
+            another type than the program declares, or is nested too deeply
+            (file and line named).
     """
 
     def __init__(
@@ -293,13 +241,15 @@ class Checkpoint:
         _prepare_directory(self.directory)
         manifest_path = self.directory / _MANIFEST
         items_path = self.directory / _ITEMS
-        manifest_text = _read_text(manifest_path)
+        manifest = _files.read_json(
+            manifest_path,
+            error=CheckpointError,
+            remedy="use another checkpoint_dir, or delete this one (its lines belong to it)",
+        )
         torn = False
-        if manifest_text is not None:
-            self._check_manifest(manifest_path, manifest_text)
-            items_text = _read_text(items_path) or ""
-            self._load_items(items_path, items_text)
-            torn = bool(items_text) and not items_text.endswith("\n")
+        if manifest is not None:
+            self._check_manifest(manifest)
+            torn = self._load_items(items_path)
         else:
             manifest = {
                 "format": _FORMAT,
@@ -307,19 +257,13 @@ class Checkpoint:
                 "inputs_hash": self.inputs_hash,
                 "items": len(self.item_hashes),
             }
-            _write_atomically(manifest_path, json.dumps(manifest, indent=2) + "\n")
-        fd = _open_regular(items_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        self._file = os.fdopen(fd, "a", encoding="utf-8")
+            text = json.dumps(manifest, indent=2) + "\n"
+            _files.write_atomically(manifest_path, text, error=CheckpointError)
+        self._file = _files.open_for_writing(items_path, append=True, error=CheckpointError)
         if torn:
             self._file.write("\n")  # end a line torn by a crash so the next record stands alone
 
-    def _check_manifest(self, path: Path, text: str) -> None:
-        try:
-            found = json.loads(text)
-        except ValueError as exc:
-            raise CheckpointMismatchError(
-                f"checkpoint manifest {path} is unreadable: {exc}; delete the directory"
-            ) from None
+    def _check_manifest(self, found: Any) -> None:
         if not isinstance(found, dict) or found.get("format") != _FORMAT:
             version = found.get("format") if isinstance(found, dict) else None
             raise CheckpointMismatchError(
@@ -341,20 +285,40 @@ class Checkpoint:
                 "items); use another checkpoint_dir or delete this one"
             )
 
-    def _load_items(self, path: Path, text: str) -> None:
-        for line_number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line torn by a crash; that item simply runs again
-            problem = self._restore(record)
-            if problem is not None:
-                raise CheckpointError(
-                    f"{path}:{line_number}: {problem}. Delete that line (the item then runs "
-                    "again) or the checkpoint directory"
-                )
+    def _load_items(self, path: Path) -> bool:
+        """Restores the finished items in ``path``; returns whether its last line is torn."""
+        file = _files.open_for_reading(path, error=CheckpointError)
+        if file is None:
+            return False
+        with file:
+            for line_number, line in enumerate(_files.read_lines(file, _MAX_LINE), 1):
+                problem = self._restore_line(line)
+                if problem is not None:
+                    raise CheckpointError(
+                        f"{path}:{line_number}: {problem}. Delete that line (the item then "
+                        "runs again) or the checkpoint directory"
+                    )
+            return _ends_torn(file)
+
+    def _restore_line(self, line: bytes | None) -> str | None:
+        """Restores one line into ``done``; returns what is wrong with it, if anything.
+
+        A line longer than plait writes, or not JSON, is what a crash or junk
+        leaves: it is skipped and its item runs again. A line nested past what
+        Python can parse or restore is an error, never a bare `RecursionError`.
+        """
+        if line is None or not line.strip():
+            return None
+        try:
+            record = jsontext.loads(line.decode("utf-8"))
+        except jsontext.TooDeep:
+            return "it is nested too deeply to be a checkpoint record"
+        except ValueError:
+            return None  # a line torn by a crash; that item simply runs again
+        try:
+            return self._restore(record)
+        except RecursionError:
+            return "its output is nested too deeply to restore"
 
     def _restore(self, record: Any) -> str | None:
         """Restores one record into ``done``; returns what is wrong with it, if anything."""
@@ -368,7 +332,7 @@ class Checkpoint:
         if record.get("input_hash") != self.item_hashes[index]:
             return None  # written for another input at this position: the item runs again
         try:
-            self.done[index] = self.codec.decode(record["output"], record.get("shape"))
+            self.done[index] = self.codec.decode_output(record["output"], record.get("shape"))
         except ValueError as exc:
             return f"the output of item {index} cannot be restored: {exc}"
         return None
@@ -387,7 +351,7 @@ class Checkpoint:
         if self._file is None:
             raise CheckpointError(f"the checkpoint in {self.directory} is closed")
         try:
-            data, shape = self.codec.encode(output, "the output")
+            data, shape = self.codec.encode_output(output)
         except CheckpointError as exc:
             raise CheckpointError(f"item {index} cannot be checkpointed: {exc}") from None
         record: dict[str, Any] = {"index": index, "input_hash": self.item_hashes[index]}
@@ -396,7 +360,14 @@ class Checkpoint:
             record["shape"] = shape
         if usage:
             record["usage"] = usage
-        self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
+        line = json.dumps(record, ensure_ascii=False) + "\n"
+        if len(line) > _MAX_LINE // 4 and (size := len(line.encode())) > _MAX_LINE:
+            raise CheckpointError(
+                f"item {index} cannot be checkpointed: its line would be {size:,} bytes, more "
+                f"than the {_MAX_LINE:,} a checkpoint reads back. Return a smaller output, or "
+                "run without checkpoint_dir"
+            )
+        self._file.write(line)
         self._file.flush()
 
     def close(self) -> None:

@@ -10,6 +10,12 @@ annotation), so a line edited to name ``subprocess:run`` is refused instead
 of called. An output that cannot come back as what it was is refused when it
 is written, never silently stored as its ``repr``.
 
+A whole output is also checked against the type the program declares for it
+(`Module.declared_return_type`: a response format, or ``forward``'s return
+annotation), when written and when restored: a line edited to hold a plain
+string where the program declares a ``Verdict`` is refused, not handed to
+code that trusts the declaration.
+
 Shapes (JSON)::
 
     null                               plain JSON: str, int, float, bool, None, lists, dicts
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -45,18 +52,23 @@ class OutputCodec:
     Args:
         declared: type annotations the program declares (``Literal``, ``list[Model]``,
             ``Model | None`` … are searched for the classes inside them).
+        output_type: the type the program declares for its whole output, or
+            None when it declares none; `encode_output` and `decode_output`
+            refuse a value of another type.
 
     Example::
 
-        codec = OutputCodec([Verdict])
-        data, shape = codec.encode(Verdict(label="spam"), "output")
-        codec.decode(data, shape)           # Verdict(label='spam')
+        codec = OutputCodec([Verdict], output_type=Verdict)
+        data, shape = codec.encode_output(Verdict(label="spam"))
+        codec.decode_output(data, shape)    # Verdict(label='spam')
+        codec.decode_output("spam", None)   # ValueError: it holds a str where …
     """
 
-    def __init__(self, declared: Iterable[Any]) -> None:
+    def __init__(self, declared: Iterable[Any], output_type: Any = None) -> None:
         self._classes: dict[str, type] = {}
+        self.output_type = output_type
         seen: set[int] = set()
-        for annotation in declared:
+        for annotation in (*declared, output_type):
             self._collect(annotation, seen)
 
     @property
@@ -72,6 +84,34 @@ class OutputCodec:
             self._collect(inner, seen)
         if isinstance(annotation, type) and _is_restorable_class(annotation):
             self._classes[_name_of(annotation)] = annotation
+
+    # ------------------------------------------------------------------ whole outputs
+    def encode_output(self, value: Any) -> tuple[Any, Any]:
+        """Returns ``(data, shape)`` for a whole output, which must be of the declared type.
+
+        Raises:
+            CheckpointError: ``value`` is not of ``output_type``, or cannot be
+                stored so that it comes back the same (see `encode`).
+        """
+        if not _fits(value, self.output_type):
+            raise CheckpointError(
+                f"the output is {_kind(value)}, but the program declares "
+                f"{_type_name(self.output_type)} for it (a response_format, or the return "
+                "annotation of forward); return that type, or correct the declaration"
+            )
+        return self.encode(value, "the output")
+
+    def decode_output(self, data: Any, shape: Any) -> Any:
+        """Returns the whole output ``(data, shape)`` stands for, checked against ``output_type``.
+
+        Raises:
+            ValueError: as `decode` does, or the value is not of ``output_type``.
+        """
+        value = self.decode(data, shape)
+        if not _fits(value, self.output_type):
+            declared = _type_name(self.output_type)
+            raise ValueError(f"it holds {_kind(value)} where the program declares {declared}")
+        return value
 
     # ------------------------------------------------------------------ encode
     def encode(self, value: Any, where: str) -> tuple[Any, Any]:
@@ -174,6 +214,73 @@ class OutputCodec:
                 f"(declared: {known}); checkpoints never import a type by name"
             )
         return cls
+
+
+def _fits(value: Any, annotation: Any) -> bool:
+    """Whether ``value`` is of the declared type, as far as a plain check can tell.
+
+    Classes are checked with ``isinstance`` (an int passes for a float, as the
+    typing rules allow); unions, ``Optional``, ``Literal``, ``Annotated`` and
+    the items of lists, tuples, sets and dicts are followed. What this cannot
+    check (``Any``, a type variable, a protocol, a JSON-schema dict, None for
+    "nothing declared") passes: the check refuses only what is surely wrong.
+    """
+    if annotation is None or annotation is Any or annotation is object:
+        return True
+    if annotation is type(None):
+        return value is None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _fits(value, args[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_fits(value, arg) for arg in args)
+    if origin is typing.Literal:
+        return value in args
+    if origin is not None:
+        return not isinstance(origin, type) or (
+            _is_instance(value, origin) and _items_fit(value, args)
+        )
+    if annotation is float:
+        return isinstance(value, int | float)
+    if isinstance(annotation, type) and typing.is_typeddict(annotation):
+        return isinstance(value, dict)
+    if isinstance(annotation, type):
+        return _is_instance(value, annotation)
+    return True
+
+
+def _items_fit(value: Any, args: tuple[Any, ...]) -> bool:
+    if not args:
+        return True
+    if isinstance(value, tuple):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(item, args[0]) for item in value)
+        return len(value) == len(args) and all(map(_fits, value, args))
+    if isinstance(value, Mapping) and len(args) == 2:
+        return all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
+    if isinstance(value, list | set | frozenset) and len(args) == 1:
+        return all(_fits(item, args[0]) for item in value)
+    return True
+
+
+def _is_instance(value: Any, cls: type) -> bool:
+    try:
+        return isinstance(value, cls)
+    except TypeError:  # a protocol that is not runtime-checkable: nothing to check against
+        return True
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "None"
+    name = type(value).__qualname__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__qualname__
+    return str(annotation).replace("typing.", "")
 
 
 def _is_restorable_class(cls: type) -> bool:

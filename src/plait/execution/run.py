@@ -449,7 +449,8 @@ def _open_checkpoint(
         )
     graph = trace_cached(module, (items[0], *extra), kwargs)
     identity = program_identity(module, graph.structural_hash(), runner.manager.config)
-    codec = OutputCodec(t for sub in module.modules() for t in sub.declared_output_types())
+    declared = (t for sub in module.modules() for t in sub.declared_output_types())
+    codec = OutputCodec(declared, output_type=module.declared_return_type())
     return Checkpoint(directory, identity, items, codec)
 
 

@@ -53,8 +53,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait import _files
 from plait.errors import PlaitError
 from plait.evaluation import EvaluationResult, Metric, evaluate, examples_of
+from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import find_resources
 from plait.module import Module
 from plait.parameter import Parameter
@@ -70,6 +72,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger("plait.optimization")
+
+_GRID = "plait.grid/1"
+"""The format of a grid search checkpoint."""
 
 
 # ----------------------------------------------------------------- records
@@ -397,8 +402,8 @@ class GridSearch(ProgramSearch):
 
     Every combination is a deep copy of the program, and all of them are
     evaluated concurrently. With ``checkpoint`` (a JSON file) each finished
-    trial is written at once, and a rerun with the same file, dev set and
-    grid skips the trials already done.
+    trial is written at once (atomically, never through a symbolic link), and
+    a rerun with the same file, dev set and grid skips the trials already done.
 
     Example::
 
@@ -415,6 +420,8 @@ class GridSearch(ProgramSearch):
 
     Raises:
         ValueError: an empty grid, or a name no module of the program has.
+        CheckpointError: (from ``compile``) the checkpoint is a symbolic link,
+            not a regular file, or not JSON.
     """
 
     def __init__(
@@ -483,10 +490,13 @@ class GridSearch(ProgramSearch):
         return hashlib.sha256(data.encode()).hexdigest()[:16]
 
     def _done(self, program: Module, key: str) -> dict[str, Trial]:
-        if self.checkpoint is None or not self.checkpoint.is_file():
+        if self.checkpoint is None:
             return {}
-        data = json.loads(self.checkpoint.read_text(encoding="utf-8"))
-        if data.get("format") != "plait.grid/1" or data.get("key") != key:
+        remedy = "delete it to start over, or use another checkpoint file"
+        data = _files.read_json(self.checkpoint, error=CheckpointError, remedy=remedy)
+        if data is None:
+            return {}
+        if not isinstance(data, dict) or (data.get("format"), data.get("key")) != (_GRID, key):
             raise ValueError(
                 f"{self.checkpoint} holds another grid search (another dev set or metric); "
                 "use another checkpoint file, or delete it to start over"
@@ -498,13 +508,12 @@ class GridSearch(ProgramSearch):
         if self.checkpoint is None:
             return
         data = {
-            "format": "plait.grid/1",
+            "format": _GRID,
             "key": key,
             "trials": [asdict(t) if t is not None else None for t in trials],
         }
-        temporary = self.checkpoint.with_suffix(".tmp")
-        temporary.write_text(json.dumps(data, default=str, indent=1), encoding="utf-8")
-        os.replace(temporary, self.checkpoint)  # a crash mid-write keeps the previous file
+        with _files.replacing(self.checkpoint, error=CheckpointError) as file:
+            json.dump(data, file, default=str, indent=1)
 
 
 def _combo_key(combo: Mapping[str, Any]) -> str:

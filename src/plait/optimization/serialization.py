@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from plait import _files
+
 if TYPE_CHECKING:
     from plait.module import Module
 
@@ -38,7 +40,8 @@ def save_module(module: Module, path: str | os.PathLike[str], optimizer: Any = N
     """Writes ``module``'s parameters (and ``optimizer.state_dict()``) to ``path`` as JSON.
 
     The file is written to a temporary name next to ``path`` and then
-    renamed, so a crash mid-write never leaves a half-written file behind.
+    renamed, so a crash mid-write never leaves a half-written file behind;
+    a symbolic link at ``path`` is refused, never written through.
 
     Args:
         module: the program whose parameters are saved (by dotted name).
@@ -50,6 +53,8 @@ def save_module(module: Module, path: str | os.PathLike[str], optimizer: Any = N
 
     Raises:
         TypeError: a parameter value or the optimizer state is not JSON-compatible.
+        FileError: ``path`` is a symbolic link or not a regular file, or cannot
+            be written.
     """
     parameters = {}
     for name, param in module.named_parameters():
@@ -63,15 +68,9 @@ def save_module(module: Module, path: str | os.PathLike[str], optimizer: Any = N
         state = _checked(optimizer.state_dict(), f"{type(optimizer).__name__}.state_dict()")
     document = {"format": FORMAT, "parameters": parameters, "optimizer": state}
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "w", encoding="utf-8") as file:
-            json.dump(document, file, indent=2, ensure_ascii=False)
-            file.write("\n")
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
+    with _files.replacing(target) as file:
+        json.dump(document, file, indent=2, ensure_ascii=False)
+        file.write("\n")
     return target
 
 

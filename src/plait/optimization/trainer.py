@@ -21,7 +21,9 @@ score never ends below where it started (for a deterministic program).
 Checkpoints: with ``checkpoint_dir``, ``trainer.json`` there is rewritten
 (atomically) after every minibatch and every validation: parameters,
 optimizer state, position (epoch, next minibatch), scores and the best
-parameters. A new `Trainer` on the same directory continues from there.
+parameters. A new `Trainer` on the same directory continues from there. A
+symbolic link planted as ``trainer.json`` is refused (`CheckpointError`), never
+written through, and no fixed temporary name is used that a link could take.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait import _files
 from plait.evaluation import Metric, evaluate, examples_of
+from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.progress import progress_bar
 from plait.feedback import Feedback
 from plait.module import Module
@@ -297,19 +301,19 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
         }
         path = self.checkpoint_dir / CHECKPOINT_FILE
-        temporary = path.with_suffix(".json.tmp")
-        temporary.write_text(json.dumps(data, ensure_ascii=False, indent=1), encoding="utf-8")
-        os.replace(temporary, path)  # a crash mid-write leaves the previous checkpoint whole
+        with _files.replacing(path, error=CheckpointError) as file:
+            json.dump(data, file, ensure_ascii=False, indent=1)
 
     def _load(self) -> dict[str, Any] | None:
         if self.checkpoint_dir is None:
             return None
         path = self.checkpoint_dir / CHECKPOINT_FILE
-        if not path.is_file():
+        remedy = "delete it to start over, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if data is None:
             return None
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if data.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path} is not a plait Trainer checkpoint")
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
         if data["settings"] != self._settings():
             raise ValueError(
                 f"{path} was written for {data['settings']}; this Trainer has "

@@ -324,6 +324,12 @@ def render_html(report: RunReport) -> str:
 
 
 def write_html(report: RunReport, path: str) -> None:
-    """Writes `render_html` to ``path``."""
-    with open(path, "w", encoding="utf-8") as file:
-        file.write(render_html(report))
+    """Writes `render_html` to ``path``, replacing it whole.
+
+    Raises:
+        FileError: ``path`` is a symbolic link (never written through) or not a
+            regular file, or cannot be written.
+    """
+    from plait import _files
+
+    _files.write_atomically(path, render_html(report))

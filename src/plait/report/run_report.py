@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
 from plait.profiling import Profiler
@@ -189,8 +190,13 @@ class RunReport:
         return {"format": FORMAT, **asdict(self)}
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Writes the report as JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as file:
+        """Writes the report as JSON to ``path``, replacing it whole.
+
+        Raises:
+            FileError: ``path`` is a symbolic link (never written through) or
+                not a regular file, or cannot be written.
+        """
+        with _files.replacing(path) as file:
             json.dump(self.to_dict(), file, ensure_ascii=False, default=str)
             file.write("\n")
 
@@ -236,8 +242,12 @@ class RunReport:
         return trace_events(self.spans["nodes"], self.spans["requests"], self.started_at)
 
     def save_trace(self, path: str | os.PathLike[str]) -> None:
-        """Writes `trace_events` as JSON to ``path`` (open it in ui.perfetto.dev)."""
-        with open(path, "w", encoding="utf-8") as file:
+        """Writes `trace_events` as JSON to ``path`` (open it in ui.perfetto.dev).
+
+        Raises:
+            FileError: as `save` does.
+        """
+        with _files.replacing(path) as file:
             json.dump(self.trace_events(), file, separators=(",", ":"))
 
 

@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from plait import _files
+
 __all__ = ["start_llama_server"]
 
 
@@ -71,7 +73,7 @@ def start_llama_server(
         "--n_ctx",
         str(n_ctx),
     ]
-    with log_path.open("wb") as log:
+    with _files.open_for_writing(log_path, binary=True) as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
