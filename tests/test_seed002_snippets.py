@@ -136,6 +136,8 @@ def test_metric_exact_match_snippet() -> None:
     metric = metric_exact_match()
     assert metric("hello", "hello") is True
     assert metric("hello", "world") is False
+    # A one-field prediction is compared by its field, as plait.evaluation.exact_match does.
+    assert metric(Prediction(sentiment="positive"), "positive") is True
     metric = metric_exact_match(field="sentiment")  # Field extraction for structured outputs
     assert metric({"sentiment": "positive"}, {"sentiment": "positive"}) is True
     row = {"text": "Great!", "sentiment": "positive"}  # the whole data row as the target
