@@ -6,6 +6,9 @@
     report = await trainer.fit()      # the program ends with its best validated parameters
     report.reason                     # which parameters were kept, and why, in words
 
+Like a module call, ``fit()`` is awaited inside a running event loop and runs
+to completion in a script with no loop running.
+
 How a minibatch runs: its examples go through the `TrainingStep` as *one
 batch* (one resource manager and one limit on calls in flight, every example
 concurrently). A batch passes its list as the first argument and shares the
@@ -183,8 +186,19 @@ class Trainer:
         )
         return float(result)
 
-    async def fit(self) -> TrainReport:
-        """Trains for the remaining epochs and leaves the program with its best parameters."""
+    def fit(self) -> Any:
+        """Trains for the remaining epochs and leaves the program with its best parameters.
+
+        Returns the `TrainReport`: awaited inside a running event loop
+        (``report = await trainer.fit()``), directly from a script with no
+        loop running, as a module call does.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        return awaitable_or_result(self._fit())
+
+    async def _fit(self) -> TrainReport:
+        """The body of `fit`."""
         state = self._load()
         resumed = None
         if state is None:
