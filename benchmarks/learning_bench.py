@@ -156,17 +156,17 @@ async def run_plait(task: Task, method: str, budget: int) -> dict[str, Any]:
     started = time.perf_counter()
     with metered() as meter:
         searches = {
-            "LabeledFewShot": lambda: LabeledFewShot(4, metric),
+            "LabeledFewShot": lambda: LabeledFewShot(metric, k=4),
             "BootstrapFewShot": lambda: BootstrapFewShot(metric, max_demos=4),
             "RandomSearch": lambda: RandomSearch(
                 metric, num_candidates=max(2, (budget - 60) // len(val) - 1), propose=2
             ),
             "GridSearch": lambda: GridSearch(
+                metric,
                 {
                     "temperature": [0.0, 0.7],
                     "instructions": [task.instructions, *VARIANTS[task.name]],
                 },
-                metric,
             ),
             "ReflectiveSearch": lambda: ReflectiveSearch(metric, max_calls=budget),
             # The same search choosing on validation alone: what the sign test guards against.

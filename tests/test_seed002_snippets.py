@@ -136,6 +136,8 @@ def test_metric_exact_match_snippet() -> None:
     metric = metric_exact_match()
     assert metric("hello", "hello") is True
     assert metric("hello", "world") is False
+    # A one-field prediction is compared by its field, as plait.evaluation.exact_match does.
+    assert metric(Prediction(sentiment="positive"), "positive") is True
     metric = metric_exact_match(field="sentiment")  # Field extraction for structured outputs
     assert metric({"sentiment": "positive"}, {"sentiment": "positive"}) is True
     row = {"text": "Great!", "sentiment": "positive"}  # the whole data row as the target
@@ -183,3 +185,41 @@ async def test_run_dataset_snippet() -> None:
         results = await run_dataset(mod, data, max_concurrent=1)
     outputs = results.outputs
     assert [o.sentiment for o in outputs] == ["positive", "negative"]
+
+
+# ------------------------------------------------------------------ optimization
+def sentiment_at_temperature_zero(body: dict[str, Any]) -> str:
+    """Right (a review with "love" is positive) only at temperature 0; else always negative."""
+    review = body["messages"][-1]["content"]
+    right = "positive" if "love" in review else "negative"
+    return json.dumps({"sentiment": right if body.get("temperature") == 0 else "negative"})
+
+
+SENTIMENTS = [
+    ({"text": f"I love it ({i})"}, "positive") if i % 2 else ({"text": f"Bad ({i})"}, "negative")
+    for i in range(10)
+]
+
+
+async def test_optimize_grid_snippet() -> None:
+    async with scripted(sentiment_at_temperature_zero) as (_server, manager):
+        mod = Predict(signature("text -> sentiment")).bind(manager)
+        # mod$optimize_grid(devset = train_data, metric = metric_exact_match(),
+        #                   parameters = list(temperature = c(0, 0.3, 0.7)))
+        report = await mod.optimize_grid(
+            devset=SENTIMENTS,
+            metric=metric_exact_match(),
+            parameters={"temperature": [0, 0.3, 0.7]},
+        )
+    assert mod.temperature == 0 and mod.is_compiled()
+    assert len(mod.state.trials) == 4  # "Records all trials in state$trials"
+    assert mod.state.best_params == {"temperature": 0} and report.best.score == 1.0
+
+
+async def test_optimize_grid_short_form_and_is_compiled_snippet() -> None:
+    async with scripted(sentiment_at_temperature_zero) as (_server, manager):
+        mod = Predict(signature("text -> sentiment")).bind(manager)
+        assert mod.is_compiled() is False  # mod$is_compiled() #> [1] FALSE
+        await mod.optimize_grid(SENTIMENTS, metric_exact_match())  # no parameters
+        assert mod.is_compiled() is True  # #> [1] TRUE
+    assert mod.temperature == 0.0

@@ -15,6 +15,9 @@ passed as the one argument of ``forward``; the examples run as one batch, so
 they share one resource manager and its limits, and each example's model
 calls (re-asks and calls inside ``async def forward`` included) are counted
 in its row.
+
+In a script with no event loop running, ``evaluate`` and ``run_dataset`` run
+to completion and return the result, as a module call does (no ``await``).
 """
 
 from __future__ import annotations
@@ -397,15 +400,19 @@ async def _run_rows(
     return rows
 
 
-async def run_dataset(
+def run_dataset(
     module: Module,
     dataset: Iterable[Any],
     *,
     resources: Any = None,
     max_concurrent: int | None = None,
     progress: bool | None = None,
-) -> RunResult:
+) -> Any:
     """Runs ``module`` on every input of a dataset (eval mode, concurrently); no scoring.
+
+    Like a module call: ``await run_dataset(...)`` inside a running event
+    loop; in a script with no loop running it runs to completion and returns
+    the `RunResult` (`plait.execution.run.awaitable_or_result`).
 
     Args:
         module: the program.
@@ -421,6 +428,20 @@ async def run_dataset(
         usage), totals, `RunResult.save` and `RunResult.to_frame`. A failed
         example does not stop the others.
     """
+    from plait.execution.run import awaitable_or_result
+
+    work = _run_dataset(module, dataset, resources, max_concurrent, progress)
+    return awaitable_or_result(work)
+
+
+async def _run_dataset(
+    module: Module,
+    dataset: Iterable[Any],
+    resources: Any,
+    max_concurrent: int | None,
+    progress: bool | None,
+) -> RunResult:
+    """The body of `run_dataset`."""
     items = list(dataset)
     inputs = [_input_of(item) for item in items]
     rows = await _run_rows(
@@ -436,7 +457,7 @@ def _input_of(item: Any) -> Any:
     return item["input"] if isinstance(item, Mapping) and "input" in item else item
 
 
-async def evaluate(
+def evaluate(
     module: Module,
     dataset: Iterable[Any],
     metric: Metric | None = None,
@@ -444,8 +465,12 @@ async def evaluate(
     resources: Any = None,
     max_concurrent: int | None = None,
     progress: bool | None = None,
-) -> EvaluationResult:
+) -> Any:
     """Runs ``module`` on every input (eval mode, concurrently) and scores each output.
+
+    Like a module call: ``await evaluate(...)`` inside a running event loop;
+    in a script with no loop running it runs to completion and returns the
+    `EvaluationResult` (`plait.execution.run.awaitable_or_result`).
 
     Args:
         module: the program.
@@ -470,6 +495,22 @@ async def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
+    from plait.execution.run import awaitable_or_result
+
+    return awaitable_or_result(
+        _evaluate(module, dataset, metric, resources, max_concurrent, progress)
+    )
+
+
+async def _evaluate(
+    module: Module,
+    dataset: Iterable[Any],
+    metric: Metric | None,
+    resources: Any,
+    max_concurrent: int | None,
+    progress: bool | None,
+) -> EvaluationResult:
+    """The body of `evaluate`: reports the call to callbacks around `_scored`."""
     from plait.callbacks import ReportedCall
     from plait.execution.observe import callbacks_for
 
@@ -491,7 +532,7 @@ async def _scored(
     max_concurrent: int | None,
     progress: bool | None,
 ) -> EvaluationResult:
-    """Runs the examples and scores them: the body of `evaluate`."""
+    """Runs the examples and scores them."""
     rows = await _run_rows(
         module,
         [inputs for inputs, _ in pairs],

@@ -5,7 +5,10 @@ Each factory returns a metric ``metric(prediction, expected)``, the shape
 output and an example's target. A metric may compare one field of a
 structured output: ``field="answer"`` reads ``prediction.answer`` (or
 ``prediction["answer"]``) and, when the target is a mapping with that key,
-``expected["answer"]`` — so a target can be the whole data row::
+``expected["answer"]`` — so a target can be the whole data row. Without
+``field``, a prediction with one field (a `Prediction` of a one-output
+signature) is compared by that field's value against a bare target, as
+`plait.evaluation.exact_match` does::
 
     exact = metric_exact_match(field="sentiment", ignore_case=True)
     exact(Prediction(sentiment="Positive"), {"text": "Great!", "sentiment": "positive"})  # True
@@ -18,6 +21,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from plait.evaluation import _sole_value
 
 __all__ = ["metric_contains", "metric_exact_match", "metric_f1", "metric_field_match"]
 
@@ -119,8 +124,8 @@ def metric_field_match(fields: Sequence[str], require_all: bool = True) -> Metri
 
 # ------------------------------------------------------------------ helpers
 def _values(prediction: Any, expected: Any, field: str | None) -> tuple[Any, Any]:
-    if field is None:
-        return prediction, expected
+    if field is None:  # a one-field prediction against a bare target: that field's value
+        return _sole_value(prediction, expected), _sole_value(expected, prediction)
     got = _field(prediction, field, "prediction")
     if isinstance(expected, Mapping) or (_is_record(expected) and hasattr(expected, field)):
         return got, _field(expected, field, "expected")

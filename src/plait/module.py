@@ -457,18 +457,20 @@ class Module:
         return state
 
     def is_compiled(self) -> bool:
-        """Whether an optimizer has searched this module and applied what it found."""
+        """Whether an optimizer has changed this module (applied a candidate other than
+        the module as it was); a search that kept the module leaves it false."""
         state = self.__dict__.get("_state")
         return state is not None and state.compiled
 
-    async def optimize_grid(
+    def optimize_grid(
         self, devset: Any, metric: Any = None, parameters: Any = None, **options: Any
     ) -> Any:
         """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
-        `plait.optimization.optimize_grid` (returns its trials table)."""
+        `plait.optimization.optimize_grid` (returns its `SearchReport`; awaited inside
+        a running event loop, run to completion from a script, like a module call)."""
         from plait.optimization.search import optimize_grid  # learning layer, loaded on use
 
-        return await optimize_grid(self, devset, metric, parameters, **options)
+        return optimize_grid(self, devset, metric, parameters, **options)
 
     # ----------------------------------------------------------------- traces
     def traces(self) -> list[Any]:
@@ -546,7 +548,7 @@ class ModuleState:
     best_trial: int | None = None
     """Number of the applied trial (0: the module as it was)."""
     compiled: bool = False
-    """Whether an optimizer has run and applied its choice."""
+    """Whether an optimizer has changed the module (a search that kept it leaves this)."""
     optimizer: str | None = None
     """Name of the last optimizer that ran."""
 

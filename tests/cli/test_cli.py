@@ -277,11 +277,13 @@ def test_train_saves_learned_parameters_and_a_training_report(server, resources,
 
     assert done.code == 0, done.stderr
     assert "validation: 0.5000 -> 1.0000" in done.stdout
+    assert "training kept the parameters of epoch 1: validation 0.5 -> 1" in done.stdout
     assert "GOOD" in json.dumps(json.loads(saved.read_text()))
     report = json.loads((tmp_path / "learned.run.json").read_text())
     assert report["kind"] == "train"
     assert report["training"]["scores"] == [1.0]
     assert [step["epoch"] for step in report["training"]["history"]] == [1, 1]
+    assert report["training"]["accepted"] == 2 and report["training"]["discarded"] == 0
 
 
 def test_import_plait_does_not_import_click():

@@ -22,6 +22,8 @@ from plait.optimization import (
     GridSearch,
     LabeledFewShot,
     RandomSearch,
+    ReflectiveSearch,
+    SearchReport,
     balanced_sample,
     optimize_grid,
     sign_test,
@@ -149,7 +151,13 @@ async def test_a_search_never_leaves_the_program_worse_on_validation(
     report = await LabeledFewShot(k=2).compile(qa, TRAIN, VAL, resources=config)
     assert report.best.number == 0 and not report.improved
     assert report.trials[1].score < report.start.score
-    assert qa.state_dict() == before and qa.is_compiled()
+    assert qa.state_dict() == before
+    assert not qa.is_compiled()  # searched, but nothing changed
+    assert qa.state.best_trial == 0 and qa.state.optimizer == "LabeledFewShot"
+    assert report.reason == (
+        "the program is already right on every validation example (10 of 10): "
+        "nothing to improve on this validation set"
+    )
 
 
 async def test_the_majority_answer_does_not_win_on_a_skewed_validation_set(
@@ -181,6 +189,10 @@ async def test_a_candidate_must_win_clearly_to_replace_the_program(
     qa = program()
     report = await LabeledFewShot(k=2).compile(qa, TRAIN, small, resources=config)
     assert report.trials[1].score == 1.0 and report.best.number == 0 and qa.demos.value == []
+    assert report.reason == (
+        "no candidate won clearly: the best (trial 1) won on 2 and lost on 0 of 4 validation "
+        "examples (+2/-0, sign test p = 0.25 > 0.1); a larger validation set could decide"
+    )
     assert sign_test([1, 1, 1, 1], [1, 0, 1, 0]) == 0.25
     assert sign_test([1, 0], [0, 1]) == 0.75 and sign_test([1], [1]) == 1.0
 
@@ -220,7 +232,7 @@ async def test_optimize_grid_keeps_the_best_settings_and_records_state(
     server.responder = model(strict)
     qa = Predict(PARITY, adapter=PlainAdapter(), temperature=0.7)
     assert not qa.is_compiled()
-    table = await qa.optimize_grid(
+    report = await qa.optimize_grid(
         VAL,
         None,
         {"temperature": [0.0, 0.7], "instructions": [INSTRUCTIONS, BETTER]},
@@ -230,12 +242,173 @@ async def test_optimize_grid_keeps_the_best_settings_and_records_state(
     assert qa.is_compiled()
     assert qa.state.best_params == {"temperature": 0.0, "instructions": BETTER}
     assert qa.state.best_score == 1.0 and len(qa.state.trials) == 5
+    # The same report as every other search (issue 21.9: it was a bare table).
+    assert isinstance(report, SearchReport) and report.improved
+    assert report.optimizer == "GridSearch" and report.best.params == qa.state.best_params
+    table = report.table()
     assert list(table.columns) == [
         "number", "params", "score", "selection", "calls", "cost", "seconds", "note",
     ]  # fmt: skip
     assert table.iloc[0]["score"] == 1.0 and table.iloc[0]["calls"] == len(VAL)
+    assert report.reason.startswith("trial 2 won on 5 and lost on 0 of 10 validation examples")
     # The copies were evaluated; the original was never changed mid-search.
     assert {json.dumps(b.get("temperature")) for b in chat_requests(server)} == {"0.0", "0.7"}
+
+
+async def test_the_grid_skips_a_combination_identical_to_the_program(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    server.responder = model(strict)
+    qa = Predict(PARITY, adapter=PlainAdapter(), temperature=0.7)
+    qa.instructions.value = INSTRUCTIONS
+    grid = {"temperature": [0.0, 0.7], "instructions": [INSTRUCTIONS, BETTER]}
+    report = await optimize_grid(qa, VAL, None, grid, resources=config)
+    # (0.7, INSTRUCTIONS) is the program as it is: trial 0, not evaluated a second time.
+    assert [t.params for t in report.trials] == [
+        {},
+        {"temperature": 0.0, "instructions": INSTRUCTIONS},
+        {"temperature": 0.0, "instructions": BETTER},
+        {"temperature": 0.7, "instructions": BETTER},
+    ]
+    assert server.stats.requests == 4 * len(VAL)
+
+
+async def test_a_grid_of_only_the_program_as_it_is_says_so(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    qa = Predict(PARITY, adapter=PlainAdapter(), temperature=0.7)
+    report = await GridSearch(None, {"temperature": [0.7]}).compile(
+        qa, valset=VAL, resources=config
+    )
+    assert len(report.trials) == 1 and not report.improved and not qa.is_compiled()
+    assert report.reason == (
+        "the search found no candidate that differs from the program as it is (trial 0): "
+        "nothing to compare"
+    )
+
+
+async def test_the_short_form_of_optimize_grid_tries_temperatures(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # Seed 002: `mod$optimize_grid(devset, metric_exact_match())`, then `mod$is_compiled()`.
+    from plait import metric_exact_match
+
+    server.responder = model(lambda body: body.get("temperature") == 0.0)
+    qa = Predict(PARITY, adapter=PlainAdapter()).bind(config)
+    report = await qa.optimize_grid(VAL, metric_exact_match())
+    assert [t.params for t in report.trials] == [
+        {}, {"temperature": 0.0}, {"temperature": 0.3}, {"temperature": 0.7},
+    ]  # fmt: skip
+    assert qa.temperature == 0.0 and qa.is_compiled()
+
+
+async def test_the_short_form_says_what_it_tried_on_a_program_without_temperature(
+    config: ResourceConfig,
+) -> None:
+    from plait import Module, Parameter
+
+    class Echo(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.prefix = Parameter("> ", description="what starts each reply")
+
+        def forward(self, text: str) -> str:
+            return f"{self.prefix.value}{text}"
+
+    with pytest.raises(
+        ValueError, match=r"it has: prefix\. Without parameters, optimize_grid tries"
+    ):
+        await Echo().optimize_grid(VAL, None, resources=config)
+
+
+# ------------------------------------------------------- calling convention
+def exact(output: Any, target: Any) -> bool:
+    return output.parity == target
+
+
+def test_every_search_takes_the_metric_first() -> None:
+    grid = {"temperature": [0.0]}
+    searches = [
+        LabeledFewShot(exact, k=2),
+        BootstrapFewShot(exact, max_demos=2),
+        RandomSearch(exact, num_candidates=2),
+        GridSearch(exact, grid),
+        ReflectiveSearch(exact, max_calls=10),
+        LabeledFewShot(metric=exact),
+        GridSearch(metric=exact, parameters=grid),
+    ]
+    assert all(search.metric is exact for search in searches)
+    # The older orders still work: LabeledFewShot(k, metric) and GridSearch(grid, metric).
+    older = LabeledFewShot(3, exact)
+    assert (older.metric, older.k) == (exact, 3) and LabeledFewShot(3).k == 3
+    assert GridSearch(grid, exact).metric is exact and GridSearch(grid).parameters == grid
+
+
+def test_a_metric_that_is_not_a_function_is_refused() -> None:
+    with pytest.raises(TypeError, match=r"BootstrapFewShot: metric must be a function"):
+        BootstrapFewShot(4)  # type: ignore[arg-type]
+
+
+async def test_compile_takes_trainset_and_valset_by_either_name(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    dspy_style = await LabeledFewShot(exact, k=4).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    plait_style = await LabeledFewShot(exact, k=4).compile(
+        program(), train_set=TRAIN, val_set=VAL, resources=config
+    )
+    assert dspy_style.best.score == plait_style.best.score == 1.0
+    with pytest.raises(TypeError, match="trainset= or train_set=, not both"):
+        await LabeledFewShot(exact).compile(program(), TRAIN, train_set=TRAIN, resources=config)
+
+
+# ----------------------------------------------------------------- reasons
+async def test_a_program_that_answers_one_label_is_kept_and_the_report_says_why(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.responder = model(lambda body: False)  # "even" to everything, demos or not
+    qa = program()
+    with caplog.at_level("INFO", logger="plait.optimization"):
+        report = await LabeledFewShot(exact, k=4).compile(qa, TRAIN, VAL, resources=config)
+    assert not report.improved and not qa.is_compiled()
+    assert report.reason == (
+        "the program predicts one label for every example ('even', 10 of 10), and so does "
+        "every candidate: demos and settings cannot help until the model separates labels; "
+        "try clearer instructions or a stronger model"
+    )
+    assert any(report.reason in record.getMessage() for record in caplog.records)
+
+
+async def test_a_candidate_that_loses_more_than_it_wins_is_not_kept(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # Demos fix the odd numbers but break the even ones: +2/-3 on this validation set.
+    def respond(body: dict[str, Any]) -> str:
+        number = int(question(body))
+        if not demo_turns(body):
+            return "even" if number < 26 else parity(number)
+        return "odd" if number % 2 or number < 26 else parity(number)
+
+    server.responder = respond
+    val = examples([20, 21, 22, 23, 24, 26, 27, 28, 29, 30])
+    report = await LabeledFewShot(exact, k=2).compile(program(), TRAIN, val, resources=config)
+    assert not report.improved
+    assert report.reason == (
+        "no candidate won on more validation examples than it lost (best +2/-3 of 10); "
+        "a larger validation set could decide"
+    )
+
+
+async def test_an_applied_candidate_is_explained(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    report = await LabeledFewShot(exact, k=4).compile(program(), TRAIN, VAL, resources=config)
+    assert report.improved
+    assert report.reason == (
+        "trial 1 won on 5 and lost on 0 of 10 validation examples (sign test p = 0.031); "
+        "validation 0.5 -> 1"
+    )
 
 
 async def test_a_grid_search_resumes_from_its_checkpoint(
@@ -339,7 +512,7 @@ async def test_few_shot_on_the_embedded_model_never_ends_below_its_start(kind: s
     qa = local_program()
     search = LabeledFewShot(k=4) if kind == "labeled" else BootstrapFewShot(max_demos=4)
     report = await search.compile(qa, train, val, resources=ResourceConfig(LOCAL))
-    assert report.best.score >= report.start.score and qa.is_compiled()
+    assert report.best.score >= report.start.score and qa.is_compiled() == report.improved
     if report.improved:
         labels = [d["answer"] for d in qa.demos.value]
         assert labels.count("True") == labels.count("False") == 2
@@ -362,11 +535,12 @@ async def test_random_search_on_the_embedded_model() -> None:
 async def test_grid_search_on_the_embedded_model() -> None:
     _, val = bbh_booleans()
     qa = local_program()
-    table = await qa.optimize_grid(
+    report = await qa.optimize_grid(
         val,
         None,
         {"instructions": ["Answer True or False.", qa.instructions.value]},
         resources=ResourceConfig(LOCAL),
     )
-    assert len(table) == 3 and qa.state.best_score == max(table["score"])
-    assert qa.state.best_score >= table[table["number"] == 0]["score"].iloc[0]
+    # The second instruction is the program's own: trial 0, not tried twice.
+    assert len(report.trials) == 2 and qa.state.best_score == report.best.score
+    assert report.best.score >= report.start.score and report.reason

@@ -123,6 +123,10 @@ async def test_training_keeps_an_update_that_improves_validation(
 
     assert (report.initial_score, report.best_score, report.best_epoch) == (0.5, 1.0, 1)
     assert report.scores == [1.0] and report.steps == 2 and report.accepted == 2
+    assert (
+        report.discarded == 0
+        and report.reason == "kept the parameters of epoch 1: validation 0.5 -> 1"
+    )
     assert task.system_prompt.value == "PLAIN GOOD GOOD"
     assert not task.training
 
@@ -137,6 +141,13 @@ async def test_training_that_hurts_ends_with_the_initial_parameters(
     assert report.initial_score == 0.5 and report.scores == [0.0, 0.0]
     assert (report.best_score, report.best_epoch) == (0.5, 0)
     assert task.system_prompt.value == "PLAIN"  # the initial state was the best candidate
+    # Four updates were applied and then undone by keep-best: none counts as accepted.
+    assert (report.accepted, report.discarded, report.rejected) == (0, 4, 0)
+    assert [(h["accepted"], h["discarded"]) for h in report.history] == [(0, 1)] * 4
+    assert report.reason == (
+        "kept the initial parameters: validation after each epoch (0, 0) never beat the "
+        "start (0.5); the 4 updates applied during training were discarded"
+    )
 
 
 async def test_a_training_step_can_be_given_instead_of_program_and_loss(

@@ -325,6 +325,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         f"validation: {training.get('initial_score', 0):.4f} -> {training.get('best_score', 0):.4f}"
         f" (best epoch {training.get('best_epoch')}); saved {kwargs['save_path']}; report {path}"
     )
+    click.echo(f"training {training.get('reason')}")
     sys.exit(EXIT_OK)
 
 

@@ -34,7 +34,7 @@ from plait.module import Module
 from plait.tracing import is_leaf_module
 from plait.values import Value, ValueKind, valueify
 
-__all__ = ["call_bound", "execute_bound", "run", "run_sync"]
+__all__ = ["awaitable_or_result", "call_bound", "execute_bound", "run", "run_sync"]
 
 
 async def run(
@@ -228,17 +228,28 @@ def call_bound(
     """Runs ``module(*args, **kwargs)`` for a module that has resources.
 
     Inside a running event loop it returns what `execute_bound` returns, to
-    be awaited (``await module(x)``, ``async for r in module(batch)``).
-    Called from synchronous code with no event loop running, it runs the call
-    to completion (as `run_sync` does) and returns the result: nothing could
-    ever await a coroutine returned there, and udspy's snippets
+    be awaited (``await module(x)``, ``async for r in module(batch)``); from
+    synchronous code it runs the call to completion (`awaitable_or_result`).
+    """
+    return awaitable_or_result(execute_bound(module, args, kwargs))
+
+
+def awaitable_or_result(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
+    """Returns ``work`` to be awaited, or — called with no event loop running — its result.
+
+    The one rule of every public entry point (a module call, ``evaluate``,
+    ``run_dataset``, an optimizer's ``compile``, ``optimize_grid``,
+    ``Trainer.fit``): inside a running loop the caller awaits what it gets;
+    from synchronous code (a script) the work runs to completion on the
+    `run_sync` loop and the result comes back, because nothing could ever
+    await a coroutine returned there, and udspy's and dsprrr's snippets
     (``result = predictor(question=...)``) are written that way.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return run_sync(module, args, kwargs)
-    return execute_bound(module, args, kwargs)
+        return _complete(work)
+    return work
 
 
 def _runner(module: Module, resources: Any, options: dict[str, Any]) -> Runner:
@@ -566,7 +577,11 @@ def _shutdown() -> None:
 
 def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs a bound call to completion and returns its result, blocking the caller."""
-    work = execute_bound(module, args, kwargs)
+    return _complete(execute_bound(module, args, kwargs))
+
+
+def _complete(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
+    """Runs ``work`` on the background loop and returns its result (a stream's as a list)."""
     if isinstance(work, BatchStream):
         stream = work
 

@@ -1,7 +1,7 @@
 """Few-shot demos and instructions: LabeledFewShot, BootstrapFewShot, RandomSearch.
 
     report = await BootstrapFewShot(exact_match, max_demos=4).compile(
-        program, train, val, resources=config
+        program, trainset=train, valset=val, resources=config
     )
 
 These optimizers fill the ``demos`` parameters of a program's `Predict`
@@ -247,12 +247,17 @@ class LabeledFewShot(ProgramSearch):
     docs); a program whose steps no example fits is an error.
 
     Args:
-        k: demos per step.
         metric, balance, max_concurrent: as `ProgramSearch`.
+        k: demos per step (DSPy's ``LabeledFewShot(k=16)``; the older order
+            ``LabeledFewShot(k, metric)`` works too).
         seed: the sampling seed.
     """
 
-    def __init__(self, k: int = 4, metric: Metric | None = None, *, seed: int = 0, **options: Any):
+    def __init__(
+        self, metric: Metric | None = None, k: int = 4, *, seed: int = 0, **options: Any
+    ) -> None:
+        if isinstance(metric, int) and not isinstance(metric, bool):  # LabeledFewShot(k, metric)
+            metric, k = (k if callable(k) else None), metric
         super().__init__(metric, **options)
         if k < 1:
             raise ValueError(f"LabeledFewShot needs k >= 1, got {k}")

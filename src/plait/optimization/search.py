@@ -5,15 +5,23 @@ from feedback, these optimizers build *candidate programs* (deep copies with
 other demos, instructions or settings), evaluate every candidate on a
 validation set, and apply the best one to the program:
 
-    report = await BootstrapFewShot(metric).compile(program, train, val, resources=config)
+    report = await BootstrapFewShot(metric).compile(program, trainset=train, valset=val)
     report.best.score, report.table()          # the trials, best first
+    report.improved, report.reason             # what was kept, and why, in words
     program.state.best_params, program.is_compiled()
+
+One calling convention for every search: the constructor takes the metric
+first, then the search's own options; ``compile(program, trainset=...,
+valset=...)`` (DSPy's names; ``train_set=`` / ``val_set=`` work too) returns
+a `SearchReport`. Like a module call, ``compile`` is awaited inside a running
+event loop and runs to completion in a script with no loop running.
 
 Shared here (`ProgramSearch`), so every such optimizer behaves alike:
 
 * candidates are evaluated **concurrently**, all through one resource manager,
   so the endpoints' limits hold across the whole search;
-* the program as it was is always trial 0, and a candidate is chosen only if
+* the program as it was is always trial 0 (a candidate identical to it is not
+  evaluated again), and a candidate is chosen only if
   its validation score is at least trial 0's (a search never ends below its
   start on validation) and, by default, only if it beats trial 0 on clearly
   more validation examples than it loses (a one-sided sign test at
@@ -28,8 +36,11 @@ Shared here (`ProgramSearch`), so every such optimizer behaves alike:
   candidate that always answers the majority label scores the majority share
   (0.70 on BBH boolean_expressions' validation split, 0.52 on its test split);
   balanced, it scores 0.5 and does not win;
+* the report says why the program was kept or changed, from the evidence:
+  the labels the program predicts, wins and losses against trial 0 example by
+  example, the sign test (`SearchReport.reason`, also logged);
 * every trial is recorded in ``program.state`` (seed 002): trials, best score,
-  best parameters, ``is_compiled()``;
+  best parameters; ``is_compiled()`` once a search has changed the program;
 * the calls the search made are counted (`SearchReport.calls`).
 
 `GridSearch` / `optimize_grid` (every combination of module settings) live
@@ -47,7 +58,7 @@ import logging
 import math
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,7 +66,7 @@ from typing import Any
 
 from plait import _files
 from plait.errors import PlaitError
-from plait.evaluation import EvaluationResult, Metric, evaluate, examples_of
+from plait.evaluation import EvaluationResult, Metric, _sole_value, evaluate, examples_of
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import find_resources
 from plait.module import Module
@@ -102,6 +113,8 @@ class Trial:
     """Module settings by ``path.attribute`` (what `apply` sets)."""
     scores: list[float] = field(default_factory=list, repr=False)
     """Its score on each validation example, in order (a Pareto frontier needs them)."""
+    answers: dict[str, int] = field(default_factory=dict, repr=False)
+    """How often it answered each label, when the validation targets are labels."""
 
     def row(self) -> dict[str, Any]:
         """Returns the trial as one row of a trials table (no parameter values)."""
@@ -124,12 +137,15 @@ class SearchReport:
     optimizer: str
     trials: list[Trial]
     best: Trial
-    """The trial applied to the program (trial 0 when nothing beat the start)."""
+    """The trial the program holds now: the one applied, or trial 0 when the search
+    kept the program (a candidate may score higher without winning clearly)."""
     start: Trial
     """Trial 0: the program as it was."""
     calls: int = 0
     """Model calls the whole search made (bootstrapping and proposals included)."""
     seconds: float = 0.0
+    reason: str = ""
+    """Why ``best`` was kept, in words a user can act on (see `explain`)."""
 
     @property
     def improved(self) -> bool:
@@ -186,6 +202,7 @@ class ProgramSearch:
 
     Args:
         metric: ``metric(output, target)`` → bool, number or Feedback; default exact match.
+            The first argument of every search.
         balance: choose by the balanced score: True, False, or ``"auto"``
             (when the validation targets repeat like labels).
         significance: the largest sign-test p-value at which a candidate may
@@ -205,6 +222,11 @@ class ProgramSearch:
             raise ValueError(f"balance must be True, False or 'auto', got {balance!r}")
         if significance is not None and not 0 < significance <= 1:
             raise ValueError(f"significance must be in (0, 1] or None, got {significance!r}")
+        if metric is not None and not callable(metric):
+            raise TypeError(
+                f"{type(self).__name__}: metric must be a function metric(output, target) "
+                f"returning a bool, a number or a Feedback; got {metric!r:.80}"
+            )
         self.metric = metric
         self.balance = balance
         self.significance = significance
@@ -213,27 +235,46 @@ class ProgramSearch:
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
-    async def compile(
+    def compile(
         self,
         program: Module,
-        train_set: Any = None,
-        val_set: Any = None,
+        trainset: Any = None,
+        valset: Any = None,
         *,
         resources: Any = None,
-    ) -> SearchReport:
+        train_set: Any = None,
+        val_set: Any = None,
+    ) -> Any:
         """Searches, applies the best candidate to ``program`` in place, and returns the report.
+
+        Inside a running event loop, await it (``report = await search.compile(...)``);
+        in a script with no loop running it runs to completion and returns the
+        `SearchReport`, as a module call does.
 
         Args:
             program: the program to improve (its parameters and settings change).
-            train_set: examples the optimizer learns from (demos, feedback).
-            val_set: examples candidates are chosen on (default: ``train_set``).
+            trainset: examples the optimizer learns from (demos, feedback);
+                ``train_set=`` is the same.
+            valset: examples candidates are chosen on (default: ``trainset``);
+                ``val_set=`` is the same.
             resources: ResourceConfig / ResourceManager / mapping (default: the
                 program's bound resources, or those of ``ExecutionSettings``).
 
         Raises:
             PlaitError: no resources were found.
+            TypeError: a dataset given under both of its names.
             ValueError: an empty or malformed dataset.
         """
+        from plait.execution.run import awaitable_or_result
+
+        train = _either("trainset", trainset, "train_set", train_set)
+        val = _either("valset", valset, "val_set", val_set)
+        return awaitable_or_result(self._compile(program, train, val, resources))
+
+    async def _compile(
+        self, program: Module, train_set: Any, val_set: Any, resources: Any
+    ) -> SearchReport:
+        """The body of `compile`."""
         from plait.resources.usage import metered
 
         resources = self._resources(program, resources)
@@ -241,7 +282,7 @@ class ProgramSearch:
         val = examples_of(val_set) if val_set is not None else train
         if not val:
             name = type(self).__name__
-            raise ValueError(f"{name}.compile needs a non-empty val_set or train_set")
+            raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
         with metered() as meter:
             start = await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
@@ -256,16 +297,18 @@ class ProgramSearch:
             start,
             calls=meter.calls,
             seconds=time.perf_counter() - started,
+            reason=explain(trials, start, best, self.significance),
         )
         _record(program, report)
         logger.info(
-            "%s: %d trials, validation %.4g -> %.4g (trial %d), %d calls",
+            "%s: %d trials, validation %.4g -> %.4g (trial %d), %d calls; %s",
             type(self).__name__,
             len(trials),
             start.score,
             best.score,
             best.number,
             meter.calls,
+            report.reason,
         )
         return report
 
@@ -278,7 +321,7 @@ class ProgramSearch:
         start: Trial,
     ) -> list[Trial]:
         """Returns the candidates' trials (numbered from 1). Override this or `_candidates`."""
-        candidates = await self._candidates(program, train, resources)
+        candidates = self._distinct(program, await self._candidates(program, train, resources))
         return await self.evaluate_candidates(candidates, val, resources, first=1)
 
     async def _candidates(
@@ -288,6 +331,17 @@ class ProgramSearch:
         raise NotImplementedError(f"{type(self).__name__} must implement _candidates")
 
     # ------------------------------------------------------------ helpers
+    def _distinct(self, program: Module, candidates: Sequence[Candidate]) -> list[Candidate]:
+        """Returns the candidates that differ from ``program`` as it is (that one is trial 0)."""
+        kept = [c for c in candidates if not _unchanged(program, c)]
+        if len(kept) < len(candidates):
+            logger.info(
+                "%s: %d candidate(s) identical to the program as it is (trial 0) not evaluated",
+                type(self).__name__,
+                len(candidates) - len(kept),
+            )
+        return kept
+
     def _resources(self, program: Module, resources: Any) -> Any:
         found = find_resources(resources, bound=program._bound_resources, module=program)
         if found is None:
@@ -326,7 +380,8 @@ class ProgramSearch:
             max_concurrent=self.max_concurrent,
             progress=False,
         )
-        balance = _label_like(val) if self.balance == "auto" else bool(self.balance)
+        labels = _label_like(val)
+        balance = labels if self.balance == "auto" else bool(self.balance)
         return Trial(
             number=number,
             params=candidate.params,
@@ -339,6 +394,7 @@ class ProgramSearch:
             parameters=candidate.program.state_dict(),
             settings=dict(candidate.settings),
             scores=result.scores,
+            answers=_answer_counts(result) if labels else {},
         )
 
     @staticmethod
@@ -370,6 +426,118 @@ def sign_test(scores: Sequence[float], baseline: Sequence[float]) -> float:
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
+def explain(
+    trials: Sequence[Trial], start: Trial, best: Trial, significance: float | None = None
+) -> str:
+    """Returns why a search kept ``best``, from the evidence, in words a user can act on.
+
+    An applied candidate is explained by its wins and losses against trial 0.
+    When the program was kept, the first of these that holds is the reason:
+    no candidate differed from it; it was already right everywhere; it (and
+    every candidate) answers one label for every example, which demos and
+    settings do not fix; no candidate won more examples than it lost; the
+    best one's lead could be noise (sign test); it scored lower; it gained
+    only where the balanced score does not count it.
+    """
+    n = len(start.scores)
+    if best is not start:
+        wins, losses = _wins_losses(best, start)
+        p = sign_test(best.scores, start.scores)
+        return (
+            f"trial {best.number} won on {wins} and lost on {losses} of {n} validation examples "
+            f"(sign test p = {p:.2g}); validation {start.score:.3g} -> {best.score:.3g}"
+        )
+    candidates = [t for t in trials if t is not start]
+    if not candidates:
+        return (
+            "the search found no candidate that differs from the program as it is (trial 0): "
+            "nothing to compare"
+        )
+    if n and all(score >= 1.0 for score in start.scores):
+        return (
+            f"the program is already right on every validation example ({n} of {n}): "
+            "nothing to improve on this validation set"
+        )
+    only = _one_label(start)
+    if only is not None and all(_one_label(t) is not None for t in candidates):
+        label, count = only
+        return (
+            f"the program predicts one label for every example ({label!r}, {count} of {n}), "
+            "and so does every candidate: demos and settings cannot help until the model "
+            "separates labels; try clearer instructions or a stronger model"
+        )
+    leader = max(candidates, key=lambda t: (_margin(t, start), t.score, -t.number))
+    wins, losses = _wins_losses(leader, start)
+    if wins <= losses:
+        return (
+            f"no candidate won on more validation examples than it lost (best +{wins}/-{losses} "
+            f"of {n}); a larger validation set could decide"
+        )
+    p = sign_test(leader.scores, start.scores)
+    if significance is not None and p > significance:
+        return (
+            f"no candidate won clearly: the best (trial {leader.number}) won on {wins} and lost "
+            f"on {losses} of {n} validation examples (+{wins}/-{losses}, sign test p = {p:.2g} "
+            f"> {significance:g}); a larger validation set could decide"
+        )
+    if leader.score < start.score:
+        return (
+            f"trial {leader.number} won on more validation examples (+{wins}/-{losses} of {n}) "
+            f"but scored lower on the whole ({leader.score:.3g} < {start.score:.3g})"
+        )
+    return (
+        f"trial {leader.number} won on more validation examples (+{wins}/-{losses} of {n}) but "
+        f"its score balanced across labels was not higher ({leader.selection:.3g} vs "
+        f"{start.selection:.3g}): it gained on the most common label only"
+    )
+
+
+def _wins_losses(trial: Trial, start: Trial) -> tuple[int, int]:
+    """Returns on how many validation examples ``trial`` scored above and below ``start``."""
+    pairs = list(zip(trial.scores, start.scores, strict=True))
+    return sum(a > b for a, b in pairs), sum(a < b for a, b in pairs)
+
+
+def _margin(trial: Trial, start: Trial) -> int:
+    wins, losses = _wins_losses(trial, start)
+    return wins - losses
+
+
+def _one_label(trial: Trial) -> tuple[str, int] | None:
+    """Returns ``(label, count)`` when the trial answered one label for every example."""
+    if len(trial.answers) != 1:
+        return None
+    label, count = next(iter(trial.answers.items()))
+    return (label, count) if count == len(trial.scores) else None
+
+
+def _answer_counts(result: EvaluationResult) -> dict[str, int]:
+    """Returns how often each label was answered (an output read as its target is)."""
+    answers = Counter(
+        _label(_sole_value(row.output, row.target)) for row in result.rows if row.error is None
+    )
+    return dict(answers.most_common())
+
+
+def _unchanged(program: Module, candidate: Candidate) -> bool:
+    """Whether ``candidate`` is ``program`` as it is: the same parameter values and settings."""
+    if candidate.program.state_dict() != program.state_dict():
+        return False
+    modules = dict(program.named_modules())
+    for key, value in candidate.settings.items():
+        path, _, attribute = key.rpartition(".")
+        if getattr(modules[path], attribute) != value:
+            return False
+    return True
+
+
+def _either(name: str, value: Any, other_name: str, other: Any) -> Any:
+    """Returns the dataset given under ``name`` or its other spelling ``other_name``."""
+    if value is not None and other is not None:
+        raise TypeError(f"compile() takes {name}= or {other_name}=, not both")
+    return value if value is not None else other
+
+
 def apply(program: Module, trial: Trial) -> None:
     """Loads a trial's parameter values and settings into ``program``."""
     program.load_state_dict(trial.parameters)
@@ -383,11 +551,15 @@ def _record(program: Module, report: SearchReport) -> None:
     state.best_score = report.best.score
     state.best_params = report.best.params
     state.best_trial = report.best.number
-    state.compiled = True
+    state.compiled = state.compiled or report.improved
     state.optimizer = report.optimizer
 
 
 # ------------------------------------------------------------------- grid
+DEFAULT_GRID: dict[str, list[Any]] = {"temperature": [0.0, 0.3, 0.7]}
+"""What a grid search without ``parameters`` tries (seed 002's own example values)."""
+
+
 class GridSearch(ProgramSearch):
     """Tries every combination of module settings on a dev set; applies the best (seed 002).
 
@@ -401,21 +573,25 @@ class GridSearch(ProgramSearch):
     * ``"alias"``: which endpoint (model) the calls go to.
 
     Every combination is a deep copy of the program, and all of them are
-    evaluated concurrently. With ``checkpoint`` (a JSON file) each finished
-    trial is written at once (atomically, never through a symbolic link), and
-    a rerun with the same file, dev set and grid skips the trials already done.
+    evaluated concurrently; a combination that is the program as it is (its
+    current settings) is trial 0, not evaluated twice. Without ``parameters``
+    the grid is `DEFAULT_GRID` (temperature 0.0, 0.3, 0.7). With
+    ``checkpoint`` (a JSON file) each finished trial is written at once
+    (atomically, never through a symbolic link), and a rerun with the same
+    file, dev set and grid skips the trials already done.
 
     Example::
 
-        table = await program.optimize_grid(
+        report = await program.optimize_grid(
             dev, exact_match, {"temperature": [0.0, 0.7], "instructions": [A, B]},
             resources=config,
         )
         program.state.best_params    # {'temperature': 0.0, 'instructions': B}
 
     Args:
-        parameters: setting name → list of values.
         metric, balance, max_concurrent: as `ProgramSearch`.
+        parameters: setting name → list of values (the older order
+            ``GridSearch(parameters, metric)`` works too).
         checkpoint: a JSON file that makes the search resumable.
 
     Raises:
@@ -426,13 +602,18 @@ class GridSearch(ProgramSearch):
 
     def __init__(
         self,
-        parameters: Mapping[str, Iterable[Any]],
         metric: Metric | None = None,
+        parameters: Mapping[str, Iterable[Any]] | None = None,
         *,
         checkpoint: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> None:
+        if isinstance(metric, Mapping):  # the older order: GridSearch(parameters, metric)
+            metric, parameters = parameters, metric  # type: ignore[assignment]
         super().__init__(metric, **options)
+        self.default_grid = parameters is None
+        if parameters is None:
+            parameters = DEFAULT_GRID
         if not isinstance(parameters, Mapping) or not parameters:
             raise ValueError(
                 "GridSearch needs parameters: a dict of setting name -> values to try, "
@@ -460,29 +641,46 @@ class GridSearch(ProgramSearch):
         resources: Any,
         start: Trial,
     ) -> list[Trial]:
-        for name in self.parameters:
-            _targets(program, name)  # raises for a name the program does not have
-        combos = self.combinations()
+        self._check_keys(program)
+        candidates = self._distinct(
+            program, [self._candidate(program, c) for c in self.combinations()]
+        )
         key = self._key(val)
         done = self._done(program, key)
-        trials: list[Trial | None] = [done.get(_combo_key(c)) for c in combos]
-        todo = [(i, c) for i, c in enumerate(combos) if trials[i] is None]
-        if len(todo) < len(combos):
-            logger.info("GridSearch: %d of %d trials resumed", len(combos) - len(todo), len(combos))
+        trials: list[Trial | None] = [done.get(_combo_key(c.params)) for c in candidates]
+        todo = [i for i, trial in enumerate(trials) if trial is None]
+        if len(todo) < len(candidates):
+            resumed = len(candidates) - len(todo)
+            logger.info("GridSearch: %d of %d trials resumed", resumed, len(candidates))
 
-        async def run(index: int, combo: dict[str, Any]) -> None:
-            candidate = program.copy()
-            settings: dict[str, Any] = {}
-            for name, value in combo.items():
-                settings.update(_apply_setting(candidate, name, value))
-            trial = await self._evaluate_one(
-                index + 1, Candidate(candidate, combo, settings=settings), val, resources
-            )
-            trials[index] = trial
+        async def run(index: int) -> None:
+            trials[index] = await self._evaluate_one(index + 1, candidates[index], val, resources)
             self._save(key, trials)
 
-        await asyncio.gather(*(run(i, c) for i, c in todo))
+        await asyncio.gather(*(run(i) for i in todo))
         return [t for t in trials if t is not None]
+
+    def _check_keys(self, program: Module) -> None:
+        """Raises ValueError for a grid key the program does not have (naming those it has)."""
+        try:
+            for name in self.parameters:
+                _targets(program, name)
+        except ValueError as exc:
+            if not self.default_grid:
+                raise
+            raise ValueError(
+                f"{exc}. Without parameters, optimize_grid tries {DEFAULT_GRID}; pass "
+                "parameters={...} naming settings the program has"
+            ) from None
+
+    @staticmethod
+    def _candidate(program: Module, combo: dict[str, Any]) -> Candidate:
+        """Returns a copy of ``program`` with one combination of the grid set."""
+        copy = program.copy()
+        settings: dict[str, Any] = {}
+        for name, value in combo.items():
+            settings.update(_apply_setting(copy, name, value))
+        return Candidate(copy, combo, settings=settings)
 
     def _key(self, val: list[tuple[Any, Any]]) -> str:
         metric = getattr(self.metric, "__name__", type(self.metric).__name__)
@@ -581,7 +779,7 @@ def _set_setting(program: Module, key: str, value: Any) -> None:
     setattr(dict(program.named_modules())[path], attribute, value)
 
 
-async def optimize_grid(
+def optimize_grid(
     module: Module,
     devset: Any,
     metric: Metric | None = None,
@@ -595,23 +793,25 @@ async def optimize_grid(
 ) -> Any:
     """Tries every combination of ``parameters`` on ``devset`` and keeps the best (seed 002).
 
-    Also ``await module.optimize_grid(devset, metric, parameters)``. See
-    `GridSearch` for what the keys may name. ``module.state`` then holds the
-    trials, ``best_score``, ``best_params`` and ``is_compiled()`` is true.
+    Also ``module.optimize_grid(devset, metric, parameters)``; the short form
+    ``module.optimize_grid(devset, metric)`` tries `DEFAULT_GRID` (temperature
+    0.0, 0.3, 0.7). See `GridSearch` for what the keys may name.
+    ``module.state`` then holds the trials, ``best_score`` and ``best_params``;
+    ``is_compiled()`` is true once a search has changed the module.
+
+    Like a module call, it is awaited inside a running event loop and runs to
+    completion in a script with no loop running.
 
     Returns:
-        The trials table, best first: a pandas DataFrame when pandas is
-        installed, else a list of dicts.
+        The `SearchReport` every program search returns: ``table()`` (the
+        trials, best first), ``improved``, ``best`` and ``reason``.
     """
-    if parameters is None:
-        raise ValueError("optimize_grid needs parameters, e.g. {'temperature': [0.0, 0.3, 0.7]}")
     search = GridSearch(
-        parameters,
         metric,
+        parameters,
         checkpoint=checkpoint,
         balance=balance,
         significance=significance,
         max_concurrent=max_concurrent,
     )
-    report = await search.compile(module, None, devset, resources=resources)
-    return report.table()
+    return search.compile(module, valset=devset, resources=resources)

@@ -4,6 +4,10 @@
                       resources=config, train_set=train, val_set=val, metric=exact_match,
                       epochs=3, batch_size=8, checkpoint_dir="runs/prompt")
     report = await trainer.fit()      # the program ends with its best validated parameters
+    report.reason                     # which parameters were kept, and why, in words
+
+Like a module call, ``fit()`` is awaited inside a running event loop and runs
+to completion in a script with no loop running.
 
 How a minibatch runs: its examples go through the `TrainingStep` as *one
 batch* (one resource manager and one limit on calls in flight, every example
@@ -16,7 +20,9 @@ Then one backward over all the losses, and one ``optimizer.step()``.
 Keep-best: the validation score is measured before training and after each
 epoch; the initial parameters are a candidate like any other, the best
 parameters (ties keep the earlier) are restored at the end, so the validation
-score never ends below where it started (for a deterministic program).
+score never ends below where it started (for a deterministic program). The
+report then counts as *accepted* only the updates the program keeps (those of
+the epochs up to the kept one); updates undone by keep-best are *discarded*.
 
 Checkpoints: with ``checkpoint_dir``, ``trainer.json`` there is rewritten
 (atomically) after every minibatch and every validation: parameters,
@@ -72,14 +78,19 @@ class TrainReport:
     steps: int = 0
     """Optimizer steps taken by this call (a resumed run counts only its own)."""
     accepted: int = 0
-    """Updates kept by those steps (before keep-best)."""
+    """Updates of those steps that the program keeps: applied in the kept epoch or before."""
+    discarded: int = 0
+    """Updates those steps applied that keep-best undid (applied after the kept epoch)."""
     rejected: int = 0
     """Updates rejected or reverted by those steps."""
     resumed_from: tuple[int, int] | None = None
     """(epoch, minibatch) a checkpoint resumed from, if one did."""
     history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per optimizer step of this call: ``epoch`` (from 1), ``accepted``,
-    ``rejected`` and ``train_score`` (the minibatch's mean loss score, or None)."""
+    ``discarded``, ``rejected`` (as above, per step) and ``train_score`` (the
+    minibatch's mean loss score, or None)."""
+    reason: str = ""
+    """Which parameters the program ends with, and why, in words (also logged)."""
 
 
 class Trainer:
@@ -179,8 +190,19 @@ class Trainer:
         )
         return float(result)
 
-    async def fit(self) -> TrainReport:
-        """Trains for the remaining epochs and leaves the program with its best parameters."""
+    def fit(self) -> Any:
+        """Trains for the remaining epochs and leaves the program with its best parameters.
+
+        Returns the `TrainReport`: awaited inside a running event loop
+        (``report = await trainer.fit()``), directly from a script with no
+        loop running, as a module call does.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        return awaitable_or_result(self._fit())
+
+    async def _fit(self) -> TrainReport:
+        """The body of `fit`."""
         state = self._load()
         resumed = None
         if state is None:
@@ -218,6 +240,8 @@ class Trainer:
                     progress.advance(report, train_score)
                 await self._end_epoch(state, report)
         self.module.load_state_dict(state["best"]["parameters"])
+        _settle(report)
+        logger.info("Trainer: %s", report.reason)
         return report
 
     # ---------------------------------------------------------------- epochs
@@ -247,10 +271,9 @@ class Trainer:
         if taped:
             await backward(taped, resources=self.resources)
         step: StepReport = await self.optimizer.step()
-        accepted = len(step.accepted)
+        applied = len(step.accepted)  # kept by the step; keep-best may still undo them
         rejected = sum(r.status in ("rejected", "reverted") for r in step.updates)
         report.steps += 1
-        report.accepted += accepted
         report.rejected += rejected
         scores = [
             loss.payload.score
@@ -259,7 +282,7 @@ class Trainer:
         ]
         train_score = sum(scores) / len(scores) if scores else None
         report.history.append(
-            {"accepted": accepted, "rejected": rejected, "train_score": train_score}
+            {"applied": applied, "rejected": rejected, "train_score": train_score}
         )
         return train_score
 
@@ -329,6 +352,43 @@ class Trainer:
         )
         keys = ("epoch", "batch", "initial_score", "scores", "best")
         return {key: data[key] for key in keys}
+
+
+def _settle(report: TrainReport) -> None:
+    """Counts each step's applied updates as accepted or discarded by keep-best; says why.
+
+    An update is kept when its epoch is at most the kept one: later epochs'
+    parameters were replaced by the best ones.
+    """
+    for entry in report.history:
+        applied = entry.pop("applied")
+        kept = applied if entry["epoch"] <= report.best_epoch else 0
+        entry["accepted"], entry["discarded"] = kept, applied - kept
+    report.accepted = sum(entry["accepted"] for entry in report.history)
+    report.discarded = sum(entry["discarded"] for entry in report.history)
+    report.reason = _reason(report)
+
+
+def _reason(report: TrainReport) -> str:
+    if report.best_epoch:
+        reason = (
+            f"kept the parameters of epoch {report.best_epoch}: validation "
+            f"{report.initial_score:.3g} -> {report.best_score:.3g}"
+        )
+        if report.discarded:
+            reason += f"; {report.discarded} later updates discarded (validation fell)"
+        return reason
+    if not report.discarded:
+        return (
+            f"kept the initial parameters: the optimizer applied no update "
+            f"({report.rejected} rejected); see optimizer.history for why"
+        )
+    scores = ", ".join(f"{score:.3g}" for score in report.scores)
+    return (
+        f"kept the initial parameters: validation after each epoch ({scores}) never beat the "
+        f"start ({report.initial_score:.3g}); the {report.discarded} updates applied during "
+        "training were discarded"
+    )
 
 
 class _Progress:

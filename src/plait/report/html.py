@@ -196,7 +196,7 @@ def graph_figure(report: RunReport) -> Any:
 
 
 def training_figures(report: RunReport) -> list[Any]:
-    """Validation score per epoch, and accepted / rejected updates per optimizer step."""
+    """Validation score per epoch, and accepted / discarded / rejected updates per step."""
     go = _go()
     training = report.training or {}
     scores = [training.get("initial_score"), *training.get("scores", [])]
@@ -215,6 +215,9 @@ def training_figures(report: RunReport) -> list[Any]:
         [
             go.Bar(x=steps, y=[h["accepted"] for h in history], name="accepted",
                    marker_color=_COLORS[2]),
+            # Applied, then undone by keep-best (reports written before this count had none).
+            go.Bar(x=steps, y=[h.get("discarded", 0) for h in history], name="discarded",
+                   marker_color=_COLORS[1]),
             go.Bar(x=steps, y=[h["rejected"] for h in history], name="rejected",
                    marker_color=_COLORS[3]),
         ]

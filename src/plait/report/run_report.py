@@ -93,8 +93,9 @@ class RunReport:
     graph: dict[str, Any] | None = None
     """The program graph (`graph_data`)."""
     training: dict[str, Any] | None = None
-    """For a training run: ``initial_score``, ``scores`` per epoch, ``best_epoch``,
-    ``accepted``, ``rejected``, and ``steps`` (per optimizer step: epoch, accepted, rejected)."""
+    """For a training run (a `TrainReport` as data): ``initial_score``, ``scores`` per epoch,
+    ``best_epoch``, ``accepted`` (kept), ``discarded`` (undone by keep-best), ``rejected``,
+    ``reason``, and ``history`` (per optimizer step: epoch, accepted, discarded, rejected)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Anything else a caller adds (the CLI: ``score`` of an evaluation, file names)."""
     spans: dict[str, list[dict[str, Any]]] = field(
