@@ -448,11 +448,21 @@ class ReAct(Module):
 
 # ------------------------------------------------------------------ helpers
 def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
-    """Returns the calls with an id each (a provider may omit them; results pair by id)."""
-    return tuple(
-        call if call.id else ToolCall(f"call_{turn}_{i}", call.name, call.arguments)
-        for i, call in enumerate(calls)
-    )
+    """Returns the calls with an id each, no two alike.
+
+    Results pair with calls by id, and a person's answer names its call by
+    id: a provider may omit ids, or give two calls one id, and then those
+    calls get fresh ones, so every call needing approval is asked about.
+    """
+    seen: set[str] = set()
+    unique = []
+    for i, call in enumerate(calls):
+        call_id = call.id or f"call_{turn}_{i}"
+        while call_id in seen:
+            call_id = f"{call_id}_{i}"
+        seen.add(call_id)
+        unique.append(call if call_id == call.id else ToolCall(call_id, call.name, call.arguments))
+    return tuple(unique)
 
 
 def _arguments_of(call: ToolCall) -> Any:
