@@ -17,6 +17,8 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
     ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
     │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
+    ├── ResumeRefusedError    a resume state was changed, forged, replayed, made by another
+    │                         agent or given other inputs (also ValueError); never wrapped
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -48,6 +50,7 @@ __all__ = [
     "ExecutionInterrupt",
     "PlaitError",
     "RateLimitError",
+    "ResumeRefusedError",
     "StructuredOutputError",
     "TracingError",
     "UnknownAliasError",
@@ -204,4 +207,17 @@ class ExecutionInterrupt(PlaitError):
     It passes through the scheduler as it is (never wrapped in an
     `ExecutionError`), so the caller catches the interrupt itself, e.g.
     `plait.confirmation.ConfirmationRequired`.
+    """
+
+
+class ResumeRefusedError(PlaitError, ValueError):
+    """A ``resume_state=`` (or a stored pause) was refused before anything ran.
+
+    The pause was changed after it was made, forged, sealed with another
+    approval key, made by another agent, given other inputs than the paused
+    ones, is nested absurdly deep, or its approval was already used. The
+    message names the approval id and what to do (usually: ask the person
+    again). Like `ExecutionInterrupt`, it reaches the caller as it is, never
+    wrapped in an `ExecutionError`: it is about the call's ``resume_state=``,
+    not a failure of one node.
     """

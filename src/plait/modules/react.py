@@ -32,8 +32,14 @@ from plait.backends.types import (
     message_from_dict,
     message_to_dict,
 )
-from plait.confirmation import ConfirmationRequired, ResumeState, approved, claim_resume
-from plait.errors import StructuredOutputError
+from plait.confirmation import (
+    ConfirmationRequired,
+    ResumeState,
+    approved,
+    as_json_data,
+    claim_resume,
+)
+from plait.errors import ResumeRefusedError, StructuredOutputError
 from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import Predict, ask_step, history_messages, record_system
@@ -243,22 +249,30 @@ class ReAct(Module):
 
         A tool that needs a person's confirmation pauses the run: it raises
         `ConfirmationRequired` whose ``context`` holds the trajectory (as
-        JSON data); calling the agent again with ``resume_state=`` continues
-        from there. Under ``astream`` the pause is first shown as a non-final
+        JSON data), sealed for this agent; calling the agent again with
+        ``resume_state=`` (and the same inputs, or none) continues from there.
+        Under ``astream`` the pause is first shown as a non-final
         `ReActPrediction`.
 
         Raises:
             TypeError: inputs are missing or unknown.
             ConfirmationRequired: a tool call waits for a person's approval.
+            ResumeRefusedError: the resume state was changed, forged, made by
+                another agent or for other inputs, or already used.
             StructuredOutputError: the extraction reply stayed invalid after one re-ask.
             BackendError: a model call failed after the resource layer's retries.
         """
         label = f"ReAct ({self.signature.signature_text()})"
         path = module_path(self)
-        resume = claim_resume(path)
-        if resume is not None and not args and not inputs:
-            inputs = dict(resume.exception.context.get("inputs") or {})
-        values = bind_signature_inputs(self.signature, args, inputs, label)
+        given = None
+        if args or inputs:
+            given = bind_signature_inputs(self.signature, args, inputs, label)
+        resume = claim_resume(path, agent=self._approval_identity, inputs=given)
+        if given is not None:
+            values = given
+        else:  # a resume without inputs takes the paused ones
+            paused = resume.exception.context.get("inputs") if resume is not None else None
+            values = bind_signature_inputs(self.signature, (), dict(paused or {}), label)
         sig = self._current_signature()
         run = (
             _Run.restore(resume.exception.context)
@@ -319,8 +333,9 @@ class ReAct(Module):
     async def _pause(
         self, run: _Run, path: str, values: dict[str, Any], pause: ConfirmationRequired
     ) -> None:
-        """Keeps the run in the pause and raises it (streamed first as a non-final prediction)."""
+        """Keeps the run in the pause, seals it and raises it (streamed first, non-final)."""
         pause.context.update(run.to_dict(path, values))
+        pause.seal_for(self._approval_identity())
         if is_streaming():
             await emit_event(
                 ReActPrediction(
@@ -431,6 +446,23 @@ class ReAct(Module):
         await emit_event(ToolResultEvent(path, call.name, result.content, result.ok, call.id))
         return result
 
+    def _approval_identity(self) -> dict[str, Any]:
+        """Returns what a pause of this agent is sealed with, and a resume must match.
+
+        The class, the signature, and each tool's name, argument schema and
+        function: an agent that would run something else under the same tool
+        name (another function, other arguments) cannot resume the pause.
+        The instructions are left out: learning may change them meanwhile.
+        """
+        return {
+            "module": f"{type(self).__module__}.{type(self).__qualname__}",
+            "signature": self.signature.signature_text(),
+            "tools": [
+                {"name": name, "function": _qualified_name(t.func), "schema": t.spec.parameters}
+                for name, t in self.tools.items()
+            ],
+        }
+
     def _current_signature(self) -> type[Signature]:
         text = str(self.instructions.value)
         cached = self._call_signature
@@ -463,6 +495,12 @@ def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
         seen.add(call_id)
         unique.append(call if call_id == call.id else ToolCall(call_id, call.name, call.arguments))
     return tuple(unique)
+
+
+def _qualified_name(func: Any) -> str:
+    """Returns ``module.qualname`` of a tool's function (of its class for a callable object)."""
+    named = func if hasattr(func, "__qualname__") else type(func)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
 def _arguments_of(call: ToolCall) -> Any:
@@ -533,12 +571,10 @@ class _Run:
         return cls(list(messages), first_new=len(messages) - 1)
 
     def to_dict(self, path: str, values: dict[str, Any]) -> dict[str, Any]:
-        from pydantic_core import to_jsonable_python
-
         pending = self.pending
         return {
             "module": path,
-            "inputs": to_jsonable_python(values, fallback=str),
+            "inputs": as_json_data(values),
             "messages": [message_to_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
@@ -559,7 +595,7 @@ class _Run:
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> _Run:
-        """Rebuilds a run from `to_dict` data (raises ValueError naming what is wrong)."""
+        """Rebuilds a run from `to_dict` data (raises ResumeRefusedError naming what is wrong)."""
         try:
             pending = data.get("pending")
             turn = None
@@ -578,7 +614,7 @@ class _Run:
                 pending=turn,
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the paused ReAct state cannot be resumed: {exc!r}") from None
+            raise ResumeRefusedError(f"the paused ReAct state cannot be resumed: {exc!r}") from None
 
 
 def _call_dict(call: ToolCall) -> dict[str, str]:
