@@ -250,7 +250,22 @@ async def test_deeply_nested_edited_arguments_are_a_plait_error(tmp_path: Path) 
     assert lines(log) == []
 
 
-# ------------------------------------------- issue 21 item 11: changed inputs
+# ------------------------------------------- issue 21 item 11: what ran, inputs
+async def test_the_trajectory_records_the_edited_arguments_that_ran(tmp_path: Path) -> None:
+    log = tmp_path / "payments.txt"
+    async with ScriptedServer(responder=PAY_BOB) as server:
+        agent = payments_agent(log)
+        pending = await pause_of(agent, server)
+        result = await agent(
+            request="pay bob 500", resume_state=ResumeState(pending, {"amount": 5, "to": "bob"})
+        )
+        shown_to_model = [m for m in server.stats.log[-1].body["messages"] if m["role"] == "tool"]
+    assert lines(log) == ["5 bob"]
+    step = result.trajectory[0]
+    assert step.args == {"amount": 5, "to": "bob"} and "sent 5 to bob" in step.result
+    assert '"amount": 5' in shown_to_model[0]["content"]  # the model learns what ran
+
+
 async def test_a_resume_with_other_inputs_is_refused(tmp_path: Path) -> None:
     log = tmp_path / "payments.txt"
     async with ScriptedServer(responder=PAY_BOB) as server:

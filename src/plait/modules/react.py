@@ -16,6 +16,8 @@ and every call is recorded in `Module.traces`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,9 +309,15 @@ class ReAct(Module):
     async def _run_turn(
         self, run: _Run, path: str, values: dict[str, Any], resume: ResumeState | None
     ) -> None:
-        """Runs the pending turn's tool calls (concurrently); pauses if one needs approval."""
+        """Runs the pending turn's tool calls (concurrently); pauses if one needs approval.
+
+        When the turn resumes, the call the person answered runs as they
+        decided (with the arguments they chose, recorded as what ran).
+        """
         turn = run.pending
         assert turn is not None
+        if resume is not None:
+            turn.calls = _as_answered(turn.calls, resume)
         todo = [call for call in turn.calls if call.id not in turn.results]
         outcomes = await asyncio.gather(
             *(self._run_tool(call, path, resume) for call in todo), return_exceptions=True
@@ -497,6 +505,18 @@ def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
     return tuple(unique)
 
 
+def _as_answered(calls: tuple[ToolCall, ...], resume: ResumeState) -> tuple[ToolCall, ...]:
+    """Returns the pending calls with the paused one carrying the person's edited arguments."""
+    decision, edited = resume.decision
+    if decision != "edit":
+        return calls
+    paused = resume.exception.confirmation_id
+    arguments = json.dumps(as_json_data(edited), ensure_ascii=False)
+    return tuple(
+        ToolCall(call.id, call.name, arguments) if call.id == paused else call for call in calls
+    )
+
+
 def _qualified_name(func: Any) -> str:
     """Returns ``module.qualname`` of a tool's function (of its class for a callable object)."""
     named = func if hasattr(func, "__qualname__") else type(func)
@@ -512,7 +532,11 @@ def _arguments_of(call: ToolCall) -> Any:
 
 
 async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolResult:
-    """Runs (or not) the call a person was asked about, as they decided."""
+    """Runs (or not) the call a person was asked about, as they decided.
+
+    ``call`` already carries edited arguments (`_as_answered`); the model is
+    told that the person changed them, so it reads the result rightly.
+    """
     decision, detail = resume.decision
     if decision == "decline":
         because = f" Their reason: {detail}" if detail else ""
@@ -524,9 +548,12 @@ async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolRe
             error="declined",
             call_id=call.id,
         )
-    arguments = detail if decision == "edit" else call.arguments
     with approved(call.id):
-        return await tool.call(arguments, call_id=call.id)
+        result = await tool.call(call.arguments, call_id=call.id)
+    if decision != "edit":
+        return result
+    note = f"The user changed the arguments of this call to {call.arguments}. "
+    return dataclasses.replace(result, content=note + result.content)
 
 
 def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActStep:
