@@ -19,6 +19,8 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
     ├── FileError             a file plait writes (or reads back) is a symbolic link, not a
     │                         regular file, or unusable; names the path (also OSError)
+    ├── ResumeRefusedError    a resume state was changed, forged, replayed, made by another
+    │                         agent or given other inputs (also ValueError); never wrapped
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -55,6 +57,7 @@ __all__ = [
     "FileError",
     "PlaitError",
     "RateLimitError",
+    "ResumeRefusedError",
     "StructuredOutputError",
     "TracingError",
     "UnknownAliasError",
@@ -222,4 +225,17 @@ class ExecutionInterrupt(PlaitError):
     It passes through the scheduler as it is (never wrapped in an
     `ExecutionError`), so the caller catches the interrupt itself, e.g.
     `plait.confirmation.ConfirmationRequired`.
+    """
+
+
+class ResumeRefusedError(PlaitError, ValueError):
+    """A ``resume_state=`` (or a stored pause) was refused before anything ran.
+
+    The pause was changed after it was made, forged, sealed with another
+    approval key, made by another agent, given other inputs than the paused
+    ones, is nested absurdly deep, or its approval was already used. The
+    message names the approval id and what to do (usually: ask the person
+    again). Like `ExecutionInterrupt`, it reaches the caller as it is, never
+    wrapped in an `ExecutionError`: it is about the call's ``resume_state=``,
+    not a failure of one node.
     """

@@ -20,7 +20,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
-from plait.errors import ExecutionError, ExecutionInterrupt
+from plait.errors import ExecutionError, ExecutionInterrupt, ResumeRefusedError
 from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, is_async_module
@@ -271,8 +271,8 @@ class _GraphRun:
                         # This graph runs inside another async leaf, which discards
                         # its results: that leaf's backward must replay these calls.
                         enclosing.extend(calls)
-        except (asyncio.CancelledError, ExecutionInterrupt):
-            raise
+        except (asyncio.CancelledError, ExecutionInterrupt, ResumeRefusedError):
+            raise  # the caller's own to handle: a pause, or its resume_state= refused
         except Exception as exc:
             raise self.failure(node, exc) from exc
         value.ref = node.id

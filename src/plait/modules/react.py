@@ -16,6 +16,8 @@ and every call is recorded in `Module.traces`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +34,14 @@ from plait.backends.types import (
     message_from_dict,
     message_to_dict,
 )
-from plait.confirmation import ConfirmationRequired, ResumeState, approved, claim_resume
-from plait.errors import StructuredOutputError
+from plait.confirmation import (
+    ConfirmationRequired,
+    ResumeState,
+    approved,
+    as_json_data,
+    claim_resume,
+)
+from plait.errors import ResumeRefusedError, StructuredOutputError
 from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import Predict, ask_step, history_messages, record_system
@@ -243,22 +251,30 @@ class ReAct(Module):
 
         A tool that needs a person's confirmation pauses the run: it raises
         `ConfirmationRequired` whose ``context`` holds the trajectory (as
-        JSON data); calling the agent again with ``resume_state=`` continues
-        from there. Under ``astream`` the pause is first shown as a non-final
+        JSON data), sealed for this agent; calling the agent again with
+        ``resume_state=`` (and the same inputs, or none) continues from there.
+        Under ``astream`` the pause is first shown as a non-final
         `ReActPrediction`.
 
         Raises:
             TypeError: inputs are missing or unknown.
             ConfirmationRequired: a tool call waits for a person's approval.
+            ResumeRefusedError: the resume state was changed, forged, made by
+                another agent or for other inputs, or already used.
             StructuredOutputError: the extraction reply stayed invalid after one re-ask.
             BackendError: a model call failed after the resource layer's retries.
         """
         label = f"ReAct ({self.signature.signature_text()})"
         path = module_path(self)
-        resume = claim_resume(path)
-        if resume is not None and not args and not inputs:
-            inputs = dict(resume.exception.context.get("inputs") or {})
-        values = bind_signature_inputs(self.signature, args, inputs, label)
+        given = None
+        if args or inputs:
+            given = bind_signature_inputs(self.signature, args, inputs, label)
+        resume = claim_resume(path, agent=self._approval_identity, inputs=given)
+        if given is not None:
+            values = given
+        else:  # a resume without inputs takes the paused ones
+            paused = resume.exception.context.get("inputs") if resume is not None else None
+            values = bind_signature_inputs(self.signature, (), dict(paused or {}), label)
         sig = self._current_signature()
         run = (
             _Run.restore(resume.exception.context)
@@ -293,9 +309,15 @@ class ReAct(Module):
     async def _run_turn(
         self, run: _Run, path: str, values: dict[str, Any], resume: ResumeState | None
     ) -> None:
-        """Runs the pending turn's tool calls (concurrently); pauses if one needs approval."""
+        """Runs the pending turn's tool calls (concurrently); pauses if one needs approval.
+
+        When the turn resumes, the call the person answered runs as they
+        decided (with the arguments they chose, recorded as what ran).
+        """
         turn = run.pending
         assert turn is not None
+        if resume is not None:
+            turn.calls = _as_answered(turn.calls, resume)
         todo = [call for call in turn.calls if call.id not in turn.results]
         outcomes = await asyncio.gather(
             *(self._run_tool(call, path, resume) for call in todo), return_exceptions=True
@@ -319,8 +341,9 @@ class ReAct(Module):
     async def _pause(
         self, run: _Run, path: str, values: dict[str, Any], pause: ConfirmationRequired
     ) -> None:
-        """Keeps the run in the pause and raises it (streamed first as a non-final prediction)."""
+        """Keeps the run in the pause, seals it and raises it (streamed first, non-final)."""
         pause.context.update(run.to_dict(path, values))
+        pause.seal_for(self._approval_identity())
         if is_streaming():
             await emit_event(
                 ReActPrediction(
@@ -431,6 +454,23 @@ class ReAct(Module):
         await emit_event(ToolResultEvent(path, call.name, result.content, result.ok, call.id))
         return result
 
+    def _approval_identity(self) -> dict[str, Any]:
+        """Returns what a pause of this agent is sealed with, and a resume must match.
+
+        The class, the signature, and each tool's name, argument schema and
+        function: an agent that would run something else under the same tool
+        name (another function, other arguments) cannot resume the pause.
+        The instructions are left out: learning may change them meanwhile.
+        """
+        return {
+            "module": f"{type(self).__module__}.{type(self).__qualname__}",
+            "signature": self.signature.signature_text(),
+            "tools": [
+                {"name": name, "function": _qualified_name(t.func), "schema": t.spec.parameters}
+                for name, t in self.tools.items()
+            ],
+        }
+
     def _current_signature(self) -> type[Signature]:
         text = str(self.instructions.value)
         cached = self._call_signature
@@ -448,11 +488,39 @@ class ReAct(Module):
 
 # ------------------------------------------------------------------ helpers
 def _with_ids(calls: tuple[ToolCall, ...], turn: int) -> tuple[ToolCall, ...]:
-    """Returns the calls with an id each (a provider may omit them; results pair by id)."""
+    """Returns the calls with an id each, no two alike.
+
+    Results pair with calls by id, and a person's answer names its call by
+    id: a provider may omit ids, or give two calls one id, and then those
+    calls get fresh ones, so every call needing approval is asked about.
+    """
+    seen: set[str] = set()
+    unique = []
+    for i, call in enumerate(calls):
+        call_id = call.id or f"call_{turn}_{i}"
+        while call_id in seen:
+            call_id = f"{call_id}_{i}"
+        seen.add(call_id)
+        unique.append(call if call_id == call.id else ToolCall(call_id, call.name, call.arguments))
+    return tuple(unique)
+
+
+def _as_answered(calls: tuple[ToolCall, ...], resume: ResumeState) -> tuple[ToolCall, ...]:
+    """Returns the pending calls with the paused one carrying the person's edited arguments."""
+    decision, edited = resume.decision
+    if decision != "edit":
+        return calls
+    paused = resume.exception.confirmation_id
+    arguments = json.dumps(as_json_data(edited), ensure_ascii=False)
     return tuple(
-        call if call.id else ToolCall(f"call_{turn}_{i}", call.name, call.arguments)
-        for i, call in enumerate(calls)
+        ToolCall(call.id, call.name, arguments) if call.id == paused else call for call in calls
     )
+
+
+def _qualified_name(func: Any) -> str:
+    """Returns ``module.qualname`` of a tool's function (of its class for a callable object)."""
+    named = func if hasattr(func, "__qualname__") else type(func)
+    return f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
 
 
 def _arguments_of(call: ToolCall) -> Any:
@@ -464,7 +532,11 @@ def _arguments_of(call: ToolCall) -> Any:
 
 
 async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolResult:
-    """Runs (or not) the call a person was asked about, as they decided."""
+    """Runs (or not) the call a person was asked about, as they decided.
+
+    ``call`` already carries edited arguments (`_as_answered`); the model is
+    told that the person changed them, so it reads the result rightly.
+    """
     decision, detail = resume.decision
     if decision == "decline":
         because = f" Their reason: {detail}" if detail else ""
@@ -476,9 +548,12 @@ async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolRe
             error="declined",
             call_id=call.id,
         )
-    arguments = detail if decision == "edit" else call.arguments
     with approved(call.id):
-        return await tool.call(arguments, call_id=call.id)
+        result = await tool.call(call.arguments, call_id=call.id)
+    if decision != "edit":
+        return result
+    note = f"The user changed the arguments of this call to {call.arguments}. "
+    return dataclasses.replace(result, content=note + result.content)
 
 
 def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActStep:
@@ -523,12 +598,10 @@ class _Run:
         return cls(list(messages), first_new=len(messages) - 1)
 
     def to_dict(self, path: str, values: dict[str, Any]) -> dict[str, Any]:
-        from pydantic_core import to_jsonable_python
-
         pending = self.pending
         return {
             "module": path,
-            "inputs": to_jsonable_python(values, fallback=str),
+            "inputs": as_json_data(values),
             "messages": [message_to_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
@@ -549,7 +622,7 @@ class _Run:
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> _Run:
-        """Rebuilds a run from `to_dict` data (raises ValueError naming what is wrong)."""
+        """Rebuilds a run from `to_dict` data (raises ResumeRefusedError naming what is wrong)."""
         try:
             pending = data.get("pending")
             turn = None
@@ -568,7 +641,7 @@ class _Run:
                 pending=turn,
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the paused ReAct state cannot be resumed: {exc!r}") from None
+            raise ResumeRefusedError(f"the paused ReAct state cannot be resumed: {exc!r}") from None
 
 
 def _call_dict(call: ToolCall) -> dict[str, str]:
