@@ -199,19 +199,24 @@ def _map_tool_calls(raw: Any, path: str) -> tuple[ToolCall, ...]:
             ToolCall(
                 id=optional_text(call.get("id"), f"{path}[{i}].id") or f"call_{i}",
                 name=expect(function.get("name"), str, f"{path}[{i}].function.name"),
-                arguments=_arguments_text(function.get("arguments")),
+                arguments=_arguments_text(
+                    function.get("arguments"), f"{path}[{i}].function.arguments"
+                ),
             )
         )
     return tuple(calls)
 
 
-def _arguments_text(arguments: Any) -> str:
+def _arguments_text(arguments: Any, path: str) -> str:
     # The protocol says a JSON string; a few servers send the object itself.
     if arguments is None:
         return ""
     if isinstance(arguments, str):
         return arguments
-    return orjson.dumps(arguments).decode()
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:  # orjson writes at most 255 levels (the reader took 1024)
+        raise MalformedReply(f"{path} is nested too deeply") from None
 
 
 def _map_usage(raw: Any) -> Usage:
@@ -330,7 +335,7 @@ class StreamAssembler:
                 slot[1] = expect(function["name"], str, f"{path}.function.name")
             arguments = function.get("arguments")
             if arguments:
-                slot[2].append(_arguments_text(arguments))
+                slot[2].append(_arguments_text(arguments, f"{path}.function.arguments"))
 
     @property
     def has_finished(self) -> bool:

@@ -1,0 +1,143 @@
+"""OpenAI-compatible replies, whole and streamed, as they come over real HTTP.
+
+The scripted server puts each fuzzed body on the wire byte for byte
+(`RawReply`); the call goes through `ResourceManager` and the backend's real
+transport (aiohttp, or the official SDK) into `_openai_wire`'s readers. Any
+reply must give a `Response` (or streamed chunks) or a `BackendError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from plait.backends.types import Message, Request
+from plait.errors import BackendError
+from plait.resources import ResourceManager
+from plait.testing import RawReply, ScriptedServer
+from plait.testing._replies import Reply, completion_payload, stream_events
+
+from .support import documents, fuzz, json_text, mutated_bytes, mutated_json, outcome_async
+from .test_sse import SSE_FRAGMENTS, VALID_BODY
+
+REPLY = Reply(
+    content="It is sunny.",
+    tool_calls=[{"id": "call_1", "name": "weather", "arguments": '{"city": "Paris"}'}],
+    finish_reason="tool_calls",
+    usage={"prompt_tokens": 12, "completion_tokens": 7, "total_tokens": 19},
+)
+COMPLETION = completion_payload(REPLY, model="m", request_id="r1", created=1)
+EVENTS = stream_events(REPLY, model="m", request_id="r1", created=1, pieces=2, include_usage=True)
+SSE = {"Content-Type": "text/event-stream"}
+
+
+@dataclass
+class Script:
+    """The reply the server gives next (one per example)."""
+
+    answer: RawReply = field(default_factory=RawReply)
+
+
+@dataclass
+class Wire:
+    script: Script
+    manager: ResourceManager
+
+
+@pytest.fixture(params=["aiohttp", "sdk"])
+async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
+    script = Script()
+    async with ScriptedServer(responder=lambda body: script.answer, keep_log=False) as server:
+        entry = server.endpoint(transport=request.param, max_retries=0, timeout=10)
+        async with ResourceManager({"llm": entry}) as manager:
+            yield Wire(script, manager)
+
+
+ASK = Request(messages=(Message("user", "Weather in Paris?"),))
+
+
+async def complete(wire: Wire) -> Any:
+    return await wire.manager.complete("llm", ASK)
+
+
+async def stream(wire: Wire) -> list[Any]:
+    return [chunk async for chunk in wire.manager.stream("llm", ASK)]
+
+
+@fuzz(150)
+@given(body=documents(COMPLETION))
+@example(body=orjson.dumps(COMPLETION))
+async def test_any_reply_body_is_a_response_or_a_backend_error(wire: Wire, body: bytes) -> None:
+    wire.script.answer = RawReply(body)
+    await outcome_async("OpenAI reply (whole)", lambda: complete(wire))
+
+
+def event_lists() -> st.SearchStrategy[list[bytes]]:
+    """Streams near the valid one: an edited event among valid ones, or random events."""
+    valid = [orjson.dumps(e) for e in EVENTS]
+
+    @st.composite
+    def one_edited(draw: st.DrawFn) -> list[bytes]:
+        position = draw(st.integers(0, len(EVENTS) - 1))
+        edited = draw(documents(EVENTS[position]))
+        return [*valid[:position], edited, *valid[position + 1 :]]
+
+    @st.composite
+    def all_edited(draw: st.DrawFn) -> list[bytes]:
+        return [json_text(draw(mutated_json(event))) for event in EVENTS]
+
+    return st.one_of(one_edited(), st.lists(st.binary(max_size=60), max_size=5), all_edited())
+
+
+@fuzz(150)
+@given(events=event_lists())
+async def test_any_stream_of_events_gives_chunks_or_a_backend_error(
+    wire: Wire, events: list[bytes]
+) -> None:
+    wire.script.answer = RawReply(stream_events=events)
+    await outcome_async("OpenAI reply (stream events)", lambda: stream(wire))
+
+
+@fuzz(100)
+@given(body=st.one_of(st.binary(max_size=300), mutated_bytes(VALID_BODY, SSE_FRAGMENTS)))
+async def test_any_streamed_body_gives_chunks_or_a_backend_error(wire: Wire, body: bytes) -> None:
+    wire.script.answer = RawReply(body, headers=SSE)
+    await outcome_async("OpenAI reply (SSE body)", lambda: stream(wire))
+
+
+# -- what the fuzzing found, pinned ---------------------------------------------------------
+
+NESTED_ARGUMENTS = b'{"a": ' * 300 + b"1" + b"}" * 300
+"""Tool-call arguments sent as an object (not JSON text) nested 300 levels deep."""
+
+
+async def test_tool_arguments_nested_too_deeply_are_a_backend_error(wire: Wire) -> None:
+    function = b'{"name": "weather", "arguments": ' + NESTED_ARGUMENTS + b"}"
+    body = (
+        b'{"choices": [{"message": {"role": "assistant", "content": null, "tool_calls": '
+        b'[{"id": "call_1", "type": "function", "function": ' + function + b"}]}}]}"
+    )
+    wire.script.answer = RawReply(body)
+    with pytest.raises(BackendError) as info:
+        await complete(wire)
+    assert "choices[0].message.tool_calls[0].function.arguments is nested too deeply" in str(
+        info.value
+    )
+    assert info.value.retryable is False
+
+
+async def test_streamed_tool_arguments_nested_too_deeply_are_a_backend_error(wire: Wire) -> None:
+    fragment = b'{"index": 0, "id": "c", "function": {"name": "w", "arguments": '
+    event = b'{"choices": [{"delta": {"tool_calls": [' + fragment + NESTED_ARGUMENTS + b"}}]}}]}"
+    wire.script.answer = RawReply(stream_events=[event])
+    with pytest.raises(BackendError) as info:
+        await stream(wire)
+    assert "choices[0].delta.tool_calls[0].function.arguments is nested too deeply" in str(
+        info.value
+    )
