@@ -17,7 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plait.backends.types import Message, Request, ResponseSchema, ToolSpec
+from plait.backends.types import Message, Request, ResponseSchema, ToolCall, ToolSpec
 from plait.errors import BackendError
 from plait.resources import ResourceManager
 
@@ -297,3 +297,32 @@ async def test_a_garbled_stream_event_is_retried_then_a_backend_error(body: byte
         assert server.requests == 2
     assert "gave up after 2 attempts" in str(info.value)
     assert "Anthropic endpoint" in str(info.value)
+
+
+async def test_a_structured_reply_streamed_nested_too_deeply_comes_as_sent(wire: Wire) -> None:
+    nested = "[" * 100_000
+    events = stream_events(STRUCTURED_REPLY)
+    events[3] = (
+        "content_block_delta",
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "input_json_delta", "partial_json": nested}},
+    )  # fmt: skip
+    wire.server.answer(sse_body([(n, json_text(d)) for n, d in events]), "text/event-stream")
+    chunks = await streamed(wire, STRUCTURED)
+    # Not JSON that can be read: shown as sent, for the structured parse to refuse.
+    assert "".join(chunk.text for chunk in chunks) == nested
+
+
+async def test_an_earlier_tool_call_nested_too_deeply_is_a_backend_error(wire: Wire) -> None:
+    call = ToolCall("toolu_1", "weather", '{"city": ' + "[" * 100_000)
+    request = Request(
+        messages=(
+            Message("user", "Weather?"),
+            Message("assistant", "", tool_calls=(call,)),
+            Message("tool", "sunny", tool_call_id="toolu_1"),
+        ),
+        tools=(WEATHER,),
+    )
+    with pytest.raises(BackendError, match="arguments that are not a JSON object"):
+        await wire.manager.complete("llm", request)
+    assert wire.server.requests == 0

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait._jsontext import loads
 from plait.backends._shapes import MalformedReply, expect, kind_of, optional_text, token_count
 from plait.backends.types import Message, Request, Response, StreamChunk, ToolCall, Usage
 
@@ -181,7 +182,7 @@ def _blocks(message: Message, index: int) -> list[dict[str, Any]]:
 
 def _input(call: ToolCall, index: int) -> dict[str, Any]:
     try:
-        value = json.loads(call.arguments or "{}")
+        value = loads(call.arguments or "{}")
     except ValueError:
         value = None
     if not isinstance(value, dict):
@@ -364,7 +365,7 @@ class StreamAssembler:
         arguments = "".join(block.parts) or "{}"
         if block.name == self._plan.schema_tool:
             try:
-                return StreamChunk(text=_schema_text(json.loads(arguments), self._plan))
+                return StreamChunk(text=_schema_text(loads(arguments), self._plan))
             except ValueError:
                 return StreamChunk(text=arguments)  # cut short by max_tokens: shown as sent
         return StreamChunk(
