@@ -373,7 +373,7 @@ def documents(valid: Any, fragments: tuple[bytes, ...] = ()) -> st.SearchStrateg
 
 
 class RawServer:
-    """Answers every request on loopback with ``status``, ``headers`` and ``body`` as set.
+    """Answers requests on loopback with the status, content type and body a test sets.
 
     For providers the scripted server does not speak (Anthropic's Messages API
     and its batch results): the official SDK sends real HTTP here and reads
@@ -381,12 +381,10 @@ class RawServer:
     """
 
     def __init__(self) -> None:
-        self.status = 200
-        self.headers: dict[str, str] = {"Content-Type": "application/json"}
-        self.body = b""
         self.base_url = ""
         self.requests = 0
         """Requests answered so far."""
+        self._answers: dict[str | None, tuple[int, str, bytes]] = {None: (200, "text/plain", b"")}
         self._runner: Any = None
 
     async def __aenter__(self) -> RawServer:
@@ -406,16 +404,19 @@ class RawServer:
         await self._runner.cleanup()
 
     def answer(
-        self, body: bytes, content_type: str = "application/json", status: int = 200
+        self,
+        body: bytes,
+        content_type: str = "application/json",
+        status: int = 200,
+        path: str | None = None,
     ) -> None:
-        """Sets what the next requests get."""
-        self.status = status
-        self.headers = {"Content-Type": content_type}
-        self.body = body
+        """Sets what requests for ``path`` (any other path when None) get from now on."""
+        self._answers[path] = (status, content_type, body)
 
     async def _answer(self, request: Any) -> Any:
         from aiohttp import web
 
         await request.read()
         self.requests += 1
-        return web.Response(status=self.status, headers=self.headers, body=self.body)
+        status, content_type, body = self._answers.get(request.path, self._answers[None])
+        return web.Response(status=status, headers={"Content-Type": content_type}, body=body)
