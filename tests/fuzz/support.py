@@ -267,12 +267,12 @@ _TREE_EDITS = ("replace", "delete", "duplicate", "flip", "wrap", "nest", "huge")
 
 
 @st.composite
-def mutated_json(draw: st.DrawFn, valid: Any) -> Any:
+def mutated_json(draw: st.DrawFn, valid: Any, deepest: int = DEEP) -> Any:
     """Returns ``valid`` (JSON data) with one to three edits at random places.
 
     Edits: replace a value by an odd one, delete it, duplicate it, flip its
-    type, wrap it in a list or object, nest it `DEEP` levels deep, or make
-    it huge. Write the result with `json_text`.
+    type, wrap it in a list or object, nest it up to ``deepest`` levels deep,
+    or make it huge. Write the result with `json_text`.
     """
     value = copy.deepcopy(valid)
     for _ in range(draw(st.integers(1, 3))):
@@ -286,7 +286,8 @@ def mutated_json(draw: st.DrawFn, valid: Any) -> Any:
         elif edit == "wrap":
             new = draw(st.sampled_from([[old], {"value": old}, [old, old]]))
         elif edit == "nest":
-            new = _Nest(draw(st.sampled_from([50, 500, 5_000, DEEP])), draw(st.sampled_from("[{")))
+            depth = draw(st.sampled_from([50, 500, 5_000, deepest]))
+            new = _Nest(min(depth, deepest), draw(st.sampled_from("[{")))
         elif edit == "huge":
             new = draw(st.sampled_from([HUGE_TEXT, [0] * 20_000, 1e308, 2**70]))
         else:
@@ -322,22 +323,24 @@ ODD_FRAGMENTS = (
     b"-Infinity",
     b"1" * 5_000,  # more digits than Python turns into an int
     b"1e999",
-    b"[" * DEEP,
-    b'{"a":' * DEEP,
 )
-"""Byte strings that break readers: not UTF-8, control bytes, huge numbers, deep nesting."""
+"""Byte strings that break readers: not UTF-8, control bytes, huge numbers (and deep
+nesting, which `mutated_bytes` adds to the depth asked)."""
 
 
 @st.composite
-def mutated_bytes(draw: st.DrawFn, valid: bytes, fragments: tuple[bytes, ...] = ()) -> bytes:
+def mutated_bytes(
+    draw: st.DrawFn, valid: bytes, fragments: tuple[bytes, ...] = (), deepest: int = DEEP
+) -> bytes:
     """Returns ``valid`` with one to four byte-level edits.
 
     Edits: truncate, cut a slice out, duplicate a slice, flip a byte, or
-    insert random bytes, an `ODD_FRAGMENTS` entry or one of ``fragments``
-    (the family's own tokens, e.g. SSE field names or YAML anchors).
+    insert random bytes, an `ODD_FRAGMENTS` entry, brackets opened
+    ``deepest`` times, or one of ``fragments`` (the family's own tokens,
+    e.g. SSE field names or YAML anchors).
     """
     data = bytearray(valid)
-    pieces = ODD_FRAGMENTS + fragments
+    pieces = (*ODD_FRAGMENTS, b"[" * deepest, b'{"a":' * deepest, *fragments)
     for _ in range(draw(st.integers(1, 4))):
         edit = draw(st.sampled_from(["truncate", "cut", "duplicate", "flip", "insert", "fragment"]))
         at = draw(st.integers(0, len(data)))
@@ -357,13 +360,16 @@ def mutated_bytes(draw: st.DrawFn, valid: bytes, fragments: tuple[bytes, ...] = 
     return bytes(data)
 
 
-def documents(valid: Any, fragments: tuple[bytes, ...] = ()) -> st.SearchStrategy[bytes]:
+def documents(
+    valid: Any, fragments: tuple[bytes, ...] = (), deepest: int = DEEP
+) -> st.SearchStrategy[bytes]:
     """Returns JSON documents near ``valid``: edited data, edited bytes, or random bytes."""
     valid_bytes = json_text(valid)
+    edited = mutated_json(valid, deepest).map(json_text)
     return st.one_of(
-        mutated_json(valid).map(json_text),
-        mutated_bytes(valid_bytes, fragments),
-        mutated_json(valid).map(json_text).flatmap(lambda b: mutated_bytes(b, fragments)),
+        edited,
+        mutated_bytes(valid_bytes, fragments, deepest),
+        edited.flatmap(lambda b: mutated_bytes(b, fragments, deepest)),
         JSON_VALUES.map(json_text),
         st.binary(max_size=200),
     )
