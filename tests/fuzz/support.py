@@ -200,7 +200,7 @@ JSON_VALUES = st.recursive(
 """Random JSON data (with NaN, infinities and lone surrogates, which JSON text can spell)."""
 
 
-class _Nest:
+class Nest:
     """Stands for a value nested ``depth`` levels deep; spelled out when the JSON is written."""
 
     def __init__(self, depth: int, opener: str) -> None:
@@ -208,19 +208,17 @@ class _Nest:
         self.opener = opener
 
     def text(self) -> str:
-        closer = "]" if self.opener == "[" else "}"
-        inner = "1" if self.opener == "[" else ""
         if self.opener == "{":
-            return '{"a":' * self.depth + "{}" + closer * self.depth
-        return self.opener * self.depth + inner + closer * self.depth
+            return '{"a":' * self.depth + "{}" + "}" * self.depth
+        return "[" * self.depth + "1" + "]" * self.depth
 
 
 def json_text(value: Any) -> bytes:
     """Returns ``value`` as JSON bytes, NaN and lone surrogates included (as JSON spells them)."""
-    nests: dict[str, _Nest] = {}
+    nests: dict[str, Nest] = {}
 
     def placeholder(obj: Any) -> str:
-        if isinstance(obj, _Nest):
+        if isinstance(obj, Nest):
             key = f"\x00nest{len(nests)}\x00"
             nests[key] = obj
             return key
@@ -287,7 +285,7 @@ def mutated_json(draw: st.DrawFn, valid: Any, deepest: int = DEEP) -> Any:
             new = draw(st.sampled_from([[old], {"value": old}, [old, old]]))
         elif edit == "nest":
             depth = draw(st.sampled_from([50, 500, 5_000, deepest]))
-            new = _Nest(min(depth, deepest), draw(st.sampled_from("[{")))
+            new = Nest(min(depth, deepest), draw(st.sampled_from("[{")))
         elif edit == "huge":
             new = draw(st.sampled_from([HUGE_TEXT, [0] * 20_000, 1e308, 2**70]))
         else:

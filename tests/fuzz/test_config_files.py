@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from plait.errors import ConfigError
 from plait.resources import ResourceConfig
 
-from .support import _Nest, documents, fuzz, mutated_bytes, mutated_json, outcome
+from .support import Nest, documents, fuzz, mutated_bytes, mutated_json, outcome
 
 VALID: dict[str, Any] = {
     "fast": {
@@ -43,7 +43,7 @@ VALID: dict[str, Any] = {
 
 def toml_value(value: Any) -> str:
     """Writes one value as TOML (strings in JSON's escapes, which TOML mostly shares)."""
-    if isinstance(value, _Nest):
+    if isinstance(value, Nest):
         return value.text().replace('"a":', "a =")
     if isinstance(value, bool):
         return "true" if value else "false"

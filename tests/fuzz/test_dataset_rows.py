@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -72,8 +72,12 @@ CUT_PARQUET = VALID_PARQUET[:4] + VALID_PARQUET[5:]
 """A Parquet file with one byte of its first page cut out: pyarrow raises OSError."""
 
 
+Write = Callable[[str, bytes], Path]
+
+
 @pytest.fixture
-def write(tmp_path: Path) -> Iterator[object]:
+def write(tmp_path: Path) -> Iterator[Write]:
+    """Returns a function that writes content to a new file with the given suffix."""
     counter = itertools.count()
 
     def to_file(suffix: str, content: bytes) -> Path:
@@ -101,11 +105,11 @@ def fixed_on_clidata(suffix: str, problem: str) -> object:
 @given(data=st.data())
 @example(data=None)
 def test_any_row_file_gives_rows_or_a_dataset_error(
-    write: object, suffix: str, data: st.DataObject | None
+    write: Write, suffix: str, data: st.DataObject | None
 ) -> None:
     pinned = {".jsonl": NESTED_LINE, ".csv": BINARY, ".parquet": FAKE_PARQUET}
     content = pinned[suffix] if data is None else data.draw(FILES[suffix], label="file")
-    path = write(suffix, content)  # type: ignore[operator]
+    path = write(suffix, content)
     outcome(
         f"row file ({suffix[1:]})",
         lambda: list(read_rows(path)),
@@ -128,11 +132,11 @@ PROGRAM = f"{Path(__file__).with_name('cli_programs.py')}:Summarize"
 @given(data=st.data())
 @example(data=None)
 def test_plait_graph_reads_any_row_file_or_exits_with_a_usage_error(
-    write: object, suffix: str, data: st.DataObject | None
+    write: Write, suffix: str, data: st.DataObject | None
 ) -> None:
     pinned = {".jsonl": NESTED_LINE, ".csv": BINARY, ".parquet": CUT_PARQUET}
     content = pinned[suffix] if data is None else data.draw(FILES[suffix], label="file")
-    path = write(suffix, content)  # type: ignore[operator]
+    path = write(suffix, content)
     result = outcome(
         f"plait graph -i ({suffix[1:]})",
         lambda: CliRunner().invoke(cli, ["graph", PROGRAM, "-i", str(path)]),
