@@ -141,3 +141,51 @@ async def test_streamed_tool_arguments_nested_too_deeply_are_a_backend_error(wir
     assert "choices[0].delta.tool_calls[0].function.arguments is nested too deeply" in str(
         info.value
     )
+
+
+ERROR_BODY = {"error": {"message": "Rate limited", "type": "rate_limit_error", "code": None}}
+RETRY_AFTER = st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["1", "0.5", "-3", "inf", "nan", "1e400", "Wed, 21 Oct 2015 07:28:00 GMT"]),
+)
+
+
+@pytest.fixture
+async def error_wire() -> AsyncIterator[Wire]:
+    script = Script()
+    async with ScriptedServer(responder=lambda body: script.answer, keep_log=False) as server:
+        # A Retry-After the endpoint would wait for must not stall the next input.
+        entry = server.endpoint(max_retries=0, timeout=10, max_retry_after=0.01)
+        async with ResourceManager({"llm": entry}) as manager:
+            yield Wire(script, manager)
+
+
+@fuzz(150)
+@given(
+    status=st.integers(400, 599),
+    body=documents(ERROR_BODY),
+    retry_after=st.none() | RETRY_AFTER,
+    streamed=st.booleans(),
+)
+async def test_any_error_answer_is_a_backend_error(
+    error_wire: Wire, status: int, body: bytes, retry_after: str | None, streamed: bool
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    if retry_after is not None and retry_after.isprintable() and retry_after.isascii():
+        headers["Retry-After"] = retry_after.strip() or "0"
+    error_wire.script.answer = RawReply(body, status=status, headers=headers)
+    call = (lambda: stream(error_wire)) if streamed else (lambda: complete(error_wire))
+    error = await outcome_async("OpenAI error answer", call)
+    assert isinstance(error, BackendError) and error.status == status
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["complete", "stream"])
+async def test_an_error_body_nested_too_deeply_is_still_a_backend_error(
+    error_wire: Wire, streamed: bool
+) -> None:
+    body = b"[" * 300 + b"1" + b"]" * 300  # JSON orjson reads (1024 levels), not writes (255)
+    error_wire.script.answer = RawReply(body, status=400)
+    with pytest.raises(BackendError) as info:
+        await (stream(error_wire) if streamed else complete(error_wire))
+    assert info.value.status == 400
+    assert "HTTP 400 Bad Request: [[[[[" in str(info.value)
