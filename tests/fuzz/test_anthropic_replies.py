@@ -326,3 +326,34 @@ async def test_an_earlier_tool_call_nested_too_deeply_is_a_backend_error(wire: W
     with pytest.raises(BackendError, match="arguments that are not a JSON object"):
         await wire.manager.complete("llm", request)
     assert wire.server.requests == 0
+
+
+ERROR_BODY = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+@fuzz(100)
+@given(
+    status=st.integers(400, 599),
+    body=documents(ERROR_BODY),
+    as_stream=st.booleans(),
+)
+async def test_any_error_answer_is_a_backend_error(
+    wire: Wire, status: int, body: bytes, as_stream: bool
+) -> None:
+    wire.server.answer(body, status=status)
+    if as_stream:
+        error = await outcome_async("Anthropic error answer", lambda: streamed(wire, WITH_TOOLS))
+    else:
+        error = await outcome_async(
+            "Anthropic error answer", lambda: wire.manager.complete("llm", WITH_TOOLS)
+        )
+    assert isinstance(error, BackendError) and error.status == status
+
+
+async def test_an_error_body_nested_too_deeply_is_still_a_backend_error(wire: Wire) -> None:
+    # JSON the SDK reads (about 1,000 levels) but orjson does not write (255).
+    wire.server.answer(b"[" * 300 + b"1" + b"]" * 300, status=400)
+    with pytest.raises(BackendError) as info:
+        await wire.manager.complete("llm", WITH_TOOLS)
+    assert info.value.status == 400
+    assert "[[[[[" in str(info.value)

@@ -234,9 +234,7 @@ class AnthropicBackend(Backend):
         if status < 400:  # an ``error`` event inside a streamed 200 answer
             status = _STATUS_OF_ERROR_TYPE.get(str(getattr(exc, "type", None)), 500)
         headers = exc.response.headers
-        body = exc.body
-        raw = body if body is None or isinstance(body, str | bytes) else orjson.dumps(body)
-        error = error_from_status(status, raw, headers, where=where, url=url)
+        error = error_from_status(status, _body_text(exc.body), headers, where=where, url=url)
         # Anthropic tells clients whether a retry can help; its own SDK obeys this header.
         advice = headers.get("x-should-retry")
         if advice in ("true", "false") and not isinstance(error, RateLimitError):
@@ -253,6 +251,16 @@ def _garbled(exc: BaseException) -> str:
     if isinstance(exc, RecursionError):
         return "it is nested too deeply"
     return f"{type(exc).__name__}: {exc}"
+
+
+def _body_text(body: Any) -> str | bytes | None:
+    """Returns the error body the SDK decoded as the text `error_from_status` reads."""
+    if body is None or isinstance(body, str | bytes):
+        return body
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson writes 255 levels at most; the SDK's json read more
+        return str(body)
 
 
 def _feed(assembler: StreamAssembler, event: Any, where: str) -> StreamChunk | None:
