@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from .support import LONG, TRIED
+from .support import TRIED, is_long_run
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not TRIED:
         return
-    run = "deep run" if LONG else "default run"
+    run = "deep run" if is_long_run() else "default run"
     terminalreporter.section(f"fuzz: inputs tried per parser ({run})")
     width = max(len(name) for name in TRIED)
     for name, count in sorted(TRIED.items()):

@@ -36,8 +36,15 @@ from hypothesis import strategies as st
 
 from plait.errors import PlaitError
 
-LONG = os.environ.get("PLAIT_FUZZ_LONG", "") not in ("", "0")
-"""Whether this is a deep run (``--fuzz-long`` or ``PLAIT_FUZZ_LONG=1``)."""
+
+def is_long_run() -> bool:
+    """Whether this is a deep run (``--fuzz-long`` or ``PLAIT_FUZZ_LONG=1``).
+
+    Read when a test module is imported, not when this one is: the conftest
+    that imports it loads before the ``--fuzz-long`` option is seen.
+    """
+    return os.environ.get("PLAIT_FUZZ_LONG", "") not in ("", "0")
+
 
 LONG_FACTOR = 50
 """How many times more inputs each test tries in a deep run."""
@@ -65,8 +72,9 @@ settings.register_profile(
 def fuzz(examples: int) -> settings:
     """Returns the settings of one fuzz test: ``examples`` inputs, `LONG_FACTOR` times more
     in a deep run."""
-    profile = settings.get_profile("plait-fuzz-long" if LONG else "plait-fuzz")
-    return settings(profile, max_examples=examples * (LONG_FACTOR if LONG else 1))
+    long_run = is_long_run()
+    profile = settings.get_profile("plait-fuzz-long" if long_run else "plait-fuzz")
+    return settings(profile, max_examples=examples * (LONG_FACTOR if long_run else 1))
 
 
 # -- the property ---------------------------------------------------------------------------
