@@ -8,6 +8,7 @@ reply must give a `Response` (or streamed chunks) or a `BackendError`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,13 +51,20 @@ class Wire:
     manager: ResourceManager
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
-async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
+@contextlib.asynccontextmanager
+async def scripted_wire(**options: Any) -> AsyncIterator[Wire]:
+    """A scripted server answering with ``Script.answer``, and a manager with one endpoint on it."""
     script = Script()
     async with ScriptedServer(responder=lambda body: script.answer, keep_log=False) as server:
-        entry = server.endpoint(transport=request.param, max_retries=0, timeout=10)
+        entry = server.endpoint(max_retries=0, timeout=10, **options)
         async with ResourceManager({"llm": entry}) as manager:
             yield Wire(script, manager)
+
+
+@pytest.fixture(params=["aiohttp", "sdk"])
+async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
+    async with scripted_wire(transport=request.param) as ready:
+        yield ready
 
 
 ASK = Request(messages=(Message("user", "Weather in Paris?"),))
@@ -152,12 +160,9 @@ RETRY_AFTER = st.one_of(
 
 @pytest.fixture
 async def error_wire() -> AsyncIterator[Wire]:
-    script = Script()
-    async with ScriptedServer(responder=lambda body: script.answer, keep_log=False) as server:
-        # A Retry-After the endpoint would wait for must not stall the next input.
-        entry = server.endpoint(max_retries=0, timeout=10, max_retry_after=0.01)
-        async with ResourceManager({"llm": entry}) as manager:
-            yield Wire(script, manager)
+    # A Retry-After the endpoint would wait for must not stall the next input.
+    async with scripted_wire(max_retry_after=0.01) as ready:
+        yield ready
 
 
 @fuzz(150)
