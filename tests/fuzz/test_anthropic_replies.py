@@ -194,6 +194,7 @@ BAD_REPLIES = {
     ),
     "not UTF-8": (b"\x80", "answered HTTP 200 with a body that is not JSON"),
     "nested too deeply": (DEEP, "answered HTTP 200 with a body that is not JSON"),
+    "a number too long": (b"1" * 5_000, "answered HTTP 200 with a body that is not JSON"),
     "a number": (b"0", "the reply is an integer, expected an object"),
     "no content": (b"{}", "content is null, expected a list"),
     "content is text": (edited(TOOL_REPLY, content="hi"), "content is a string, expected a list"),
@@ -281,6 +282,7 @@ GARBLED_STREAMS = {
     "not JSON": stream_with(1, "content_block_start", b'{"type": "content_block_start",'),
     "not UTF-8": stream_with(1, "content_block_start", b'{"type": "\xff"}'),
     "nested too deeply": stream_with(1, "content_block_start", DEEP),
+    "a number too long": stream_with(1, "content_block_start", b"1" * 5_000),
 }
 
 

@@ -10,7 +10,6 @@ a `BackendError` with its status, ``retryable`` and ``retry_after`` (from
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -243,8 +242,10 @@ class AnthropicBackend(Backend):
 
 
 # The SDK decodes reply bodies and stream events with the json module and lets
-# its errors through: not JSON, not UTF-8, or nested past the recursion limit.
-_GARBLED = (json.JSONDecodeError, UnicodeDecodeError, RecursionError)
+# its errors through: ValueError for text that is not JSON, not UTF-8, or holds a
+# number of more digits than Python converts; RecursionError for deep nesting.
+# Nothing else in the call raises them: the request body is built and checked first.
+_GARBLED = (ValueError, RecursionError)
 
 
 def _garbled(exc: BaseException) -> str:
