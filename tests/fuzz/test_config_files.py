@@ -174,6 +174,7 @@ BAD_FILES = {
     "yaml integer too long": (".yaml", b"a: " + DIGITS, "invalid YAML"),
     "yaml impossible date": (".yaml", b"a: 2020-13-45", "invalid YAML"),
     "yaml tagged float": (".yaml", b"a: !!float x", "invalid YAML"),
+    "yaml tagged timestamp that is not one": (".yaml", b"a: !!timestamp x", "invalid YAML"),
     "option nested too deeply": (
         ".json",
         b'{"*": {"provider": "local", "backend_options": {"n_threads": '

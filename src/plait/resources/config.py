@@ -787,12 +787,15 @@ def _read_yaml(text: str, file: Path) -> Any:
         ) from exc
     try:
         return yaml.safe_load(text)
-    # PyYAML lets a tagged or implicit value it cannot build (``2020-13-45``,
-    # ``!!float x``, an integer of too many digits) raise its own ValueError.
-    except (yaml.YAMLError, ValueError) as exc:
-        raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
     except RecursionError:
         raise ConfigError(f"{file}: invalid YAML: it is nested too deeply to read") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
+    # PyYAML lets a value it cannot build raise whatever Python raised (``2020-13-45``
+    # or ``!!float x``: ValueError; ``!!timestamp x``: AttributeError). safe_load runs
+    # no code of ours, so anything it raises means the file is not YAML it can read.
+    except Exception as exc:
+        raise ConfigError(f"{file}: invalid YAML: {type(exc).__name__}: {exc}") from exc
 
 
 _MAX_DEPTH = 100
