@@ -67,6 +67,8 @@ FILES = {
 
 NESTED_LINE = b'{"text": ' + b"[" * 100_000 + b"\n"
 BINARY = b"text\n\x80\xff\n"
+HUGE_FIELD = b"text\n" + b"x" * 200_000 + b"\n"
+"""A CSV field larger than the csv module's limit (131,072 characters)."""
 FAKE_PARQUET = b"PAR1 not parquet PAR1"
 CUT_PARQUET = VALID_PARQUET[:4] + VALID_PARQUET[5:]
 """A Parquet file with one byte of its first page cut out: pyarrow raises OSError."""
@@ -96,7 +98,7 @@ def fixed_on_clidata(suffix: str, problem: str) -> object:
 @pytest.mark.parametrize(
     "suffix",
     [
-        fixed_on_clidata(".csv", "binary CSV: UnicodeDecodeError"),
+        fixed_on_clidata(".csv", "binary CSV: UnicodeDecodeError; a field over 128 KB: csv.Error"),
         fixed_on_clidata(".jsonl", "nested JSON: RecursionError"),
         fixed_on_clidata(".parquet", "fake Parquet: ArrowInvalid, OSError"),
     ],
@@ -123,7 +125,7 @@ PROGRAM = f"{Path(__file__).with_name('cli_programs.py')}:Summarize"
 @pytest.mark.parametrize(
     "suffix",
     [
-        ".csv",
+        fixed_on_clidata(".csv", "a field over 128 KB ends in a csv.Error traceback"),
         fixed_on_clidata(".jsonl", "nested JSON ends in a RecursionError traceback"),
         fixed_on_clidata(".parquet", "a damaged Parquet file ends in an OSError traceback"),
     ],
@@ -134,7 +136,7 @@ PROGRAM = f"{Path(__file__).with_name('cli_programs.py')}:Summarize"
 def test_plait_graph_reads_any_row_file_or_exits_with_a_usage_error(
     write: Write, suffix: str, data: st.DataObject | None
 ) -> None:
-    pinned = {".jsonl": NESTED_LINE, ".csv": BINARY, ".parquet": CUT_PARQUET}
+    pinned = {".jsonl": NESTED_LINE, ".csv": HUGE_FIELD, ".parquet": CUT_PARQUET}
     content = pinned[suffix] if data is None else data.draw(FILES[suffix], label="file")
     path = write(suffix, content)
     result = outcome(
