@@ -1,10 +1,11 @@
-"""JSON text read from a user's files, parsed with a bound on nesting.
+"""JSON text from outside (a model's reply, a file), read with one rule for deep nesting.
 
 Python's JSON parser recurses once per level, so a line of ten thousand ``[``
-ends in a bare ``RecursionError``, and a few hundred levels parse but break the
-first recursive walk after them. `loads` finds nesting past its bound before
-parsing, and reports it as `TooDeep`, a `json.JSONDecodeError` carrying the line
-and column like any other unreadable JSON.
+ends in a bare ``RecursionError`` (an error no reader expects), and a few
+hundred levels parse but break the first recursive walk after them. `loads`
+finds nesting past its bound before parsing, and reports it as `TooDeep`, a
+`json.JSONDecodeError` carrying the line and column: the `ValueError` every
+reader already handles for text that is not JSON.
 """
 
 from __future__ import annotations
@@ -32,22 +33,36 @@ _STRING_OR_NOT_BRACKET = re.compile(_STRING + r'|[^\[\]{}"]+', re.DOTALL)
 _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
 
 
-def loads(text: str, max_depth: int = MAX_DEPTH) -> Any:
+def loads(text: str | bytes, max_depth: int = MAX_DEPTH, *, strict: bool = True) -> Any:
     """Returns the value of JSON ``text`` that nests at most ``max_depth`` levels.
 
     NaN and infinities are read as Python reads them (floats).
 
+    Args:
+        max_depth: the most levels of lists and objects inside each other.
+        strict: False accepts raw control characters inside strings (small
+            models write raw newlines in their JSON).
+
     Raises:
         TooDeep: the text nests deeper than ``max_depth``.
-        json.JSONDecodeError: the text is not JSON.
+        ValueError: the text is not JSON (`json.JSONDecodeError`), is bytes
+            that are not UTF-8, or holds an integer of more digits than
+            Python converts.
     """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
     if _may_nest_deeper(text, max_depth):
         too_deep = _first_bracket_past(text, max_depth)
         if too_deep is not None:
             raise TooDeep(
-                f"lists or objects nested more than {max_depth} levels deep", text, too_deep
+                f"nested too deeply: lists or objects nested more than {max_depth} levels deep",
+                text,
+                too_deep,
             )
-    return json.loads(text)
+    try:
+        return json.loads(text, strict=strict)
+    except RecursionError:  # only when max_depth is above what the parser can recurse
+        raise TooDeep("nested too deeply to read", text, 0) from None
 
 
 def _may_nest_deeper(text: str, max_depth: int) -> bool:

@@ -20,13 +20,13 @@ from __future__ import annotations
 import builtins
 import functools
 import inspect
-import json
 import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from plait._context import current_trace
+from plait._jsontext import loads
 from plait.values import (
     Value,
     ValueKind,
@@ -235,7 +235,7 @@ def _loads_lenient(text: str) -> Any:
             candidates.append(text[start : end + 1])
     for candidate in candidates:
         try:
-            return json.loads(candidate)
+            return loads(candidate)
         except ValueError:
             continue
     preview = text if len(text) <= 80 else text[:77] + "..."

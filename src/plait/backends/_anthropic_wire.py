@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait._jsontext import loads
+from plait.backends._shapes import MalformedReply, expect, kind_of, optional_text, token_count
 from plait.backends.types import Message, Request, Response, StreamChunk, ToolCall, Usage
 
 __all__ = ["StreamAssembler", "WirePlan", "build_body", "read_message"]
@@ -180,7 +182,7 @@ def _blocks(message: Message, index: int) -> list[dict[str, Any]]:
 
 def _input(call: ToolCall, index: int) -> dict[str, Any]:
     try:
-        value = json.loads(call.arguments or "{}")
+        value = loads(call.arguments or "{}")
     except ValueError:
         value = None
     if not isinstance(value, dict):
@@ -191,16 +193,42 @@ def _input(call: ToolCall, index: int) -> dict[str, Any]:
     return value
 
 
-def _usage(usage: Any) -> Usage:
+# -- reading replies ------------------------------------------------------------------------
+# The SDK builds its reply objects without validating them, so a field may be
+# missing or hold any JSON; every field used is checked (`expect`) and a wrong
+# one raises `MalformedReply` naming its path. The same readers take the
+# reply's JSON as dicts.
+
+
+def _field(container: Any, name: str) -> Any:
+    """Returns a field of an SDK object or of a dict; None when it is absent."""
+    if isinstance(container, dict):
+        return container.get(name)
+    return getattr(container, name, None)
+
+
+def _object(value: Any, path: str) -> Any:
+    """Returns ``value`` if it is an object (an SDK object or a dict); raises `MalformedReply`."""
+    if value is None or isinstance(value, str | bytes | int | float | list | tuple):
+        raise MalformedReply(f"{path} is {kind_of(value)}, expected an object")
+    return value
+
+
+def _text_field(container: Any, name: str, path: str) -> str:
+    return expect(_field(container, name), str, f"{path}.{name}")
+
+
+def _usage(usage: Any, path: str) -> Usage:
     if usage is None:
         return Usage()
+    _object(usage, path)
     # Cached prompt tokens are reported apart from input_tokens; all of them were read.
-    total_in = (
-        (getattr(usage, "input_tokens", 0) or 0)
-        + (getattr(usage, "cache_creation_input_tokens", 0) or 0)
-        + (getattr(usage, "cache_read_input_tokens", 0) or 0)
+    total_in = sum(
+        token_count(_field(usage, name), f"{path}.{name}")
+        for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    return Usage(input_tokens=total_in, output_tokens=getattr(usage, "output_tokens", 0) or 0)
+    output = token_count(_field(usage, "output_tokens"), f"{path}.output_tokens")
+    return Usage(input_tokens=total_in, output_tokens=output)
 
 
 def _finish(stop_reason: str | None, plan: WirePlan) -> str | None:
@@ -218,23 +246,35 @@ def _schema_text(data: Any, plan: WirePlan) -> str:
 
 
 def read_message(message: Any, plan: WirePlan) -> Response:
-    """Turns an SDK ``Message`` into a `Response`."""
+    """Turns a Messages API reply (the SDK's ``Message``, or its JSON) into a `Response`.
+
+    Blocks of other kinds (``thinking`` ...) are skipped.
+
+    Raises:
+        MalformedReply: a field it uses is missing or of the wrong kind (named by its path).
+    """
+    _object(message, "the reply")
     texts: list[str] = []
     calls: list[ToolCall] = []
-    for block in message.content:
-        kind = getattr(block, "type", None)
+    for index, block in enumerate(expect(_field(message, "content"), list, "content")):
+        path = f"content[{index}]"
+        kind = _field(_object(block, path), "type")
         if kind == "text":
-            texts.append(block.text)
-        elif kind == "tool_use" and block.name == plan.schema_tool:
-            texts = [_schema_text(block.input, plan)]
+            texts.append(_text_field(block, "text", path))
         elif kind == "tool_use":
-            calls.append(ToolCall(id=block.id, name=block.name, arguments=json.dumps(block.input)))
+            arguments = expect(_field(block, "input"), dict, f"{path}.input")
+            name = _text_field(block, "name", path)
+            if name == plan.schema_tool:
+                texts = [_schema_text(arguments, plan)]
+            else:
+                call_id = _text_field(block, "id", path)
+                calls.append(ToolCall(id=call_id, name=name, arguments=json.dumps(arguments)))
     return Response(
         text="".join(texts),
         tool_calls=tuple(calls),
-        usage=_usage(message.usage),
-        finish_reason=_finish(message.stop_reason, plan),
-        model=message.model,
+        usage=_usage(_field(message, "usage"), "usage"),
+        finish_reason=_finish(optional_text(_field(message, "stop_reason"), "stop_reason"), plan),
+        model=optional_text(_field(message, "model"), "model"),
     )
 
 
@@ -253,7 +293,8 @@ class StreamAssembler:
     fragments and is handed on whole when its block closes. Usage comes from
     ``message_start`` (input) and ``message_delta`` (cumulative output).
     A structured reply (the forced schema tool) is also delivered whole, as
-    text, so streamed and whole replies carry the same JSON.
+    text, so streamed and whole replies carry the same JSON. Events of other
+    types (``ping``, ``message_stop`` ...) carry nothing used here.
     """
 
     def __init__(self, plan: WirePlan) -> None:
@@ -264,20 +305,31 @@ class StreamAssembler:
         self.model: str | None = None
 
     def feed(self, event: Any) -> StreamChunk | None:
-        """Takes one event; returns the chunk it completes, if any."""
-        kind = getattr(event, "type", None)
+        """Takes one event; returns the chunk it completes, if any.
+
+        Raises:
+            MalformedReply: a field it uses is missing or of the wrong kind
+                (named by its path, e.g. ``message_start.message.usage``).
+        """
+        kind = _field(_object(event, "the event"), "type")
         if kind == "message_start":
-            self.model = event.message.model
-            self._usage = _usage(event.message.usage)
+            message = _object(_field(event, "message"), "message_start.message")
+            self.model = optional_text(_field(message, "model"), "message_start.message.model")
+            self._usage = _usage(_field(message, "usage"), "message_start.message.usage")
         elif kind == "content_block_start":
-            return self._start(event.index, event.content_block)
+            block = _object(_field(event, "content_block"), f"{kind}.content_block")
+            return self._start(_index(event, kind), block)
         elif kind == "content_block_delta":
-            return self._delta(event.index, event.delta)
+            return self._delta(
+                _index(event, kind), _object(_field(event, "delta"), f"{kind}.delta")
+            )
         elif kind == "content_block_stop":
-            return self._stop(event.index)
+            return self._stop(_index(event, kind))
         elif kind == "message_delta":
-            self._stop_reason = event.delta.stop_reason or self._stop_reason
-            self._merge_usage(event.usage)
+            delta = _object(_field(event, "delta"), f"{kind}.delta")
+            stop_reason = optional_text(_field(delta, "stop_reason"), f"{kind}.delta.stop_reason")
+            self._stop_reason = stop_reason or self._stop_reason
+            self._merge_usage(_field(event, "usage"), f"{kind}.usage")
         return None
 
     def finish(self) -> StreamChunk:
@@ -285,21 +337,25 @@ class StreamAssembler:
         return StreamChunk(finish_reason=_finish(self._stop_reason, self._plan), usage=self._usage)
 
     def _start(self, index: int, block: Any) -> StreamChunk | None:
-        kind = getattr(block, "type", "")
+        path = "content_block_start.content_block"
+        kind = _field(block, "type")
         if kind == "tool_use":
-            self._blocks[index] = _OpenBlock("tool_use", block.id, block.name)
+            call_id, name = _text_field(block, "id", path), _text_field(block, "name", path)
+            self._blocks[index] = _OpenBlock("tool_use", call_id, name)
             return None
-        self._blocks[index] = _OpenBlock(kind)
-        text = getattr(block, "text", "") if kind == "text" else ""
+        self._blocks[index] = _OpenBlock(kind if isinstance(kind, str) else "")
+        text = _text_field(block, "text", path) if kind == "text" else ""
         return StreamChunk(text=text) if text else None
 
     def _delta(self, index: int, delta: Any) -> StreamChunk | None:
+        path = "content_block_delta.delta"
         block = self._blocks.get(index)
-        kind = getattr(delta, "type", None)
+        kind = _field(delta, "type")
         if kind == "text_delta":
-            return StreamChunk(text=delta.text) if delta.text else None
+            text = _text_field(delta, "text", path)
+            return StreamChunk(text=text) if text else None
         if kind == "input_json_delta" and block is not None:
-            block.parts.append(delta.partial_json)
+            block.parts.append(_text_field(delta, "partial_json", path))
         return None
 
     def _stop(self, index: int) -> StreamChunk | None:
@@ -309,19 +365,27 @@ class StreamAssembler:
         arguments = "".join(block.parts) or "{}"
         if block.name == self._plan.schema_tool:
             try:
-                return StreamChunk(text=_schema_text(json.loads(arguments), self._plan))
+                return StreamChunk(text=_schema_text(loads(arguments), self._plan))
             except ValueError:
                 return StreamChunk(text=arguments)  # cut short by max_tokens: shown as sent
         return StreamChunk(
             tool_calls=(ToolCall(id=block.id, name=block.name, arguments=arguments),)
         )
 
-    def _merge_usage(self, usage: Any) -> None:
+    def _merge_usage(self, usage: Any, path: str) -> None:
         if usage is None:
             return
-        self._usage.output_tokens = usage.output_tokens or self._usage.output_tokens
-        if getattr(usage, "input_tokens", None):
+        _object(usage, path)
+        output = token_count(_field(usage, "output_tokens"), f"{path}.output_tokens")
+        self._usage.output_tokens = output or self._usage.output_tokens
+        if _field(usage, "input_tokens"):
             # Newer API versions repeat cumulative input counts here.
             self._usage = Usage(
-                input_tokens=_usage(usage).input_tokens, output_tokens=self._usage.output_tokens
+                input_tokens=_usage(usage, path).input_tokens,
+                output_tokens=self._usage.output_tokens,
             )
+
+
+def _index(event: Any, kind: str) -> int:
+    index: int = expect(_field(event, "index"), int, f"{kind}.index")
+    return index

@@ -101,12 +101,16 @@ def decode_error_body(raw: bytes | str | None) -> tuple[Any, str]:
     """
     if raw is None or raw in (b"", ""):
         return None, ""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     try:
         body: Any = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
         return text, text.strip()[:_MAX_MESSAGE_CHARS]
-    return body, _message_of(body)[:_MAX_MESSAGE_CHARS]
+    try:
+        message = _message_of(body)
+    except TypeError:  # orjson writes 255 levels at most (it reads 1024): show the text
+        message = text.strip()
+    return body, message[:_MAX_MESSAGE_CHARS]
 
 
 def _message_of(body: Any) -> str:

@@ -42,6 +42,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from plait._jsontext import loads
 from plait.backends.types import Message, Request, ToolCall, ToolSpec
 
 __all__ = ["ChatPlan", "ToolCallFilter", "build_plan"]
@@ -366,15 +367,28 @@ def _call_id() -> str:
 
 def _read_choice(text: str, tools: tuple[ToolSpec, ...]) -> tuple[str, tuple[ToolCall, ...]]:
     """Reads ``{"name": ..., "arguments": ...}``; a truncated reply stays text."""
+    call = _parse_call(text, {t.name for t in tools})
+    return (text, ()) if call is None else ("", (call,))
+
+
+def _parse_call(text: str, names: set[str]) -> ToolCall | None:
+    """Returns the call of a known tool that ``text`` spells as ``{"name", "arguments"}``.
+
+    None for anything else (not JSON, nested too deeply, a name that is not
+    one of ``names``): the caller shows it as text rather than lose it.
+    Arguments given as an object are passed on as its JSON text.
+    """
     try:
-        data = json.loads(text)
+        data = loads(text)
     except ValueError:
-        return text, ()
-    names = {t.name for t in tools}
-    if not isinstance(data, dict) or data.get("name") not in names:
-        return text, ()
-    arguments = json.dumps(data.get("arguments", {}))
-    return "", (ToolCall(id=_call_id(), name=data["name"], arguments=arguments),)
+        return None
+    name = data.get("name") if isinstance(data, dict) else None
+    if not isinstance(name, str) or name not in names:
+        return None
+    arguments = data.get("arguments", {})
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments)
+    return ToolCall(id=_call_id(), name=name, arguments=arguments)
 
 
 _BLOCK = re.compile(re.escape(TOOL_OPEN) + r"(.*?)" + re.escape(TOOL_CLOSE), re.DOTALL)
@@ -412,7 +426,7 @@ class ToolCallFilter:
         calls: list[ToolCall] = []
 
         def take(match: re.Match[str]) -> str:
-            call = self._parse(match.group(1))
+            call = _parse_call(match.group(1), self._names)
             if call is None:
                 return match.group(0)
             calls.append(call)
@@ -421,15 +435,3 @@ class ToolCallFilter:
         text = _BLOCK.sub(take, self._held).strip() if TOOL_OPEN in self._held else self._held
         self._held = ""
         return text, tuple(calls)
-
-    def _parse(self, body: str) -> ToolCall | None:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return None
-        if not isinstance(data, dict) or data.get("name") not in self._names:
-            return None
-        arguments = data.get("arguments", {})
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments)
-        return ToolCall(id=_call_id(), name=data["name"], arguments=arguments)

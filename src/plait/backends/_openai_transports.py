@@ -28,7 +28,8 @@ from urllib.parse import parse_qsl
 import orjson
 
 from plait.backends._errors import error_from_status
-from plait.backends._openai_wire import decode_event, preview
+from plait.backends._openai_wire import decode_event
+from plait.backends._shapes import preview
 from plait.backends._sse import DONE, iter_sse_data
 from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout

@@ -26,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from plait.backends._shapes import MalformedReply, expect, optional_text, preview, token_count
 from plait.backends.types import (
     Request,
     Response,
@@ -46,7 +47,6 @@ __all__ = [
     "build_body",
     "decode_event",
     "parse_completion",
-    "preview",
 ]
 
 
@@ -142,7 +142,7 @@ def parse_completion(data: Any, where: str) -> Response:
     """
     try:
         return _read_completion(data)
-    except _Malformed as exc:
+    except MalformedReply as exc:
         raise BackendError(
             f"{where} answered HTTP 200 with a malformed reply ({exc}): {preview(data)}",
             status=200,
@@ -150,49 +150,23 @@ def parse_completion(data: Any, where: str) -> Response:
         ) from None
 
 
-class _Malformed(Exception):
-    """Names the field of a reply that has the wrong shape (the caller adds where)."""
-
-
-_JSON_KINDS = {
-    dict: "an object",
-    list: "a list",
-    str: "a string",
-    bool: "a boolean",
-    int: "an integer",
-    float: "a number",
-    type(None): "null",
-}
-
-
-def _expect(value: Any, kind: type, path: str) -> Any:
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        got = _JSON_KINDS.get(type(value), type(value).__name__)
-        raise _Malformed(f"{path} is {got}, expected {_JSON_KINDS[kind]}")
-    return value
-
-
-def _optional_text(value: Any, path: str) -> str | None:
-    return None if value is None else _expect(value, str, path)
-
-
 def _read_completion(data: Any) -> Response:
-    _expect(data, dict, "the reply")
+    expect(data, dict, "the reply")
     if "choices" not in data:
-        raise _Malformed("it has no choices")
-    choices = _expect(data["choices"], list, "choices")
+        raise MalformedReply("it has no choices")
+    choices = expect(data["choices"], list, "choices")
     if not choices:
-        raise _Malformed("choices is empty")
-    choice = _expect(choices[0], dict, "choices[0]")
+        raise MalformedReply("choices is empty")
+    choice = expect(choices[0], dict, "choices[0]")
     if "message" not in choice:
-        raise _Malformed("choices[0] has no message")
-    message = _expect(choice["message"], dict, "choices[0].message")
+        raise MalformedReply("choices[0] has no message")
+    message = expect(choice["message"], dict, "choices[0].message")
     return Response(
         text=_content_text(message.get("content"), "choices[0].message.content"),
         tool_calls=_map_tool_calls(message.get("tool_calls"), "choices[0].message.tool_calls"),
         usage=_map_usage(data.get("usage")),
-        finish_reason=_optional_text(choice.get("finish_reason"), "choices[0].finish_reason"),
-        model=_optional_text(data.get("model"), "model"),
+        finish_reason=optional_text(choice.get("finish_reason"), "choices[0].finish_reason"),
+        model=optional_text(data.get("model"), "model"),
     )
 
 
@@ -202,13 +176,15 @@ def _content_text(content: Any, path: str) -> str:
         return ""
     if isinstance(content, str):
         return content
-    parts = _expect(content, list, path)
+    parts = expect(content, list, path)
     texts = []
     for i, part in enumerate(parts):
-        _expect(part, dict, f"{path}[{i}]")
+        expect(part, dict, f"{path}[{i}]")
         if part.get("type") != "text":
-            raise _Malformed(f"{path}[{i}] is a part of type {part.get('type')!r}, expected 'text'")
-        texts.append(_expect(part.get("text"), str, f"{path}[{i}].text"))
+            raise MalformedReply(
+                f"{path}[{i}] is a part of type {part.get('type')!r}, expected 'text'"
+            )
+        texts.append(expect(part.get("text"), str, f"{path}[{i}].text"))
     return "".join(texts)
 
 
@@ -216,62 +192,41 @@ def _map_tool_calls(raw: Any, path: str) -> tuple[ToolCall, ...]:
     if raw is None:
         return ()
     calls = []
-    for i, call in enumerate(_expect(raw, list, path)):
-        _expect(call, dict, f"{path}[{i}]")
-        function = _expect(call.get("function"), dict, f"{path}[{i}].function")
+    for i, call in enumerate(expect(raw, list, path)):
+        expect(call, dict, f"{path}[{i}]")
+        function = expect(call.get("function"), dict, f"{path}[{i}].function")
         calls.append(
             ToolCall(
-                id=_optional_text(call.get("id"), f"{path}[{i}].id") or f"call_{i}",
-                name=_expect(function.get("name"), str, f"{path}[{i}].function.name"),
-                arguments=_arguments_text(function.get("arguments")),
+                id=optional_text(call.get("id"), f"{path}[{i}].id") or f"call_{i}",
+                name=expect(function.get("name"), str, f"{path}[{i}].function.name"),
+                arguments=_arguments_text(
+                    function.get("arguments"), f"{path}[{i}].function.arguments"
+                ),
             )
         )
     return tuple(calls)
 
 
-def _arguments_text(arguments: Any) -> str:
+def _arguments_text(arguments: Any, path: str) -> str:
     # The protocol says a JSON string; a few servers send the object itself.
     if arguments is None:
         return ""
     if isinstance(arguments, str):
         return arguments
-    return orjson.dumps(arguments).decode()
+    try:
+        return orjson.dumps(arguments).decode()
+    except TypeError:  # orjson writes at most 255 levels (the reader took 1024)
+        raise MalformedReply(f"{path} is nested too deeply") from None
 
 
 def _map_usage(raw: Any) -> Usage:
     if raw is None:
         return Usage()
-    _expect(raw, dict, "usage")
+    expect(raw, dict, "usage")
     return Usage(
-        input_tokens=_token_count(raw.get("prompt_tokens"), "usage.prompt_tokens"),
-        output_tokens=_token_count(raw.get("completion_tokens"), "usage.completion_tokens"),
+        input_tokens=token_count(raw.get("prompt_tokens"), "usage.prompt_tokens"),
+        output_tokens=token_count(raw.get("completion_tokens"), "usage.completion_tokens"),
     )
-
-
-def _token_count(value: Any, path: str) -> int:
-    if value is None:
-        return 0
-    count: int = _expect(value, int, path)
-    if count < 0:
-        raise _Malformed(f"{path} is {count}, expected an integer >= 0")
-    return count
-
-
-def preview(data: Any) -> str:
-    """Returns the start of a reply (decoded JSON, text or bytes) for an error: <= 300 chars."""
-    if isinstance(data, bytes):
-        text = data.decode("utf-8", "replace")
-    elif isinstance(data, str):
-        text = data
-    else:
-        try:
-            text = orjson.dumps(data).decode()
-        except TypeError:  # orjson refuses integers beyond 64 bits
-            text = repr(data)
-    return text if len(text) <= _PREVIEW_CHARS else text[:_PREVIEW_CHARS] + "…"
-
-
-_PREVIEW_CHARS = 300
 
 
 def decode_event(data: bytes, where: str) -> Any:
@@ -331,7 +286,7 @@ class StreamAssembler:
             )
         try:
             return self._read(chunk)
-        except _Malformed as exc:
+        except MalformedReply as exc:
             raise BackendError(
                 f"{where} streamed a malformed event ({exc}): {preview(chunk)}",
                 status=200,
@@ -339,48 +294,48 @@ class StreamAssembler:
             ) from None
 
     def _read(self, chunk: Any) -> str:
-        _expect(chunk, dict, "the event")
+        expect(chunk, dict, "the event")
         usage = chunk.get("usage")
         if usage:  # vLLM sends "usage": null on every chunk but the last
             self.usage = _map_usage(usage)
         if self.model is None:
-            self.model = _optional_text(chunk.get("model"), "model")
+            self.model = optional_text(chunk.get("model"), "model")
         choices = chunk.get("choices")
         if not choices:
             return ""
-        choice = _expect(_expect(choices, list, "choices")[0], dict, "choices[0]")
+        choice = expect(expect(choices, list, "choices")[0], dict, "choices[0]")
         finish = choice.get("finish_reason")
         if finish:
-            self.finish_reason = _expect(finish, str, "choices[0].finish_reason")
+            self.finish_reason = expect(finish, str, "choices[0].finish_reason")
         delta = choice.get("delta")
         if not delta:
             return ""
-        _expect(delta, dict, "choices[0].delta")
+        expect(delta, dict, "choices[0].delta")
         fragments = delta.get("tool_calls")
         if fragments:
             path = "choices[0].delta.tool_calls"
-            for i, fragment in enumerate(_expect(fragments, list, path)):
-                self._add_fragment(_expect(fragment, dict, f"{path}[{i}]"), f"{path}[{i}]")
+            for i, fragment in enumerate(expect(fragments, list, path)):
+                self._add_fragment(expect(fragment, dict, f"{path}[{i}]"), f"{path}[{i}]")
         return _content_text(delta.get("content"), "choices[0].delta.content")
 
     def _add_fragment(self, fragment: dict[str, Any], path: str) -> None:
         index = fragment.get("index")
         if index is None:  # not in the protocol, but seen: a new id starts a new call
             index = len(self._calls) if fragment.get("id") or not self._calls else max(self._calls)
-        _expect(index, int, f"{path}.index")
+        expect(index, int, f"{path}.index")
         slot = self._calls.get(index)
         if slot is None:
             slot = self._calls[index] = [None, "", []]
         if fragment.get("id"):
-            slot[0] = _expect(fragment["id"], str, f"{path}.id")
+            slot[0] = expect(fragment["id"], str, f"{path}.id")
         function = fragment.get("function")
         if function:
-            _expect(function, dict, f"{path}.function")
+            expect(function, dict, f"{path}.function")
             if function.get("name"):
-                slot[1] = _expect(function["name"], str, f"{path}.function.name")
+                slot[1] = expect(function["name"], str, f"{path}.function.name")
             arguments = function.get("arguments")
             if arguments:
-                slot[2].append(_arguments_text(arguments))
+                slot[2].append(_arguments_text(arguments, f"{path}.function.arguments"))
 
     @property
     def has_finished(self) -> bool:

@@ -24,6 +24,7 @@ from plait.backends._anthropic_wire import (
     read_message,
 )
 from plait.backends._errors import error_from_status
+from plait.backends._shapes import MalformedReply, preview
 from plait.backends._urls import redact_url, scrub_cause, scrub_text
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
@@ -116,22 +117,43 @@ class AnthropicBackend(Backend):
             RateLimitError: HTTP 429, with ``retry_after`` when the server sent one.
             BackendTimeout: no answer within the timeout.
             BackendConnectionError: the connection failed.
-            BackendError: any other failure; ``retryable`` for 5xx and 529.
+            BackendError: any other failure; ``retryable`` for 5xx and 529. Also a
+                reply that is not JSON, or not a message (it names the field and
+                shows the start of the reply); not retryable.
         """
         body, plan = self._body(request)
         client = self._get_client()
         sdk = _sdk()
+        where = self._where(body["model"])
         try:
             message = await client.messages.create(**body, timeout=self._timeout(request))
         except sdk.AnthropicError as exc:
             raise self._map_error(exc, body["model"], request) from scrub_cause(exc, self.base_url)
-        return read_message(message, plan)
+        except _GARBLED as exc:
+            raise BackendError(
+                f"{where} answered HTTP 200 with a body that is not JSON ({_garbled(exc)})",
+                status=200,
+            ) from exc
+        try:
+            return read_message(message, plan)
+        except MalformedReply as exc:
+            raise BackendError(
+                f"{where} answered HTTP 200 with a malformed reply ({exc}): {preview(message)}",
+                status=200,
+            ) from None
 
     async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
-        """Streams one call; text as it arrives, tool calls whole, usage on the last chunk."""
+        """Streams one call; text as it arrives, tool calls whole, usage on the last chunk.
+
+        Raises:
+            BackendError: as `complete`; an event that is not JSON is retryable
+                (garbled bytes come from a damaged transfer), one of the wrong
+                shape is not.
+        """
         body, plan = self._body(request)
         client = self._get_client()
         sdk = _sdk()
+        where = self._where(body["model"])
         assembler = StreamAssembler(plan)
         try:
             events = await client.messages.create(
@@ -139,13 +161,19 @@ class AnthropicBackend(Backend):
             )
             try:
                 async for event in events:
-                    chunk = assembler.feed(event)
+                    chunk = _feed(assembler, event, where)
                     if chunk is not None:
                         yield chunk
             finally:
                 await events.close()
         except sdk.AnthropicError as exc:
             raise self._map_error(exc, body["model"], request) from scrub_cause(exc, self.base_url)
+        except _GARBLED as exc:
+            raise BackendError(
+                f"{where} streamed an event that is not UTF-8 JSON ({_garbled(exc)})",
+                status=200,
+                retryable=True,
+            ) from exc
         yield assembler.finish()
 
     async def aclose(self) -> None:
@@ -180,6 +208,11 @@ class AnthropicBackend(Backend):
             self._client_loop = loop
         return self._client
 
+    def _where(self, model: str) -> str:
+        """Returns how errors name this endpoint: its URL (credentials masked) and the model."""
+        shown = "api.anthropic.com" if self.base_url is None else redact_url(self.base_url)
+        return f"Anthropic endpoint {shown} (model {model!r})"
+
     def _map_error(self, exc: Exception, model: str, request: Request) -> BackendError:
         """Wraps an SDK exception in plait's error family (the caller chains it).
 
@@ -188,8 +221,7 @@ class AnthropicBackend(Backend):
         """
         sdk = _sdk()
         url = self.base_url
-        shown = "api.anthropic.com" if url is None else redact_url(url)
-        where = f"Anthropic endpoint {shown} (model {model!r})"
+        where = self._where(model)
         detail = scrub_text(str(exc), url)
         if isinstance(exc, sdk.APITimeoutError):
             return BackendTimeout(f"{where} did not answer within {self._timeout(request)} s")
@@ -201,14 +233,45 @@ class AnthropicBackend(Backend):
         if status < 400:  # an ``error`` event inside a streamed 200 answer
             status = _STATUS_OF_ERROR_TYPE.get(str(getattr(exc, "type", None)), 500)
         headers = exc.response.headers
-        body = exc.body
-        raw = body if body is None or isinstance(body, str | bytes) else orjson.dumps(body)
-        error = error_from_status(status, raw, headers, where=where, url=url)
+        error = error_from_status(status, _body_text(exc.body), headers, where=where, url=url)
         # Anthropic tells clients whether a retry can help; its own SDK obeys this header.
         advice = headers.get("x-should-retry")
         if advice in ("true", "false") and not isinstance(error, RateLimitError):
             error.retryable = advice == "true"
         return error
+
+
+# The SDK decodes reply bodies and stream events with the json module and lets
+# its errors through: ValueError for text that is not JSON, not UTF-8, or holds a
+# number of more digits than Python converts; RecursionError for deep nesting.
+# Nothing else in the call raises them: the request body is built and checked first.
+_GARBLED = (ValueError, RecursionError)
+
+
+def _garbled(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "it is nested too deeply"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _body_text(body: Any) -> str | bytes | None:
+    """Returns the error body the SDK decoded as the text `error_from_status` reads."""
+    if body is None or isinstance(body, str | bytes):
+        return body
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson writes 255 levels at most; the SDK's json read more
+        return str(body)
+
+
+def _feed(assembler: StreamAssembler, event: Any, where: str) -> StreamChunk | None:
+    """Feeds one event to ``assembler``; an event of the wrong shape becomes a `BackendError`."""
+    try:
+        return assembler.feed(event)
+    except MalformedReply as exc:
+        raise BackendError(
+            f"{where} streamed a malformed event ({exc}): {preview(event)}", status=200
+        ) from None
 
 
 def _sdk() -> Any:

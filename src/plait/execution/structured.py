@@ -14,13 +14,13 @@ as invalid.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from plait._jsontext import loads
 from plait.backends.types import Message, Request, Response, ResponseSchema, Usage
 from plait.errors import StructuredOutputError
 
@@ -64,7 +64,7 @@ class OutputType:
         from pydantic import ValidationError
 
         try:
-            data = json.loads(_strip_fences(text))
+            data = loads(_strip_fences(text))
         except ValueError as exc:
             raise StructuredOutputError(
                 f"reply is not valid JSON for {self.name}: {exc}", raw=text, target=self.name

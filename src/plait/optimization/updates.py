@@ -40,6 +40,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError
 
+from plait._jsontext import loads
+
 __all__ = [
     "FeedbackSummary",
     "ParameterUpdate",
@@ -270,7 +272,7 @@ def check_update(
         old_text = as_text(old)
         if value is None:
             try:
-                value = json.loads(text)
+                value = loads(text)
             except ValueError:
                 return (
                     None,
@@ -341,6 +343,6 @@ def clip_middle(text: str, limit: int) -> str:
 def parse_leniently(text: str, target: Any) -> Any:
     """Parses JSON that has raw control characters in its strings (small models write them)."""
     try:
-        return target.model_validate(json.loads(text.strip(), strict=False))
+        return target.model_validate(loads(text.strip(), strict=False))
     except (ValueError, ValidationError):
         return None

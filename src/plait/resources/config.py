@@ -390,7 +390,7 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
         return None
     if _user_backend(provider) is not None:
         return _validate_user_entry(alias, entry, problems)
-    if provider not in _BY_PROVIDER:
+    if not isinstance(provider, str) or provider not in _BY_PROVIDER:
         problems.append(
             f"{where}: unknown provider {provider!r} in key 'provider'; known: "
             f"{_quote_list(_known_providers())}{_suggest(str(provider), _known_providers())} "
@@ -644,8 +644,10 @@ class ResourceConfig:
 
         Raises:
             ConfigError: when the file is missing, is not UTF-8, cannot be
-                parsed, has an unknown extension, or its content is invalid;
-                the message names the file (and the offending byte).
+                parsed, has an unknown extension, nests more than 100 levels
+                deep or holds more than 100,000 values (YAML aliases
+                expanded), or its content is invalid; the message names the
+                file (and the offending byte).
         """
         file = Path(path)
         suffix = file.suffix.lower()
@@ -663,6 +665,7 @@ class ResourceConfig:
         except UnicodeDecodeError as exc:
             raise _not_utf8(file, exc) from exc
         data = _READERS[suffix](text, file)
+        _check_size(data, file)
         return cls(data, source=str(file))
 
     @property
@@ -753,10 +756,14 @@ def _not_utf8(file: Path, exc: UnicodeDecodeError) -> ConfigError:
 def _read_json(text: str, file: Path) -> Any:
     import json
 
+    from plait._jsontext import loads
+
     try:
-        return json.loads(text)
+        return loads(text)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from exc
+    except ValueError as exc:  # nested too deeply, or an integer of too many digits
+        raise ConfigError(f"{file}: invalid JSON: {exc}") from None
 
 
 def _read_toml(text: str, file: Path) -> Any:
@@ -764,8 +771,10 @@ def _read_toml(text: str, file: Path) -> Any:
 
     try:
         return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except ValueError as exc:  # TOMLDecodeError, or an integer of too many digits
         raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid TOML: it is nested too deeply to read") from None
 
 
 def _read_yaml(text: str, file: Path) -> Any:
@@ -778,8 +787,48 @@ def _read_yaml(text: str, file: Path) -> Any:
         ) from exc
     try:
         return yaml.safe_load(text)
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid YAML: it is nested too deeply to read") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
+    # PyYAML lets a value it cannot build raise whatever Python raised (``2020-13-45``
+    # or ``!!float x``: ValueError; ``!!timestamp x``: AttributeError). safe_load runs
+    # no code of ours, so anything it raises means the file is not YAML it can read.
+    except Exception as exc:
+        raise ConfigError(f"{file}: invalid YAML: {type(exc).__name__}: {exc}") from exc
+
+
+_MAX_DEPTH = 100
+_MAX_VALUES = 100_000
+
+
+def _check_size(data: Any, file: Path) -> None:
+    """Refuses data nested more than `_MAX_DEPTH` deep or of more than `_MAX_VALUES` values.
+
+    Counted with YAML aliases expanded: an alias inside its own anchor makes
+    a structure without end, and anchors nested a few levels multiply, and
+    comparing or copying such a configuration would never finish. No real
+    configuration comes near either limit.
+    """
+    pending = [(data, 1)]
+    count = 0
+    while pending:
+        value, depth = pending.pop()
+        count += 1
+        if count > _MAX_VALUES:
+            raise ConfigError(
+                f"{file}: holds more than {_MAX_VALUES:,} values once YAML aliases are "
+                "expanded (anchors nested to multiply?); write the settings out plainly"
+            )
+        if depth > _MAX_DEPTH:
+            raise ConfigError(
+                f"{file}: a value is nested more than {_MAX_DEPTH} levels deep (a YAML alias "
+                "inside its own anchor?); a configuration needs a few levels at most"
+            )
+        if isinstance(value, dict):
+            pending.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1) for item in value)
 
 
 _READERS: dict[str, Callable[[str, Path], Any]] = {

@@ -26,6 +26,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from plait._jsontext import loads
 from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
 from plait.signatures.signature import FieldSpec, Signature, type_label
@@ -120,13 +121,13 @@ def _lenient_json(text: str) -> Any:
     candidate = (fenced.group(1) if fenced else text).strip()
     # strict=False: a raw newline inside a string is common in model replies.
     try:
-        return json.loads(candidate, strict=False)
+        return loads(candidate, strict=False)
     except ValueError as exc:
         first = exc
     start, end = candidate.find("{"), candidate.rfind("}")
     if 0 <= start < end:
         try:
-            return json.loads(candidate[start : end + 1], strict=False)
+            return loads(candidate[start : end + 1], strict=False)
         except ValueError:
             pass
     raise first
