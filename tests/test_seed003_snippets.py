@@ -18,6 +18,7 @@ from pydantic import Field
 import plait
 from execution.support import server_in_thread
 from plait import (
+    ChainOfThought,
     History,
     InputField,
     Module,
@@ -248,3 +249,54 @@ async def test_a_call_inside_a_running_loop_is_awaitable() -> None:
             return await predictor(question="2+2?")
 
         assert (await asyncio.create_task(from_a_task())).answer == "4"
+
+
+# ------------------------------------------------------------ writing modules
+class Signature1(Signature):
+    """Restate the question as a short topic."""
+
+    question: str = InputField()
+    output: str = OutputField()
+
+
+class Signature2(Signature):
+    """Answer about the topic."""
+
+    input: str = InputField()
+    answer: str = OutputField()
+
+
+def two_step_responder(body: dict[str, Any]) -> str:
+    user = body["messages"][-1]["content"]
+    if user.startswith("question:"):
+        return '{"output": "capital of France"}'
+    return '{"reasoning": "It is Paris.", "answer": "Paris"}'
+
+
+class Pipeline(Module):
+    def __init__(self):  # udspy's examples never call super().__init__()
+        self.step1 = Predict(Signature1)
+        self.step2 = ChainOfThought(Signature2)
+
+    async def forward(self, *, stream: bool = False, **inputs):  # udspy: aexecute
+        # Get result from first module (don't stream intermediate steps)
+        result1 = await self.step1.aforward(**inputs)
+
+        # Stream final module if requested
+        result2 = await self.step2.aforward(
+            input=result1.output,
+            stream=stream,  # Pass down stream parameter
+        )
+
+        return Prediction(final=result2.answer)
+
+
+def test_a_module_that_skips_super_init_registers_its_children() -> None:
+    pipeline = Pipeline()
+    assert [name for name, _ in pipeline.named_children()] == ["step1", "step2"]
+    assert {name for name, _ in pipeline.named_parameters()} >= {
+        "step1.instructions",
+        "step2.instructions",
+    }
+    assert pipeline.step2.instructions.path == "step2.instructions"
+    assert pipeline.training is False and pipeline.copy().step1 is not pipeline.step1

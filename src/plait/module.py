@@ -71,22 +71,29 @@ class Module:
     """`plait.callbacks.BaseCallback` objects told about this module's calls and everything
     inside them, besides those of the settings. Set it on an instance: ``m.callbacks = [cb]``."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # The registries exist before any ``__init__`` runs, so a subclass that
+        # never calls ``super().__init__()`` (udspy's examples do not) or assigns
+        # children before calling it still registers them. Copies and pickles
+        # come through here too; their saved state then replaces these defaults.
+        module = super().__new__(cls)
+        object.__setattr__(module, "_children", {})
+        object.__setattr__(module, "_parameters", {})
+        object.__setattr__(module, "_name", None)
+        object.__setattr__(module, "_training", False)
+        object.__setattr__(module, "_bound_resources", None)
+        object.__setattr__(module, "_bound_config", {})
+        return module
+
     def __init__(self) -> None:
-        object.__setattr__(self, "_children", {})
-        object.__setattr__(self, "_parameters", {})
-        object.__setattr__(self, "_name", None)
-        object.__setattr__(self, "_training", False)
-        object.__setattr__(self, "_bound_resources", None)
-        object.__setattr__(self, "_bound_config", {})
+        """Does nothing: the module's state is set up when it is created (``__new__``).
+
+        Calling ``super().__init__()`` from a subclass is harmless and may come
+        at any point of its ``__init__``; leaving it out works too.
+        """
 
     # ----------------------------------------------------------- registration
     def __setattr__(self, name: str, value: Any) -> None:
-        registries = self.__dict__.get("_children")
-        if registries is None:
-            raise AttributeError(
-                f"cannot assign {name!r} before Module.__init__() has run; "
-                f"call super().__init__() first in {type(self).__name__}.__init__"
-            )
         # Replacing an entry keeps its place (dict assignment), so named_modules()
         # order does not change when a child is swapped, as in torch.
         if isinstance(value, Module):
