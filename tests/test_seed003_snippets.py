@@ -23,6 +23,7 @@ from plait import (
     InputField,
     Module,
     OutputField,
+    OutputStreamChunk,
     Predict,
     Prediction,
     Signature,
@@ -300,3 +301,37 @@ def test_a_module_that_skips_super_init_registers_its_children() -> None:
     }
     assert pipeline.step2.instructions.path == "step2.instructions"
     assert pipeline.training is False and pipeline.copy().step1 is not pipeline.step1
+
+
+async def test_composing_modules_snippet() -> None:
+    async with ScriptedServer(responder=two_step_responder) as server:
+        plait.settings.configure(lm=server.endpoint())
+        pipeline = Pipeline()
+        result = await pipeline.aforward(question="Which city is France's capital?")
+        events = [event async for event in pipeline.astream(question="And again?")]
+    assert isinstance(result, Prediction) and result.final == "Paris"
+    assert server.stats.log[1].body["messages"][-1]["content"] == "input: capital of France"
+    # astream gives forward stream=True (udspy's astream -> aexecute(stream=True)):
+    # step2 streams, step1 was asked not to
+    chunks = [e for e in events if isinstance(e, OutputStreamChunk)]
+    assert chunks and {e.module for e in chunks} == {"step2"}
+    assert isinstance(events[-1], Prediction) and events[-1].final == "Paris"
+
+
+async def test_aforward_stream_false_keeps_a_call_out_of_the_stream() -> None:
+    class Quiet(Module):
+        def __init__(self) -> None:
+            self.inner = Predict(QA)
+
+        async def forward(self, question: str) -> Prediction:
+            loud = await self.inner.aforward(question=question, stream=True)
+            await self.inner.aforward(question=question, stream=False)
+            await self.inner.aforward(question=question)  # udspy: aforward does not stream
+            return loud
+
+    async with ScriptedServer(responder=lambda body: '{"answer": "ok"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        events = [event async for event in Quiet().astream(question="q?")]
+    chunks = [e for e in events if isinstance(e, OutputStreamChunk)]
+    assert [c.content for c in chunks if c.is_complete] == ["ok"]  # one call streamed
+    assert [r.body.get("stream", False) for r in server.stats.log] == [True, False, False]

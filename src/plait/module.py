@@ -42,6 +42,7 @@ __all__ = [
     "bound_resources",
     "has_own_backward",
     "is_async_module",
+    "takes_keyword",
 ]
 
 
@@ -163,16 +164,32 @@ class Module:
             return call_bound(self, args, kwargs)
         return self._call_directly(args, kwargs)
 
-    async def aforward(self, *args: Any, **kwargs: Any) -> Any:
+    async def aforward(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """Runs the module and returns its output: ``await module.aforward(question=...)``.
 
-        The same as ``await module(...)`` (udspy's spelling; ``acall`` too),
-        and it also works for a module without LLM calls, whose direct call
-        is not awaitable. Override ``forward``, not this.
+        udspy's spelling of ``await module(...)`` (``acall`` too); it also
+        works for a module without LLM calls, whose direct call is not
+        awaitable. Override ``forward``, not this.
+
+        ``stream`` is udspy's switch: this call's events (text chunks, tool
+        events, your own) reach an enclosing ``astream`` consumer only with
+        ``stream=True``; by default they are kept out, as udspy's non-streaming
+        ``aforward`` emits nothing (``await module(...)``, plait's own form,
+        always lets them through). A ``forward`` that declares a ``stream``
+        parameter also receives the flag, to pass on to its children.
         """
-        result = self(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+        if takes_keyword(self.forward, "stream"):
+            kwargs["stream"] = stream
+        # Without a consumer there is nothing to keep out; a call to be kept
+        # out runs with no stream in its context (nor in tasks it starts).
+        muted = None if stream else _context.STREAM.set(None)
+        try:
+            result = self(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            if muted is not None:
+                _context.STREAM.reset(muted)
         return result
 
     acall = aforward
@@ -648,6 +665,22 @@ def bound_resources(module: Module) -> Any:
         seen.add(id(ancestor))
         ancestor = module_parent(ancestor)
     return None
+
+
+def takes_keyword(function: Any, name: str) -> bool:
+    """Whether ``function`` names a parameter ``name`` that a keyword argument can fill.
+
+    A ``**kwargs`` catch-all does not count: only a parameter written out
+    (``stream`` in ``async def forward(self, *, stream=False, **inputs)``).
+    """
+    try:
+        parameter = inspect.signature(function).parameters.get(name)
+    except (TypeError, ValueError):  # a builtin or C function without a signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
 def has_own_backward(module: Module) -> bool:
