@@ -27,6 +27,8 @@ from plait import (
     Predict,
     Prediction,
     Signature,
+    StreamEvent,
+    emit_event,
     tool,
 )
 from plait.signatures import ChatAdapter, JSONAdapter, make_signature
@@ -314,8 +316,65 @@ async def test_composing_modules_snippet() -> None:
     # astream gives forward stream=True (udspy's astream -> aexecute(stream=True)):
     # step2 streams, step1 was asked not to
     chunks = [e for e in events if isinstance(e, OutputStreamChunk)]
-    assert chunks and {e.module for e in chunks} == {"step2"}
+    assert chunks and {e.module_path for e in chunks} == {"step2"}
+    assert all(e.module is pipeline.step2 for e in chunks)
     assert isinstance(events[-1], Prediction) and events[-1].final == "Paris"
+
+
+class MyModule(Module):
+    def __init__(self, signature):
+        self.signature = signature
+        self.predictor = Predict(signature)
+
+    def preprocess(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {name: value.strip() for name, value in inputs.items()}
+
+    def postprocess(self, result: Prediction) -> dict[str, Any]:
+        return {"answer": result.answer.upper()}
+
+    async def forward(self, *, stream: bool = False, **inputs):  # udspy: aexecute
+        # Custom pre-processing
+        processed = self.preprocess(inputs)
+
+        # Call nested module
+        result = await self.predictor.aforward(**processed)
+
+        # Custom post-processing
+        final = self.postprocess(result)
+
+        # Anything listening to stream gets this chunk
+        emit_event(
+            OutputStreamChunk(
+                module=self,
+                field_name="answer",
+                delta=final["answer"],
+                content=final["answer"],
+                is_complete=True,
+            )
+        )
+
+        # Return final prediction
+        return Prediction(**final)
+
+
+async def test_adding_a_new_module_snippet() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "paris"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        module = MyModule(QA)
+        assert (await module.aforward(question="  Capital of France?  ")).answer == "PARIS"
+        events = [event async for event in module.astream(question="Capital of France?")]
+    assert server.stats.log[0].body["messages"][-1]["content"] == "question: Capital of France?"
+    # the predictor's own chunks stay out (aforward does not stream): one chunk, then the result
+    assert [type(e) for e in events] == [OutputStreamChunk, Prediction]
+    chunk, final = events
+    assert chunk.module is module and chunk.module_path == "MyModule"
+    assert (chunk.field_name, chunk.delta, chunk.content, chunk.is_complete) == (
+        "answer",
+        "PARIS",
+        "PARIS",
+        True,
+    )
+    assert all(isinstance(event, StreamEvent) for event in events) and final.answer == "PARIS"
 
 
 async def test_aforward_stream_false_keeps_a_call_out_of_the_stream() -> None:

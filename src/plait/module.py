@@ -277,11 +277,13 @@ class Module:
 
         ``async for event in program.astream(x)``: `plait.streaming` events
         (text per output field as the model writes it, tool calls and results,
-        your own `emit_event`s) from every module of the program, interleaved
-        as concurrent branches produce them, each naming its module path; the
-        last item is the program's output (a `Prediction` for Predict-like
-        modules). Needs resources, like ``await module(x)``. Stopping the
-        iteration cancels the program and its requests.
+        your own `emit_event`s) from every module of the program (except calls
+        made with ``aforward(..., stream=False)``), interleaved as concurrent
+        branches produce them, each naming its module (``event.module``) and
+        the path of its call (``event.module_path``); the last item is the
+        program's output (a `Prediction`, itself a `StreamEvent`, for
+        Predict-like modules). Needs resources, like ``await module(x)``.
+        Stopping the iteration cancels the program and its requests.
         """
         from plait.execution.astream import stream_events  # upper layer, loaded on first use
 
