@@ -377,6 +377,20 @@ async def test_adding_a_new_module_snippet() -> None:
     assert all(isinstance(event, StreamEvent) for event in events) and final.answer == "PARIS"
 
 
+async def test_a_module_written_with_aexecute_is_told_to_name_it_forward() -> None:
+    class Udspy(Module):
+        def __init__(self):
+            self.predictor = Predict(QA)
+
+        async def aexecute(self, *, stream: bool = False, **inputs):
+            return await self.predictor.aforward(**inputs)
+
+    with pytest.raises(NotImplementedError) as info:
+        await Udspy().aforward(question="q?")
+    assert "Udspy defines aexecute()" in str(info.value)
+    assert "async def forward(self, *, stream=False, **inputs)" in str(info.value)
+
+
 async def test_aforward_stream_false_keeps_a_call_out_of_the_stream() -> None:
     class Quiet(Module):
         def __init__(self) -> None:

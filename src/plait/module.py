@@ -149,7 +149,14 @@ class Module:
         modules return symbolic Values; at run time (or when called directly)
         they are real data.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+        name = type(self).__name__
+        if hasattr(self, "aexecute"):  # a module written for udspy
+            raise NotImplementedError(
+                f"{name} defines aexecute() (udspy's name) but plait calls forward(): rename "
+                "it `async def forward(self, *, stream=False, **inputs)`; astream() passes "
+                "stream=True"
+            )
+        raise NotImplementedError(f"{name} must implement forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         session = _context.current_trace()
