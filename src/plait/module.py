@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
+import functools
 import inspect
 import typing
 import weakref
@@ -185,7 +186,7 @@ class Module:
         always lets them through). A ``forward`` that declares a ``stream``
         parameter also receives the flag, to pass on to its children.
         """
-        if takes_keyword(self.forward, "stream"):
+        if takes_keyword(type(self).forward, "stream"):
             kwargs["stream"] = stream
         # Without a consumer there is nothing to keep out; a call to be kept
         # out runs with no stream in its context (nor in tasks it starts).
@@ -676,11 +677,15 @@ def bound_resources(module: Module) -> Any:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
 def takes_keyword(function: Any, name: str) -> bool:
     """Whether ``function`` names a parameter ``name`` that a keyword argument can fill.
 
     A ``**kwargs`` catch-all does not count: only a parameter written out
     (``stream`` in ``async def forward(self, *, stream=False, **inputs)``).
+    Remembered per function (reading a signature costs tens of microseconds,
+    and ``aforward`` asks on every call): pass the class's function,
+    ``type(module).forward``, not a bound method, which is new each time.
     """
     try:
         parameter = inspect.signature(function).parameters.get(name)

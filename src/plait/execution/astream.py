@@ -46,7 +46,7 @@ async def stream_events(
             f"{len(args[0])}; for a batch, iterate `async for result in module(batch)` "
             "inside ExecutionSettings(streaming=True)"
         )
-    if "stream" not in kwargs and takes_keyword(module.forward, "stream"):
+    if "stream" not in kwargs and takes_keyword(type(module).forward, "stream"):
         # udspy's astream runs aexecute(stream=True): a forward written from it
         # passes the flag on to the children it wants streamed.
         kwargs = {**kwargs, "stream": True}
