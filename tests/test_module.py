@@ -126,14 +126,19 @@ def test_register_module_and_register_parameter() -> None:
     assert dict(m.named_parameters()) == {"instructions": param}
 
 
-def test_assigning_before_super_init_is_a_clear_attribute_error() -> None:
-    class Forgetful(Module):
+def test_children_assigned_before_super_init_or_without_it_are_registered() -> None:
+    class Late(Module):
         def __init__(self) -> None:
             self.llm = LLMInference("fast")
-            super().__init__()
+            super().__init__()  # after the assignment: keeps what was registered
 
-    with pytest.raises(AttributeError, match=r"call super\(\)\.__init__\(\) first in Forgetful"):
-        Forgetful()
+    class Without(Module):
+        def __init__(self) -> None:
+            self.llm = LLMInference("fast")
+
+    for module in (Late(), Without()):
+        assert dict(module.named_children()) == {"llm": module.llm}
+        assert module.llm._name == "llm" and module.training is False
 
 
 # --------------------------------------------------------------- traversal

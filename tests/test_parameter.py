@@ -15,7 +15,7 @@ def learnable(value: str = "Be concise.") -> Parameter:
 
 # ------------------------------------------------------------------ validation
 def test_learnable_parameter_without_description_is_a_value_error() -> None:
-    with pytest.raises(ValueError, match="needs a description"):
+    with pytest.raises(ValueError, match="has no description"):
         Parameter("Be concise.")
 
 

@@ -249,3 +249,44 @@ def test_a_module_starts_in_eval_mode() -> None:
     # for Value[T]; plait keeps eval as the default (see docs/porting.md).
     assert Module().training is False
     assert seed_programs.DeepPipeline().train().stage3.synthesizer.training is True
+
+
+# ---------------------------------------------------------------- Parameter
+def test_parameter_feedback_buffer_snippet() -> None:
+    param = Parameter("Be concise.", description="Tone of the summary.")
+    param.accumulate_feedback("too long")
+    assert param._feedback_buffer == ["too long"]  # the seed's private buffer
+    assert param.get_accumulated_feedback() == list(param._feedback_buffer)
+    param.apply_update("Be brief.")  # "self._feedback_buffer.clear()"
+    assert param._feedback_buffer == [] and str(param) == "Be brief."
+
+
+def test_a_learnable_parameter_without_a_description_says_what_to_write() -> None:
+    # Seed 000: `description: str | None = None  # Required when requires_grad=True`
+    with pytest.raises(ValueError) as info:
+        Parameter("Be concise.")
+    message = str(info.value)
+    assert "Parameter('Be concise.')" in message and "\n" not in message
+    assert "description=" in message and "requires_grad=False" in message
+    assert Parameter("fixed", description=None, requires_grad=False).description is None
+
+
+def test_parameters_are_equal_only_to_themselves_and_same_as_compares_fields() -> None:
+    # The seed's dataclass compares fields; plait's Parameter compares identity,
+    # because optimizers key their state by parameter: two parameters holding the
+    # same text are still two parameters (see docs/porting.md).
+    param1 = Parameter("value", description="Test description", requires_grad=True)
+    param2 = Parameter("value", description="Test description", requires_grad=True)
+    assert param1 != param2 and param1.same_as(param2)
+    assert len({param1, param2}) == 2 and {param1: 1, param2: 2}[param1] == 1
+    param1.accumulate_feedback("feedback")  # feedback and names are not what it is
+    Module().prompt = param2
+    assert param1.same_as(param2)
+    for other in (
+        Parameter("value2", description="Test description"),
+        Parameter("value", description="Description 2"),
+        Parameter("value", description="Test description", requires_grad=False),
+        Parameter("value", description="Test description", value_type=str),
+    ):
+        assert not param1.same_as(other)
+    assert not param1.same_as("value")

@@ -25,6 +25,8 @@ from plait import (
     ReAct,
     ResumeState,
     StreamEvent,
+    ToolCallEvent,
+    ToolResultEvent,
     confirm_first,
     emit_event,
     tool,
@@ -75,6 +77,29 @@ async def test_custom_stream_events_snippet() -> None:
         events = [event async for event in agent.astream(question="find x")]
     progress = [e for e in events if isinstance(e, ToolProgress)]
     assert progress == [ToolProgress("search", 0.5, "Searching...")]
+
+
+async def test_the_stream_is_all_stream_events_and_each_names_its_module_object() -> None:
+    @tool
+    def search(query: str) -> str:
+        """Searches."""
+        return "found"
+
+    replies = iter(
+        [{"tool_calls": [{"name": "search", "arguments": {"query": "x"}}]}, '{"answer": "ok"}']
+    )
+    async with ScriptedServer(responder=lambda body: next(replies)) as server:
+        plait.settings.configure(lm=server.endpoint())
+        agent = ReAct("question -> answer", tools=[search])
+        # udspy: the Prediction is the stream's last event, a StreamEvent like the others
+        events = [e async for e in agent.astream(question="x?") if isinstance(e, StreamEvent)]
+    assert isinstance(events[-1], Prediction) and events[-1].answer == "ok"
+    named = [
+        e for e in events if isinstance(e, OutputStreamChunk | ToolCallEvent | ToolResultEvent)
+    ]
+    assert {type(e) for e in named} == {OutputStreamChunk, ToolCallEvent, ToolResultEvent}
+    assert all(e.module is agent and e.module_path == "ReAct" for e in named)
+    assert "module=" not in repr(named[0]) and "module_path='ReAct'" in repr(named[0])
 
 
 def delete_files_responder(body: dict[str, Any]) -> Any:

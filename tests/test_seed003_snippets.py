@@ -18,13 +18,17 @@ from pydantic import Field
 import plait
 from execution.support import server_in_thread
 from plait import (
+    ChainOfThought,
     History,
     InputField,
     Module,
     OutputField,
+    OutputStreamChunk,
     Predict,
     Prediction,
     Signature,
+    StreamEvent,
+    emit_event,
     tool,
 )
 from plait.signatures import ChatAdapter, JSONAdapter, make_signature
@@ -248,3 +252,159 @@ async def test_a_call_inside_a_running_loop_is_awaitable() -> None:
             return await predictor(question="2+2?")
 
         assert (await asyncio.create_task(from_a_task())).answer == "4"
+
+
+# ------------------------------------------------------------ writing modules
+class Signature1(Signature):
+    """Restate the question as a short topic."""
+
+    question: str = InputField()
+    output: str = OutputField()
+
+
+class Signature2(Signature):
+    """Answer about the topic."""
+
+    input: str = InputField()
+    answer: str = OutputField()
+
+
+def two_step_responder(body: dict[str, Any]) -> str:
+    user = body["messages"][-1]["content"]
+    if user.startswith("question:"):
+        return '{"output": "capital of France"}'
+    return '{"reasoning": "It is Paris.", "answer": "Paris"}'
+
+
+class Pipeline(Module):
+    def __init__(self):  # udspy's examples never call super().__init__()
+        self.step1 = Predict(Signature1)
+        self.step2 = ChainOfThought(Signature2)
+
+    async def forward(self, *, stream: bool = False, **inputs):  # udspy: aexecute
+        # Get result from first module (don't stream intermediate steps)
+        result1 = await self.step1.aforward(**inputs)
+
+        # Stream final module if requested
+        result2 = await self.step2.aforward(
+            input=result1.output,
+            stream=stream,  # Pass down stream parameter
+        )
+
+        return Prediction(final=result2.answer)
+
+
+def test_a_module_that_skips_super_init_registers_its_children() -> None:
+    pipeline = Pipeline()
+    assert [name for name, _ in pipeline.named_children()] == ["step1", "step2"]
+    assert {name for name, _ in pipeline.named_parameters()} >= {
+        "step1.instructions",
+        "step2.instructions",
+    }
+    assert pipeline.step2.instructions.path == "step2.instructions"
+    assert pipeline.training is False and pipeline.copy().step1 is not pipeline.step1
+
+
+async def test_composing_modules_snippet() -> None:
+    async with ScriptedServer(responder=two_step_responder) as server:
+        plait.settings.configure(lm=server.endpoint())
+        pipeline = Pipeline()
+        result = await pipeline.aforward(question="Which city is France's capital?")
+        events = [event async for event in pipeline.astream(question="And again?")]
+    assert isinstance(result, Prediction) and result.final == "Paris"
+    assert server.stats.log[1].body["messages"][-1]["content"] == "input: capital of France"
+    # astream gives forward stream=True (udspy's astream -> aexecute(stream=True)):
+    # step2 streams, step1 was asked not to
+    chunks = [e for e in events if isinstance(e, OutputStreamChunk)]
+    assert chunks and {e.module_path for e in chunks} == {"step2"}
+    assert all(e.module is pipeline.step2 for e in chunks)
+    assert isinstance(events[-1], Prediction) and events[-1].final == "Paris"
+
+
+class MyModule(Module):
+    def __init__(self, signature):
+        self.signature = signature
+        self.predictor = Predict(signature)
+
+    def preprocess(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return {name: value.strip() for name, value in inputs.items()}
+
+    def postprocess(self, result: Prediction) -> dict[str, Any]:
+        return {"answer": result.answer.upper()}
+
+    async def forward(self, *, stream: bool = False, **inputs):  # udspy: aexecute
+        # Custom pre-processing
+        processed = self.preprocess(inputs)
+
+        # Call nested module
+        result = await self.predictor.aforward(**processed)
+
+        # Custom post-processing
+        final = self.postprocess(result)
+
+        # Anything listening to stream gets this chunk
+        emit_event(
+            OutputStreamChunk(
+                module=self,
+                field_name="answer",
+                delta=final["answer"],
+                content=final["answer"],
+                is_complete=True,
+            )
+        )
+
+        # Return final prediction
+        return Prediction(**final)
+
+
+async def test_adding_a_new_module_snippet() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "paris"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        module = MyModule(QA)
+        assert (await module.aforward(question="  Capital of France?  ")).answer == "PARIS"
+        events = [event async for event in module.astream(question="Capital of France?")]
+    assert server.stats.log[0].body["messages"][-1]["content"] == "question: Capital of France?"
+    # the predictor's own chunks stay out (aforward does not stream): one chunk, then the result
+    assert [type(e) for e in events] == [OutputStreamChunk, Prediction]
+    chunk, final = events
+    assert chunk.module is module and chunk.module_path == "MyModule"
+    assert (chunk.field_name, chunk.delta, chunk.content, chunk.is_complete) == (
+        "answer",
+        "PARIS",
+        "PARIS",
+        True,
+    )
+    assert all(isinstance(event, StreamEvent) for event in events) and final.answer == "PARIS"
+
+
+async def test_a_module_written_with_aexecute_is_told_to_name_it_forward() -> None:
+    class Udspy(Module):
+        def __init__(self):
+            self.predictor = Predict(QA)
+
+        async def aexecute(self, *, stream: bool = False, **inputs):
+            return await self.predictor.aforward(**inputs)
+
+    with pytest.raises(NotImplementedError) as info:
+        await Udspy().aforward(question="q?")
+    assert "Udspy defines aexecute()" in str(info.value)
+    assert "async def forward(self, *, stream=False, **inputs)" in str(info.value)
+
+
+async def test_aforward_stream_false_keeps_a_call_out_of_the_stream() -> None:
+    class Quiet(Module):
+        def __init__(self) -> None:
+            self.inner = Predict(QA)
+
+        async def forward(self, question: str) -> Prediction:
+            loud = await self.inner.aforward(question=question, stream=True)
+            await self.inner.aforward(question=question, stream=False)
+            await self.inner.aforward(question=question)  # udspy: aforward does not stream
+            return loud
+
+    async with ScriptedServer(responder=lambda body: '{"answer": "ok"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        events = [event async for event in Quiet().astream(question="q?")]
+    chunks = [e for e in events if isinstance(e, OutputStreamChunk)]
+    assert [c.content for c in chunks if c.is_complete] == ["ok"]  # one call streamed
+    assert [r.body.get("stream", False) for r in server.stats.log] == [True, False, False]

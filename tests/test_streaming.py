@@ -40,7 +40,7 @@ def chunks(events: list[Any], module: str, field: str = "text") -> list[Any]:
     return [
         e
         for e in events
-        if isinstance(e, OutputStreamChunk) and e.module == module and e.field_name == field
+        if isinstance(e, OutputStreamChunk) and e.module_path == module and e.field_name == field
     ]
 
 
@@ -82,12 +82,14 @@ async def test_concurrent_branches_interleave_and_each_event_names_its_module() 
     async with ScriptedServer(stream_pieces=3, latency=0.05) as server:
         program = Views().bind(endpoint(server))
         events = await collect(program, "a b c")
-    modules = [e.module for e in events if isinstance(e, OutputStreamChunk)]
+    modules = [e.module_path for e in events if isinstance(e, OutputStreamChunk)]
     assert set(modules) == {"tech", "biz", "user", "summary"}
+    writers = {e.module_path: e.module for e in events if isinstance(e, OutputStreamChunk)}
+    assert all(writers[name] is getattr(program, name) for name in modules)
     # the summary starts only after the three branches ended (it reads their text)
     first_summary = modules.index("summary")
     assert {"tech", "biz", "user"} <= set(modules[:first_summary])
-    done = [e.module for e in events if isinstance(e, OutputStreamChunk) and e.is_complete]
+    done = [e.module_path for e in events if isinstance(e, OutputStreamChunk) and e.is_complete]
     assert done[-1] == "summary"
     assert events[-1]["summary"].startswith("echo: echo: a b c")
 
@@ -142,7 +144,8 @@ async def test_a_stream_that_breaks_is_retried_and_the_consumer_is_told_to_resta
         program = LLMInference("llm").bind(endpoint(server, max_retries=2))
         events = await collect(program, "alpha beta gamma")
     restart = [e for e in events if isinstance(e, StreamRestart)]
-    assert len(restart) == 1 and restart[0].module == "LLMInference"
+    assert len(restart) == 1 and restart[0].module_path == "LLMInference"
+    assert restart[0].module is program
     after = events[events.index(restart[0]) + 1 :]
     text = "".join(c.delta for c in chunks(after, "LLMInference"))
     assert text == "echo: alpha beta gamma"  # no duplicated text after the restart

@@ -113,17 +113,18 @@ def test_valueify_of_an_exception_never_raised_has_no_traceback() -> None:
     assert "traceback" not in value.meta
 
 
-def test_valueify_recurses_into_containers_keeping_their_shape() -> None:
-    wrapped = valueify({"a": ["x", 1, (2.0, None)], "b": {"c": b"z"}})
-    assert isinstance(wrapped, dict)
-    assert list(wrapped) == ["a", "b"]
-    a = wrapped["a"]
-    assert isinstance(a, list)
-    assert [v.kind for v in a[:2]] == [ValueKind.TEXT, ValueKind.INT]
-    assert isinstance(a[2], tuple)
-    assert [v.kind for v in a[2]] == [ValueKind.FLOAT, ValueKind.OTHER]
-    assert wrapped["b"]["c"].kind is ValueKind.BINARY
-    assert unwrap(wrapped) == {"a": ["x", 1, (2.0, None)], "b": {"c": b"z"}}
+def test_valueify_wraps_batches_element_wise_and_a_dict_as_one_record() -> None:
+    wrapped = valueify(["x", 1, (2.0, None), {"c": b"z"}])
+    assert isinstance(wrapped, list)
+    assert [v.kind for v in wrapped[:2]] == [ValueKind.TEXT, ValueKind.INT]
+    assert isinstance(wrapped[2], tuple)
+    assert [v.kind for v in wrapped[2]] == [ValueKind.FLOAT, ValueKind.OTHER]
+    assert (wrapped[3].kind, wrapped[3].payload) == (ValueKind.STRUCTURED, {"c": b"z"})
+    assert unwrap(wrapped) == ["x", 1, (2.0, None), {"c": b"z"}]
+    record = {"a": ["x", 1], "b": {"c": b"z"}}
+    value = valueify(record)
+    assert value.kind is ValueKind.STRUCTURED and value.payload is record
+    assert value["b"]["c"].kind is ValueKind.BINARY and unwrap(value) == record
 
 
 def test_valueify_wraps_a_namedtuple_whole_as_one_record() -> None:

@@ -84,6 +84,16 @@ them be profiled, traced, streamed and failed under their full path and the
 item's index.
 """
 
+
+def module_path(module: Any) -> str:
+    """Returns the path of the call of ``module`` running now (its node's path, else its name).
+
+    What trace records and stream events name a module by.
+    """
+    path = NODE_SCOPE.get()[0]
+    return path or getattr(module, "_name", None) or type(module).__name__
+
+
 STREAM: ContextVar[Any] = ContextVar("plait_stream", default=None)
 """The event stream of an active ``module.astream(...)``, if any (see `plait.streaming`)."""
 

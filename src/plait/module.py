@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy as _copy
 import dataclasses
+import functools
 import inspect
 import typing
 import weakref
@@ -42,6 +43,7 @@ __all__ = [
     "bound_resources",
     "has_own_backward",
     "is_async_module",
+    "takes_keyword",
 ]
 
 
@@ -71,22 +73,29 @@ class Module:
     """`plait.callbacks.BaseCallback` objects told about this module's calls and everything
     inside them, besides those of the settings. Set it on an instance: ``m.callbacks = [cb]``."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self:
+        # The registries exist before any ``__init__`` runs, so a subclass that
+        # never calls ``super().__init__()`` (udspy's examples do not) or assigns
+        # children before calling it still registers them. Copies and pickles
+        # come through here too; their saved state then replaces these defaults.
+        module = super().__new__(cls)
+        object.__setattr__(module, "_children", {})
+        object.__setattr__(module, "_parameters", {})
+        object.__setattr__(module, "_name", None)
+        object.__setattr__(module, "_training", False)
+        object.__setattr__(module, "_bound_resources", None)
+        object.__setattr__(module, "_bound_config", {})
+        return module
+
     def __init__(self) -> None:
-        object.__setattr__(self, "_children", {})
-        object.__setattr__(self, "_parameters", {})
-        object.__setattr__(self, "_name", None)
-        object.__setattr__(self, "_training", False)
-        object.__setattr__(self, "_bound_resources", None)
-        object.__setattr__(self, "_bound_config", {})
+        """Does nothing: the module's state is set up when it is created (``__new__``).
+
+        Calling ``super().__init__()`` from a subclass is harmless and may come
+        at any point of its ``__init__``; leaving it out works too.
+        """
 
     # ----------------------------------------------------------- registration
     def __setattr__(self, name: str, value: Any) -> None:
-        registries = self.__dict__.get("_children")
-        if registries is None:
-            raise AttributeError(
-                f"cannot assign {name!r} before Module.__init__() has run; "
-                f"call super().__init__() first in {type(self).__name__}.__init__"
-            )
         # Replacing an entry keeps its place (dict assignment), so named_modules()
         # order does not change when a child is swapped, as in torch.
         if isinstance(value, Module):
@@ -141,7 +150,14 @@ class Module:
         modules return symbolic Values; at run time (or when called directly)
         they are real data.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement forward()")
+        name = type(self).__name__
+        if hasattr(self, "aexecute"):  # a module written for udspy
+            raise NotImplementedError(
+                f"{name} defines aexecute() (udspy's name) but plait calls forward(): rename "
+                "it `async def forward(self, *, stream=False, **inputs)`; astream() passes "
+                "stream=True"
+            )
+        raise NotImplementedError(f"{name} must implement forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         session = _context.current_trace()
@@ -156,16 +172,32 @@ class Module:
             return call_bound(self, args, kwargs)
         return self._call_directly(args, kwargs)
 
-    async def aforward(self, *args: Any, **kwargs: Any) -> Any:
+    async def aforward(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """Runs the module and returns its output: ``await module.aforward(question=...)``.
 
-        The same as ``await module(...)`` (udspy's spelling; ``acall`` too),
-        and it also works for a module without LLM calls, whose direct call
-        is not awaitable. Override ``forward``, not this.
+        udspy's spelling of ``await module(...)`` (``acall`` too); it also
+        works for a module without LLM calls, whose direct call is not
+        awaitable. Override ``forward``, not this.
+
+        ``stream`` is udspy's switch: this call's events (text chunks, tool
+        events, your own) reach an enclosing ``astream`` consumer only with
+        ``stream=True``; by default they are kept out, as udspy's non-streaming
+        ``aforward`` emits nothing (``await module(...)``, plait's own form,
+        always lets them through). A ``forward`` that declares a ``stream``
+        parameter also receives the flag, to pass on to its children.
         """
-        result = self(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
+        if takes_keyword(type(self).forward, "stream"):
+            kwargs["stream"] = stream
+        # Without a consumer there is nothing to keep out; a call to be kept
+        # out runs with no stream in its context (nor in tasks it starts).
+        muted = None if stream else _context.STREAM.set(None)
+        try:
+            result = self(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            if muted is not None:
+                _context.STREAM.reset(muted)
         return result
 
     acall = aforward
@@ -253,11 +285,13 @@ class Module:
 
         ``async for event in program.astream(x)``: `plait.streaming` events
         (text per output field as the model writes it, tool calls and results,
-        your own `emit_event`s) from every module of the program, interleaved
-        as concurrent branches produce them, each naming its module path; the
-        last item is the program's output (a `Prediction` for Predict-like
-        modules). Needs resources, like ``await module(x)``. Stopping the
-        iteration cancels the program and its requests.
+        your own `emit_event`s) from every module of the program (except calls
+        made with ``aforward(..., stream=False)``), interleaved as concurrent
+        branches produce them, each naming its module (``event.module``) and
+        the path of its call (``event.module_path``); the last item is the
+        program's output (a `Prediction`, itself a `StreamEvent`, for
+        Predict-like modules). Needs resources, like ``await module(x)``.
+        Stopping the iteration cancels the program and its requests.
         """
         from plait.execution.astream import stream_events  # upper layer, loaded on first use
 
@@ -641,6 +675,26 @@ def bound_resources(module: Module) -> Any:
         seen.add(id(ancestor))
         ancestor = module_parent(ancestor)
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def takes_keyword(function: Any, name: str) -> bool:
+    """Whether ``function`` names a parameter ``name`` that a keyword argument can fill.
+
+    A ``**kwargs`` catch-all does not count: only a parameter written out
+    (``stream`` in ``async def forward(self, *, stream=False, **inputs)``).
+    Remembered per function (reading a signature costs tens of microseconds,
+    and ``aforward`` asks on every call): pass the class's function,
+    ``type(module).forward``, not a bound method, which is new each time.
+    """
+    try:
+        parameter = inspect.signature(function).parameters.get(name)
+    except (TypeError, ValueError):  # a builtin or C function without a signature
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
 def has_own_backward(module: Module) -> bool:

@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 from plait._context import current_trace
+from plait.feedback import clip
 from plait.values import placeholder
 
 __all__ = ["Parameter", "module_parent"]
@@ -35,6 +36,10 @@ class Parameter:
     Raises:
         ValueError: a learnable parameter has no description.
 
+    Parameters are equal only to themselves (`==`, `hash`): optimizers keep
+    their state per parameter, and two parameters holding the same text are
+    still two parameters. `same_as` compares what two parameters hold.
+
     Example::
 
         >>> p = Parameter("Be concise.", description="Tone of the summary.")
@@ -45,7 +50,7 @@ class Parameter:
     _is_plait_parameter = True
 
     __slots__ = (
-        "_feedback",
+        "_feedback_buffer",
         "_name",
         "_owner",
         "description",
@@ -65,10 +70,11 @@ class Parameter:
         value_type: Any = None,
     ) -> None:
         if requires_grad and not (description and description.strip()):
+            shown = clip(repr(value), 60)
             raise ValueError(
-                "a learnable Parameter needs a description of its role, e.g. "
-                "Parameter(value, description='Instructions for the summarizer'); "
-                "pass requires_grad=False for a fixed value"
+                f"Parameter({shown}) is learnable but has no description of its role, which "
+                f"an optimizer rewriting it needs: write Parameter({shown}, description="
+                "'Instructions for the summarizer'), or pass requires_grad=False for a fixed value"
             )
         self.value = value
         self.value_type = value_type
@@ -78,7 +84,8 @@ class Parameter:
         self._owner: weakref.ref[Any] | None = None
         """The module that registered it under ``_name`` (weak: a parameter does not keep
         its module alive); None until registered."""
-        self._feedback: list[str] = []
+        self._feedback_buffer: list[str] = []
+        """Feedback collected since the last update (seed 000's name for it)."""
         self.dropped_feedback = 0
         """Feedback items dropped since the last update because the buffer was full."""
         self.graph_level: int | None = None
@@ -131,6 +138,20 @@ class Parameter:
     __eq__ = object.__eq__
     __hash__ = object.__hash__
 
+    def same_as(self, other: object) -> bool:
+        """Whether ``other`` is a parameter holding the same value and settings.
+
+        Compares value, description, requires_grad and value_type: what seed
+        000's dataclass ``==`` compares, minus the name it is registered under
+        and the feedback collected so far. (``==`` itself is identity.)
+        """
+        return isinstance(other, Parameter) and (
+            self.value,
+            self.description,
+            self.requires_grad,
+            self.value_type,
+        ) == (other.value, other.description, other.requires_grad, other.value_type)
+
     def __str__(self) -> str:
         session = current_trace()
         if session is not None:
@@ -165,14 +186,14 @@ class Parameter:
         text = str(feedback)
         if len(text) > self.max_feedback_chars:
             text = text[: self.max_feedback_chars] + " …[cut]"
-        self._feedback.append(text)
-        if len(self._feedback) > self.max_feedback:
-            del self._feedback[0]
+        self._feedback_buffer.append(text)
+        if len(self._feedback_buffer) > self.max_feedback:
+            del self._feedback_buffer[0]
             self.dropped_feedback += 1
 
     def get_accumulated_feedback(self) -> list[str]:
         """Returns a copy of the feedback collected since the last update."""
-        return list(self._feedback)
+        return list(self._feedback_buffer)
 
     def apply_update(self, new_value: Any) -> None:
         """Sets an optimizer-computed value and clears the consumed feedback."""
@@ -181,7 +202,7 @@ class Parameter:
 
     def zero_feedback(self) -> None:
         """Clears collected feedback, like ``zero_grad``."""
-        self._feedback.clear()
+        self._feedback_buffer.clear()
         self.dropped_feedback = 0
         self.graph_level = None
 

@@ -5,7 +5,8 @@ program and yields `StreamEvent`s as they happen — text as the model writes
 it, per output field; tool calls and their results; your own progress events
 — and, last, the program's output (a `Prediction` for Predict-like modules).
 Events of concurrent branches interleave as they happen; each names the
-module (its dotted path) it came from.
+module it came from (``event.module``, the object, and ``event.module_path``,
+the dotted path of its call).
 
 Anything running inside the program reaches the consumer with `emit_event`,
 which is a cheap no-op when nobody streams. The stream is bounded: when the
@@ -30,7 +31,7 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from plait import _context
@@ -51,9 +52,11 @@ __all__ = [
 ]
 
 
-@dataclass
 class StreamEvent:
     """Base class of every event; subclass it (a dataclass) for your own progress events.
+
+    A `Prediction` is one too: the last item of a Predict-like module's
+    stream, so ``isinstance(event, StreamEvent)`` keeps it, as in udspy.
 
     Example::
 
@@ -65,13 +68,34 @@ class StreamEvent:
         emit_event(Progress("download", 0.5))   # from a forward, a tool, anywhere inside
     """
 
+    __slots__ = ()
 
-@dataclass
-class OutputStreamChunk(StreamEvent):
-    """New text of one output field of one module call."""
+
+class _NamesItsModule:
+    """What every event that comes from one module call carries: the module and its path.
+
+    ``module`` is the object (seed 003's chunk gives the module itself); it
+    is left out of the repr, which would print its whole tree.
+    ``module_path`` is the dotted path of the call (``summarizer``,
+    ``stage1.llm``), which tells two calls of one shared module apart; when
+    an event is made without it, it is the path of the module call running
+    where the event is made.
+    """
 
     module: Any
-    """The dotted path of the module that writes the field (``""`` for the program itself)."""
+    module_path: str
+
+    def __post_init__(self) -> None:
+        if not self.module_path:
+            self.module_path = _context.module_path(self.module)
+
+
+@dataclass
+class OutputStreamChunk(_NamesItsModule, StreamEvent):
+    """New text of one output field of one module call."""
+
+    module: Any = field(repr=False)
+    """The module that writes the field."""
     field_name: str
     """The output field: a signature's field, ``text`` for a plain reply."""
     delta: str
@@ -80,6 +104,8 @@ class OutputStreamChunk(StreamEvent):
     """The field's text so far (JSON text for a field that is not a string)."""
     is_complete: bool = False
     """True on the field's last chunk: ``content`` is then whole."""
+    module_path: str = ""
+    """The dotted path of that module's call."""
 
 
 @dataclass
@@ -88,33 +114,42 @@ class ThoughtStreamChunk(OutputStreamChunk):
 
 
 @dataclass
-class ToolCallEvent(StreamEvent):
+class ToolCallEvent(_NamesItsModule, StreamEvent):
     """A module is about to run a tool the model asked for."""
 
-    module: str
+    module: Any = field(repr=False)
+    """The module that runs the tool."""
     tool_name: str
     arguments: Any
     """The arguments: a dict when they were valid JSON, else the model's text."""
     call_id: str = ""
+    module_path: str = ""
+    """The dotted path of that module's call."""
 
 
 @dataclass
-class ToolResultEvent(StreamEvent):
+class ToolResultEvent(_NamesItsModule, StreamEvent):
     """What that tool call returned (``content`` is what the model is shown)."""
 
-    module: str
+    module: Any = field(repr=False)
+    """The module that ran the tool."""
     tool_name: str
     content: str
     ok: bool = True
     call_id: str = ""
+    module_path: str = ""
+    """The dotted path of that module's call."""
 
 
 @dataclass
-class StreamRestart(StreamEvent):
+class StreamRestart(_NamesItsModule, StreamEvent):
     """Discard what ``module`` streamed so far: its reply is being produced again."""
 
-    module: str
+    module: Any = field(repr=False)
+    """The module whose reply starts again."""
     reason: str
+    module_path: str = ""
+    """The dotted path of that module's call."""
 
 
 class _Ready:
@@ -214,11 +249,13 @@ class FieldStreamer:
     """Turns the growing text of one reply into per-field chunk events.
 
     Args:
-        module: the path events name.
+        module: the module whose reply it is; events name it.
         split: returns ``{field: text so far}`` for the reply text so far,
             fields in order (a JSON object parsed partially, marker sections,
             or the whole text as one field).
         thought_fields: fields whose chunks are `ThoughtStreamChunk`.
+        path: the dotted path of the call, when the caller knows it better
+            than the running module call does (an LLM node of a graph).
 
     A field is complete once a later field has begun, or when `finish` is
     called at the end of the reply.
@@ -226,11 +263,13 @@ class FieldStreamer:
 
     def __init__(
         self,
-        module: str,
+        module: Any,
         split: Callable[[str], dict[str, str]],
         thought_fields: frozenset[str] = frozenset(),
+        path: str = "",
     ) -> None:
         self.module = module
+        self.path = path or _context.module_path(module)
         self._split = split
         self._thoughts = thought_fields
         self._text: list[str] = []
@@ -251,7 +290,7 @@ class FieldStreamer:
     async def restart(self, reason: str) -> None:
         """Emits `StreamRestart` and forgets the text so far (the reply comes again)."""
         if self.started:
-            await emit_event(StreamRestart(self.module, reason))
+            await emit_event(StreamRestart(self.module, reason, self.path))
         self._text.clear()
         self._contents.clear()
         self._complete.clear()
@@ -277,7 +316,7 @@ class FieldStreamer:
             if done:
                 self._complete.add(name)
             chunk = ThoughtStreamChunk if name in self._thoughts else OutputStreamChunk
-            await emit_event(chunk(self.module, name, delta, content, done))
+            await emit_event(chunk(self.module, name, delta, content, done, self.path))
 
 
 def whole_text(field_name: str) -> Callable[[str], dict[str, str]]:

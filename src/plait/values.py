@@ -483,12 +483,13 @@ def _is_model_instance(x: Any) -> bool:
     return hasattr(type(x), "model_fields") and hasattr(x, "model_dump")
 
 
-def _lift_parameter(param: Any) -> Value:
+def _lift_parameter(param: Any, kind: ValueKind | None) -> Value:
     session = current_trace()
     # Inside a trace, names are relative to the traced program (the graph's
     # parameter table); outside, the dotted path from the root of the tree.
     ref = session.param_ref(param) if session is not None else f"param:{param.path}"
-    kind = ValueKind.TEXT if isinstance(param.value, str) else ValueKind.STRUCTURED
+    if kind is None:
+        kind = ValueKind.TEXT if isinstance(param.value, str) else ValueKind.STRUCTURED
     meta = {"param_name": ref[6:], "param_id": id(param)}
     if session is not None:
         traced = symbolic(kind, ref)
@@ -498,18 +499,21 @@ def _lift_parameter(param: Any) -> Value:
 
 
 def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:
-    """Wraps raw data into Values, recursing into lists, tuples and dicts.
+    """Wraps raw data into Values; a list or tuple is a batch, each element wrapped.
 
-    Containers keep their shape and each element becomes a Value; pass
-    ``kind`` to wrap a whole container as one Value instead (e.g.
-    ``valueify({"user": ...}, kind=ValueKind.STRUCTURED)``). A `Parameter` is
-    lifted to a Value whose ref is ``param:<dotted.name>``. Values pass
-    through unchanged (``kind`` re-labels them).
+    Lists and tuples keep their shape and each element becomes a Value. A
+    dict is one record: a ``Value(STRUCTURED)`` holding it, so that
+    ``valueify({"user": {"name": "Ada"}})["user"]["name"]`` selects through
+    ``F.select`` (one node per ``[]`` while tracing), as seed 001 writes it.
+    Pass ``kind`` to wrap anything, a list too, as one Value of that kind. A
+    `Parameter` is lifted to a Value whose ref is ``param:<dotted.name>``
+    (of kind ``kind`` when given). Values pass through unchanged (``kind``
+    re-labels them).
     """
     if isinstance(x, Value):
         return x if kind is None or kind is x.kind else dataclasses.replace(x, kind=kind)
     if getattr(x, "_is_plait_parameter", False):
-        return _lift_parameter(x)
+        return _lift_parameter(x, kind)
     if kind is not None:
         if isinstance(x, BaseException) or kind is ValueKind.ERROR:
             return error_value(x if isinstance(x, BaseException) else str(x))
@@ -518,8 +522,6 @@ def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:
         return [valueify(item) for item in x]
     if isinstance(x, tuple) and not hasattr(x, "_fields"):
         return tuple(valueify(item) for item in x)
-    if isinstance(x, dict):
-        return {key: valueify(item) for key, item in x.items()}
     if isinstance(x, BaseException):
         return error_value(x)
     return Value(_infer_kind(x), x)

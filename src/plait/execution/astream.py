@@ -20,6 +20,7 @@ from typing import Any
 from plait import _context
 from plait.errors import ExecutionInterrupt
 from plait.execution.run import execute_bound, is_batch
+from plait.module import takes_keyword
 from plait.streaming import EventStream
 
 __all__ = ["stream_events"]
@@ -29,6 +30,9 @@ async def stream_events(
     module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> AsyncIterator[Any]:
     """Yields the `StreamEvent`s of one call of ``module``, then its output (the last item).
+
+    A ``forward`` that declares a ``stream`` parameter is called with
+    ``stream=True`` unless the caller gave it (see `Module.aforward`).
 
     Raises:
         TypeError: the first argument is a batch (stream batches with
@@ -42,6 +46,10 @@ async def stream_events(
             f"{len(args[0])}; for a batch, iterate `async for result in module(batch)` "
             "inside ExecutionSettings(streaming=True)"
         )
+    if "stream" not in kwargs and takes_keyword(type(module).forward, "stream"):
+        # udspy's astream runs aexecute(stream=True): a forward written from it
+        # passes the flag on to the children it wants streamed.
+        kwargs = {**kwargs, "stream": True}
     work = execute_bound(module, args, kwargs)
     stream = EventStream()
     context = contextvars.copy_context()

@@ -118,7 +118,7 @@ async def call_llm(
     use_cache = USE_CACHE.get()
     fmt = module.response_format
     sink = (
-        FieldStreamer(path, whole_text("text") if fmt is None else json_fields)
+        FieldStreamer(module, whole_text("text") if fmt is None else json_fields, path=path)
         if is_streaming()
         else None
     )

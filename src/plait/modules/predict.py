@@ -28,7 +28,7 @@ from plait.execution.settings import OPTION_NAMES
 from plait.execution.structured import Attempt, ask_structured
 from plait.module import Module
 from plait.modules.prediction import Prediction
-from plait.modules.traces import module_path, record_trace
+from plait.modules.traces import record_trace
 from plait.parameter import Parameter
 from plait.signatures.adapters import Adapter, JSONAdapter
 from plait.signatures.signature import Signature, as_signature
@@ -276,7 +276,7 @@ class Predict(Module):
             return None
         split = getattr(self.adapter, "stream_fields", None)
         splitter = whole_text("text") if split is None else split
-        return FieldStreamer(module_path(self), splitter, self.thought_fields)
+        return FieldStreamer(self, splitter, self.thought_fields)
 
     def declared_output_types(self) -> tuple[Any, ...]:
         """Returns `Prediction` (from ``forward``) and the signature's output field types."""

@@ -6,11 +6,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from plait.backends.types import Message, ToolCall, Usage
+from plait.streaming import StreamEvent
 
 __all__ = ["Prediction"]
 
 
-class Prediction(Mapping[str, Any]):
+class Prediction(Mapping[str, Any], StreamEvent):
     """Read-only outputs by field name, reachable as attributes or keys.
 
     Args:
@@ -35,7 +36,9 @@ class Prediction(Mapping[str, Any]):
     An output named like one of the attributes above (``usage``, ``raw``,
     ``messages``, ``to_dict``, ``keys`` …) is still reachable as ``pred["usage"]``.
     It is a `Mapping`, not a dict, so a program's output keeps its type
-    through execution and ``pred.answer`` works on traced values too.
+    through execution and ``pred.answer`` works on traced values too. It is
+    also a `StreamEvent`: the last item ``astream`` yields, as udspy's stream
+    ends with its Prediction.
     """
 
     __slots__ = (

@@ -417,7 +417,7 @@ class ReAct(Module):
         sink = None
         if is_streaming():
             split = getattr(self.adapter, "stream_fields", None)
-            sink = FieldStreamer(module_path(self), split or whole_text("text"))
+            sink = FieldStreamer(self, split or whole_text("text"))
         return await ask_step(
             self,
             request,
@@ -436,7 +436,7 @@ class ReAct(Module):
         needs approval raises `ConfirmationRequired` (collected by the turn).
         """
         arguments = _arguments_of(call)
-        await emit_event(ToolCallEvent(path, call.name, arguments, call.id))
+        await emit_event(ToolCallEvent(self, call.name, arguments, call.id, path))
         found = self.tools.get(call.name)
         if found is None:
             known = ", ".join(self.tools) or "none"
@@ -451,7 +451,7 @@ class ReAct(Module):
             result = await _as_decided(found, call, resume)
         else:
             result = await found.call(call.arguments, call_id=call.id)
-        await emit_event(ToolResultEvent(path, call.name, result.content, result.ok, call.id))
+        await emit_event(ToolResultEvent(self, call.name, result.content, result.ok, call.id, path))
         return result
 
     def _approval_identity(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from plait import _context
+from plait._context import module_path
 from plait.backends.types import Request, Response, message_to_dict
 
 __all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "get_traces", "record_trace"]
@@ -81,12 +82,6 @@ def get_traces(module: Any) -> list[TraceRecord]:
     pandas DataFrame, dsprrr's tibble.
     """
     return module.traces()
-
-
-def module_path(module: Any) -> str:
-    """Returns the path of the module call running now (its node's path, else its name)."""
-    path = _context.NODE_SCOPE.get()[0]
-    return path or getattr(module, "_name", None) or type(module).__name__
 
 
 def record_trace(

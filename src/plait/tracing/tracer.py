@@ -358,6 +358,16 @@ class _TraceSession:
             if x.payload is SYMBOLIC or (ref is not None and ref.startswith("param:")):
                 refs[ref] = None  # type: ignore[index]
                 return ValueRef(ref)  # type: ignore[arg-type]
+            if isinstance(x.payload, list | tuple | dict):
+                # A record built in forward around traced data, such as
+                # valueify({"text": text}), reads that data: its payload is
+                # recorded in its place, so the node gets the data itself,
+                # as it gets every traced result (a payload, not a Value).
+                inner: dict[str, None] = {}
+                recorded = self._record(x.payload, inner)
+                if inner:
+                    refs.update(inner)
+                    return recorded
             return x
         if isinstance(x, str):
             # The fast path of every string a module receives: a token's digits
