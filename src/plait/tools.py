@@ -58,7 +58,15 @@ from plait.callbacks import ReportedCall, active_callbacks
 from plait.confirmation import ConfirmationRequired, current_tool_call, is_approved
 from plait.errors import PlaitError
 
-__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolCallError", "ToolResult", "tool", "tool_table"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Tool",
+    "ToolCallError",
+    "ToolResult",
+    "tool",
+    "tool_identity",
+    "tool_table",
+]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a tool call may take unless the tool sets ``timeout`` (``None`` disables it).
@@ -625,3 +633,16 @@ def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
             )
         table[wrapped.name] = wrapped
     return table
+
+
+def tool_identity(tool: Tool) -> dict[str, Any]:
+    """Returns what identifies a tool to an approval: its name, function and argument schema.
+
+    A pause is sealed with the identities of the pausing module's tools, so
+    a module that would run another function (or take other arguments)
+    under the same tool name cannot resume it.
+    """
+    func = tool.func
+    named = func if hasattr(func, "__qualname__") else type(func)  # a callable object: its class
+    qualified = f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+    return {"name": tool.name, "function": qualified, "schema": tool.parameters}

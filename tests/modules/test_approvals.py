@@ -279,6 +279,28 @@ async def test_a_resume_with_other_inputs_is_refused(tmp_path: Path) -> None:
     assert lines(log) == ["500 bob"]
 
 
+# --------------------------------- Predict runs tools through the same approvals (item 6)
+async def test_predict_with_tools_pauses_and_resumes_like_react(tmp_path: Path) -> None:
+    log = tmp_path / "payments.txt"
+    async with ScriptedServer(responder=PAY_BOB) as server:
+        predict = plait.Predict("request -> answer", tools=payments_agent(log).tools.values())
+        invoices = mail_agent(tmp_path / "invoices.txt").tools.values()
+        mailer = plait.Predict("request -> answer", tools=invoices).bind(config_of(server))
+        pending = await pause_of(predict, server)
+        with pytest.raises(ResumeRefusedError, match="another agent"):
+            await mailer(resume_state=ResumeState(pending, "yes"))
+        pending.context["pending"]["calls"][0]["arguments"] = '{"amount": 9999, "to": "mallory"}'
+        with pytest.raises(ResumeRefusedError, match="changed after it was made"):
+            await predict(request="pay bob 500", resume_state=ResumeState(pending, "yes"))
+        assert lines(log) == []
+
+        pending = await pause_of(predict, server)
+        result = await predict(resume_state=ResumeState(pending, "yes"))
+        with pytest.raises(ResumeRefusedError, match="already used"):
+            await predict(resume_state=ResumeState(pending, "yes"))
+    assert result.answer == "sent 500 to bob" and lines(log) == ["500 bob"]
+
+
 # ------------------------------------- another process: configured key, own ledger
 SCRIPT = '''
 import asyncio, json, sqlite3, sys
