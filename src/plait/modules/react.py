@@ -26,7 +26,13 @@ from plait.module import Module
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import Predict, ask_step, history_messages
 from plait.modules.prediction import Prediction
-from plait.modules.tool_loop import ReActPrediction, ReActStep, ToolLoop, ToolRun
+from plait.modules.tool_loop import (
+    DECLINE_CHOICES,
+    ReActPrediction,
+    ReActStep,
+    ToolLoop,
+    ToolRun,
+)
 from plait.modules.traces import module_path
 from plait.parameter import Parameter
 from plait.signatures.adapters import Adapter, JSONAdapter, format_value
@@ -67,6 +73,10 @@ class ReAct(Module):
         adapter: how messages are written and replies parsed (default `JSONAdapter`).
         temperature: sampling temperature of every call (None: the provider's default).
         max_tokens: cap on generated tokens per call.
+        on_decline: what a person's "no" to a tool call does: ``"tell_model"``
+            (the default: the model reads that the user declined, and answers
+            otherwise) or ``"raise"`` (`ConfirmationRejected` reaches the
+            caller, and nothing more runs).
 
     Learnable parameters: ``instructions`` (the agent's system instructions,
     tool guidance included), and the extraction step's ``extract.instructions``
@@ -100,11 +110,17 @@ class ReAct(Module):
         adapter: Adapter | None = None,
         temperature: float | None = None,
         max_tokens: int | None = None,
+        on_decline: str = "tell_model",
     ) -> None:
         super().__init__()
         sig = as_signature(signature)
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"ReAct needs max_iters >= 1, got {max_iters!r}")
+        if on_decline not in DECLINE_CHOICES:
+            raise ValueError(
+                f"ReAct on_decline must be 'tell_model' or 'raise', got {on_decline!r}"
+            )
+        self.on_decline = on_decline
         self.signature = sig
         self.tools = tool_table(tools)
         self.alias = alias
@@ -153,6 +169,7 @@ class ReAct(Module):
         Raises:
             TypeError: inputs are missing or unknown.
             ConfirmationRequired: a tool call waits for a person's approval.
+            ConfirmationRejected: the person declined it (``on_decline="raise"``).
             ResumeRefusedError: the resume state was changed, forged, made by
                 another agent or for other inputs, or already used.
             StructuredOutputError: the extraction reply stayed invalid after one re-ask.
@@ -171,6 +188,7 @@ class ReAct(Module):
             self.tools,
             self.max_iters,
             first_tool_choice=self.first_tool_choice,
+            on_decline=self.on_decline,
         )
         run = await loop.run(
             given,

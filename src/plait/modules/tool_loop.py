@@ -34,6 +34,7 @@ from plait.confirmation import (
     approved,
     as_json_data,
     claim_resume,
+    rejection,
 )
 from plait.errors import ResumeRefusedError, StructuredOutputError
 from plait.modules._wrapping import bind_signature_inputs
@@ -44,7 +45,11 @@ from plait.signatures.signature import Signature
 from plait.streaming import ToolCallEvent, ToolResultEvent, emit_event, is_streaming
 from plait.tools import Tool, ToolResult, tool_identity
 
-__all__ = ["ReActPrediction", "ReActStep", "ToolLoop", "ToolRun"]
+__all__ = ["DECLINE_CHOICES", "ReActPrediction", "ReActStep", "ToolLoop", "ToolRun"]
+
+DECLINE_CHOICES = ("tell_model", "raise")
+"""What a module that runs tools does with a person's "no": show it to the model as the
+tool's result (the run goes on), or raise `ConfirmationRejected`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +141,7 @@ that holds neither."""
 
 @dataclass
 class ToolLoop:
-    """A module's tool-calling loop: its tools and how many turns.
+    """A module's tool-calling loop: its tools, how many turns, and how it treats a "no".
 
     Args:
         module: the module that runs it (its path names the pauses; it is
@@ -145,6 +150,7 @@ class ToolLoop:
         tools: the module's tools by name.
         max_turns: most model turns.
         first_tool_choice: the first turn's ``tool_choice`` (later turns: ``"auto"``).
+        on_decline: one of `DECLINE_CHOICES`.
     """
 
     module: Any
@@ -152,6 +158,7 @@ class ToolLoop:
     tools: Mapping[str, Tool]
     max_turns: int
     first_tool_choice: str = "auto"
+    on_decline: str = "tell_model"
 
     def identity(self) -> dict[str, Any]:
         """Returns what a pause of this loop is sealed with, and a resume must match (see
@@ -182,6 +189,7 @@ class ToolLoop:
 
         Raises:
             ConfirmationRequired: a tool call waits for a person's approval.
+            ConfirmationRejected: the person declined it and ``on_decline`` is ``"raise"``.
             ResumeRefusedError: the resume state was changed, forged, made by
                 another module or for other inputs, or already used.
         """
@@ -220,11 +228,15 @@ class ToolLoop:
         """Runs the pending turn's tool calls (concurrently); pauses if one needs approval.
 
         When the turn resumes, the call the person answered runs as they
-        decided (with the arguments they chose, recorded as what ran).
+        decided (with the arguments they chose, recorded as what ran), or,
+        declined with ``on_decline="raise"``, nothing runs.
         """
         turn = run.pending
         assert turn is not None
         if resume is not None:
+            decision, reason = resume.decision
+            if decision == "decline" and self.on_decline == "raise":
+                raise rejection(resume.exception, reason)
             turn.calls = _as_answered(turn.calls, resume)
         todo = [call for call in turn.calls if call.id not in turn.results]
         outcomes = await asyncio.gather(
