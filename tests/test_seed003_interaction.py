@@ -31,6 +31,7 @@ from plait import (
     emit_event,
     tool,
 )
+from plait.porting import LM, OpenAILM
 from plait.testing import ScriptedServer
 
 
@@ -364,3 +365,104 @@ async def test_settings_snippet() -> None:
         assert result.answer == "custom"
         result = await predictor(question="...")  # Uses global LM
         assert result.answer == "global"
+
+
+# ------------------------------------------------------------ the LM layer's spellings
+QA_REPLY = '{"answer": "4"}'
+
+
+async def test_lm_snippet() -> None:
+    async with ScriptedServer(responder=lambda b: QA_REPLY, api_key="sk-seed") as server:
+        # plait: base_url points at the scripted server instead of api.openai.com
+        lm = LM(model="scripted-model", api_key="sk-seed", base_url=server.base_url)
+        plait.settings.configure(lm=lm)
+        result = await Predict("question -> answer")(question="2+2?")
+        keyless = LM(model="other-model", base_url=server.base_url)
+        with plait.settings.context(lm=keyless), pytest.raises(plait.ExecutionError, match="401"):
+            await Predict("question -> answer")(question="2+2?")  # no key: refused
+    assert result.answer == "4"
+    assert server.stats.log[0].body["model"] == "scripted-model"
+
+
+async def test_openai_lm_snippet() -> None:
+    from openai import AsyncOpenAI
+
+    async with ScriptedServer(responder=lambda b: QA_REPLY, api_key="sk-seed") as server:
+        client = AsyncOpenAI(api_key="sk-seed", base_url=server.base_url)
+        for lm in (OpenAILM(client, default_model="scripted-model"), OpenAILM(client, "m2")):
+            plait.settings.configure(lm=lm)
+            assert (await Predict("question -> answer")(question="2+2?")).answer == "4"
+        await client.close()
+    assert [record.body["model"] for record in server.stats.log] == ["scripted-model", "m2"]
+
+
+def test_an_async_openai_client_as_lm_says_what_to_write() -> None:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(api_key="sk-seed", base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(plait.errors.ConfigError, match=r"OpenAILM\(client, model="):
+        plait.settings.configure(lm=client)
+    with pytest.raises(plait.errors.ConfigError, match=r"OpenAILM\(client, model="):
+        plait.settings.context(lm=client)
+
+
+async def test_environment_snippet(monkeypatch: pytest.MonkeyPatch) -> None:
+    async with ScriptedServer(responder=lambda b: QA_REPLY, api_key="sk-env") as server:
+        # Set: UDSPY_LM_MODEL=gpt-4o, UDSPY_LM_API_KEY=sk-... (plait: and the server's URL)
+        monkeypatch.setenv("UDSPY_LM_MODEL", "env-model")
+        monkeypatch.setenv("UDSPY_LM_API_KEY", "sk-env")
+        monkeypatch.setenv("UDSPY_LM_BASE_URL", server.base_url)
+        plait.settings.configure()
+        result = await Predict("question -> answer")(question="2+2?")
+    assert result.answer == "4" and server.stats.log[0].body["model"] == "env-model"
+    assert "sk-env" not in repr(plait.settings.resources)
+
+
+def test_configure_with_nothing_to_set_says_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("UDSPY_LM_MODEL", raising=False)
+    with pytest.raises(plait.errors.ConfigError, match="UDSPY_LM_MODEL is not set"):
+        plait.settings.configure()
+
+
+async def test_with_callbacks_snippet() -> None:
+    from plait.callback import BaseCallback as SeedBaseCallback
+    from plait.callback import with_callbacks
+
+    class Starts(SeedBaseCallback):
+        def __init__(self) -> None:
+            self.modules: list[str] = []
+
+        def on_module_start(self, call_id, instance, inputs):  # type: ignore[no-untyped-def]
+            self.modules.append(type(instance).__name__)
+
+    class Echo(Module):
+        @with_callbacks
+        async def forward(self, text: str) -> str:
+            # Callbacks automatically called before/after
+            return text
+
+    seen = Starts()
+    async with ScriptedServer(responder=lambda b: QA_REPLY) as server:
+        plait.settings.configure(lm=server.endpoint(), callbacks=[seen])
+        assert await Echo()(text="hi") == "hi"
+    assert seen.modules == ["Echo"]  # told once: plait reports every module call itself
+
+    with pytest.raises(TypeError, match="reports every module call"):
+
+        class Helper(Module):
+            @with_callbacks
+            async def prepare(self, text: str) -> str:
+                return text
+
+
+def test_adapter_module_path() -> None:
+    from plait.adapter import ChatAdapter, JSONAdapter
+    from plait.signatures import ChatAdapter as PlaitChatAdapter
+
+    assert (
+        ChatAdapter is PlaitChatAdapter
+        and JSONAdapter().format_inputs(
+            plait.Signature.from_string("question -> answer"), {"question": "hi"}
+        )
+        == "question: hi"
+    )
