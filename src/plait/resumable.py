@@ -39,6 +39,7 @@ import json
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from plait.backends.types import ToolCall
 from plait.confirmation import (
     ConfirmationRequired,
     answering,
@@ -47,7 +48,11 @@ from plait.confirmation import (
     offering,
 )
 from plait.errors import PlaitError, ResumeRefusedError
+from plait.module import call_forward
+from plait.modules.prediction import Prediction
+from plait.modules.traces import module_path
 from plait.streaming import emit_event, is_streaming
+from plait.tools import Tool, tool_identity
 
 __all__ = ["module_identity", "resume_call", "run_resumable"]
 
@@ -69,8 +74,6 @@ async def run_resumable(module: Any, args: tuple[Any, ...], kwargs: dict[str, An
         PlaitError: the module changed the context of a pause that a module
             inside it had sealed (that module resumes it).
     """
-    from plait.modules.traces import module_path  # programs layer, loaded with the module
-
     path = module_path(module)
     given = _named_inputs(module.forward, args, kwargs)
     state = claim_resume(path, agent=lambda: module_identity(module), inputs=given)
@@ -93,8 +96,6 @@ def resume_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     them took it. ``resume_state=None`` (the first pass of seed 003's loop)
     is a call with nothing to resume.
     """
-    from plait.module import call_forward  # the model layer's one way into forward
-
     kwargs = dict(kwargs)
     state = kwargs.pop("resume_state")
     if state is None:
@@ -117,8 +118,6 @@ def module_identity(module: Any) -> dict[str, Any]:
     holds as an attribute: a module that would run something else under the
     same path cannot resume the pause.
     """
-    from plait.tools import Tool, tool_identity  # the module holds tools: already loaded
-
     cls = type(module)
     tools = [tool_identity(t) for t in vars(module).values() if isinstance(t, Tool)]
     return {
@@ -171,12 +170,9 @@ async def _make_own(
         await emit_event(_non_final(pause))
 
 
-def _non_final(pause: ConfirmationRequired) -> Any:
+def _non_final(pause: ConfirmationRequired) -> Prediction:
     """Returns the pause as the non-final `Prediction` an ``astream`` consumer sees last."""
-    from plait.backends.types import ToolCall
-    from plait.modules.prediction import Prediction
-
-    calls = ()
+    calls: tuple[ToolCall, ...] = ()
     if pause.tool_name is not None:
         arguments = as_json_data(pause.arguments)
         if not isinstance(arguments, str):
