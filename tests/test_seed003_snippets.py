@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 from typing import Any
 
 import pytest
@@ -140,6 +141,73 @@ async def test_tool_acall_snippet() -> None:
 
     with pytest.raises(LookupError, match="nothing at 3"):  # the tool's own exception
         await fails.acall(x=3)
+
+
+def calculator_tool() -> Any:
+    @tool(name="calculator", description="Perform arithmetic")
+    def calculator(
+        operation: str = Field(description="add, subtract, multiply, divide"),
+        a: float = Field(description="First number"),
+        b: float = Field(description="Second number"),
+    ) -> float:
+        """Perform arithmetic operations."""
+        ops = {"add": a + b, "subtract": a - b}
+        return ops[operation]
+
+    return calculator
+
+
+def add_then_answer(body: dict[str, Any]) -> Any:
+    """The model: asks the calculator, then answers with what it returned."""
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        call = {"name": "calculator", "arguments": {"operation": "add", "a": 2, "b": 3}}
+        return {"content": "", "tool_calls": [call]}
+    return json.dumps({"answer": results[-1]})
+
+
+async def test_predict_runs_the_tool_loop_snippet() -> None:
+    # Tools lifecycle: LLM returns tool calls, Predict executes them, loop until final answer
+    async with ScriptedServer(responder=add_then_answer) as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer", tools=[calculator_tool()])
+        result = await predictor(question="What is 2 + 3?")
+        sent = [record.body for record in server.stats.log]
+    assert result.is_final and result.answer == "5.0"
+    assert [step.tool for step in result.trajectory] == ["calculator"]
+    assert [[t["function"]["name"] for t in body["tools"]] for body in sent] == [["calculator"]] * 2
+    assert sent[1]["messages"][-1] == {
+        "role": "tool",
+        "content": "5.0",
+        "tool_call_id": sent[1]["messages"][-2]["tool_calls"][0]["id"],
+        "name": "calculator",
+    }
+    assert len(predictor.traces()) == 2  # each turn is traced on the Predict
+
+
+async def test_predict_with_auto_execute_tools_false_does_one_step() -> None:
+    async with ScriptedServer(responder=add_then_answer) as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer", tools=[calculator_tool()])
+        step = await predictor(question="What is 2 + 3?", auto_execute_tools=False)
+    assert step.is_final is False and step.native_tool_calls[0].name == "calculator"
+    assert len(server.stats.log) == 1
+
+
+async def test_predict_answers_without_tools_once_its_turns_run_out() -> None:
+    def always_calls(body: dict[str, Any]) -> Any:
+        if not body.get("tools"):
+            return '{"answer": "gave up calling"}'
+        call = {"name": "calculator", "arguments": {"operation": "add", "a": 1, "b": 1}}
+        return {"content": "", "tool_calls": [call]}
+
+    async with ScriptedServer(responder=always_calls) as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer", tools=[calculator_tool()], max_turns=2)
+        result = await predictor(question="1 + 1?")
+        sent = [record.body for record in server.stats.log]
+    assert result.answer == "gave up calling" and len(result.trajectory) == 2
+    assert [bool(body.get("tools")) for body in sent] == [True, True, False]
 
 
 # ---------------------------------------------------------------------- history

@@ -3,8 +3,8 @@
 A tool made with ``@tool(require_confirmation=True)`` (or a function wrapped
 in `confirm_first`) does not run when the model calls it: it raises
 `ConfirmationRequired`, carrying the question, the tool, its arguments and an
-id. `ReAct` catches it, keeps its trajectory in the exception's ``context``
-and lets it reach you::
+id. `ReAct` (or `Predict` with tools: the same loop) catches it, keeps its
+trajectory in the exception's ``context`` and lets it reach you::
 
     resume = None
     while True:
@@ -18,9 +18,29 @@ and lets it reach you::
 Resuming runs the approved call (``"yes"``; or a dict / JSON text of edited
 arguments) or shows the model that the user declined (``"no"``, or any other
 text, which is passed on as the reason), and continues without asking the
-model again for the steps already taken. Under ``astream`` the same pause
-arrives as a `Prediction` with ``is_final == False`` (its
+model again for the steps already taken. (``ReAct(..., on_decline="raise")``
+raises `ConfirmationRejected` for a "no" instead.) Under ``astream`` the same
+pause arrives as a `Prediction` with ``is_final == False`` (its
 ``native_tool_calls`` are the pending calls, ``.confirmation`` the exception).
+
+A module of your own pauses and resumes the same way when its ``async def
+forward`` takes ``resume_state=`` (seed 003's pattern; see `plait.resumable`)::
+
+    class Cleanup(Module):
+        async def forward(self, *, resume_state=None, **inputs):
+            if resume_state:
+                return await self.aresume(resume_state.user_response,
+                                          resume_state.exception.context)
+            try:
+                return await self.do_work(**inputs)
+            except ConfirmationRequired as e:
+                e.context["saved_data"] = self.saved
+                raise
+
+A pause that leaves it is sealed for it; the next call's ``resume_state=``
+reaches its ``forward`` checked and used up, and while that call runs, the
+paused call is the person's to decide: a "yes" runs it (once), edited
+arguments run instead, and a "no" makes it raise `ConfirmationRejected`.
 
 A "yes" runs exactly the call that was shown, once. The module that pauses
 *seals* the pause (`ConfirmationRequired.seal_for`): an HMAC-SHA256, keyed by
@@ -60,7 +80,13 @@ from typing import Any, Protocol
 
 from plait import _context
 from plait import _jsontext as jsontext
-from plait.errors import ConfigError, ExecutionInterrupt, PlaitError, ResumeRefusedError
+from plait.errors import (
+    ConfigError,
+    ConfirmationRejected,
+    ExecutionInterrupt,
+    PlaitError,
+    ResumeRefusedError,
+)
 
 __all__ = [
     "APPROVAL_KEY_ENV",
@@ -70,11 +96,15 @@ __all__ = [
     "MemoryApprovalLedger",
     "ResumeRefusedError",
     "ResumeState",
+    "answering",
     "approved",
     "as_json_data",
     "claim_resume",
+    "confirm_call",
     "confirm_first",
     "is_approved",
+    "offering",
+    "rejection",
     "set_approval_key",
     "set_approval_ledger",
 ]
@@ -239,22 +269,6 @@ class ConfirmationRequired(ExecutionInterrupt):
         return cls.from_dict(_load_json(text, "confirmation"))
 
 
-class ConfirmationRejected(PlaitError):
-    """A person declined a step that cannot go on without it (raised by your own code).
-
-    ReAct does not raise it: a declined tool call is shown to the model as the
-    tool's result, so the agent can answer otherwise.
-    """
-
-    def __init__(
-        self, message: str, *, confirmation_id: str | None = None, tool_call: Any = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.confirmation_id = confirmation_id
-        self.tool_call = tool_call
-
-
 @dataclass
 class ResumeState:
     """A pause and the person's answer, to pass back as ``resume_state=``.
@@ -343,12 +357,92 @@ def approved(*confirmation_ids: str) -> Iterator[None]:
         _APPROVED.reset(token)
 
 
+class _Answer:
+    """The person's answer to a paused call, in force while the module that paused resumes."""
+
+    def __init__(self, state: ResumeState) -> None:
+        self.pause = state.exception
+        self.decision, self.detail = state.decision
+        self._used = False
+        self._lock = threading.Lock()  # a sync tool checks from its worker thread
+
+    def take(self, tool_name: str, arguments: Any) -> bool:
+        """Whether this is the paused call (same tool, same arguments) and still unanswered."""
+        pause = self.pause
+        if pause.tool_name != tool_name or _canonical(arguments, "the arguments") != _canonical(
+            pause.arguments, "the paused arguments"
+        ):
+            return False
+        with self._lock:
+            taken, self._used = not self._used, True
+        return taken
+
+
+_ANSWER: contextvars.ContextVar[_Answer | None] = contextvars.ContextVar(
+    "plait_answer", default=None
+)
+
+
+@contextmanager
+def answering(state: ResumeState | None) -> Iterator[None]:
+    """Runs the block with ``state``'s answer deciding the paused call (once; None: no answer).
+
+    The module that paused wraps its resumed work in it (`plait.resumable`), so
+    that making the paused call again does what the person said: see
+    `confirm_call`.
+    """
+    token = _ANSWER.set(None if state is None else _Answer(state))
+    try:
+        yield
+    finally:
+        _ANSWER.reset(token)
+
+
+def confirm_call(call_id: str | None, tool_name: str, arguments: Any, question: str) -> Any:
+    """Lets a call that needs a person's approval go on; returns the arguments to run it with.
+
+    The call goes on when it was approved here (`approved`; ReAct wraps the
+    call the person approved), or when it is the paused call of a module
+    that is resuming (`answering`) and the person said yes (or gave other
+    arguments, which are returned instead). An answer covers one call.
+
+    Raises:
+        ConfirmationRequired: nobody has approved this call yet (asks ``question``).
+        ConfirmationRejected: it is the paused call, and the person declined it.
+    """
+    if is_approved(call_id):
+        return arguments
+    answer = _ANSWER.get()
+    if answer is None or not answer.take(tool_name, arguments):
+        raise ConfirmationRequired(
+            question, confirmation_id=call_id, tool_name=tool_name, arguments=arguments
+        )
+    if answer.decision == "decline":
+        raise rejection(answer.pause, answer.detail)
+    return answer.detail if answer.decision == "edit" else arguments
+
+
+def rejection(pause: ConfirmationRequired, reason: str = "") -> ConfirmationRejected:
+    """Returns the error for a paused call the person declined (with their reason, if any)."""
+    what = "the paused step"
+    if pause.tool_name is not None:
+        shown = json.dumps(as_json_data(pause.arguments), ensure_ascii=False)
+        what = f"{pause.tool_name} with {shown}"
+    because = f"; their reason: {reason}" if reason else ""
+    return ConfirmationRejected(
+        f"the person declined to run {what} (approval {pause.approval_id}){because}",
+        confirmation_id=pause.confirmation_id,
+        tool_call=pause.tool_call,
+    )
+
+
 def confirm_first(func: Callable[..., Any] | None = None, *, question: str | None = None) -> Any:
     """Makes ``func`` ask for confirmation before it runs (seed 003's decorator).
 
     Calling the wrapped function raises `ConfirmationRequired` unless the call
-    was approved (a resuming agent approves it). As a tool (``@tool`` on top
-    of it, or ``Tool(confirm_first(fn))``) it is a tool with
+    was approved (a resuming agent approves it; see `confirm_call`), and
+    `ConfirmationRejected` when it is a call the person declined. As a tool
+    (``@tool`` on top of it, or ``Tool(confirm_first(fn))``) it is a tool with
     ``require_confirmation=True``.
 
     Args:
@@ -358,15 +452,17 @@ def confirm_first(func: Callable[..., Any] | None = None, *, question: str | Non
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            call_id = _CURRENT_CALL.get()
-            if not is_approved(call_id):
-                shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
-                raise ConfirmationRequired(
-                    question or f"Run {fn.__name__}({shown})?",
-                    confirmation_id=call_id,
-                    tool_name=fn.__name__,
-                    arguments=dict(kwargs) if not args else {"args": list(args), **kwargs},
-                )
+            shown = ", ".join([*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())])
+            arguments = dict(kwargs) if not args else {"args": list(args), **kwargs}
+            decided = confirm_call(
+                _CURRENT_CALL.get(),
+                fn.__name__,
+                arguments,
+                question or f"Run {fn.__name__}({shown})?",
+            )
+            if decided is not arguments:  # the person changed them
+                decided = dict(decided)
+                args, kwargs = tuple(decided.pop("args", ())), decided
             return fn(*args, **kwargs)
 
         wrapper.plait_requires_confirmation = True  # type: ignore[attr-defined]
@@ -389,6 +485,39 @@ def current_tool_call(call_id: str | None) -> Iterator[None]:
         yield
     finally:
         _CURRENT_CALL.reset(token)
+
+
+@contextmanager
+def offering(state: Any) -> Iterator[None]:
+    """Offers ``state`` (a call's ``resume_state=``) to the module that paused, inside the block.
+
+    That module takes it with `claim_resume`. A block that ends without any
+    module having taken it raises, so a resume state never goes unused in silence.
+
+    Raises:
+        PlaitError: no module inside the block resumed the state.
+    """
+    claim = {"state": state, "claimed": False}
+    token = _context.RESUME.set(claim)
+    try:
+        yield
+    finally:
+        _context.RESUME.reset(token)
+    if claim["claimed"]:
+        return
+    context = getattr(getattr(state, "exception", None), "context", None)
+    paused_at = context.get("module") if isinstance(context, dict) else None
+    if paused_at is None:
+        raise PlaitError(
+            "resume_state= was given, but its pause was not made by a module that resumes "
+            "(ReAct, Predict with tools, or a module whose async def forward takes "
+            "resume_state=), so nothing took it; run without it to start over"
+        )
+    raise PlaitError(
+        f"resume_state= was given, but no module of this program resumed it: it paused at "
+        f"module {paused_at!r}. Pass it to the program that paused (with the same "
+        "structure), or run without it to start over"
+    )
 
 
 def claim_resume(

@@ -21,6 +21,8 @@ catch the whole family with one clause and still tell the cases apart::
     │                         regular file, or unusable; names the path (also OSError)
     ├── ResumeRefusedError    a resume state was changed, forged, replayed, made by another
     │                         agent or given other inputs (also ValueError); never wrapped
+    ├── ConfirmationRejected  a person declined a call that cannot go on without it; never
+    │                         wrapped
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -51,6 +53,7 @@ __all__ = [
     "BackendTimeout",
     "BudgetExceededError",
     "ConfigError",
+    "ConfirmationRejected",
     "DeadlineExceededError",
     "ExecutionError",
     "ExecutionInterrupt",
@@ -239,3 +242,29 @@ class ResumeRefusedError(PlaitError, ValueError):
     wrapped in an `ExecutionError`: it is about the call's ``resume_state=``,
     not a failure of one node.
     """
+
+
+class ConfirmationRejected(PlaitError):
+    """A person declined a call that cannot go on without their yes.
+
+    Raised by the call itself when a resumed module makes the call the person
+    declined (a tool, or a function wrapped in ``confirm_first``), by ReAct
+    when it is built with ``on_decline="raise"``, and by your own code (a
+    module's ``aresume``). Like `ResumeRefusedError`, it reaches the caller
+    as it is, never wrapped in an `ExecutionError`: it is the person's
+    answer, not a failure of one node.
+
+    Attributes:
+        message: what was declined (and the person's reason, when they gave one).
+        confirmation_id: the id of the declined call's pause, when known.
+        tool_call: the declined call as ``{"id", "name", "arguments"}``, when a
+            tool call was declined.
+    """
+
+    def __init__(
+        self, message: str, *, confirmation_id: str | None = None, tool_call: Any = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.confirmation_id = confirmation_id
+        self.tool_call = tool_call

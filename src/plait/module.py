@@ -41,6 +41,7 @@ __all__ = [
     "ModuleState",
     "adopt",
     "bound_resources",
+    "call_forward",
     "has_own_backward",
     "is_async_module",
     "takes_keyword",
@@ -204,7 +205,7 @@ class Module:
 
     def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Runs ``forward`` with no resources. Override to refuse (as LLMInference does)."""
-        return self.forward(*args, **kwargs)
+        return call_forward(self, args, kwargs)
 
     # --------------------------------------------------------------- backward
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult | Any:
@@ -490,6 +491,16 @@ class Module:
             object.__setattr__(self, "_state", state)
         return state
 
+    @state.setter
+    def state(self, value: Any) -> None:
+        # Seed 003's modules keep their own data in ``self.state``; here the name is
+        # seed 002's record, which searches write to, so it must stay a ModuleState.
+        raise AttributeError(
+            f"{type(self).__name__}.state is plait's record of what optimizers tried on this "
+            "module (trials, best score and parameters) and cannot be assigned; keep the "
+            "module's own data under another name, e.g. self.saved = ..."
+        )
+
     def is_compiled(self) -> bool:
         """Whether an optimizer has changed this module (applied a candidate other than
         the module as it was); a search that kept the module leaves it false."""
@@ -705,6 +716,37 @@ def has_own_backward(module: Module) -> bool:
 def is_async_module(module: Module) -> bool:
     """Whether ``module.forward`` is ``async def`` (it then runs eagerly as one node)."""
     return inspect.iscoroutinefunction(type(module).forward)
+
+
+def call_forward(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Calls ``module.forward(*args, **kwargs)`` for a leaf that runs (not while tracing).
+
+    An ``async def forward`` that takes ``resume_state=`` belongs to a module
+    that pauses for a person and resumes (seed 003's pattern): it runs through
+    `plait.resumable.run_resumable`, which hands it the call's checked resume
+    state and seals the pauses that leave it, so every such module keeps the
+    guarantees ReAct keeps. A ``resume_state=`` given to the call itself (a
+    direct call; a run strips it and offers it) is offered the same way.
+    """
+    if "resume_state" in kwargs:
+        from plait.resumable import resume_call  # programs layer: loaded by resuming calls only
+
+        return resume_call(module, args, kwargs)
+    if _takes_resume_state(type(module).forward):
+        from plait.resumable import run_resumable
+
+        return run_resumable(module, args, kwargs)
+    return module.forward(*args, **kwargs)
+
+
+@functools.lru_cache(maxsize=256)
+def _takes_resume_state(forward: Any) -> bool:
+    if not inspect.iscoroutinefunction(forward):
+        return False
+    try:
+        return "resume_state" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # a callable without a signature: takes nothing by name
+        return False
 
 
 class LLMInference(Module):

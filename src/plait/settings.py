@@ -13,7 +13,10 @@ One mechanism, three scopes, highest first for a given call:
 readers coming from udspy/DSPy and from plait's own docs. Both take the
 execution options (``max_concurrent``, ``timeout``, ``deadline``, ``cache``,
 ``checkpoint_dir`` …), ``resources`` and ``callbacks``, and ``lm=`` as a
-synonym of resources serving every alias::
+synonym of resources serving every alias (seed 003's ``LM(model=...,
+api_key=...)`` and ``OpenAILM(client, ...)`` from `plait.porting` give one).
+``configure()`` with no options reads udspy's ``UDSPY_LM_MODEL``,
+``UDSPY_LM_API_KEY`` and ``UDSPY_LM_BASE_URL``::
 
     import plait
     plait.settings.configure(lm={"provider": "local"}, callbacks=[Log()])
@@ -28,6 +31,7 @@ from dataclasses import fields
 from typing import Any
 
 from plait import _context
+from plait.errors import ConfigError
 from plait.execution.settings import ExecutionSettings
 
 __all__ = ["configure", "context", "reset"]
@@ -41,12 +45,20 @@ def configure(**options: Any) -> None:
     Args:
         **options: `ExecutionSettings` fields (``resources``, ``callbacks``,
             ``timeout`` …) and ``lm`` (what serves every alias: a provider
-            mapping such as ``{"provider": "local"}``, a `Backend` instance or
-            class, a ResourceConfig or a ResourceManager).
+            mapping such as ``{"provider": "local"}`` or
+            ``plait.porting.LM(model=...)``, a `Backend` instance or class, a
+            ResourceConfig or a ResourceManager). With none, ``lm`` comes from
+            the ``UDSPY_LM_*`` environment variables, as in udspy.
 
     Raises:
         TypeError: an option that is not a setting (all are listed).
+        ConfigError: ``lm=`` is an OpenAI client (the message says what to
+            write), or no option was given and ``UDSPY_LM_MODEL`` is not set.
     """
+    if not options:
+        from plait.porting import environment_lm
+
+        options = {"lm": environment_lm()}
     layer = ExecutionSettings(**_settings_of(options))
     _context.GLOBAL_SETTINGS[0] = layer.merged_over(_context.GLOBAL_SETTINGS[0])
 
@@ -87,10 +99,17 @@ def _settings_of(options: dict[str, Any]) -> dict[str, Any]:
 
 def _resources_for_lm(lm: Any) -> Any:
     """Returns the resources of ``lm=``: one endpoint that serves every alias (``"*"``)."""
+    from plait.porting import is_openai_client
     from plait.resources import ResourceConfig, ResourceManager
 
     if lm is None or isinstance(lm, ResourceConfig | ResourceManager):
         return lm
+    if is_openai_client(lm):
+        raise ConfigError(
+            f"lm= got an openai.{type(lm).__name__} client, which names no model; write "
+            'lm=OpenAILM(client, model="gpt-4o-mini") (from plait.porting), or '
+            'lm={"provider": "openai", "model": ..., "base_url": ..., "api_key_env": ...}'
+        )
     endpoint = dict(lm) if isinstance(lm, dict) else {"provider": lm}
     return ResourceConfig({"*": endpoint})
 

@@ -49,16 +49,30 @@ import json
 import re
 import threading
 import typing
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
 from plait.backends.types import Message, ToolSpec
 from plait.callbacks import ReportedCall, active_callbacks
-from plait.confirmation import ConfirmationRequired, current_tool_call, is_approved
-from plait.errors import PlaitError
+from plait.confirmation import (
+    ConfirmationRequired,
+    approved,
+    confirm_call,
+    current_tool_call,
+)
+from plait.errors import ConfirmationRejected, PlaitError
 
-__all__ = ["DEFAULT_TIMEOUT", "Tool", "ToolCallError", "ToolResult", "tool", "tool_table"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Tool",
+    "ToolCallError",
+    "ToolResult",
+    "tool",
+    "tool_identity",
+    "tool_table",
+]
 
 DEFAULT_TIMEOUT = 60.0
 """Seconds a tool call may take unless the tool sets ``timeout`` (``None`` disables it).
@@ -139,9 +153,10 @@ class Tool:
             overflow the agent's context. ``ToolResult.value`` stays whole.
         require_confirmation: ask a person before running (a tool with side
             effects): `call` raises `plait.confirmation.ConfirmationRequired`
-            unless the call was approved; `ReAct` pauses and resumes around
-            it. A function wrapped in `plait.confirmation.confirm_first`
-            requires it too.
+            unless the call was approved; `ReAct` (and `Predict`, and a
+            module whose ``forward`` takes ``resume_state=``) pauses and
+            resumes around it. A function wrapped in
+            `plait.confirmation.confirm_first` requires it too.
 
     Raises:
         ValueError: the name is not 1-64 letters, digits, ``_`` or ``-``.
@@ -219,7 +234,9 @@ class Tool:
         turned into text become a `ToolResult` with ``ok=False`` whose content
         tells the model what went wrong. Cancellation propagates, and so does
         `ConfirmationRequired`: a tool that needs a person's approval (and
-        has not got it for this ``call_id``) stops the agent instead of running.
+        has not got it for this ``call_id``) stops the agent instead of running;
+        and `ConfirmationRejected`, when a resuming module makes again the
+        call the person declined (`plait.confirmation.confirm_call`).
 
         Args:
             arguments: the arguments as JSON text (as the model sent them) or
@@ -247,6 +264,7 @@ class Tool:
                 (never for an exception of the tool's own) it could not finish.
             Exception: whatever the tool itself raised.
             ConfirmationRequired: the tool needs a person's approval first.
+            ConfirmationRejected: the person declined this call.
         """
         result = await self.call(kwargs)
         if result.ok:
@@ -263,30 +281,42 @@ class Tool:
         if data is not None:
             kwargs, problem = self._validate(data)
         if problem is not None:
-            return ToolResult(
-                self.name,
-                f"Error: invalid arguments for tool '{self.name}': {problem}",
-                ok=False,
-                error="invalid_arguments",
-                call_id=call_id,
-            )
-        if self.require_confirmation and not is_approved(call_id):
-            shown = json.dumps(data, ensure_ascii=False, default=str)
-            raise ConfirmationRequired(
-                f"Run the tool {self.name} with {shown}?",
-                confirmation_id=call_id,
-                tool_name=self.name,
-                arguments=data,
-            )
-        with current_tool_call(call_id):
+            return self._invalid(problem, call_id)
+        if not self.require_confirmation:
+            with current_tool_call(call_id):
+                return await self._run(kwargs, call_id)
+        shown = json.dumps(data, ensure_ascii=False, default=str)
+        decided = confirm_call(call_id, self.name, data, f"Run the tool {self.name} with {shown}?")
+        if decided is not data:  # the person changed the arguments: check theirs as well
+            kwargs, problem = self._validate(decided)
+            if problem is not None:
+                return self._invalid(problem, call_id)
+        # The call is cleared: a confirm_first function inside runs without asking again.
+        cleared = call_id or uuid.uuid4().hex
+        with approved(cleared), current_tool_call(cleared):
             return await self._run(kwargs, call_id)
+
+    def _invalid(self, problem: str, call_id: str | None) -> ToolResult:
+        return ToolResult(
+            self.name,
+            f"Error: invalid arguments for tool '{self.name}': {problem}",
+            ok=False,
+            error="invalid_arguments",
+            call_id=call_id,
+        )
 
     async def _run(self, kwargs: dict[str, Any], call_id: str | None) -> ToolResult:
         deadline = asyncio.timeout(self.timeout)  # None: no deadline
         try:
             async with deadline:
                 value = await self._invoke(kwargs)
-        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit, ConfirmationRequired):
+        except (
+            asyncio.CancelledError,
+            KeyboardInterrupt,
+            SystemExit,
+            ConfirmationRequired,
+            ConfirmationRejected,
+        ):
             raise
         except Exception as exc:
             if isinstance(exc, TimeoutError) and deadline.expired():
@@ -625,3 +655,16 @@ def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
             )
         table[wrapped.name] = wrapped
     return table
+
+
+def tool_identity(tool: Tool) -> dict[str, Any]:
+    """Returns what identifies a tool to an approval: its name, function and argument schema.
+
+    A pause is sealed with the identities of the pausing module's tools, so
+    a module that would run another function (or take other arguments)
+    under the same tool name cannot resume it.
+    """
+    func = tool.func
+    named = func if hasattr(func, "__qualname__") else type(func)  # a callable object: its class
+    qualified = f"{getattr(named, '__module__', '?')}.{named.__qualname__}"
+    return {"name": tool.name, "function": qualified, "schema": tool.parameters}

@@ -279,6 +279,144 @@ async def test_a_resume_with_other_inputs_is_refused(tmp_path: Path) -> None:
     assert lines(log) == ["500 bob"]
 
 
+# ------------------------------------- a module of your own (issue 22 item 5)
+class Payer(plait.Module):
+    """A custom module that resumes (its forward takes resume_state=): pays, then confirms."""
+
+    def __init__(self, log: Path, *, twice: bool = False) -> None:
+        super().__init__()
+        self.twice = twice
+
+        @tool(require_confirmation=True)
+        def pay(amount: int, to: str) -> str:
+            """Sends money to someone."""
+            with log.open("a") as file:
+                file.write(f"{amount} {to}\n")
+            return f"sent {amount} to {to}"
+
+        self.pay = pay
+
+    async def forward(self, request: str, resume_state: Any = None) -> str:
+        amount, to = int(request.split()[2]), request.split()[1]
+        if resume_state is not None:
+            assert resume_state.exception.context["note"] == "asked about " + to
+        try:
+            sent = await self.pay.acall(amount=amount, to=to)
+            if self.twice:  # the same call again: a yes covered the first only
+                sent = await self.pay.acall(amount=amount, to=to)
+        except ConfirmationRequired as pending:
+            pending.context["note"] = "asked about " + to
+            raise
+        return sent
+
+
+class OtherPayer(Payer):
+    """The same code under another class: another agent."""
+
+
+class Desk(plait.Module):
+    """Holds a payer under one name, so that two payers can sit at the same path."""
+
+    def __init__(self, payer: Payer) -> None:
+        super().__init__()
+        self.payer = payer
+
+    async def forward(self, request: str) -> str:
+        return await self.payer(request)
+
+
+async def custom_pause(module: plait.Module, request: str = "pay bob 500") -> ConfirmationRequired:
+    with pytest.raises(ConfirmationRequired) as paused:
+        await module.aforward(request)
+    return paused.value
+
+
+async def test_a_custom_module_pause_is_sealed_and_used_once(tmp_path: Path) -> None:
+    log = tmp_path / "payments.txt"
+    payer = Payer(log)
+    pending = await custom_pause(payer)
+    assert pending.context["module"] == "Payer" and pending.seal is not None
+    stored = ResumeState(pending, "yes").to_json()
+
+    pending.context["note"] = "asked about mallory"  # edited after the pause was made
+    with pytest.raises(ResumeRefusedError, match="changed after it was made"):
+        await payer.aforward("pay bob 500", resume_state=ResumeState(pending, "yes"))
+    with pytest.raises(ResumeRefusedError, match="other inputs"):
+        await payer.aforward("pay mallory 500", resume_state=ResumeState.from_json(stored))
+    assert lines(log) == []
+
+    assert await payer.aforward(resume_state=ResumeState.from_json(stored)) == "sent 500 to bob"
+    with pytest.raises(ResumeRefusedError, match="already used"):
+        await payer.aforward(resume_state=ResumeState.from_json(stored))
+    assert lines(log) == ["500 bob"]
+
+
+async def test_a_custom_module_pause_is_refused_by_another_module_at_its_path(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "payments.txt"
+    pending = await custom_pause(Desk(Payer(log)))
+    assert pending.context["module"] == "payer"
+    state = ResumeState(pending, "yes")
+    with pytest.raises(ResumeRefusedError, match="another agent"):
+        await Desk(OtherPayer(log)).aforward("pay bob 500", resume_state=state)
+    assert lines(log) == []
+    assert await Desk(Payer(log)).aforward("pay bob 500", resume_state=state) == "sent 500 to bob"
+
+
+async def test_a_yes_to_a_custom_module_runs_the_paused_call_once(tmp_path: Path) -> None:
+    log = tmp_path / "payments.txt"
+    payer = Payer(log, twice=True)
+    pending = await custom_pause(payer)
+    with pytest.raises(ConfirmationRequired) as again:
+        await payer.aforward(resume_state=ResumeState(pending, "yes"))
+    assert again.value.approval_id != pending.approval_id
+    assert lines(log) == ["500 bob"]
+
+
+async def test_a_custom_module_that_changes_an_inner_agents_pause_is_told(
+    tmp_path: Path,
+) -> None:
+    class Wrapper(plait.Module):
+        def __init__(self, agent: ReAct) -> None:
+            super().__init__()
+            self.agent = agent
+
+        async def forward(self, request: str, resume_state: Any = None) -> Any:
+            try:
+                return await self.agent(request=request)
+            except ConfirmationRequired as pending:
+                pending.context["saved_data"] = "mine"  # the agent sealed it: this breaks it
+                raise
+
+    async with ScriptedServer(responder=PAY_BOB) as server:
+        wrapper = Wrapper(payments_agent(tmp_path / "payments.txt")).bind(config_of(server))
+        with pytest.raises(plait.errors.PlaitError, match="changed the context of a pause"):
+            await wrapper(request="pay bob 500")
+
+
+# --------------------------------- Predict runs tools through the same approvals (item 6)
+async def test_predict_with_tools_pauses_and_resumes_like_react(tmp_path: Path) -> None:
+    log = tmp_path / "payments.txt"
+    async with ScriptedServer(responder=PAY_BOB) as server:
+        predict = plait.Predict("request -> answer", tools=payments_agent(log).tools.values())
+        invoices = mail_agent(tmp_path / "invoices.txt").tools.values()
+        mailer = plait.Predict("request -> answer", tools=invoices).bind(config_of(server))
+        pending = await pause_of(predict, server)
+        with pytest.raises(ResumeRefusedError, match="another agent"):
+            await mailer(resume_state=ResumeState(pending, "yes"))
+        pending.context["pending"]["calls"][0]["arguments"] = '{"amount": 9999, "to": "mallory"}'
+        with pytest.raises(ResumeRefusedError, match="changed after it was made"):
+            await predict(request="pay bob 500", resume_state=ResumeState(pending, "yes"))
+        assert lines(log) == []
+
+        pending = await pause_of(predict, server)
+        result = await predict(resume_state=ResumeState(pending, "yes"))
+        with pytest.raises(ResumeRefusedError, match="already used"):
+            await predict(resume_state=ResumeState(pending, "yes"))
+    assert result.answer == "sent 500 to bob" and lines(log) == ["500 bob"]
+
+
 # ------------------------------------- another process: configured key, own ledger
 SCRIPT = '''
 import asyncio, json, sqlite3, sys

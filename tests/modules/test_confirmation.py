@@ -205,7 +205,7 @@ async def test_confirm_first_marks_a_function_as_needing_approval(tmp_path: Path
     assert not notes.exists()
 
 
-async def test_predict_with_tools_does_one_step_and_returns_the_calls() -> None:
+async def test_predict_with_tools_and_no_auto_execution_does_one_step() -> None:
     @tool
     def lookup(city: str) -> int:
         """Population of a city."""
@@ -219,9 +219,9 @@ async def test_predict_with_tools_does_one_step_and_returns_the_calls() -> None:
     )
     async with ScriptedServer(responder=lambda body: next(replies)) as server:
         step = Predict("question -> answer", tools=[lookup]).bind(config_of(server))
-        first = await step(question="How many people live in Paris?")
+        first = await step(question="How many people live in Paris?", auto_execute_tools=False)
         assert first.is_final is False and first.native_tool_calls[0].name == "lookup"
         body = server.stats.log[0].body
         assert [t["function"]["name"] for t in body["tools"]] == ["lookup"]
-        second = await step(question="How many people live in Paris?")
+        second = await step(question="How many people live in Paris?", auto_execute_tools=False)
     assert second.is_final and second.answer == "2100000"

@@ -315,21 +315,10 @@ async def _run_single(
 
 async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
     """Runs ``work`` with ``resume`` on offer to the module that paused; fails if none took it."""
-    claim = {"state": resume, "claimed": False}
-    token = _context.RESUME.set(claim)
-    try:
-        output = await work
-    finally:
-        _context.RESUME.reset(token)
-    if not claim["claimed"]:
-        where = getattr(resume, "exception", None)
-        paused_at = getattr(where, "context", {}).get("module", "(unknown)")
-        raise PlaitError(
-            f"resume_state= was given, but no module of this program resumed it: it paused at "
-            f"module {paused_at!r}. Pass it to the program that paused (with the same "
-            "structure), or run without it to start over"
-        )
-    return output
+    from plait.confirmation import offering  # programs layer, loaded only when a call resumes
+
+    with offering(resume):
+        return await work
 
 
 async def _observed_graph(

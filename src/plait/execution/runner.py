@@ -22,7 +22,7 @@ from plait.execution.llm_call import USE_CACHE, call_llm
 from plait.execution.observe import observed
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
 from plait.execution.tape import INNER_CALLS
-from plait.module import LLMInference, Module, is_async_module
+from plait.module import LLMInference, Module, call_forward, is_async_module
 from plait.tracing import InferenceGraph, Tracer, input_signature, is_leaf_module
 from plait.values import Value, unwrap
 
@@ -181,7 +181,7 @@ class Runner:
         scope = NODE_SCOPE.set((path, NODE_SCOPE.get()[1]))
         try:
             if is_async_module(module):
-                return unwrap(await module.forward(*args, **kwargs))
+                return unwrap(await call_forward(module, args, kwargs))
             graph = trace_cached(module, args, kwargs)
             output, _ = await execute_graph(graph, self, args, kwargs)
             return output

@@ -20,10 +20,15 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
-from plait.errors import ExecutionError, ExecutionInterrupt, ResumeRefusedError
+from plait.errors import (
+    ConfirmationRejected,
+    ExecutionError,
+    ExecutionInterrupt,
+    ResumeRefusedError,
+)
 from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
-from plait.module import LLMInference, is_async_module
+from plait.module import LLMInference, call_forward, is_async_module
 from plait.tracing.graph import InferenceGraph, Node, substitute
 from plait.values import Value, ValueKind, _infer_kind, first_error, unwrap
 
@@ -33,6 +38,10 @@ if TYPE_CHECKING:
 __all__ = ["NODE_SCOPE", "execute_graph", "scoped"]
 
 NODE_SCOPE = _context.NODE_SCOPE
+
+CALLERS_OWN = (ExecutionInterrupt, ResumeRefusedError, ConfirmationRejected)
+"""Exceptions that reach the caller as they are, never wrapped in an `ExecutionError`: a
+pause, its ``resume_state=`` refused, a call the person declined. None is a node failing."""
 
 
 def scoped(path: str) -> str:
@@ -206,6 +215,8 @@ class _GraphRun:
                 lambda: module.forward(*call_args, **call_kwargs),
                 scoped(node.module_path or node.id),
             )
+        except CALLERS_OWN:
+            raise
         except Exception as exc:
             raise self.failure(node, exc) from exc
         finally:
@@ -257,7 +268,7 @@ class _GraphRun:
                         node.module,
                         call_args,
                         call_kwargs,
-                        lambda: node.module.forward(*call_args, **call_kwargs),
+                        lambda: call_forward(node.module, call_args, call_kwargs),
                         scoped(node.module_path or node.id),
                     )
                     value = _as_value(output, None)
@@ -271,8 +282,8 @@ class _GraphRun:
                         # This graph runs inside another async leaf, which discards
                         # its results: that leaf's backward must replay these calls.
                         enclosing.extend(calls)
-        except (asyncio.CancelledError, ExecutionInterrupt, ResumeRefusedError):
-            raise  # the caller's own to handle: a pause, or its resume_state= refused
+        except (asyncio.CancelledError, *CALLERS_OWN):
+            raise
         except Exception as exc:
             raise self.failure(node, exc) from exc
         value.ref = node.id

@@ -10,7 +10,8 @@ Its two public helpers are the seam other modules build on:
 `Predict.build_request` (inputs → the neutral `Request`) and
 `Predict.parse_response` (a `Response` → typed outputs). ReAct, for
 example, adds tools to the request and loops; it never re-implements
-prompting or parsing.
+prompting or parsing. A Predict given ``tools=`` runs the same tool loop
+as ReAct (`plait.modules.tool_loop`), approvals included.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from plait import _context
 from plait.backends.types import Message, Request, Response, SamplingOptions, message_from_dict
 from plait.callbacks import ReportedCall, active_callbacks
-from plait.errors import PlaitError
+from plait.errors import PlaitError, StructuredOutputError
 from plait.execution.llm_call import generate
 from plait.execution.run import RUN_KEYWORDS, is_batch
 from plait.execution.settings import OPTION_NAMES
@@ -38,6 +39,9 @@ from plait.values import unwrap
 
 __all__ = ["Predict", "ask_step", "history_messages", "record_system"]
 
+_NOT_INPUTS = frozenset({*RUN_KEYWORDS, "history", "auto_execute_tools"})
+"""Keywords of a Predict call that are not input fields (unless the signature has one)."""
+
 
 class Predict(Module):
     """Asks a model for a signature's outputs given its inputs; returns a `Prediction`.
@@ -51,11 +55,18 @@ class Predict(Module):
         temperature: sampling temperature (None: the provider's default).
         max_tokens: cap on generated tokens (None: the provider's default).
         demos: few-shot examples, each a dict of input and output field values.
-        tools: `Tool` objects or functions the model may call. Predict then does
-            *one step*: when the model asks for tools, the result is a
-            `Prediction` with ``is_final == False`` and the calls in
-            ``native_tool_calls`` (Predict does not run them; `ReAct` is the
-            loop that does); otherwise the outputs, final.
+        tools: `Tool` objects or functions the model may call (seed 003's
+            Predict). A call then runs the tool loop: the model's tool calls
+            run and their results go back to it until it answers, in the loop
+            ReAct uses (a tool that needs a person's approval pauses it, and
+            ``resume_state=`` resumes it); the result is a `ReActPrediction`
+            with the ``trajectory``. When ``max_turns`` turns have called
+            tools, one more turn without tools must answer. Called with
+            ``auto_execute_tools=False``, it does *one step* instead: when the
+            model asks for tools, the result is a `Prediction` with
+            ``is_final == False`` and the calls in ``native_tool_calls``, run
+            by nobody.
+        max_turns: most model turns of the tool loop (with ``tools=``).
 
     Learnable parameters (what optimizers change):
 
@@ -95,6 +106,7 @@ class Predict(Module):
         max_tokens: int | None = None,
         demos: Sequence[Mapping[str, Any]] | None = None,
         tools: Iterable[Tool | Callable[..., Any]] = (),
+        max_turns: int = 10,
     ) -> None:
         super().__init__()
         sig = as_signature(signature)
@@ -116,6 +128,9 @@ class Predict(Module):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.tools = tool_table(tools)
+        if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+            raise ValueError(f"{type(self).__name__} needs max_turns >= 1, got {max_turns!r}")
+        self.max_turns = max_turns
         text = sig.signature_text()
         self.instructions = Parameter(
             sig.instructions,
@@ -161,19 +176,26 @@ class Predict(Module):
         told = {"signature": sig, "inputs": dict(inputs), "demos": demos}
         with ReportedCall("adapter_format", self.adapter, told, active_callbacks()) as call:
             messages = call.outputs = self.adapter.format(sig, inputs, demos=demos, history=turns)
-        options = SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens)
-        if self.tools:  # a step that may call tools: free text, the tools on offer
-            return Request(
-                messages=messages,
-                options=options,
-                tools=tuple(t.spec for t in self.tools.values()),
-                tool_choice="auto",
-                rollout_id=_context.ROLLOUT.get(),
-            )
+        if self.tools:
+            return self._tools_request(messages)
+        return self._answer_request(messages)
+
+    def _tools_request(self, messages: Sequence[Message], tool_choice: str = "auto") -> Request:
+        """Returns a turn that may call tools: free text, the tools on offer."""
         return Request(
-            messages=messages,
-            options=options,
-            response_schema=self.adapter.response_schema(sig),
+            messages=tuple(messages),
+            options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
+            tools=tuple(t.spec for t in self.tools.values()),
+            tool_choice=tool_choice,
+            rollout_id=_context.ROLLOUT.get(),
+        )
+
+    def _answer_request(self, messages: Sequence[Message]) -> Request:
+        """Returns a turn that must answer: the outputs' schema, no tools."""
+        return Request(
+            messages=tuple(messages),
+            options=SamplingOptions(temperature=self.temperature, max_tokens=self.max_tokens),
+            response_schema=self.adapter.response_schema(self.current_signature()),
             rollout_id=_context.ROLLOUT.get(),
         )
 
@@ -194,36 +216,72 @@ class Predict(Module):
         # Check input names now, so a typo fails where it was written (at trace
         # time in a composite), not later as a failed node. A list as first
         # argument is a batch: its items are checked one by one when they run.
-        if not (args and is_batch(args[0])):
+        resuming = kwargs.get("resume_state") is not None  # may take the paused inputs
+        if not (resuming or (args and is_batch(args[0]))):
             fields = self.signature.input_fields
             named = {
                 k: v
                 for k, v in kwargs.items()
-                if k in fields
-                or (k not in OPTION_NAMES and k not in RUN_KEYWORDS and k != "history")
+                if k in fields or (k not in OPTION_NAMES and k not in _NOT_INPUTS)
             }
             self._input_values(args, named)
         return super().__call__(*args, **kwargs)
 
-    async def forward(self, *args: Any, history: Any = None, **inputs: Any) -> Prediction:
+    async def forward(
+        self, *args: Any, history: Any = None, auto_execute_tools: bool = True, **inputs: Any
+    ) -> Prediction:
         """Calls the model on the signature's inputs and returns the typed outputs.
 
         Inputs are keyword arguments named like the input fields. One
         positional argument is accepted too: the value of the only input
         field, or a dict of all inputs by name (what a batch item can be).
         ``history=`` adds earlier turns; when it is a `plait.History`, the new
-        user and assistant turns are appended to it.
+        user and assistant turns are appended to it. With ``tools=``, the
+        tool loop runs unless ``auto_execute_tools=False`` (see the class).
 
         Raises:
             TypeError: inputs are missing or unknown (all of them are named).
             StructuredOutputError: the reply stayed invalid after one re-ask.
+            ConfirmationRequired: a tool call waits for a person's approval.
+            ResumeRefusedError: the ``resume_state=`` of the call was refused.
         """
         if history is not None and "history" in self.signature.input_fields:
             inputs["history"], history = history, None  # a field named history is an input
-        values = {name: unwrap(value) for name, value in self._input_values(args, inputs).items()}
+        if self.tools and auto_execute_tools:
+            return await self._run_tools(args, inputs, history)
+        values = self._values(args, inputs)
         request = self.build_request(values, history if history is not None else ())
         prediction = await self._ask(request, values)
         _extend_history(history, request.messages, prediction.raw)
+        return prediction
+
+    def _values(self, args: tuple[Any, ...], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {name: unwrap(value) for name, value in self._input_values(args, inputs).items()}
+
+    async def _run_tools(
+        self, args: tuple[Any, ...], inputs: dict[str, Any], history: Any
+    ) -> Prediction:
+        """Runs the tool loop until the model answers (its last turn without tools, if need be)."""
+        from plait.modules.tool_loop import ToolLoop  # tool_loop.py imports this module
+
+        turns = () if history is None else history
+        loop = ToolLoop(self, self.signature, self.tools, self.max_turns)
+        run = await loop.run(
+            self._values(args, inputs) if args or inputs else None,
+            label=self._label(),
+            start=lambda values: self.build_request(values, turns).messages,
+            ask=lambda messages, choice, values: self._ask(
+                self._tools_request(messages, choice), values
+            ),
+        )
+        if isinstance(run.final, StructuredOutputError):
+            raise run.final
+        extracted = not isinstance(run.final, Prediction)
+        if extracted:  # the turns ran out: one more must answer, with no tools on offer
+            run.final = await self._ask(self._answer_request(run.messages), run.values)
+            run.usage.add(run.final.usage)
+        prediction = run.prediction(run.final, extracted=extracted)
+        run.extend_history(history, prediction.raw)
         return prediction
 
     def _input_values(self, args: tuple[Any, ...], inputs: Mapping[str, Any]) -> dict[str, Any]:

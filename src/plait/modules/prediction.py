@@ -20,7 +20,8 @@ class Prediction(Mapping[str, Any], StreamEvent):
         raw: the text of the reply the outputs were parsed from.
         messages: the conversation that was sent for that reply.
         native_tool_calls: tool calls the model asked for (a `Predict` with
-            ``tools=`` returns them instead of outputs).
+            ``tools=`` called with ``auto_execute_tools=False`` returns them
+            instead of outputs).
         is_final: False while the model still wants tools run (its calls are in
             ``native_tool_calls``), or while a tool waits for a person's
             confirmation (``confirmation`` says which).
