@@ -75,9 +75,9 @@ class EndpointConfig:
     """Upper bound of one backoff delay, in seconds."""
     max_retry_after: float = 60.0
     """The longest wait, in seconds, a provider's ``Retry-After`` may ask for: a
-    longer one means a quota that will not come back within the run, so the
-    call fails at once instead of sleeping (and an ``inf`` or absurd header
-    cannot stall the program)."""
+    longer one means a quota that will not come back within the run, so that
+    call fails at once instead of sleeping, and the endpoint is not paused for
+    it (an ``inf`` or absurd header cannot stall the program)."""
     adaptive: bool = True
     """Lower the endpoint's rate on repeated 429s and recover it on success."""
     price: Price | None = None

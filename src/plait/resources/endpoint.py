@@ -142,7 +142,8 @@ class EndpointStats:
     retries: int
     """Requests that were retries of a failed attempt."""
     rate_limited: int
-    """429 answers received."""
+    """429 answers that paused or slowed the endpoint (one asking to wait longer
+    than ``max_retry_after`` fails its call and counts in ``failures`` only)."""
     failures: int
     """Calls that raised after their last attempt."""
     cache_hits: int
