@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
-from plait.backends._urls import redact_url
+from plait.backends._urls import join_path, path_segment, redact_url
 from plait.backends.types import Request, Response
 from plait.errors import BackendError
 
@@ -127,7 +127,7 @@ class OpenAIBatchClient:
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         """Returns the batch object (``status``, ``output_file_id``, ``request_counts`` …)."""
-        return await self._call("GET", f"/batches/{batch_id}")
+        return await self._call("GET", f"/batches/{self._segment('batch id', batch_id)}")
 
     async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
         """Returns the reply of every request of a finished batch, by ``custom_id``."""
@@ -137,7 +137,8 @@ class OpenAIBatchClient:
             file_id = batch.get(key)
             if not file_id:
                 continue
-            raw = await self._call("GET", f"/files/{file_id}/content", raw=True)
+            segment = self._segment("file id", str(file_id))
+            raw = await self._call("GET", f"/files/{segment}/content", raw=True)
             for line in raw.splitlines():
                 if line.strip():
                     reply = _read_line(line, where)
@@ -146,6 +147,16 @@ class OpenAIBatchClient:
 
     # -- HTTP ---------------------------------------------------------------------------
 
+    def _segment(self, what: str, value: str) -> str:
+        """Returns an id the server gave, escaped as one path segment (see `path_segment`)."""
+        try:
+            return path_segment(value)
+        except ValueError:
+            raise BackendError(
+                f"{redact_url(self.base_url)} gave {what} {value!r}, which cannot be put in a "
+                "URL path; it is not a batch server plait can talk to"
+            ) from None
+
     async def _call(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
         import aiohttp
 
@@ -153,7 +164,7 @@ class OpenAIBatchClient:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
             )
-        url = self.base_url + path
+        url = join_path(self.base_url, path)
         shown = f"{method} {redact_url(url)}"
         try:
             async with self._session.request(method, url, **kwargs) as answer:

@@ -250,8 +250,9 @@ class BatchJob:
             self.batch_ids.append(batch_id)
             batch = await self._poll(client, batch_id)
             replies = await client.results(batch)
-        except BackendError as exc:
+        except BackendError as exc:  # the whole round failed: every call of it says so
             exc.alias = calls[0].alias
+            exc.args = (f"alias {exc.alias!r}: {exc}", *exc.args[1:])
             for call in calls:
                 call.future.set_exception(exc)
             return

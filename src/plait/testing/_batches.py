@@ -37,7 +37,12 @@ class BatchStore:
     polls: int = 0
     """``GET /v1/batches/{id}`` requests answered."""
     batch_delay: float = 0.0
-    """Seconds a new batch stays ``in_progress`` before it completes."""
+    """Seconds a new batch stays ``in_progress`` before it completes (``math.inf``: never)."""
+    batch_id_format: str = "batch_{n}"
+    """How new OpenAI batch ids are spelled (``{n}`` is a serial number); a hostile
+    server's ids may hold ``/`` or be ``..``."""
+    log: list[str] = field(default_factory=list)
+    """``"<METHOD> <raw path>"`` of every Batch API request, as it arrived (still escaped)."""
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
     _ready_at: dict[str, float] = field(default_factory=dict)
     message_batches: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -66,7 +71,11 @@ class BatchStore:
             status=status, body=orjson.dumps(payload), content_type="application/json"
         )
 
+    def _note(self, request: web.Request) -> None:
+        self.log.append(f"{request.method} {request.raw_path}")
+
     async def _upload(self, request: web.Request) -> web.Response:
+        self._note(request)
         form = await request.post()
         upload = form.get("file")
         if form.get("purpose") != "batch" or upload is None or isinstance(upload, str):
@@ -80,17 +89,19 @@ class BatchStore:
     async def _content(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
+        self._note(request)
         content = self.files.get(request.match_info["file_id"])
         if content is None:
             return self._json(error_payload(404, "No such file"), 404)
         return web.Response(body=content, content_type="application/jsonl")
 
     async def _create(self, request: web.Request) -> web.Response:
+        self._note(request)
         body = orjson.loads(await request.read())
         file_id = body.get("input_file_id")
         if file_id not in self.files or body.get("endpoint") != "/v1/chat/completions":
             return self._json(error_payload(400, "unknown input_file_id or endpoint"), 400)
-        batch_id = f"batch_{next(self._serial)}"
+        batch_id = self.batch_id_format.format(n=next(self._serial))
         lines = [line for line in self.files[file_id].splitlines() if line.strip()]
         self.batches[batch_id] = {
             "id": batch_id,
@@ -109,6 +120,7 @@ class BatchStore:
         return self._json(self.batches[batch_id])
 
     async def _get(self, request: web.Request) -> web.Response:
+        self._note(request)
         batch = self.batches.get(request.match_info["batch_id"])
         if batch is None:
             return self._json(error_payload(404, "No such batch"), 404)
