@@ -133,5 +133,10 @@ class AnthropicBatchClient:
             self._client = None
 
 
+_STATUSES = {"ended": "completed", "in_progress": "in_progress", "canceling": "cancelling"}
+
+
 def _status(batch: Any) -> str:
-    return "completed" if batch.processing_status == "ended" else "in_progress"
+    """Returns the OpenAI spelling of a Message Batch's status; an unknown one as it came."""
+    status = batch.processing_status
+    return _STATUSES.get(status, status) if isinstance(status, str) else repr(status)

@@ -25,10 +25,13 @@ from plait.backends._urls import join_path, path_segment, redact_url
 from plait.backends.types import Request, Response
 from plait.errors import BackendError
 
-__all__ = ["BATCH_DONE", "BatchReply", "OpenAIBatchClient"]
+__all__ = ["BATCH_DONE", "BATCH_RUNNING", "BatchReply", "OpenAIBatchClient"]
 
 BATCH_DONE = frozenset({"completed", "failed", "expired", "cancelled"})
 """Batch statuses after which nothing changes."""
+
+BATCH_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+"""Batch statuses of a batch still at work; any other status is not the Batch API's."""
 
 _DEFAULT_URL = "https://api.openai.com/v1"
 
@@ -118,12 +121,14 @@ class OpenAIBatchClient:
         )
         uploaded = await self._call("POST", "/files", data=form)
         body = {
-            "input_file_id": uploaded["id"],
+            "input_file_id": self._id_of(uploaded, "POST /files"),
             "endpoint": "/v1/chat/completions",
             "completion_window": "24h",
             "metadata": dict(metadata or {}),
         }
-        return await self._call("POST", "/batches", json=body)
+        batch = await self._call("POST", "/batches", json=body)
+        self._id_of(batch, "POST /batches")
+        return batch
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         """Returns the batch object (``status``, ``output_file_id``, ``request_counts`` …)."""
@@ -146,6 +151,16 @@ class OpenAIBatchClient:
         return replies
 
     # -- HTTP ---------------------------------------------------------------------------
+
+    def _id_of(self, answer: Mapping[str, Any], request: str) -> str:
+        """Returns the ``id`` of what the server created; a missing one fails naming the request."""
+        value = answer.get("id")
+        if not isinstance(value, str) or not value:
+            raise BackendError(
+                f"{request} at {redact_url(self.base_url)}: the answer has no id (got "
+                f"{value!r}); it is not a Batch API server"
+            )
+        return value
 
     def _segment(self, what: str, value: str) -> str:
         """Returns an id the server gave, escaped as one path segment (see `path_segment`)."""

@@ -41,6 +41,10 @@ class BatchStore:
     batch_id_format: str = "batch_{n}"
     """How new OpenAI batch ids are spelled (``{n}`` is a serial number); a hostile
     server's ids may hold ``/`` or be ``..``."""
+    stuck_status: str | None = None
+    """When set, every poll of a batch reports this status (OpenAI's ``status``,
+    Anthropic's ``processing_status``) and no batch finishes: a server that
+    speaks a status its clients do not know."""
     log: list[str] = field(default_factory=list)
     """``"<METHOD> <raw path>"`` of every Batch API request, as it arrived (still escaped)."""
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -125,6 +129,8 @@ class BatchStore:
         if batch is None:
             return self._json(error_payload(404, "No such batch"), 404)
         self.polls += 1
+        if self.stuck_status is not None:
+            return self._json({**batch, "status": self.stuck_status})
         if batch["status"] == "in_progress" and time.monotonic() >= self._ready_at[batch["id"]]:
             await self._finish(batch, self._server)
         return self._json(batch)
@@ -196,6 +202,8 @@ class BatchStore:
         if batch is None:
             return self._json(_anthropic_error("not_found_error", "No such batch"), 404)
         self.polls += 1
+        if self.stuck_status is not None:
+            return self._json({**batch, "processing_status": self.stuck_status})
         ready = time.monotonic() >= self._ready_at[batch_id]
         if batch["processing_status"] == "in_progress" and ready:
             results = [await self._answer_message(entry) for entry in self._requests[batch_id]]
