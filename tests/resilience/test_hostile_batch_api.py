@@ -109,3 +109,99 @@ async def test_polling_stops_on_a_status_the_batch_api_does_not_have(provider: s
     message = str(errors[0])
     assert "alias 'llm'" in message and "'daydreaming'" in message and job.batch_ids[0] in message
     assert polls == 3
+
+
+# -- a result file that repeats, invents or garbles lines ----------------------------------
+
+RESULT_KEY = {"openai": "response", "anthropic": "result"}
+
+
+def batch_config(server: ScriptedServer, provider: str) -> dict:
+    if provider == "openai":
+        return {"llm": server.endpoint(max_retries=0)}
+    pytest.importorskip("anthropic")
+    base_url = f"http://127.0.0.1:{server.port}"
+    entry = {"provider": "anthropic", "model": "claude-test", "api_key": "k", "base_url": base_url}
+    return {"llm": {**entry, "max_retries": 0}}
+
+
+async def run_edited(server: ScriptedServer, provider: str, edit) -> list:
+    server.batch_api.edit_results = edit
+    job = BatchJob(LLMInference("llm"), batch_config(server, provider), poll_interval=0.01)
+    return await job.run(ITEMS, on_error="collect")
+
+
+def answered(outputs: list) -> list[str]:
+    return sorted(out for out in outputs if isinstance(out, str))
+
+
+def line_for(lines: list[dict], custom_id: str) -> dict:
+    return next(line for line in lines if line["custom_id"] == custom_id)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_second_answer_for_a_request_fails_that_item_and_replaces_nothing(
+    provider: str,
+) -> None:
+    def repeat(lines: list[dict]) -> list:
+        other = {**line_for(lines, "request-1"), "custom_id": "request-0"}
+        return [*lines, other]
+
+    async with ScriptedServer() as server:
+        outputs = await run_edited(server, provider, repeat)
+
+    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
+    assert "request-0" in str(failed[0]) and "2 result lines" in str(failed[0])
+    assert len(answered(outputs)) == 2
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_line_for_a_request_never_asked_is_reported_and_ignored(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def invent(lines: list[dict]) -> list:
+        return [*lines, {**lines[0], "custom_id": "request-99"}]
+
+    async with ScriptedServer() as server:
+        outputs = await run_edited(server, provider, invent)
+
+    assert answered(outputs) == [f"echo: {x}" for x in ITEMS]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("'request-99'" in text and "not asked" in text for text in warnings), warnings
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("garbage", ["oops", ["a list"], 7])
+async def test_a_line_of_the_wrong_shape_fails_only_its_own_item(
+    provider: str, garbage: object
+) -> None:
+    def garble(lines: list[dict]) -> list:
+        bad = line_for(lines, "request-2")
+        return [
+            line if line is not bad else {**bad, RESULT_KEY[provider]: garbage} for line in lines
+        ]
+
+    async with ScriptedServer() as server:
+        outputs = await run_edited(server, provider, garble)
+
+    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
+    assert "request-2" in str(failed[0]) and "alias 'llm'" in str(failed[0])
+    assert len(answered(outputs)) == 2
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_unreadable_line_is_named_by_the_item_it_left_without_an_answer(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def garble(lines: list[dict]) -> list:
+        return [b"{not json" if line["custom_id"] == "request-1" else line for line in lines]
+
+    async with ScriptedServer() as server:
+        outputs = await run_edited(server, provider, garble)
+
+    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
+    assert "request-1" in str(failed[0]) and "{not json" in str(failed[0])
+    assert len(answered(outputs)) == 2

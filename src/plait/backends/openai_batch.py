@@ -6,7 +6,8 @@ the batch moves ``validating`` → ``in_progress`` → ``finalizing`` →
 ``completed`` (or ``failed``, ``expired``, ``cancelled``); its
 ``output_file_id`` holds one line per answered request
 ``{"custom_id", "response": {"status_code", "body"}, "error"}`` in any
-order, and its ``error_file_id`` the requests that failed. Requests are
+order, and its ``error_file_id`` the requests that failed (both are read
+as one `ResultFile`, which trusts none of their lines). Requests are
 built and replies parsed by the same code as live calls (`_openai_wire`),
 so a batch asks exactly what the live call would.
 """
@@ -15,14 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from plait.backends._batch_results import BatchReply, ResultFile
 from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
 from plait.backends._urls import join_path, path_segment, redact_url
-from plait.backends.types import Request, Response
+from plait.backends.types import Request
 from plait.errors import BackendError
 
 __all__ = ["BATCH_DONE", "BATCH_RUNNING", "BatchReply", "OpenAIBatchClient"]
@@ -34,15 +35,6 @@ BATCH_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancellin
 """Batch statuses of a batch still at work; any other status is not the Batch API's."""
 
 _DEFAULT_URL = "https://api.openai.com/v1"
-
-
-@dataclass(frozen=True, slots=True)
-class BatchReply:
-    """The outcome of one request of a batch: a response, or why it has none."""
-
-    custom_id: str
-    response: Response | None = None
-    error: BackendError | None = None
 
 
 class OpenAIBatchClient:
@@ -134,10 +126,16 @@ class OpenAIBatchClient:
         """Returns the batch object (``status``, ``output_file_id``, ``request_counts`` …)."""
         return await self._call("GET", f"/batches/{self._segment('batch id', batch_id)}")
 
-    async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
-        """Returns the reply of every request of a finished batch, by ``custom_id``."""
-        replies: dict[str, BatchReply] = {}
+    async def results(
+        self, batch: Mapping[str, Any], custom_ids: Iterable[str]
+    ) -> dict[str, BatchReply]:
+        """Returns the reply of each of ``custom_ids`` that a finished batch answered.
+
+        Its output and error files are read as one result file (`ResultFile`:
+        repeated, unknown and unreadable lines are reported, never delivered).
+        """
         where = f"batch {batch.get('id')} at {redact_url(self.base_url)}"
+        results = ResultFile(where, custom_ids, lambda key, data: _reply(key, data, where))
         for key in ("output_file_id", "error_file_id"):
             file_id = batch.get(key)
             if not file_id:
@@ -146,9 +144,8 @@ class OpenAIBatchClient:
             raw = await self._call("GET", f"/files/{segment}/content", raw=True)
             for line in raw.splitlines():
                 if line.strip():
-                    reply = _read_line(line, where)
-                    replies[reply.custom_id] = reply
-        return replies
+                    results.add(line)
+        return results.replies()
 
     # -- HTTP ---------------------------------------------------------------------------
 
@@ -209,26 +206,36 @@ class OpenAIBatchClient:
             self._session = None
 
 
-def _read_line(line: bytes, where: str) -> BatchReply:
-    try:
-        data = orjson.loads(line)
-        custom_id = str(data["custom_id"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendError(
-            f"{where}: a result line is not a batch result: {line[:200]!r}"
-        ) from None
-    response = data.get("response") or {}
-    status = response.get("status_code")
-    if data.get("error") or status != 200:
-        error = data.get("error") or (response.get("body") or {}).get("error") or {}
-        message = error.get("message") if isinstance(error, dict) else str(error)
+def _reply(custom_id: str, data: dict[str, Any], where: str) -> BatchReply:
+    """Reads one result line (``{"custom_id", "response": {"status_code", "body"}, "error"}``)."""
+    response = data.get("response")
+    if response is None:
+        response = {}
+    if not isinstance(response, dict):
         failure = BackendError(
-            f"{where}: request {custom_id} failed: HTTP {status}: {message}",
-            status=status if isinstance(status, int) else None,
-            retryable=isinstance(status, int) and (status == 429 or status >= 500),
+            f"{where}: the result line of request {custom_id} has a 'response' that is not "
+            f"an object: {str(response)[:200]!r}"
         )
         return BatchReply(custom_id, error=failure)
+    status = response.get("status_code")
+    if data.get("error") or status != 200:
+        return BatchReply(custom_id, error=_failure(custom_id, data, response, where))
     try:
         return BatchReply(custom_id, response=parse_completion(response.get("body"), where))
     except BackendError as exc:
         return BatchReply(custom_id, error=exc)
+
+
+def _failure(
+    custom_id: str, data: dict[str, Any], response: dict[str, Any], where: str
+) -> BackendError:
+    """Returns the error of a request the batch answered with a failure."""
+    status = response.get("status_code")
+    body = response.get("body")
+    error = data.get("error") or (body.get("error") if isinstance(body, dict) else None) or {}
+    message = error.get("message") if isinstance(error, dict) else str(error)
+    return BackendError(
+        f"{where}: request {custom_id} failed: HTTP {status}: {message}",
+        status=status if isinstance(status, int) else None,
+        retryable=isinstance(status, int) and (status == 429 or status >= 500),
+    )

@@ -72,6 +72,12 @@ def _client_for(endpoint: Any) -> Any:
     return OpenAIBatchClient.from_endpoint(endpoint)
 
 
+def _name_alias(error: BackendError, alias: str) -> None:
+    """Sets the alias of a failure that reaches the program, and names it in the message."""
+    error.alias = alias
+    error.args = (f"alias {alias!r}: {error}", *error.args[1:])
+
+
 @dataclass
 class _Call:
     item: int | None
@@ -286,10 +292,9 @@ class BatchJob:
                 self._store(key, batch_id)
             self.batch_ids.append(batch_id)
             batch = await self._poll(client, batch_id)
-            replies = await client.results(batch)
+            replies = await client.results(batch, [f"request-{n}" for n in range(len(calls))])
         except BackendError as exc:  # the whole round failed: every call of it says so
-            exc.alias = calls[0].alias
-            exc.args = (f"alias {exc.alias!r}: {exc}", *exc.args[1:])
+            _name_alias(exc, calls[0].alias)
             for call in calls:
                 call.future.set_exception(exc)
             return
@@ -306,14 +311,15 @@ class BatchJob:
             if error is None:
                 error = BackendError(
                     f"batch {batch.get('id')} ended {batch.get('status')!r} without an answer "
-                    f"for this request (alias {call.alias!r})",
+                    "for this request",
                     retryable=batch.get("status") == "expired",
                 )
             retries = manager.config.resolve(call.alias).max_retries
             if error.retryable and call.attempts <= retries:
                 collector.pending.append(call)  # asked again in the next round
                 return
-            error.alias, error.attempts = call.alias, call.attempts
+            _name_alias(error, call.alias)
+            error.attempts = call.attempts
             call.future.set_exception(error)
             return
         response = reply.response

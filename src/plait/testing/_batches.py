@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,13 @@ class BatchStore:
     """When set, every poll of a batch reports this status (OpenAI's ``status``,
     Anthropic's ``processing_status``) and no batch finishes: a server that
     speaks a status its clients do not know."""
+    edit_results: Callable[[list[dict[str, Any]]], list[Any]] | None = None
+    """Rewrites a finished batch's result lines before they are served: it gets
+    them as objects, in the provider's shape (OpenAI: ``custom_id``,
+    ``response``, ``error``, output and error lines together; Anthropic:
+    ``custom_id``, ``result``) and returns the lines to serve instead (objects
+    are sent as JSON, bytes as they are; OpenAI serves them all in the output
+    file): a server that repeats, invents or garbles result lines."""
     log: list[str] = field(default_factory=list)
     """``"<METHOD> <raw path>"`` of every Batch API request, as it arrived (still escaped)."""
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -143,10 +151,13 @@ class BatchStore:
             item = orjson.loads(line)
             result = await self._answer(item, server, f"batch_req_{number}")
             (outputs if result["response"]["status_code"] == 200 else errors).append(result)
-        for key, results in (("output_file_id", outputs), ("error_file_id", errors)):
+        files = {"output_file_id": outputs, "error_file_id": errors}
+        if self.edit_results is not None:
+            files = {"output_file_id": self.edit_results(outputs + errors)}
+        for key, results in files.items():
             if results:
                 file_id = f"file-{next(self._serial)}"
-                self.files[file_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
+                self.files[file_id] = _jsonl(results)
                 batch[key] = file_id
         batch["request_counts"].update(completed=len(outputs), failed=len(errors))
         batch["status"] = "completed"
@@ -207,8 +218,9 @@ class BatchStore:
         ready = time.monotonic() >= self._ready_at[batch_id]
         if batch["processing_status"] == "in_progress" and ready:
             results = [await self._answer_message(entry) for entry in self._requests[batch_id]]
-            self._results[batch_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
             succeeded = sum(r["result"]["type"] == "succeeded" for r in results)
+            edited = results if self.edit_results is None else self.edit_results(results)
+            self._results[batch_id] = _jsonl(edited)
             batch["request_counts"].update(
                 processing=0, succeeded=succeeded, errored=len(results) - succeeded
             )
@@ -274,3 +286,10 @@ class BatchStore:
 
 def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _jsonl(lines: list[Any]) -> bytes:
+    """Returns result lines as a JSONL file: objects as JSON, bytes as they are."""
+    return b"".join(
+        (line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines
+    )
