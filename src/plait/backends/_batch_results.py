@@ -18,16 +18,17 @@ reads one decoded line whose ``custom_id`` is known.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from plait.backends._bounded import iter_lines, too_large
 from plait.backends.types import Response
 from plait.errors import BackendError
 
-__all__ = ["BatchReply", "ResultFile", "iter_lines"]
+__all__ = ["BatchReply", "ResultFile"]
 
 logger = logging.getLogger("plait.backends")
 
@@ -41,19 +42,6 @@ class BatchReply:
     custom_id: str
     response: Response | None = None
     error: BackendError | None = None
-
-
-async def iter_lines(chunks: AsyncIterable[bytes]) -> AsyncIterator[bytes]:
-    """Yields the non-blank lines of a body that arrives in ``chunks`` of any size."""
-    pending = b""
-    async for chunk in chunks:
-        lines = (pending + chunk).split(b"\n") if pending else chunk.split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            if line.strip():
-                yield line
-    if pending.strip():
-        yield pending
 
 
 class ResultFile:
@@ -75,22 +63,41 @@ class ResultFile:
         self._parse = parse
         self._replies: dict[str, BatchReply | None] = dict.fromkeys(custom_ids)
         self._lines: dict[str, int] = {}
-        self._unknown: list[str] = []
-        self._unreadable: list[str] = []
+        # Counts and the first example only: a flood of bad lines must cost nothing.
+        self._unknown = 0
+        self._first_unknown = ""
+        self._unreadable = 0
+        self._first_unreadable = ""
+
+    async def read(self, chunks: AsyncIterable[bytes], max_line_bytes: int) -> None:
+        """Reads a result file arriving in ``chunks``, line by line, as it arrives.
+
+        Raises:
+            BackendError: a line is longer than ``max_line_bytes``.
+        """
+
+        def too_long(size: int) -> BackendError:
+            what = "a result line (read so far)"
+            return too_large(self.where, what, size, "max_response_bytes", max_line_bytes)
+
+        async for line in iter_lines(chunks, max_line_bytes, too_long):
+            if line.strip():
+                self.add(line)
 
     def add(self, line: bytes) -> None:
         """Reads one line of the result file."""
         try:
             data = orjson.loads(line)
         except orjson.JSONDecodeError:
-            self._unreadable.append(f"not JSON: {_preview(line)}")
+            self._note_unreadable(f"not JSON: {_preview(line)}")
             return
         custom_id = data.get("custom_id") if isinstance(data, dict) else None
         if not isinstance(custom_id, str):
-            self._unreadable.append(f"no custom_id: {_preview(line)}")
+            self._note_unreadable(f"no custom_id: {_preview(line)}")
             return
         if custom_id not in self._replies:
-            self._unknown.append(custom_id)
+            self._unknown += 1
+            self._first_unknown = self._first_unknown or custom_id
             return
         count = self._lines[custom_id] = self._lines.get(custom_id, 0) + 1
         if count == 1:
@@ -104,6 +111,10 @@ class ResultFile:
                 ),
             )
 
+    def _note_unreadable(self, problem: str) -> None:
+        self._unreadable += 1
+        self._first_unreadable = self._first_unreadable or problem
+
     def replies(self) -> dict[str, BatchReply]:
         """Returns the reply of every request that has one; logs the lines that answer none."""
         if self._unknown:
@@ -111,8 +122,8 @@ class ResultFile:
                 "%s: %d result line(s) for requests this batch was not asked were ignored "
                 "(first: %r)",
                 self.where,
-                len(self._unknown),
-                self._unknown[0],
+                self._unknown,
+                self._first_unknown,
             )
         replies = {key: reply for key, reply in self._replies.items() if reply is not None}
         if self._unreadable:
@@ -122,10 +133,10 @@ class ResultFile:
         return replies
 
     def _unanswered(self, custom_id: str) -> BackendError:
-        count = len(self._unreadable)
         return BackendError(
-            f"{self.where}: no result line answers request {custom_id}, and {count} line(s) "
-            f"of the result file could not be read (the first: {self._unreadable[0]})"
+            f"{self.where}: no result line answers request {custom_id}, and "
+            f"{self._unreadable} line(s) of the result file could not be read (the first: "
+            f"{self._first_unreadable})"
         )
 
 

@@ -3,7 +3,8 @@
 Both take a chat-completions body (a dict), send it, and hand back the
 decoded JSON of the reply's own bytes: one value for a completion, an async
 iterator of values for a stream (whether they have the right shape is for
-`_openai_wire` to check).
+`_openai_wire` to check). Both read within the endpoint's caps
+(`_bounded`: ``max_response_bytes`` per body, ``max_event_bytes`` per event).
 Both map every failure onto plait's errors the same way (`_errors.py`), and
 neither retries (the resource layer owns retries; SPEC §4.4).
 
@@ -27,6 +28,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from plait.backends._bounded import read_body, read_chunks
 from plait.backends._errors import error_from_status
 from plait.backends._openai_wire import decode_event, preview
 from plait.backends._sse import DONE, iter_sse_data
@@ -96,7 +98,16 @@ async def _until_done(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 class Transport:
-    """What the backend needs from a transport; both implementations follow it."""
+    """What the backend needs from a transport; both implementations follow it.
+
+    Args:
+        max_response_bytes: the largest reply body read (error bodies included).
+        max_event_bytes: the most data one event of a stream may hold.
+    """
+
+    def __init__(self, max_response_bytes: int, max_event_bytes: int) -> None:
+        self._max_body = max_response_bytes
+        self._max_event = max_event_bytes
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         """Sends a non-streamed request; returns the decoded JSON reply."""
@@ -129,7 +140,10 @@ class AiohttpTransport(Transport):
         headers: Mapping[str, str],
         timeout: float | None,
         max_connections: int | None,
+        max_response_bytes: int,
+        max_event_bytes: int,
     ) -> None:
+        super().__init__(max_response_bytes, max_event_bytes)
         self._endpoint = join_path(base_url, "/chat/completions")
         self._headers = dict(headers)
         self._timeout = timeout
@@ -212,7 +226,7 @@ class AiohttpTransport(Transport):
             async with session.post(
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
-                raw = await response.read()
+                raw = await read_body(response, self._max_body, where)
                 if response.status >= 400:
                     raise error_from_status(
                         response.status,
@@ -236,7 +250,7 @@ class AiohttpTransport(Transport):
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
                 if response.status >= 400:
-                    raw = await response.read()
+                    raw = await read_body(response, self._max_body, where)
                     raise error_from_status(
                         response.status,
                         raw,
@@ -245,7 +259,8 @@ class AiohttpTransport(Transport):
                         reason=response.reason,
                         url=self._endpoint,
                     )
-                async for data in _until_done(iter_sse_data(response.content.iter_any())):
+                events = iter_sse_data(response.content.iter_any(), self._max_event, where)
+                async for data in _until_done(events):
                     yield decode_event(data, where)
         except (TimeoutError, self._client_error) as exc:
             raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
@@ -272,7 +287,10 @@ class SdkTransport(Transport):
         api_key: str | None,
         headers: Mapping[str, str],
         timeout: float | None,
+        max_response_bytes: int,
+        max_event_bytes: int,
     ) -> None:
+        super().__init__(max_response_bytes, max_event_bytes)
         # The SDK appends the path to base_url as text, so a query there would end
         # up inside the path; it sends default_query with every request instead.
         self._base_url, _, query = base_url.partition("#")[0].partition("?")
@@ -315,9 +333,10 @@ class SdkTransport(Transport):
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
-        try:
-            response = await client.chat.completions.with_raw_response.create(**body, **extra)
-            raw = response.http_response.content
+        streamed = client.chat.completions.with_streaming_response
+        try:  # streamed, so that the body is read here, within the cap
+            async with streamed.create(**body, **extra) as response:
+                raw = await read_chunks(response.iter_bytes(), self._max_body, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)
         return _decode_body(raw, response.status_code, where)
@@ -333,7 +352,8 @@ class SdkTransport(Transport):
             self._reraise(exc, where, timeout)
         http = response.http_response
         try:
-            async for data in _until_done(iter_sse_data(http.aiter_bytes())):
+            events = iter_sse_data(http.aiter_bytes(), self._max_event, where)
+            async for data in _until_done(events):
                 yield decode_event(data, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)

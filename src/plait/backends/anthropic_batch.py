@@ -16,7 +16,8 @@ from typing import Any
 import orjson
 
 from plait.backends._anthropic_wire import WirePlan, build_body, read_message
-from plait.backends._batch_results import BatchReply, ResultFile, iter_lines
+from plait.backends._batch_results import BatchReply, ResultFile
+from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
 from plait.backends.types import Request
 from plait.errors import BackendError
@@ -95,15 +96,16 @@ class AnthropicBatchClient:
         """Returns the reply of each of ``custom_ids`` that an ended batch answered.
 
         The results stream is read line by line here, not by the SDK's decoder,
-        so each line is checked as `ResultFile` checks OpenAI's.
+        so each line is checked (and capped) as `ResultFile` does OpenAI's.
         """
         where = f"message batch {batch['id']}"
         results = ResultFile(where, custom_ids, lambda key, data: self._reply(key, data, where))
         streamed = self._sdk_client().messages.batches.with_streaming_response
         try:
             async with streamed.results(batch["id"]) as answer:
-                async for line in iter_lines(answer.iter_bytes()):
-                    results.add(line)
+                await results.read(answer.iter_bytes(), DEFAULT_MAX_RESPONSE_BYTES)
+        except BackendError:
+            raise
         except Exception as exc:
             raise self._error(f"read the results of {where}", exc) from None
         return results.replies()

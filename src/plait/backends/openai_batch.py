@@ -14,15 +14,17 @@ so a batch asks exactly what the live call would.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import orjson
 
 from plait.backends._batch_results import BatchReply, ResultFile
+from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES, read_body
 from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
-from plait.backends._urls import join_path, path_segment, redact_url
+from plait.backends._urls import join_path, path_segment, redact_url, scrub_text
 from plait.backends.types import Request
 from plait.errors import BackendError
 
@@ -48,6 +50,8 @@ class OpenAIBatchClient:
         headers: extra headers for every request.
         dialect: ``openai`` (default for api.openai.com), ``generic`` or ``llama_cpp``.
         timeout: seconds per HTTP request (not the batch, which may take hours).
+        max_response_bytes: the largest answer read, and the longest line of a
+            result file (whose whole size is not capped: it is read line by line).
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class OpenAIBatchClient:
         headers: Mapping[str, str] | None = None,
         dialect: str | None = None,
         timeout: float | None = 300.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.model = model
         self.base_url = (base_url or _DEFAULT_URL).rstrip("/")
@@ -71,6 +76,7 @@ class OpenAIBatchClient:
         default = "openai" if self.base_url == _DEFAULT_URL else "generic"
         self._wire = wires[dialect or default]
         self._timeout = timeout
+        self._max_bytes = max_response_bytes
         self._session: Any = None
 
     @classmethod
@@ -83,6 +89,7 @@ class OpenAIBatchClient:
             api_key_env=config.api_key_env or "OPENAI_API_KEY",
             headers=config.headers,
             dialect=config.dialect,
+            max_response_bytes=config.max_response_bytes,
         )
 
     def __repr__(self) -> str:
@@ -132,7 +139,8 @@ class OpenAIBatchClient:
         """Returns the reply of each of ``custom_ids`` that a finished batch answered.
 
         Its output and error files are read as one result file (`ResultFile`:
-        repeated, unknown and unreadable lines are reported, never delivered).
+        repeated, unknown and unreadable lines are reported, never delivered),
+        line by line as they arrive: memory holds the replies, not the file.
         """
         where = f"batch {batch.get('id')} at {redact_url(self.base_url)}"
         results = ResultFile(where, custom_ids, lambda key, data: _reply(key, data, where))
@@ -141,10 +149,8 @@ class OpenAIBatchClient:
             if not file_id:
                 continue
             segment = self._segment("file id", str(file_id))
-            raw = await self._call("GET", f"/files/{segment}/content", raw=True)
-            for line in raw.splitlines():
-                if line.strip():
-                    results.add(line)
+            async with self._answer("GET", f"/files/{segment}/content") as answer:
+                await results.read(answer.content.iter_any(), self._max_bytes)
         return results.replies()
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -169,7 +175,9 @@ class OpenAIBatchClient:
                 "URL path; it is not a batch server plait can talk to"
             ) from None
 
-    async def _call(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+    @contextlib.asynccontextmanager
+    async def _answer(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[Any]:
+        """Sends a request and yields its successful answer, body unread; a failure raises."""
         import aiohttp
 
         if self._session is None or self._session.closed:
@@ -180,17 +188,23 @@ class OpenAIBatchClient:
         shown = f"{method} {redact_url(url)}"
         try:
             async with self._session.request(method, url, **kwargs) as answer:
-                body = await answer.read()
                 if answer.status >= 400:
+                    body = await read_body(answer, self._max_bytes, shown)
                     raise BackendError(
                         f"{shown}: HTTP {answer.status}: {body[:300].decode(errors='replace')}",
                         status=answer.status,
                         retryable=answer.status in (408, 429) or answer.status >= 500,
                     )
+                yield answer
         except aiohttp.ClientError as exc:
-            raise BackendError(f"{shown}: {type(exc).__name__}: {exc}", retryable=True) from exc
-        if raw:
-            return body
+            detail = scrub_text(str(exc), url)
+            raise BackendError(f"{shown}: {type(exc).__name__}: {detail}", retryable=True) from exc
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Returns the JSON object a request is answered with (read within the cap)."""
+        shown = f"{method} {redact_url(join_path(self.base_url, path))}"
+        async with self._answer(method, path, **kwargs) as answer:
+            body = await read_body(answer, self._max_bytes, shown)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:

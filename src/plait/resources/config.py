@@ -28,6 +28,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url, scrub_text
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources.usage import Price, price_for
@@ -101,6 +102,11 @@ class EndpointConfig:
     """Connection pool size; defaults to ``max_concurrent``."""
     dialect: str | None = None
     """OpenAI-compatible server variant: ``openai`` or ``llama_cpp``; None detects it."""
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """The largest reply body read from an ``openai`` endpoint, and the longest line of
+    its Batch API result files (64 MiB); a larger one fails its call, not retried."""
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    """The most data one event of an ``openai`` endpoint's stream may hold (16 MiB)."""
     model_path: str | None = None
     """GGUF file for the ``local`` provider; None uses the embedded model."""
     n_ctx: int | None = None
@@ -349,6 +355,8 @@ _BY_PROVIDER: dict[str, dict[str, Checker]] = {
         "headers": _headers,
         "max_connections": _positive_int,
         "dialect": _dialect,
+        "max_response_bytes": _positive_int,
+        "max_event_bytes": _positive_int,
     },
     "anthropic": {**_COMMON, **_REMOTE},
     "local": {**_COMMON, "model_path": _path, "n_ctx": _positive_int},
@@ -601,7 +609,8 @@ class ResourceConfig:
     ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
     ``backend_options`` (checked against the backend's constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
-    ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
+    ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
+    ``max_event_bytes``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
     and ``n_ctx``. See `EndpointConfig` for what each means.
     """

@@ -93,6 +93,8 @@ def create_backend(config: EndpointConfig) -> Backend:
             pool = config.max_connections or config.max_concurrent
             if pool is not None:
                 kwargs["max_connections"] = pool
+            kwargs["max_response_bytes"] = config.max_response_bytes
+            kwargs["max_event_bytes"] = config.max_event_bytes
     kwargs.update(config.backend_options)
     return backend_class(config.provider)(**kwargs)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plait.testing._replies import RawReply, completion_payload, error_payload
+from plait.testing._replies import Flood, RawReply, completion_payload, error_payload
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -33,7 +33,7 @@ __all__ = ["BatchStore"]
 class BatchStore:
     """Files and batches the server holds, and how often they were asked about."""
 
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, bytes | Flood] = field(default_factory=dict)
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     polls: int = 0
     """``GET /v1/batches/{id}`` requests answered."""
@@ -46,13 +46,14 @@ class BatchStore:
     """When set, every poll of a batch reports this status (OpenAI's ``status``,
     Anthropic's ``processing_status``) and no batch finishes: a server that
     speaks a status its clients do not know."""
-    edit_results: Callable[[list[dict[str, Any]]], list[Any]] | None = None
+    edit_results: Callable[[list[dict[str, Any]]], list[Any] | Flood] | None = None
     """Rewrites a finished batch's result lines before they are served: it gets
     them as objects, in the provider's shape (OpenAI: ``custom_id``,
     ``response``, ``error``, output and error lines together; Anthropic:
     ``custom_id``, ``result``) and returns the lines to serve instead (objects
     are sent as JSON, bytes as they are; OpenAI serves them all in the output
-    file): a server that repeats, invents or garbles result lines."""
+    file), or a `Flood` to serve as the whole file: a server that repeats,
+    invents or garbles result lines, or sends a file too large to hold."""
     log: list[str] = field(default_factory=list)
     """``"<METHOD> <raw path>"`` of every Batch API request, as it arrived (still escaped)."""
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -60,7 +61,7 @@ class BatchStore:
     message_batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Anthropic Message Batches (``/v1/messages/batches``), by id."""
     _requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    _results: dict[str, bytes] = field(default_factory=dict)
+    _results: dict[str, bytes | Flood] = field(default_factory=dict)
     _server: Any = None
 
     def routes(self, app: web.Application, server: ScriptedServer) -> None:
@@ -105,6 +106,10 @@ class BatchStore:
         content = self.files.get(request.match_info["file_id"])
         if content is None:
             return self._json(error_payload(404, "No such file"), 404)
+        if isinstance(content, Flood):
+            from plait.testing.scripted_server import send_flood
+
+            return await send_flood(request, content)
         return web.Response(body=content, content_type="application/jsonl")
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -236,6 +241,10 @@ class BatchStore:
         content = self._results.get(request.match_info["batch_id"])
         if content is None:
             return self._json(_anthropic_error("not_found_error", "No results yet"), 404)
+        if isinstance(content, Flood):
+            from plait.testing.scripted_server import send_flood
+
+            return await send_flood(request, content)
         return web.Response(body=content, content_type="application/x-jsonl")
 
     async def _answer_message(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -288,8 +297,10 @@ def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _jsonl(lines: list[Any]) -> bytes:
-    """Returns result lines as a JSONL file: objects as JSON, bytes as they are."""
+def _jsonl(lines: list[Any] | Flood) -> bytes | Flood:
+    """Returns result lines as a JSONL file (objects as JSON, bytes as they are), or the Flood."""
+    if isinstance(lines, Flood):
+        return lines
     return b"".join(
         (line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines
     )
