@@ -76,10 +76,12 @@ def _decode_body(raw: bytes, status: int, where: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        shown = preview(raw)
         raise BackendError(
-            f"{where} answered HTTP {status} with a body that is not JSON: {preview(raw)}",
+            f"{where} answered HTTP {status} with a body that is not JSON: {shown}",
             status=status,
             body=raw.decode("utf-8", "replace"),
+            detail=shown,
         ) from exc
 
 
@@ -425,7 +427,6 @@ class _SdkErrors:
         if isinstance(exc, self._connections):
             return _connection_error(where, exc, url)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            return BackendError(
-                f"{where}: {scrub_text(str(exc), url)}", retryable=True, body=exc.body
-            )
+            detail = scrub_text(str(exc), url)
+            return BackendError(f"{where}: {detail}", retryable=True, body=exc.body, detail=detail)
         return None

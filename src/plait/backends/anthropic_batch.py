@@ -125,11 +125,12 @@ class AnthropicBatchClient:
         outer = result.get("error")
         detail = outer.get("error") if isinstance(outer, dict) else None
         detail = detail if isinstance(detail, dict) else {}
-        message = detail.get("message") or kind
+        message = str(detail.get("message") or kind)
         error = BackendError(
             f"{where}: request {custom_id} {kind}: {message}",
             retryable=kind in ("expired", "canceled")
             or detail.get("type") in ("overloaded_error", "api_error"),
+            detail=message,
         )
         return BatchReply(custom_id, error=error)
 

@@ -190,10 +190,12 @@ class OpenAIBatchClient:
             async with self._session.request(method, url, **kwargs) as answer:
                 if answer.status >= 400:
                     body = await read_body(answer, self._max_bytes, shown)
+                    quoted = body[:300].decode(errors="replace")
                     raise BackendError(
-                        f"{shown}: HTTP {answer.status}: {body[:300].decode(errors='replace')}",
+                        f"{shown}: HTTP {answer.status}: {quoted}",
                         status=answer.status,
                         retryable=answer.status in (408, 429) or answer.status >= 500,
+                        detail=quoted,
                     )
                 yield answer
         except aiohttp.ClientError as exc:
@@ -247,9 +249,10 @@ def _failure(
     status = response.get("status_code")
     body = response.get("body")
     error = data.get("error") or (body.get("error") if isinstance(body, dict) else None) or {}
-    message = error.get("message") if isinstance(error, dict) else str(error)
+    message = str(error.get("message") if isinstance(error, dict) else error)
     return BackendError(
         f"{where}: request {custom_id} failed: HTTP {status}: {message}",
         status=status if isinstance(status, int) else None,
         retryable=isinstance(status, int) and (status == 429 or status >= 500),
+        detail=message,
     )
