@@ -7,10 +7,9 @@ to the provider as one batch (OpenAI: a JSONL file on ``/v1/files`` and a
 ``/v1/batches`` job; Anthropic: a Message Batch through its SDK), is polled
 until it finishes (within the run's ``deadline``, if it has one; a status the
 Batch API does not have stops the polling), and each answer resumes the call
-that asked it. A program
-with several levels of LLM calls (extract, then judge) therefore takes one
-round per level, and ``async def forward`` leaves and structured re-asks
-simply add rounds.
+that asked it. A program with several levels of LLM calls (extract, then
+judge) therefore takes one round per level, and ``async def forward`` leaves
+and structured re-asks simply add rounds.
 
 Resuming: with ``checkpoint_dir``, the id of each submitted batch is stored
 (``batch_api.json``) under the SHA-256 of its exact request lines before it is
@@ -210,7 +209,7 @@ class BatchJob:
             outputs.append(result)
         return outputs
 
-    def _late(self, tasks: list[asyncio.Task[Any]], deadline: Any) -> list[Any]:
+    def _late(self, tasks: list[asyncio.Task[Any]], deadline: float) -> list[Any]:
         """Returns each item's result, or its `DeadlineExceededError` when it had not finished."""
         from plait.execution.run import unfinished_error
 
