@@ -266,3 +266,53 @@ async def test_a_tool_that_raises_and_a_module_that_fails_report_their_exception
     assert all("HTTP 400" in str(exception) for _, exception, _ in module_ends)
     # The end hook runs inside the call, so it still names the module ("" is the program).
     assert sorted(path for _, _, path in module_ends) == ["", "llm"]
+
+
+def span_texts(span: Any) -> str:
+    """Everything a span carries as text: status, attributes, events and their attributes."""
+    texts = [span.name, str(span.status.description), json.dumps(dict(span.attributes))]
+    for event in span.events:
+        texts += [event.name, json.dumps(dict(event.attributes))]
+    return "\n".join(texts)
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["complete", "stream"])
+async def test_an_error_body_echoing_the_prompt_stays_out_of_spans_unless_content_is_captured(
+    streamed: bool,
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from plait.telemetry import OpenTelemetryCallback
+
+    echo = Fault(status=400, message="your prompt 'secret words' is not allowed")
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    for capture in (False, True):
+        exporter.clear()
+        async with ScriptedServer(faults=[echo]) as server:
+            callback = OpenTelemetryCallback(provider, capture_content=capture)
+            program = LLMInference("llm")
+            with (
+                plait.settings.context(callbacks=[callback]),
+                pytest.raises(plait.errors.ExecutionError, match="secret words"),
+            ):
+                if streamed:
+                    async for _ in program.astream("secret words", resources=config_of(server)):
+                        pass
+                else:
+                    await run(program, "secret words", resources=config_of(server))
+        spans = exporter.get_finished_spans()
+        chat = next(span for span in spans if span.name.startswith("chat"))
+        if capture:
+            assert "'secret words' is not allowed" in chat.status.description
+            continue
+        assert all("secret words" not in span_texts(span) for span in spans), [
+            span_texts(span) for span in spans
+        ]
+        assert "HTTP 400" in chat.status.description and "alias 'llm'" in chat.status.description
+        assert chat.attributes["error.type"] == "BackendError"
+        assert chat.attributes["http.response.status_code"] == 400
+        assert chat.events[0].name == "exception"

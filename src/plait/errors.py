@@ -106,6 +106,9 @@ class BackendError(PlaitError):
         retryable: whether the resource layer may retry this failure.
         retry_after: seconds the provider asked us to wait, if it said.
         body: the provider's error body, decoded when possible.
+        detail: the provider's own text that the message quotes (an error
+            body's message, the start of a malformed reply). It may echo the
+            prompt, so telemetry leaves it out unless content capture is on.
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class BackendError(PlaitError):
         retryable: bool = False,
         retry_after: float | None = None,
         body: Any = None,
+        detail: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -126,6 +130,7 @@ class BackendError(PlaitError):
         self.retryable = retryable
         self.retry_after = retry_after
         self.body = body
+        self.detail = detail
 
 
 class BackendTimeout(BackendError):

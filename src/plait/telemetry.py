@@ -11,9 +11,13 @@ Attributes follow the OpenTelemetry GenAI conventions: ``gen_ai.operation.name``
 the request's sampling options, ``gen_ai.response.model``,
 ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` /
 ``output_tokens``, ``gen_ai.tool.name`` / ``gen_ai.tool.call.id``, and
-``error.type`` on failure. Prompts and completions (``gen_ai.input.messages``,
+``error.type`` (with ``http.response.status_code`` for a provider's HTTP
+failure) on failure. Prompts and completions (``gen_ai.input.messages``,
 ``gen_ai.output.messages``, tool arguments and results) are recorded only with
-``capture_content=True``: they may hold personal data.
+``capture_content=True``: they may hold personal data. So is the provider's
+own text inside an error (an error body that may echo the prompt, the start of
+a malformed reply: `BackendError.detail`): without capture, a failed span's
+status and exception event carry plait's message with that text withheld.
 
 Needs ``pip install 'plait[otel]'`` (opentelemetry-api and -sdk)::
 
@@ -24,6 +28,7 @@ Needs ``pip install 'plait[otel]'`` (opentelemetry-api and -sdk)::
 from __future__ import annotations
 
 import json
+import traceback
 from typing import Any
 
 from plait.callbacks import BaseCallback, active_call_id, call_path
@@ -157,13 +162,54 @@ class OpenTelemetryCallback(BaseCallback):
         for key, value in attributes.items():
             span.set_attribute(key, value)
         if exception is not None:
-            span.set_attribute("error.type", type(exception).__name__)
-            span.record_exception(exception)
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(exception)))
+            self._failed(span, exception)
         span.end()
+
+    def _failed(self, span: Any, exception: Exception) -> None:
+        """Marks ``span`` failed; the provider's text in the error only when content is captured."""
+        span.set_attribute("error.type", type(exception).__name__)
+        status = getattr(exception, "status", None)
+        if isinstance(status, int):
+            span.set_attribute("http.response.status_code", status)
+        if self.capture_content:
+            description = str(exception)
+            span.record_exception(exception)
+        else:
+            description = _withheld(exception)
+            trace = "".join(traceback.format_tb(exception.__traceback__))
+            span.record_exception(
+                exception,
+                attributes={
+                    "exception.message": description,
+                    "exception.stacktrace": f"{trace}{type(exception).__name__}: {description}",
+                },
+            )
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, description))
 
 
 def _json(value: Any) -> str:
     from pydantic_core import to_jsonable_python
 
     return json.dumps(to_jsonable_python(value, fallback=repr), ensure_ascii=False)
+
+
+_WITHHELD = "[provider text withheld: capture_content=True records it]"
+_MAX_CHAIN = 8
+
+
+def _withheld(exception: BaseException) -> str:
+    """Returns the message of ``exception`` with the provider text of its chain withheld.
+
+    Wrapping errors quote the errors they wrap (an `ExecutionError` names its
+    cause), so every ``detail`` down the chain of causes is taken out.
+    """
+    text = str(exception)
+    seen: BaseException | None = exception
+    for _ in range(_MAX_CHAIN):
+        if seen is None:
+            break
+        detail = getattr(seen, "detail", None)
+        if isinstance(detail, str) and detail:
+            text = text.replace(detail, _WITHHELD)
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return text

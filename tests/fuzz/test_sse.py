@@ -83,7 +83,6 @@ async def endless_event(read: list[int]) -> AsyncIterator[bytes]:
         yield line
 
 
-@pytest.mark.xfail(reason="fixed on branch bounds: SSE event size caps", strict=False)
 def test_an_event_that_never_ends_is_refused_before_it_fills_memory(
     loop: asyncio.Runner,
 ) -> None:

@@ -36,15 +36,16 @@ class FakeTime:
 
 
 @pytest.mark.parametrize("header", ["86400", "inf", "1e400"])
-async def test_a_retry_after_beyond_the_cap_fails_that_call_and_stalls_others_at_most_the_cap(
+async def test_a_retry_after_beyond_the_cap_fails_that_call_and_holds_no_other(
     header: str,
 ) -> None:
     time = FakeTime()
     async with ScriptedServer(latency=0.05) as server:
         server.inject(Fault(status=429, headers={"Retry-After": header}, times=1))
-        config = {"llm": endpoint(server, max_concurrent=1)}
+        config = {"llm": endpoint(server, max_concurrent=2)}
         async with ResourceManager(config, clock=time.clock, sleep=time.sleep) as manager:
             outputs = await run(LLMInference("llm"), ITEMS, resources=manager, on_error="collect")
+            stats = manager.stats()["llm"]
 
     failed = [out for out in outputs if isinstance(out, BaseException)]
     assert len(failed) == 1, outputs
@@ -56,7 +57,22 @@ async def test_a_retry_after_beyond_the_cap_fails_that_call_and_stalls_others_at
     for item, output in zip(ITEMS, outputs, strict=True):
         assert output is error or output == f"echo: {item}"
     assert server.stats.requests == 5  # the refused call was not retried
-    assert time.slept and max(time.slept) <= 60.0  # nobody waited longer than the cap
+    # The other four went on at once: the endpoint was neither paused nor slowed.
+    assert time.now < 1.0 < 60.0, time.slept
+    assert stats.paused_for == 0.0 and stats.effective_max_concurrent == 2
+
+
+async def test_every_call_told_to_wait_beyond_the_cap_fails_at_once() -> None:
+    time = FakeTime()
+    async with ScriptedServer() as server:
+        server.inject(Fault(status=429, headers={"Retry-After": "86400"}))
+        config = {"llm": endpoint(server, max_concurrent=2)}
+        async with ResourceManager(config, clock=time.clock, sleep=time.sleep) as manager:
+            outputs = await run(LLMInference("llm"), ITEMS, resources=manager, on_error="collect")
+
+    assert all(isinstance(getattr(out, "cause", None), RateLimitError) for out in outputs)
+    assert server.stats.requests == 5
+    assert time.slept == []  # nobody waited for a quota that will not come back in the run
 
 
 async def test_a_retry_after_within_the_cap_is_honoured_and_retried() -> None:

@@ -265,3 +265,50 @@ def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path) -> None:
         f"{latin1}: config files must be UTF-8 text, but byte 0xe9 at offset 64 (line 2) is "
         "not; save the file as UTF-8"
     )
+
+
+# -- which environment variables a configuration may send as its key -----------------------
+
+
+def key_file(tmp_path, variable: str):
+    path = tmp_path / "resources.toml"
+    path.write_text(
+        '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "https://llm.example/v1"\n'
+        f'api_key_env = "{variable}"\n'
+    )
+    return path
+
+
+@pytest.mark.parametrize("variable", ["HOME", "DATABASE_URL", "AWS_REGION", "MONKEY", "PATH"])
+def test_a_file_may_not_send_a_variable_that_is_not_a_credential_as_its_key(
+    tmp_path, variable: str
+) -> None:
+    path = key_file(tmp_path, variable)
+    with pytest.raises(ConfigError) as info:
+        ResourceConfig.from_file(path)
+    message = str(info.value)
+    assert str(path) in message and "alias 'llm': key 'api_key_env'" in message
+    assert f"allow_api_key_env({variable!r})" in message
+
+
+@pytest.mark.parametrize(
+    "variable", ["OPENAI_API_KEY", "MY_SERVICE_API_KEY", "HF_TOKEN", "VLLM_SECRET", "GROQ_APIKEY"]
+)
+def test_a_file_may_name_variables_that_look_like_credentials(tmp_path, variable: str) -> None:
+    assert ResourceConfig.from_file(key_file(tmp_path, variable)).resolve("llm").api_key_env == (
+        variable
+    )
+
+
+def test_code_may_name_any_variable_and_may_allow_one_for_files(tmp_path) -> None:
+    from plait.resources import allow_api_key_env
+
+    entry = {**OPENAI, "api_key_env": "CORP_LLM_CREDENTIAL"}
+    assert ResourceConfig({"llm": entry}).resolve("llm").api_key_env == "CORP_LLM_CREDENTIAL"
+    path = key_file(tmp_path, "CORP_LLM_CREDENTIAL")
+    with pytest.raises(ConfigError, match="does not look like a credential"):
+        ResourceConfig.from_file(path)
+    allow_api_key_env("CORP_LLM_CREDENTIAL")
+    assert ResourceConfig.from_file(path).resolve("llm").api_key_env == "CORP_LLM_CREDENTIAL"
+    with pytest.raises(ValueError, match="environment variable name"):
+        allow_api_key_env("not a name")

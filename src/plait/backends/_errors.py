@@ -157,12 +157,16 @@ def error_from_status(
     if status in _HINTS:
         text += f" ({_HINTS[status]})"
     retry_after = parse_retry_after(headers)
+    detail = message or None
     if status == 429:
-        return RateLimitError(text, status=status, retry_after=retry_after, body=body)
+        return RateLimitError(
+            text, status=status, retry_after=retry_after, body=body, detail=detail
+        )
     return BackendError(
         text,
         status=status,
         retryable=is_retryable_status(status),
         retry_after=retry_after,
         body=body,
+        detail=detail,
     )

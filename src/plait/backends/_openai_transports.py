@@ -3,7 +3,8 @@
 Both take a chat-completions body (a dict), send it, and hand back the
 decoded JSON of the reply's own bytes: one value for a completion, an async
 iterator of values for a stream (whether they have the right shape is for
-`_openai_wire` to check).
+`_openai_wire` to check). Both read within the endpoint's caps
+(`_bounded`: ``max_response_bytes`` per body, ``max_event_bytes`` per event).
 Both map every failure onto plait's errors the same way (`_errors.py`), and
 neither retries (the resource layer owns retries; SPEC §4.4).
 
@@ -27,6 +28,7 @@ from urllib.parse import parse_qsl
 
 import orjson
 
+from plait.backends._bounded import read_body, read_chunks
 from plait.backends._errors import error_from_status
 from plait.backends._openai_wire import decode_event
 from plait.backends._shapes import preview
@@ -75,10 +77,12 @@ def _decode_body(raw: bytes, status: int, where: str) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        shown = preview(raw)
         raise BackendError(
-            f"{where} answered HTTP {status} with a body that is not JSON: {preview(raw)}",
+            f"{where} answered HTTP {status} with a body that is not JSON: {shown}",
             status=status,
             body=raw.decode("utf-8", "replace"),
+            detail=shown,
         ) from exc
 
 
@@ -97,7 +101,16 @@ async def _until_done(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 class Transport:
-    """What the backend needs from a transport; both implementations follow it."""
+    """What the backend needs from a transport; both implementations follow it.
+
+    Args:
+        max_response_bytes: the largest reply body read (error bodies included).
+        max_event_bytes: the most data one event of a stream may hold.
+    """
+
+    def __init__(self, max_response_bytes: int, max_event_bytes: int) -> None:
+        self._max_body = max_response_bytes
+        self._max_event = max_event_bytes
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         """Sends a non-streamed request; returns the decoded JSON reply."""
@@ -130,7 +143,10 @@ class AiohttpTransport(Transport):
         headers: Mapping[str, str],
         timeout: float | None,
         max_connections: int | None,
+        max_response_bytes: int,
+        max_event_bytes: int,
     ) -> None:
+        super().__init__(max_response_bytes, max_event_bytes)
         self._endpoint = join_path(base_url, "/chat/completions")
         self._headers = dict(headers)
         self._timeout = timeout
@@ -213,7 +229,7 @@ class AiohttpTransport(Transport):
             async with session.post(
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
-                raw = await response.read()
+                raw = await read_body(response, self._max_body, where)
                 if response.status >= 400:
                     raise error_from_status(
                         response.status,
@@ -237,7 +253,7 @@ class AiohttpTransport(Transport):
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
                 if response.status >= 400:
-                    raw = await response.read()
+                    raw = await read_body(response, self._max_body, where)
                     raise error_from_status(
                         response.status,
                         raw,
@@ -246,7 +262,8 @@ class AiohttpTransport(Transport):
                         reason=response.reason,
                         url=self._endpoint,
                     )
-                async for data in _until_done(iter_sse_data(response.content.iter_any())):
+                events = iter_sse_data(response.content.iter_any(), self._max_event, where)
+                async for data in _until_done(events):
                     yield decode_event(data, where)
         except (TimeoutError, self._client_error) as exc:
             raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
@@ -273,7 +290,10 @@ class SdkTransport(Transport):
         api_key: str | None,
         headers: Mapping[str, str],
         timeout: float | None,
+        max_response_bytes: int,
+        max_event_bytes: int,
     ) -> None:
+        super().__init__(max_response_bytes, max_event_bytes)
         # The SDK appends the path to base_url as text, so a query there would end
         # up inside the path; it sends default_query with every request instead.
         self._base_url, _, query = base_url.partition("#")[0].partition("?")
@@ -316,9 +336,10 @@ class SdkTransport(Transport):
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
-        try:
-            response = await client.chat.completions.with_raw_response.create(**body, **extra)
-            raw = response.http_response.content
+        streamed = client.chat.completions.with_streaming_response
+        try:  # streamed, so that the body is read here, within the cap
+            async with streamed.create(**body, **extra) as response:
+                raw = await read_chunks(response.iter_bytes(), self._max_body, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)
         return _decode_body(raw, response.status_code, where)
@@ -334,7 +355,8 @@ class SdkTransport(Transport):
             self._reraise(exc, where, timeout)
         http = response.http_response
         try:
-            async for data in _until_done(iter_sse_data(http.aiter_bytes())):
+            events = iter_sse_data(http.aiter_bytes(), self._max_event, where)
+            async for data in _until_done(events):
                 yield decode_event(data, where)
         except Exception as exc:
             self._reraise(exc, where, timeout)
@@ -406,7 +428,6 @@ class _SdkErrors:
         if isinstance(exc, self._connections):
             return _connection_error(where, exc, url)
         if isinstance(exc, openai.APIError):  # an error event inside a stream
-            return BackendError(
-                f"{where}: {scrub_text(str(exc), url)}", retryable=True, body=exc.body
-            )
+            detail = scrub_text(str(exc), url)
+            return BackendError(f"{where}: {detail}", retryable=True, body=exc.body, detail=detail)
         return None

@@ -143,10 +143,12 @@ def parse_completion(data: Any, where: str) -> Response:
     try:
         return _read_completion(data)
     except MalformedReply as exc:
+        shown = preview(data)
         raise BackendError(
-            f"{where} answered HTTP 200 with a malformed reply ({exc}): {preview(data)}",
+            f"{where} answered HTTP 200 with a malformed reply ({exc}): {shown}",
             status=200,
             body=data,
+            detail=shown,
         ) from None
 
 
@@ -243,11 +245,13 @@ def decode_event(data: bytes, where: str) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
+        shown = preview(data)
         raise BackendError(
-            f"{where} streamed an event that is not UTF-8 JSON: {preview(data)}",
+            f"{where} streamed an event that is not UTF-8 JSON: {shown}",
             status=200,
             retryable=True,
             body=data.decode("utf-8", "replace"),
+            detail=shown,
         ) from exc
 
 
@@ -280,17 +284,22 @@ class StreamAssembler:
         """
         if isinstance(chunk, dict) and chunk.get("error"):
             error = chunk["error"]
-            message = error.get("message") if isinstance(error, dict) else error
+            message = str(error.get("message") if isinstance(error, dict) else error)
             raise BackendError(
-                f"{where} sent an error inside the stream: {message}", retryable=True, body=chunk
+                f"{where} sent an error inside the stream: {message}",
+                retryable=True,
+                body=chunk,
+                detail=message,
             )
         try:
             return self._read(chunk)
         except MalformedReply as exc:
+            shown = preview(chunk)
             raise BackendError(
-                f"{where} streamed a malformed event ({exc}): {preview(chunk)}",
+                f"{where} streamed a malformed event ({exc}): {shown}",
                 status=200,
                 body=chunk,
+                detail=shown,
             ) from None
 
     def _read(self, chunk: Any) -> str:

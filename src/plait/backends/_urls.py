@@ -14,13 +14,14 @@ this module while ``import plait`` runs.
 from __future__ import annotations
 
 import base64
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import quote, unquote, unquote_plus
 
 __all__ = [
     "MASK",
     "RedactedError",
     "basic_authorization",
     "join_path",
+    "path_segment",
     "redact_url",
     "scrub_cause",
     "scrub_text",
@@ -195,3 +196,19 @@ def join_path(base_url: str, path: str) -> str:
     """
     head, question_mark, query = base_url.partition("#")[0].partition("?")
     return f"{head.rstrip('/')}{path}{question_mark}{query}"
+
+
+def path_segment(value: str) -> str:
+    """Returns ``value`` escaped to be exactly one segment of a URL path.
+
+    Ids a server hands out (a batch id, a file id) go back into URLs; escaped
+    whole (``/``, ``?``, ``#`` and ``%`` included), ``../files/x`` cannot reach
+    another path.
+
+    Raises:
+        ValueError: ``value`` is empty, ``.`` or ``..``, which a URL resolves
+            away however it is escaped.
+    """
+    if value in ("", ".", ".."):
+        raise ValueError(f"{value!r} cannot be one segment of a URL path")
+    return quote(value, safe="")

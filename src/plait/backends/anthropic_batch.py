@@ -16,8 +16,9 @@ from typing import Any
 import orjson
 
 from plait.backends._anthropic_wire import WirePlan, build_body, read_message
+from plait.backends._batch_results import BatchReply, ResultFile
+from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
-from plait.backends.openai_batch import BatchReply
 from plait.backends.types import Request
 from plait.errors import BackendError
 
@@ -89,33 +90,64 @@ class AnthropicBatchClient:
             raise self._error(f"read message batch {batch_id}", exc) from None
         return {"id": batch.id, "status": _status(batch)}
 
-    async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
-        """Returns the reply of every request of an ended batch, by ``custom_id``."""
+    async def results(
+        self, batch: Mapping[str, Any], custom_ids: Iterable[str]
+    ) -> dict[str, BatchReply]:
+        """Returns the reply of each of ``custom_ids`` that an ended batch answered.
+
+        The results stream is read line by line here, not by the SDK's decoder,
+        so each line is checked (and capped) as `ResultFile` does OpenAI's.
+        """
         where = f"message batch {batch['id']}"
-        replies: dict[str, BatchReply] = {}
+        results = ResultFile(where, custom_ids, lambda key, data: self._reply(key, data, where))
+        streamed = self._sdk_client().messages.batches.with_streaming_response
         try:
-            entries = await self._sdk_client().messages.batches.results(batch["id"])
-            async for entry in entries:
-                replies[entry.custom_id] = self._reply(entry, where)
+            async with streamed.results(batch["id"]) as answer:
+                await results.read(answer.iter_bytes(), DEFAULT_MAX_RESPONSE_BYTES)
         except BackendError:
             raise
         except Exception as exc:
             raise self._error(f"read the results of {where}", exc) from None
-        return replies
+        return results.replies()
 
-    def _reply(self, entry: Any, where: str) -> BatchReply:
-        result = entry.result
-        if result.type == "succeeded":
-            plan = self._plans.get(entry.custom_id, WirePlan())
-            return BatchReply(entry.custom_id, response=read_message(result.message, plan))
-        detail = getattr(getattr(result, "error", None), "error", None)
-        message = getattr(detail, "message", None) or result.type
+    def _reply(self, custom_id: str, data: dict[str, Any], where: str) -> BatchReply:
+        """Reads one results line (``{"custom_id", "result": {"type", ...}}``)."""
+        result = data.get("result")
+        kind = result.get("type") if isinstance(result, dict) else None
+        if kind == "succeeded":
+            return self._succeeded(custom_id, result.get("message"), where)
+        if not isinstance(kind, str):
+            error = BackendError(
+                f"{where}: the result line of request {custom_id} has no result type: "
+                f"{str(result)[:200]!r}"
+            )
+            return BatchReply(custom_id, error=error)
+        outer = result.get("error")
+        detail = outer.get("error") if isinstance(outer, dict) else None
+        detail = detail if isinstance(detail, dict) else {}
+        message = str(detail.get("message") or kind)
         error = BackendError(
-            f"{where}: request {entry.custom_id} {result.type}: {message}",
-            retryable=result.type in ("expired", "canceled")
-            or getattr(detail, "type", "") in ("overloaded_error", "api_error"),
+            f"{where}: request {custom_id} {kind}: {message}",
+            retryable=kind in ("expired", "canceled")
+            or detail.get("type") in ("overloaded_error", "api_error"),
+            detail=message,
         )
-        return BatchReply(entry.custom_id, error=error)
+        return BatchReply(custom_id, error=error)
+
+    def _succeeded(self, custom_id: str, message: Any, where: str) -> BatchReply:
+        from anthropic.types import Message
+        from pydantic import ValidationError
+
+        try:
+            parsed = Message.model_validate(message)
+        except ValidationError as exc:
+            error = BackendError(
+                f"{where}: the answer to request {custom_id} is not a message "
+                f"({exc.error_count()} problem(s), the first: {exc.errors()[0]['msg']})"
+            )
+            return BatchReply(custom_id, error=error)
+        plan = self._plans.get(custom_id, WirePlan())
+        return BatchReply(custom_id, response=read_message(parsed, plan))
 
     def _error(self, action: str, exc: Exception) -> BackendError:
         status = getattr(exc, "status_code", None)
@@ -133,5 +165,10 @@ class AnthropicBatchClient:
             self._client = None
 
 
+_STATUSES = {"ended": "completed", "in_progress": "in_progress", "canceling": "cancelling"}
+
+
 def _status(batch: Any) -> str:
-    return "completed" if batch.processing_status == "ended" else "in_progress"
+    """Returns the OpenAI spelling of a Message Batch's status; an unknown one as it came."""
+    status = batch.processing_status
+    return _STATUSES.get(status, status) if isinstance(status, str) else repr(status)

@@ -6,40 +6,37 @@ the batch moves ``validating`` → ``in_progress`` → ``finalizing`` →
 ``completed`` (or ``failed``, ``expired``, ``cancelled``); its
 ``output_file_id`` holds one line per answered request
 ``{"custom_id", "response": {"status_code", "body"}, "error"}`` in any
-order, and its ``error_file_id`` the requests that failed. Requests are
+order, and its ``error_file_id`` the requests that failed (both are read
+as one `ResultFile`, which trusts none of their lines). Requests are
 built and replies parsed by the same code as live calls (`_openai_wire`),
 so a batch asks exactly what the live call would.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import orjson
 
+from plait.backends._batch_results import BatchReply, ResultFile
+from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES, read_body
 from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
-from plait.backends._urls import redact_url
-from plait.backends.types import Request, Response
+from plait.backends._urls import join_path, path_segment, redact_url, scrub_text
+from plait.backends.types import Request
 from plait.errors import BackendError
 
-__all__ = ["BATCH_DONE", "BatchReply", "OpenAIBatchClient"]
+__all__ = ["BATCH_DONE", "BATCH_RUNNING", "BatchReply", "OpenAIBatchClient"]
 
 BATCH_DONE = frozenset({"completed", "failed", "expired", "cancelled"})
 """Batch statuses after which nothing changes."""
 
+BATCH_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
+"""Batch statuses of a batch still at work; any other status is not the Batch API's."""
+
 _DEFAULT_URL = "https://api.openai.com/v1"
-
-
-@dataclass(frozen=True, slots=True)
-class BatchReply:
-    """The outcome of one request of a batch: a response, or why it has none."""
-
-    custom_id: str
-    response: Response | None = None
-    error: BackendError | None = None
 
 
 class OpenAIBatchClient:
@@ -53,6 +50,8 @@ class OpenAIBatchClient:
         headers: extra headers for every request.
         dialect: ``openai`` (default for api.openai.com), ``generic`` or ``llama_cpp``.
         timeout: seconds per HTTP request (not the batch, which may take hours).
+        max_response_bytes: the largest answer read, and the longest line of a
+            result file (whose whole size is not capped: it is read line by line).
     """
 
     def __init__(
@@ -65,6 +64,7 @@ class OpenAIBatchClient:
         headers: Mapping[str, str] | None = None,
         dialect: str | None = None,
         timeout: float | None = 300.0,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.model = model
         self.base_url = (base_url or _DEFAULT_URL).rstrip("/")
@@ -76,6 +76,7 @@ class OpenAIBatchClient:
         default = "openai" if self.base_url == _DEFAULT_URL else "generic"
         self._wire = wires[dialect or default]
         self._timeout = timeout
+        self._max_bytes = max_response_bytes
         self._session: Any = None
 
     @classmethod
@@ -88,6 +89,7 @@ class OpenAIBatchClient:
             api_key_env=config.api_key_env or "OPENAI_API_KEY",
             headers=config.headers,
             dialect=config.dialect,
+            max_response_bytes=config.max_response_bytes,
         )
 
     def __repr__(self) -> str:
@@ -118,56 +120,93 @@ class OpenAIBatchClient:
         )
         uploaded = await self._call("POST", "/files", data=form)
         body = {
-            "input_file_id": uploaded["id"],
+            "input_file_id": self._id_of(uploaded, "POST /files"),
             "endpoint": "/v1/chat/completions",
             "completion_window": "24h",
             "metadata": dict(metadata or {}),
         }
-        return await self._call("POST", "/batches", json=body)
+        batch = await self._call("POST", "/batches", json=body)
+        self._id_of(batch, "POST /batches")
+        return batch
 
     async def retrieve(self, batch_id: str) -> dict[str, Any]:
         """Returns the batch object (``status``, ``output_file_id``, ``request_counts`` …)."""
-        return await self._call("GET", f"/batches/{batch_id}")
+        return await self._call("GET", f"/batches/{self._segment('batch id', batch_id)}")
 
-    async def results(self, batch: Mapping[str, Any]) -> dict[str, BatchReply]:
-        """Returns the reply of every request of a finished batch, by ``custom_id``."""
-        replies: dict[str, BatchReply] = {}
+    async def results(
+        self, batch: Mapping[str, Any], custom_ids: Iterable[str]
+    ) -> dict[str, BatchReply]:
+        """Returns the reply of each of ``custom_ids`` that a finished batch answered.
+
+        Its output and error files are read as one result file (`ResultFile`:
+        repeated, unknown and unreadable lines are reported, never delivered),
+        line by line as they arrive: memory holds the replies, not the file.
+        """
         where = f"batch {batch.get('id')} at {redact_url(self.base_url)}"
+        results = ResultFile(where, custom_ids, lambda key, data: _reply(key, data, where))
         for key in ("output_file_id", "error_file_id"):
             file_id = batch.get(key)
             if not file_id:
                 continue
-            raw = await self._call("GET", f"/files/{file_id}/content", raw=True)
-            for line in raw.splitlines():
-                if line.strip():
-                    reply = _read_line(line, where)
-                    replies[reply.custom_id] = reply
-        return replies
+            segment = self._segment("file id", str(file_id))
+            async with self._answer("GET", f"/files/{segment}/content") as answer:
+                await results.read(answer.content.iter_any(), self._max_bytes)
+        return results.replies()
 
     # -- HTTP ---------------------------------------------------------------------------
 
-    async def _call(self, method: str, path: str, *, raw: bool = False, **kwargs: Any) -> Any:
+    def _id_of(self, answer: Mapping[str, Any], request: str) -> str:
+        """Returns the ``id`` of what the server created; a missing one fails naming the request."""
+        value = answer.get("id")
+        if not isinstance(value, str) or not value:
+            raise BackendError(
+                f"{request} at {redact_url(self.base_url)}: the answer has no id (got "
+                f"{value!r}); it is not a Batch API server"
+            )
+        return value
+
+    def _segment(self, what: str, value: str) -> str:
+        """Returns an id the server gave, escaped as one path segment (see `path_segment`)."""
+        try:
+            return path_segment(value)
+        except ValueError:
+            raise BackendError(
+                f"{redact_url(self.base_url)} gave {what} {value!r}, which cannot be put in a "
+                "URL path; it is not a batch server plait can talk to"
+            ) from None
+
+    @contextlib.asynccontextmanager
+    async def _answer(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[Any]:
+        """Sends a request and yields its successful answer, body unread; a failure raises."""
         import aiohttp
 
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 headers=self._headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
             )
-        url = self.base_url + path
+        url = join_path(self.base_url, path)
         shown = f"{method} {redact_url(url)}"
         try:
             async with self._session.request(method, url, **kwargs) as answer:
-                body = await answer.read()
                 if answer.status >= 400:
+                    body = await read_body(answer, self._max_bytes, shown)
+                    quoted = body[:300].decode(errors="replace")
                     raise BackendError(
-                        f"{shown}: HTTP {answer.status}: {body[:300].decode(errors='replace')}",
+                        f"{shown}: HTTP {answer.status}: {quoted}",
                         status=answer.status,
                         retryable=answer.status in (408, 429) or answer.status >= 500,
+                        detail=quoted,
                     )
+                yield answer
         except aiohttp.ClientError as exc:
-            raise BackendError(f"{shown}: {type(exc).__name__}: {exc}", retryable=True) from exc
-        if raw:
-            return body
+            detail = scrub_text(str(exc), url)
+            raise BackendError(f"{shown}: {type(exc).__name__}: {detail}", retryable=True) from exc
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        """Returns the JSON object a request is answered with (read within the cap)."""
+        shown = f"{method} {redact_url(join_path(self.base_url, path))}"
+        async with self._answer(method, path, **kwargs) as answer:
+            body = await read_body(answer, self._max_bytes, shown)
         try:
             data = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -183,26 +222,37 @@ class OpenAIBatchClient:
             self._session = None
 
 
-def _read_line(line: bytes, where: str) -> BatchReply:
-    try:
-        data = orjson.loads(line)
-        custom_id = str(data["custom_id"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        raise BackendError(
-            f"{where}: a result line is not a batch result: {line[:200]!r}"
-        ) from None
-    response = data.get("response") or {}
-    status = response.get("status_code")
-    if data.get("error") or status != 200:
-        error = data.get("error") or (response.get("body") or {}).get("error") or {}
-        message = error.get("message") if isinstance(error, dict) else str(error)
+def _reply(custom_id: str, data: dict[str, Any], where: str) -> BatchReply:
+    """Reads one result line (``{"custom_id", "response": {"status_code", "body"}, "error"}``)."""
+    response = data.get("response")
+    if response is None:
+        response = {}
+    if not isinstance(response, dict):
         failure = BackendError(
-            f"{where}: request {custom_id} failed: HTTP {status}: {message}",
-            status=status if isinstance(status, int) else None,
-            retryable=isinstance(status, int) and (status == 429 or status >= 500),
+            f"{where}: the result line of request {custom_id} has a 'response' that is not "
+            f"an object: {str(response)[:200]!r}"
         )
         return BatchReply(custom_id, error=failure)
+    status = response.get("status_code")
+    if data.get("error") or status != 200:
+        return BatchReply(custom_id, error=_failure(custom_id, data, response, where))
     try:
         return BatchReply(custom_id, response=parse_completion(response.get("body"), where))
     except BackendError as exc:
         return BatchReply(custom_id, error=exc)
+
+
+def _failure(
+    custom_id: str, data: dict[str, Any], response: dict[str, Any], where: str
+) -> BackendError:
+    """Returns the error of a request the batch answered with a failure."""
+    status = response.get("status_code")
+    body = response.get("body")
+    error = data.get("error") or (body.get("error") if isinstance(body, dict) else None) or {}
+    message = str(error.get("message") if isinstance(error, dict) else error)
+    return BackendError(
+        f"{where}: request {custom_id} failed: HTTP {status}: {message}",
+        status=status if isinstance(status, int) else None,
+        retryable=isinstance(status, int) and (status == 429 or status >= 500),
+        detail=message,
+    )

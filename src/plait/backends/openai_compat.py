@@ -36,6 +36,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Literal
 from urllib.parse import urlsplit
 
+from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._openai_transports import (
     AiohttpTransport,
     SdkTransport,
@@ -113,6 +114,9 @@ class OpenAICompatBackend(Backend):
             leaves concurrency entirely to the resource layer's limits.
         dialect: ``"openai"``, ``"llama_cpp"`` or None to choose from the URL
             and learn from the server (see the module docstring).
+        max_response_bytes: the largest reply body read (64 MiB); a larger
+            one is refused with a `BackendError` once that much has come.
+        max_event_bytes: the most data one event of a stream may hold (16 MiB).
 
     Raises:
         ConfigError: an unknown ``transport`` or ``dialect``, an empty model, or
@@ -133,6 +137,8 @@ class OpenAICompatBackend(Backend):
         headers: Mapping[str, str] | None = None,
         max_connections: int | None = None,
         dialect: Dialect | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
         if not model:
             raise ConfigError("OpenAICompatBackend needs a model name; got an empty one")
@@ -185,9 +191,13 @@ class OpenAICompatBackend(Backend):
         wire_headers.update(headers or {})
         self._transport: Transport
         if transport == "aiohttp":
-            self._transport = AiohttpTransport(url, wire_headers, timeout, max_connections)
+            self._transport = AiohttpTransport(
+                url, wire_headers, timeout, max_connections, max_response_bytes, max_event_bytes
+            )
         else:
-            self._transport = SdkTransport(url, key, wire_headers, timeout)
+            self._transport = SdkTransport(
+                url, key, wire_headers, timeout, max_response_bytes, max_event_bytes
+            )
 
     @property
     def dialect(self) -> str:

@@ -5,10 +5,11 @@ that LLM calls are not sent one by one: each call waits in a *round* until
 every unfinished item is waiting on at least one call, then the round goes
 to the provider as one batch (OpenAI: a JSONL file on ``/v1/files`` and a
 ``/v1/batches`` job; Anthropic: a Message Batch through its SDK), is polled
-until it finishes, and each answer resumes the call that asked it. A program
-with several levels of LLM calls (extract, then judge) therefore takes one
-round per level, and ``async def forward`` leaves and structured re-asks
-simply add rounds.
+until it finishes (within the run's ``deadline``, if it has one; a status the
+Batch API does not have stops the polling), and each answer resumes the call
+that asked it. A program with several levels of LLM calls (extract, then
+judge) therefore takes one round per level, and ``async def forward`` leaves
+and structured re-asks simply add rounds.
 
 Resuming: with ``checkpoint_dir``, the id of each submitted batch is stored
 (``batch_api.json``) under the SHA-256 of its exact request lines before it is
@@ -48,6 +49,8 @@ _STATE = "batch_api.json"
 _FORMAT = "plait.batch_api/1"
 _SETTLE_SPINS = 5
 """Loop turns with no new call before a round is considered complete."""
+_UNKNOWN_STATUS_POLLS = 3
+"""Polls in a row that may report a status the Batch API does not have before polling stops."""
 
 
 def _check_endpoint(alias: str, endpoint: Any) -> None:
@@ -66,6 +69,12 @@ def _client_for(endpoint: Any) -> Any:
     from plait.backends.openai_batch import OpenAIBatchClient
 
     return OpenAIBatchClient.from_endpoint(endpoint)
+
+
+def _name_alias(error: BackendError, alias: str) -> None:
+    """Sets the alias of a failure that reaches the program, and names it in the message."""
+    error.alias = alias
+    error.args = (f"alias {alias!r}: {error}", *error.args[1:])
 
 
 @dataclass
@@ -134,7 +143,12 @@ class BatchJob:
         self._clients: dict[str, Any] = {}
 
     async def run(
-        self, items: list[Any], *extra: Any, on_error: str = "raise", **kwargs: Any
+        self,
+        items: list[Any],
+        *extra: Any,
+        on_error: str = "raise",
+        deadline: float | None = None,
+        **kwargs: Any,
     ) -> list[Any]:
         """Runs every item; returns the outputs in input order.
 
@@ -143,6 +157,10 @@ class BatchJob:
             *extra: further positional arguments of ``forward``, shared by all items.
             on_error: ``raise`` (the first failed item raises) or ``collect``
                 (a failed item's place holds its exception).
+            deadline: seconds the whole job may take, polling included; an item
+                unfinished by then fails with `DeadlineExceededError`. Its
+                provider batch is not cancelled: with ``checkpoint_dir``, a
+                rerun collects it instead of paying again.
             **kwargs: keyword arguments of ``forward``, shared by all items.
         """
         from plait.resources import ResourceManager
@@ -160,10 +178,15 @@ class BatchJob:
             for index, item in enumerate(items)
         ]
         try:
-            while await self._settle(collector, tasks):
-                calls, collector.pending = collector.pending, []
-                await self._round(manager, calls, collector)
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            async with asyncio.timeout(deadline) as scope:
+                while await self._settle(collector, tasks):
+                    calls, collector.pending = collector.pending, []
+                    await self._round(manager, calls, collector)
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+        except TimeoutError:
+            if not scope.expired():
+                raise
+            results = self._late(tasks, deadline)
         finally:
             for task in tasks:
                 task.cancel()
@@ -185,6 +208,25 @@ class BatchJob:
                 ) from result
             outputs.append(result)
         return outputs
+
+    def _late(self, tasks: list[asyncio.Task[Any]], deadline: float) -> list[Any]:
+        """Returns each item's result, or its `DeadlineExceededError` when it had not finished."""
+        from plait.execution.run import unfinished_error
+
+        finished = [task.done() and not task.cancelled() for task in tasks]
+        unfinished = finished.count(False)
+        detail = (
+            "; its provider batch was not cancelled: a rerun with the same checkpoint_dir "
+            "collects it instead of paying again"
+            if self.checkpoint_dir is not None
+            else ""
+        )
+        return [
+            (task.exception() or task.result())
+            if done
+            else unfinished_error(index, deadline, unfinished, len(tasks), detail)
+            for index, (task, done) in enumerate(zip(tasks, finished, strict=True))
+        ]
 
     async def _item(
         self, runner: Runner, index: int, item: Any, extra: tuple[Any, ...], kwargs: dict
@@ -249,9 +291,9 @@ class BatchJob:
                 self._store(key, batch_id)
             self.batch_ids.append(batch_id)
             batch = await self._poll(client, batch_id)
-            replies = await client.results(batch)
-        except BackendError as exc:
-            exc.alias = calls[0].alias
+            replies = await client.results(batch, [f"request-{n}" for n in range(len(calls))])
+        except BackendError as exc:  # the whole round failed: every call of it says so
+            _name_alias(exc, calls[0].alias)
             for call in calls:
                 call.future.set_exception(exc)
             return
@@ -268,14 +310,15 @@ class BatchJob:
             if error is None:
                 error = BackendError(
                     f"batch {batch.get('id')} ended {batch.get('status')!r} without an answer "
-                    f"for this request (alias {call.alias!r})",
+                    "for this request",
                     retryable=batch.get("status") == "expired",
                 )
             retries = manager.config.resolve(call.alias).max_retries
             if error.retryable and call.attempts <= retries:
                 collector.pending.append(call)  # asked again in the next round
                 return
-            error.alias, error.attempts = call.alias, call.attempts
+            _name_alias(error, call.alias)
+            error.attempts = call.attempts
             call.future.set_exception(error)
             return
         response = reply.response
@@ -292,12 +335,32 @@ class BatchJob:
         call.future.set_result(response)
 
     async def _poll(self, client: Any, batch_id: str) -> dict[str, Any]:
-        from plait.backends.openai_batch import BATCH_DONE
+        """Polls until the batch is done; gives up on a status the Batch API does not have.
 
+        A running batch is polled for as long as it runs (the ``deadline`` of
+        the run bounds that); a server that keeps answering a status no batch
+        has would otherwise be polled forever.
+        """
+        from plait.backends.openai_batch import BATCH_DONE, BATCH_RUNNING
+
+        unknown = 0
         while True:
             batch = await client.retrieve(batch_id)
-            if batch.get("status") in BATCH_DONE:
+            status = batch.get("status")
+            named = isinstance(status, str)  # a hostile server may send a list here
+            if named and status in BATCH_DONE:
                 return batch
+            if named and status in BATCH_RUNNING:
+                unknown = 0
+            else:
+                unknown += 1
+                if unknown >= _UNKNOWN_STATUS_POLLS:
+                    raise BackendError(
+                        f"batch {batch_id} reported status {status!r} on {unknown} polls in a "
+                        "row, which is not a Batch API status (running: "
+                        f"{', '.join(sorted(BATCH_RUNNING))}; done: "
+                        f"{', '.join(sorted(BATCH_DONE))}); stopped polling it"
+                    )
             await asyncio.sleep(self.poll_interval)
 
     # -- the stored batch ids ------------------------------------------------------------

@@ -118,7 +118,13 @@ async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         _resources_of(module, kwargs.get("resources")),
         checkpoint_dir=options["checkpoint_dir"],
     )
-    return await job.run(args[0], *args[1:], on_error=options["on_error"], **forward_kwargs)
+    return await job.run(
+        args[0],
+        *args[1:],
+        on_error=options["on_error"],
+        deadline=options["deadline"],
+        **forward_kwargs,
+    )
 
 
 RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
@@ -420,15 +426,22 @@ async def _fail_unfinished(
     for index, item in enumerate(items):
         if index in reported:
             continue
-        error = DeadlineExceededError(
-            f"input {index} did not finish within the batch's deadline of {deadline:g} s "
-            f"({unfinished} of {len(items)} items unfinished); its work was cancelled",
-            deadline=deadline,
-            input_index=index,
-        )
+        error = unfinished_error(index, deadline, unfinished, len(items))
         waiting = on_result(BatchResult(index, item, error=error))
         if waiting is not None:
             await waiting
+
+
+def unfinished_error(
+    index: int, deadline: float, unfinished: int, total: int, detail: str = ""
+) -> DeadlineExceededError:
+    """Returns the error of batch item ``index``, still running when the batch's deadline passed."""
+    return DeadlineExceededError(
+        f"input {index} did not finish within the batch's deadline of {deadline:g} s "
+        f"({unfinished} of {total} items unfinished); its work was cancelled{detail}",
+        deadline=deadline,
+        input_index=index,
+    )
 
 
 def _open_checkpoint(

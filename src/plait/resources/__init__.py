@@ -6,7 +6,12 @@ endpoint's limits (`limits.Limiter`), retries it in place (`RetryPolicy`),
 and records usage and cost (`usage`).
 """
 
-from plait.resources.config import EndpointConfig, ResourceConfig, register_provider
+from plait.resources.config import (
+    EndpointConfig,
+    ResourceConfig,
+    allow_api_key_env,
+    register_provider,
+)
 from plait.resources.manager import EndpointStats, ResourceManager
 from plait.resources.retry import RetryPolicy
 from plait.resources.usage import Price
@@ -18,5 +23,6 @@ __all__ = [
     "ResourceConfig",
     "ResourceManager",
     "RetryPolicy",
+    "allow_api_key_env",
     "register_provider",
 ]

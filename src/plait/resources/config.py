@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -28,11 +29,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url, scrub_text
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources.usage import Price, price_for
 
-__all__ = ["PROVIDERS", "WILDCARD", "EndpointConfig", "ResourceConfig", "register_provider"]
+__all__ = [
+    "PROVIDERS",
+    "WILDCARD",
+    "EndpointConfig",
+    "ResourceConfig",
+    "allow_api_key_env",
+    "register_provider",
+]
 
 WILDCARD = "*"
 """The alias that serves every alias not listed explicitly."""
@@ -75,9 +84,9 @@ class EndpointConfig:
     """Upper bound of one backoff delay, in seconds."""
     max_retry_after: float = 60.0
     """The longest wait, in seconds, a provider's ``Retry-After`` may ask for: a
-    longer one means a quota that will not come back within the run, so the
-    call fails at once instead of sleeping (and an ``inf`` or absurd header
-    cannot stall the program)."""
+    longer one means a quota that will not come back within the run, so that
+    call fails at once instead of sleeping, and the endpoint is not paused for
+    it (an ``inf`` or absurd header cannot stall the program)."""
     adaptive: bool = True
     """Lower the endpoint's rate on repeated 429s and recover it on success."""
     price: Price | None = None
@@ -92,7 +101,9 @@ class EndpointConfig:
     credential (``user:key@`` or ``?api-key=``), which reprs and errors mask."""
     api_key: str | None = field(default=None, repr=False)
     api_key_env: str | None = None
-    """Environment variable the key is read from when ``api_key`` is not given."""
+    """Environment variable the key is read from when ``api_key`` is not given. A
+    configuration file may only name one that looks like a credential (see
+    `allow_api_key_env`)."""
     transport: str | None = None
     """OpenAI-compatible transport: ``aiohttp`` (default) or ``sdk``."""
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY, repr=False)
@@ -101,6 +112,11 @@ class EndpointConfig:
     """Connection pool size; defaults to ``max_concurrent``."""
     dialect: str | None = None
     """OpenAI-compatible server variant: ``openai`` or ``llama_cpp``; None detects it."""
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    """The largest reply body read from an ``openai`` endpoint, and the longest line of
+    its Batch API result files (64 MiB); a larger one fails its call, not retried."""
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    """The most data one event of an ``openai`` endpoint's stream may hold (16 MiB)."""
     model_path: str | None = None
     """GGUF file for the ``local`` provider; None uses the embedded model."""
     n_ctx: int | None = None
@@ -349,6 +365,8 @@ _BY_PROVIDER: dict[str, dict[str, Checker]] = {
         "headers": _headers,
         "max_connections": _positive_int,
         "dialect": _dialect,
+        "max_response_bytes": _positive_int,
+        "max_event_bytes": _positive_int,
     },
     "anthropic": {**_COMMON, **_REMOTE},
     "local": {**_COMMON, "model_path": _path, "n_ctx": _positive_int},
@@ -375,7 +393,9 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConfig | None:
+def _validate_entry(
+    alias: str, entry: Any, problems: list[str], from_file: bool
+) -> EndpointConfig | None:
     """Checks one alias entry, appending a line per problem; returns it when valid."""
     where = f"alias {alias!r}"
     if not isinstance(entry, Mapping):
@@ -414,6 +434,9 @@ def _validate_entry(alias: str, entry: Any, problems: list[str]) -> EndpointConf
             problems.append(f"{where}: key {key!r} {error}")
         else:
             values[key] = clean
+    variable = values.get("api_key_env")
+    if from_file and variable is not None and not _may_send(variable):
+        problems.append(f"{where}: key 'api_key_env' {_not_a_credential(variable)}")
     if provider != "local" and entry.get("model") is None:
         problems.append(
             f"{where}: missing key 'model' (required for provider {provider!r}), "
@@ -474,6 +497,54 @@ def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, An
                 f"(it takes: {known})"
             )
     return problems
+
+
+# -- which environment variables a file may send as a key ---------------------------------
+# A configuration file chooses both where requests go (base_url) and which variable's
+# value rides along as the Bearer key (api_key_env). Read from an untrusted place, it
+# could otherwise send any variable of the environment (a database URL, another
+# service's password) to a server of its choosing. So a file may only name variables
+# that are meant to be keys; the program can allow others by name, and a mapping
+# built in code, written by the program itself, may name any.
+
+_CREDENTIAL_NAME = re.compile(r"(?:^|_)(?:API_?)?(?:KEY|TOKEN|SECRET)$", re.IGNORECASE)
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ALLOWED_KEY_VARIABLES: set[str] = set()
+"""Further variables a configuration file may name, allowed by the program (never a file)."""
+
+
+def allow_api_key_env(name: str) -> None:
+    """Lets configuration files name the environment variable ``name`` as ``api_key_env``.
+
+    A file may name, as the variable its key is read from, only one that
+    looks like a credential: its name ends in ``KEY``, ``API_KEY``,
+    ``APIKEY``, ``TOKEN`` or ``SECRET`` after an underscore (``OPENAI_API_KEY``,
+    ``HF_TOKEN``), so it cannot send another variable to the server it names.
+    A program whose key lives elsewhere allows that variable here; a mapping
+    given to `ResourceConfig` in code may name any variable.
+
+    Raises:
+        ValueError: ``name`` is not an environment variable name.
+    """
+    if not isinstance(name, str) or not _VARIABLE_NAME.fullmatch(name):
+        raise ValueError(
+            f"allow_api_key_env needs an environment variable name (letters, digits and "
+            f"underscores, not starting with a digit); got {name!r}"
+        )
+    _ALLOWED_KEY_VARIABLES.add(name)
+
+
+def _may_send(variable: str) -> bool:
+    return variable in _ALLOWED_KEY_VARIABLES or bool(_CREDENTIAL_NAME.search(variable))
+
+
+def _not_a_credential(variable: str) -> str:
+    return (
+        f"names {variable!r}, which does not look like a credential variable; a configuration "
+        "file may only name variables whose name ends in _KEY, _APIKEY, _TOKEN or _SECRET (its "
+        "key is sent to its base_url), so that it cannot send any other. Rename the variable, or "
+        f"allow it in the program with plait.resources.allow_api_key_env({variable!r})"
+    )
 
 
 # -- user-written providers -------------------------------------------------------------
@@ -584,6 +655,10 @@ class ResourceConfig:
     Args:
         mapping: ``{alias: {"provider": ..., "model": ..., <options>}}``. The
             alias ``"*"`` serves every alias not listed.
+        source: the file the mapping was read from (`from_file` sets it).
+            Errors name it, and it is trusted less than code: its
+            ``api_key_env`` may only name a variable that looks like a
+            credential (see `allow_api_key_env`).
 
     Raises:
         ConfigError: listing every problem found, one per line, each naming
@@ -601,7 +676,8 @@ class ResourceConfig:
     ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
     ``backend_options`` (checked against the backend's constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
-    ``headers``, ``max_connections``, ``dialect``; for ``anthropic``
+    ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
+    ``max_event_bytes``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
     and ``n_ctx``. See `EndpointConfig` for what each means.
     """
@@ -619,7 +695,7 @@ class ResourceConfig:
             if not isinstance(alias, str) or not alias:
                 problems.append(f"alias {alias!r}: aliases must be non-empty strings")
                 continue
-            endpoint = _validate_entry(alias, entry, problems)
+            endpoint = _validate_entry(alias, entry, problems, from_file=source is not None)
             if endpoint is not None:
                 endpoints[alias] = endpoint
         if not mapping:

@@ -93,6 +93,8 @@ def create_backend(config: EndpointConfig) -> Backend:
             pool = config.max_connections or config.max_concurrent
             if pool is not None:
                 kwargs["max_connections"] = pool
+            kwargs["max_response_bytes"] = config.max_response_bytes
+            kwargs["max_event_bytes"] = config.max_event_bytes
     kwargs.update(config.backend_options)
     return backend_class(config.provider)(**kwargs)
 
@@ -142,7 +144,8 @@ class EndpointStats:
     retries: int
     """Requests that were retries of a failed attempt."""
     rate_limited: int
-    """429 answers received."""
+    """429 answers that paused or slowed the endpoint (one asking to wait longer
+    than ``max_retry_after`` fails its call and counts in ``failures`` only)."""
     failures: int
     """Calls that raised after their last attempt."""
     cache_hits: int

@@ -9,8 +9,8 @@ The execution layer never talks to a backend directly. It calls
 3. refuses the call when a cost budget is spent (``BudgetExceededError``, nothing sent);
 4. waits for the endpoint's limiter (slot, rpm, tpm, pause);
 5. calls the backend under the per-attempt timeout, retrying in place what the
-   endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint, never
-   for longer than ``max_retry_after``);
+   endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint; one
+   longer than ``max_retry_after`` fails its call at once and pauses nothing);
 6. records usage and cost, stores the reply in the cache only when it was
    accepted (finished normally, and the caller's ``accept`` said yes), and
    returns the `Response` with ``meta`` filled in.
@@ -451,10 +451,11 @@ class ResourceManager:
     ) -> float:
         """Frees the attempt's slot; raises the final error or sleeps the backoff.
 
-        A ``Retry-After`` pauses the whole endpoint, but never for longer than
-        the policy's ``max_retry_after``: one reply asking for a day must not
-        stall every other call of the run. A call told to wait longer than
-        that fails at once, saying so.
+        A ``Retry-After`` within the policy's ``max_retry_after`` pauses the
+        whole endpoint (and a 429 lowers its rate). One beyond it means a quota
+        that will not come back within the run: that call fails at once and
+        the endpoint is neither paused nor slowed, so the calls the server
+        would still answer go on (each told the same fails at once too).
 
         Returns:
             The seconds slept before the retry.
@@ -462,14 +463,13 @@ class ResourceManager:
         endpoint = route.endpoint
         limiter = endpoint.limiter
         pause = error.retry_after
-        if pause is not None:
-            pause = min(pause, policy.max_retry_after)
-        # The pause must be in place before the slot is released, or the next
-        # waiter would be sent straight into the rate limit.
-        if error.status == 429:
-            limiter.on_rate_limited(pause)
-        elif pause:
-            limiter.pause_for(pause)
+        if pause is None or pause <= policy.max_retry_after:
+            # The pause must be in place before the slot is released, or the next
+            # waiter would be sent straight into the rate limit.
+            if error.status == 429:
+                limiter.on_rate_limited(pause)
+            elif pause:
+                limiter.pause_for(pause)
         limiter.release(reserved, 0)
         if not policy.should_retry(error, attempts):
             endpoint.failures += 1

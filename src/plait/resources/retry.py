@@ -34,7 +34,7 @@ class RetryPolicy:
     the exponential value. A provider's ``Retry-After`` replaces the backoff
     when it is longer (the manager also pauses the whole endpoint for it);
     one longer than ``max_retry_after`` ends the retries, since it means a
-    quota that will not come back within the run.
+    quota that will not come back within the run (and pauses nothing).
 
     Args:
         max_retries: retries after the first attempt (0 disables retries).

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
     from plait.testing._faults import Fault
     from plait.testing._llama_server import start_llama_server
     from plait.testing._process import fetch_stats, start_server_process
-    from plait.testing._replies import RawReply
+    from plait.testing._replies import Flood, RawReply
     from plait.testing.scripted_server import RequestRecord, ScriptedServer, ServerStats
 
 __all__ = [
     "Fault",
+    "Flood",
     "RawReply",
     "RequestRecord",
     "ScriptedServer",
@@ -34,6 +35,7 @@ __all__ = [
 
 _HOMES = {
     "Fault": "plait.testing._faults",
+    "Flood": "plait.testing._replies",
     "RawReply": "plait.testing._replies",
     "RequestRecord": "plait.testing.scripted_server",
     "ScriptedServer": "plait.testing.scripted_server",

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plait.testing._replies import RawReply, completion_payload, error_payload
+from plait.testing._replies import Flood, RawReply, completion_payload, error_payload
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -32,18 +33,35 @@ __all__ = ["BatchStore"]
 class BatchStore:
     """Files and batches the server holds, and how often they were asked about."""
 
-    files: dict[str, bytes] = field(default_factory=dict)
+    files: dict[str, bytes | Flood] = field(default_factory=dict)
     batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     polls: int = 0
     """``GET /v1/batches/{id}`` requests answered."""
     batch_delay: float = 0.0
-    """Seconds a new batch stays ``in_progress`` before it completes."""
+    """Seconds a new batch stays ``in_progress`` before it completes (``math.inf``: never)."""
+    batch_id_format: str = "batch_{n}"
+    """How new OpenAI batch ids are spelled (``{n}`` is a serial number); a hostile
+    server's ids may hold ``/`` or be ``..``."""
+    stuck_status: str | None = None
+    """When set, every poll of a batch reports this status (OpenAI's ``status``,
+    Anthropic's ``processing_status``) and no batch finishes: a server that
+    speaks a status its clients do not know."""
+    edit_results: Callable[[list[dict[str, Any]]], list[Any] | Flood] | None = None
+    """Rewrites a finished batch's result lines before they are served: it gets
+    them as objects, in the provider's shape (OpenAI: ``custom_id``,
+    ``response``, ``error``, output and error lines together; Anthropic:
+    ``custom_id``, ``result``) and returns the lines to serve instead (objects
+    are sent as JSON, bytes as they are; OpenAI serves them all in the output
+    file), or a `Flood` to serve as the whole file: a server that repeats,
+    invents or garbles result lines, or sends a file too large to hold."""
+    log: list[str] = field(default_factory=list)
+    """``"<METHOD> <raw path>"`` of every Batch API request, as it arrived (still escaped)."""
     _serial: itertools.count = field(default_factory=lambda: itertools.count(1))
     _ready_at: dict[str, float] = field(default_factory=dict)
     message_batches: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Anthropic Message Batches (``/v1/messages/batches``), by id."""
     _requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    _results: dict[str, bytes] = field(default_factory=dict)
+    _results: dict[str, bytes | Flood] = field(default_factory=dict)
     _server: Any = None
 
     def routes(self, app: web.Application, server: ScriptedServer) -> None:
@@ -66,7 +84,11 @@ class BatchStore:
             status=status, body=orjson.dumps(payload), content_type="application/json"
         )
 
+    def _note(self, request: web.Request) -> None:
+        self.log.append(f"{request.method} {request.raw_path}")
+
     async def _upload(self, request: web.Request) -> web.Response:
+        self._note(request)
         form = await request.post()
         upload = form.get("file")
         if form.get("purpose") != "batch" or upload is None or isinstance(upload, str):
@@ -80,17 +102,23 @@ class BatchStore:
     async def _content(self, request: web.Request) -> web.Response:
         from aiohttp import web
 
+        self._note(request)
         content = self.files.get(request.match_info["file_id"])
         if content is None:
             return self._json(error_payload(404, "No such file"), 404)
+        if isinstance(content, Flood):
+            from plait.testing.scripted_server import send_flood
+
+            return await send_flood(request, content)
         return web.Response(body=content, content_type="application/jsonl")
 
     async def _create(self, request: web.Request) -> web.Response:
+        self._note(request)
         body = orjson.loads(await request.read())
         file_id = body.get("input_file_id")
         if file_id not in self.files or body.get("endpoint") != "/v1/chat/completions":
             return self._json(error_payload(400, "unknown input_file_id or endpoint"), 400)
-        batch_id = f"batch_{next(self._serial)}"
+        batch_id = self.batch_id_format.format(n=next(self._serial))
         lines = [line for line in self.files[file_id].splitlines() if line.strip()]
         self.batches[batch_id] = {
             "id": batch_id,
@@ -109,10 +137,13 @@ class BatchStore:
         return self._json(self.batches[batch_id])
 
     async def _get(self, request: web.Request) -> web.Response:
+        self._note(request)
         batch = self.batches.get(request.match_info["batch_id"])
         if batch is None:
             return self._json(error_payload(404, "No such batch"), 404)
         self.polls += 1
+        if self.stuck_status is not None:
+            return self._json({**batch, "status": self.stuck_status})
         if batch["status"] == "in_progress" and time.monotonic() >= self._ready_at[batch["id"]]:
             await self._finish(batch, self._server)
         return self._json(batch)
@@ -125,10 +156,13 @@ class BatchStore:
             item = orjson.loads(line)
             result = await self._answer(item, server, f"batch_req_{number}")
             (outputs if result["response"]["status_code"] == 200 else errors).append(result)
-        for key, results in (("output_file_id", outputs), ("error_file_id", errors)):
+        files = {"output_file_id": outputs, "error_file_id": errors}
+        if self.edit_results is not None:
+            files = {"output_file_id": self.edit_results(outputs + errors)}
+        for key, results in files.items():
             if results:
                 file_id = f"file-{next(self._serial)}"
-                self.files[file_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
+                self.files[file_id] = _jsonl(results)
                 batch[key] = file_id
         batch["request_counts"].update(completed=len(outputs), failed=len(errors))
         batch["status"] = "completed"
@@ -184,11 +218,14 @@ class BatchStore:
         if batch is None:
             return self._json(_anthropic_error("not_found_error", "No such batch"), 404)
         self.polls += 1
+        if self.stuck_status is not None:
+            return self._json({**batch, "processing_status": self.stuck_status})
         ready = time.monotonic() >= self._ready_at[batch_id]
         if batch["processing_status"] == "in_progress" and ready:
             results = [await self._answer_message(entry) for entry in self._requests[batch_id]]
-            self._results[batch_id] = b"\n".join(orjson.dumps(r) for r in results) + b"\n"
             succeeded = sum(r["result"]["type"] == "succeeded" for r in results)
+            edited = results if self.edit_results is None else self.edit_results(results)
+            self._results[batch_id] = _jsonl(edited)
             batch["request_counts"].update(
                 processing=0, succeeded=succeeded, errored=len(results) - succeeded
             )
@@ -204,6 +241,10 @@ class BatchStore:
         content = self._results.get(request.match_info["batch_id"])
         if content is None:
             return self._json(_anthropic_error("not_found_error", "No results yet"), 404)
+        if isinstance(content, Flood):
+            from plait.testing.scripted_server import send_flood
+
+            return await send_flood(request, content)
         return web.Response(body=content, content_type="application/x-jsonl")
 
     async def _answer_message(self, entry: dict[str, Any]) -> dict[str, Any]:
@@ -254,3 +295,12 @@ class BatchStore:
 
 def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _jsonl(lines: list[Any] | Flood) -> bytes | Flood:
+    """Returns result lines as a JSONL file (objects as JSON, bytes as they are), or the Flood."""
+    if isinstance(lines, Flood):
+        return lines
+    return b"".join(
+        (line if isinstance(line, bytes) else orjson.dumps(line)) + b"\n" for line in lines
+    )

@@ -10,13 +10,14 @@ to predict in a test (``"echo: hello world"`` is 3 completion tokens).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
 __all__ = [
+    "Flood",
     "RawReply",
     "Reply",
     "Responder",
@@ -30,10 +31,10 @@ __all__ = [
 
 Responder = Callable[
     [dict[str, Any]],
-    "str | dict[str, Any] | RawReply | Awaitable[str | dict[str, Any] | RawReply]",
+    "str | dict[str, Any] | RawReply | Flood | Awaitable[str | dict[str, Any] | RawReply | Flood]",
 ]
 """Turns a request body into a reply: text, a dict with ``content``, ``tool_calls``
-(``[{"name", "arguments"}]``), ``finish_reason``, ``usage``, or a `RawReply`."""
+(``[{"name", "arguments"}]``), ``finish_reason``, ``usage``, a `RawReply` or a `Flood`."""
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -70,6 +71,66 @@ class RawReply:
     stream_events: Sequence[bytes] | None = None
     """For a streamed request: the data of each SSE event, each sent as one
     ``data: <bytes>`` event, then ``data: [DONE]``; status 200."""
+
+
+@dataclass(frozen=True, slots=True)
+class Flood:
+    """An answer too large to hold: ``unit`` sent over and over, made as it is written.
+
+    The body is ``head``, then ``unit`` ``repeat`` times (forever when None,
+    until the client hangs up), then ``tail``; the server writes it in blocks
+    of about 64 KiB, so it costs the server no memory whatever its size. With
+    ``declare_length`` (and a ``repeat``) the full size is sent as
+    Content-Length; otherwise the body is chunked and its size unknown ahead.
+
+    Example::
+
+        Flood(b" " * 65536, repeat=1024)                   # a 64 MiB body
+        Flood(b"data: xxxx\n", content_type="text/event-stream")  # one endless SSE event
+    """
+
+    unit: bytes
+    head: bytes = b""
+    tail: bytes = b""
+    repeat: int | None = None
+    declare_length: bool = False
+    content_type: str = "application/json"
+    status: int = 200
+
+    def __post_init__(self) -> None:
+        if not self.unit:
+            raise ValueError("Flood needs a non-empty unit")
+        if self.declare_length and self.repeat is None:
+            raise ValueError(
+                "Flood(declare_length=True) needs a repeat: an endless body has no length"
+            )
+
+    @property
+    def size(self) -> int | None:
+        """Bytes of the whole body; None when it never ends."""
+        if self.repeat is None:
+            return None
+        return len(self.head) + len(self.unit) * self.repeat + len(self.tail)
+
+    def blocks(self) -> Iterator[bytes]:
+        """Yields the body in pieces of about 64 KiB (one block object, written again and again)."""
+        if self.head:
+            yield self.head
+        per_block = max(1, _FLOOD_BLOCK // len(self.unit))
+        block = self.unit * per_block
+        left = self.repeat
+        while left is None or left > 0:
+            if left is not None and left < per_block:
+                yield self.unit * left
+                break
+            yield block
+            if left is not None:
+                left -= per_block
+        if self.tail:
+            yield self.tail
+
+
+_FLOOD_BLOCK = 64 * 1024
 
 
 @dataclass(slots=True)

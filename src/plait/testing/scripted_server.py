@@ -53,6 +53,7 @@ from plait.testing._batches import BatchStore
 from plait.testing._faults import Fault
 from plait.testing._process import fetch_stats, start_server_process
 from plait.testing._replies import (
+    Flood,
     RawReply,
     Reply,
     Responder,
@@ -170,7 +171,8 @@ class ScriptedServer:
             default answers ``"echo: <last user message>"``. A dict may give
             ``content``, ``tool_calls`` (``[{"name", "arguments"}]``, arguments
             as a dict or JSON text), ``finish_reason`` and ``usage``; a
-            `RawReply` is sent exactly as given. If it raises, the client
+            `RawReply` is sent exactly as given, and a `Flood` (a body too
+            large to hold) is made as it is written. If it raises, the client
             gets a 500 naming the exception.
         faults: `Fault` rules, asked in order for every request.
         host: interface to listen on; loopback by default.
@@ -402,6 +404,8 @@ class ScriptedServer:
             return self._json(record, 500, error_payload(500, message))
         if isinstance(reply, RawReply):
             return await self._send_raw(request, record, reply)
+        if isinstance(reply, Flood):
+            return await send_flood(request, reply, record)
         request_id = f"chatcmpl-scripted-{next(self._serial)}"
         model = str(body.get("model") or self.model)
         if record.stream:
@@ -423,12 +427,12 @@ class ScriptedServer:
         )
         return self._json(record, 200, payload)
 
-    async def _ask_responder(self, body: dict[str, Any]) -> Reply | RawReply:
-        """Returns the responder's answer for ``body``, normalised unless it is a `RawReply`."""
+    async def _ask_responder(self, body: dict[str, Any]) -> Reply | RawReply | Flood:
+        """Returns the responder's answer for ``body``, normalised unless sent as it is."""
         answer = self.responder(body)
         if inspect.isawaitable(answer):
             answer = await answer
-        if isinstance(answer, RawReply):
+        if isinstance(answer, RawReply | Flood):
             return answer
         limits = ("max_tokens",)
         if self.dialect == "openai":  # llama.cpp's server ignores max_completion_tokens
@@ -583,6 +587,27 @@ class ScriptedServer:
                 )
         payload = [{**f.as_dict(), "fired": f.fired} for f in self.faults]
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+
+async def send_flood(
+    request: web.Request, flood: Flood, record: RequestRecord | None = None
+) -> web.StreamResponse:
+    """Writes a `Flood`; a client that hangs up (having read enough) just ends it."""
+    from aiohttp import web
+
+    response = web.StreamResponse(status=flood.status, headers={"Content-Type": flood.content_type})
+    if flood.declare_length:
+        response.content_length = flood.size
+    await response.prepare(request)
+    if record is not None:
+        record.status = flood.status
+    try:
+        for block in flood.blocks():
+            await response.write(block)
+        await response.write_eof()
+    except (ConnectionError, RuntimeError):  # the client closed the connection
+        pass
+    return response
 
 
 def _load_responder(spec: str) -> Responder:
