@@ -92,6 +92,28 @@ async def test_a_cancelled_waiter_leaves_no_trace() -> None:
     assert await lim.acquire() == 0.0  # the slot is free again
 
 
+async def test_a_waiter_cancelled_as_a_slot_frees_stays_cancelled() -> None:
+    # Ctrl-C cancels every waiter at once while the requests in flight end and
+    # free their slots: the freed slot skips the cancelled waiter and goes to
+    # the next one, and the cancelled waiter must still end cancelled (it once
+    # raised ValueError there, which turned the cancel into a failed item and
+    # let the batch go on sending requests).
+    clock = FakeClock()
+    lim = limiter(clock, max_concurrent=1)
+    await lim.acquire()
+    cancelled = asyncio.create_task(lim.acquire())
+    next_in_line = asyncio.create_task(lim.acquire())
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    lim.release()  # before the cancelled waiter has run
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    assert await next_in_line == 0.0
+    assert lim.in_flight == 1 and lim.queue_depth == 0
+    lim.release()
+    assert await lim.acquire() == 0.0  # nothing stale is left queued
+
+
 async def test_rpm_allows_a_one_second_burst_then_spaces_requests() -> None:
     clock = FakeClock()
     lim = limiter(clock, rpm=600)  # 10 per second, burst of 10

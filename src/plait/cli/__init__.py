@@ -11,7 +11,9 @@ Exit codes scripts can rely on:
 * 3 — the run stopped early (checkpoint of another run, budget spent, a file
   that could not be written); rows already written and checkpointed stay;
 * 4 — ``eval`` finished but its score is below ``--fail-under``;
-* 130 — interrupted (Ctrl-C); rerun with the same ``--checkpoint-dir`` to resume.
+* 130 — stopped by Ctrl-C, 143 — stopped by SIGTERM: requests in flight were
+  cancelled and finished rows kept; with ``--checkpoint-dir``, rerunning the
+  same command resumes (a second signal during the stop quits at once).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_OK",
     "EXIT_ROWS_FAILED",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "main",
 ]
@@ -34,6 +37,7 @@ EXIT_USAGE = 2
 EXIT_ABORTED = 3
 EXIT_BELOW_THRESHOLD = 4
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -12,7 +11,6 @@ import click
 from plait.cli import (
     EXIT_ABORTED,
     EXIT_BELOW_THRESHOLD,
-    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_ROWS_FAILED,
     EXIT_USAGE,
@@ -63,23 +61,37 @@ def _prepare(spec: str, load: Path | None, columns: tuple[str, ...]) -> tuple[An
     return program, RowMapper(program, _renames(columns))
 
 
-def _handled(work: Any) -> Any:
-    """Runs a coroutine, turning plait's errors into messages and exit codes."""
+def _handled(work: Any, on_stop: str) -> Any:
+    """Runs a coroutine, turning plait's errors and stopping signals into messages and exit codes.
+
+    ``on_stop`` tells the user what was kept and how to resume after Ctrl-C or SIGTERM.
+    """
+    from plait.cli.stopping import Stopped, run_stoppable
     from plait.execution.checkpoint_codec import CheckpointError
 
     try:
-        return asyncio.run(work)
-    except KeyboardInterrupt:
-        click.echo(
-            "plait: interrupted; rows already written are in the checkpoint: rerun with the "
-            "same --checkpoint-dir to resume",
-            err=True,
-        )
-        sys.exit(EXIT_INTERRUPTED)
+        return run_stoppable(work)
+    except Stopped as stop:
+        click.echo(f"plait: stopped by {stop.name}; {on_stop}", err=True)
+        sys.exit(stop.exit_code)
     except (ProgramError, DatasetError, ConfigError) as exc:
         _fail(str(exc))
     except (CheckpointError, PlaitError, OSError) as exc:
         _fail(f"{type(exc).__name__}: {exc}", EXIT_ABORTED)
+
+
+def _resume_hint(kwargs: dict[str, Any]) -> str:
+    """What a stopped ``run``/``eval`` kept, and how to go on from there."""
+    if kwargs["checkpoint_dir"] is not None:
+        return (
+            f"finished rows are checkpointed in {kwargs['checkpoint_dir']}: rerun the same "
+            "command to resume"
+        )
+    return (
+        f"rows finished in order so far are in {kwargs['output_path']}; without "
+        "--checkpoint-dir nothing was checkpointed, so a rerun starts over (add "
+        "--checkpoint-dir DIR to make a run resumable)"
+    )
 
 
 common_run_options = [
@@ -192,7 +204,7 @@ def run_command(program_spec: str, **kwargs: Any) -> None:
     except (ProgramError, ConfigError, KeyError, TypeError, ValueError) as exc:
         _fail(str(exc))
     run = _file_run(program, mapper, kwargs)
-    outcome = _handled(_profiled_run(run, program_spec, "run", kwargs))
+    outcome = _handled(_profiled_run(run, program_spec, "run", kwargs), _resume_hint(kwargs))
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
 
 
@@ -227,7 +239,7 @@ def eval_command(program_spec: str, metric: str, target_column: str,
         _fail(str(exc))
     _require_column(kwargs["input_path"], kwargs["input_format"], target_column, "--target")
     run = _file_run(program, mapper, kwargs, target_column=target_column, metric=scorer)
-    outcome = _handled(_profiled_run(run, program_spec, "eval", kwargs))
+    outcome = _handled(_profiled_run(run, program_spec, "eval", kwargs), _resume_hint(kwargs))
     score = outcome.score or 0.0
     click.echo(f"score: {score:.4f} ({metric} over {outcome.rows} rows)")
     if fail_under is not None and score < fail_under:
@@ -313,7 +325,8 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         _fail(str(exc))
     resources = _resources(kwargs["resources"], program)
     alias = kwargs["optimizer_alias"] or _first_alias(program)
-    report = _handled(_train(program, mapper, train, val, metric, resources, alias, kwargs))
+    work = _train(program, mapper, train, val, metric, resources, alias, kwargs)
+    report = _handled(work, _training_resume_hint(kwargs))
     program.save(kwargs["save_path"])
     path = kwargs["report_path"] or kwargs["save_path"].with_name(
         kwargs["save_path"].name.split(".")[0] + ".run.json"
@@ -327,6 +340,16 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     )
     click.echo(f"training {training.get('reason')}")
     sys.exit(EXIT_OK)
+
+
+def _training_resume_hint(kwargs: dict[str, Any]) -> str:
+    """What a stopped ``train`` kept, and how to go on from there."""
+    if kwargs["checkpoint_dir"] is not None:
+        return (
+            f"the training state is saved in {kwargs['checkpoint_dir']} after every minibatch: "
+            "rerun the same command to resume"
+        )
+    return "nothing was saved (add --checkpoint-dir DIR to make training resumable)"
 
 
 def _first_alias(program: Any) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import contextlib
 import contextvars
 import sys
 import threading
@@ -529,9 +530,24 @@ class _LoopThread:
         try:
             return result.result()
         except KeyboardInterrupt:
-            for task in tasks:
-                self.loop.call_soon_threadsafe(task.cancel)
+            self._stop(tasks, result)
             raise
+
+    def _stop(self, tasks: list[asyncio.Task[Any]], result: concurrent.futures.Future[Any]) -> None:
+        """Cancels the call on Ctrl-C and waits until it has stopped.
+
+        The caller's KeyboardInterrupt then comes after the requests in flight
+        were cancelled and the checkpoint closed, as with ``asyncio.run``. A
+        second Ctrl-C interrupts this wait, so it leaves at once.
+        """
+
+        def cancel() -> None:  # on the loop, after `start` has made the task
+            for task in tasks:
+                task.cancel()
+
+        self.loop.call_soon_threadsafe(cancel)
+        with contextlib.suppress(concurrent.futures.CancelledError):
+            result.exception()  # waits for the end, however it ends
 
 
 def _transfer(task: asyncio.Task[Any], result: concurrent.futures.Future[Any]) -> None:
@@ -578,12 +594,20 @@ def _shutdown() -> None:
 
 
 def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Runs a bound call to completion and returns its result, blocking the caller."""
+    """Runs a bound call to completion and returns its result, blocking the caller.
+
+    Ctrl-C cancels the call (its requests in flight, the rest of a batch) and
+    the caller gets the KeyboardInterrupt once it has stopped, with every
+    finished item in the checkpoint; a second Ctrl-C leaves at once.
+    """
     return _complete(execute_bound(module, args, kwargs))
 
 
 def _complete(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
-    """Runs ``work`` on the background loop and returns its result (a stream's as a list)."""
+    """Runs ``work`` on the background loop and returns its result (a stream's as a list).
+
+    Ctrl-C cancels the work and re-raises once it has stopped (see `run_sync`).
+    """
     if isinstance(work, BatchStream):
         stream = work
 

@@ -30,6 +30,7 @@ limiter with a fake clock instead of real sleeps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -254,7 +255,10 @@ class Limiter:
             if waiter.done() and not waiter.cancelled():
                 self._release_slot()  # a slot was handed over just as we were cancelled
             else:
-                self._slot_waiters.remove(waiter)
+                # `_wake` may have dropped it already, when a slot freed after
+                # the cancel but before this task ran; the cancel must survive.
+                with contextlib.suppress(ValueError):
+                    self._slot_waiters.remove(waiter)
             raise
 
     def _release_slot(self) -> None:
