@@ -594,15 +594,19 @@ def _answered_before(tool: Tool, call: ToolCall, earlier: list[ReActStep]) -> To
         if step.ok:
             told = (
                 "Not run again: this exact call already ran in this task, approved by the "
-                f"user, and returned: {step.result}"
+                "user. Do not call it again; answer with what you have. It returned: "
+                f"{step.result}"
             )
         elif step.error == "declined":
-            told = "Not run: the user already declined this exact call in this task."
+            told = (
+                "Not run: the user already declined this exact call in this task. Do not "
+                "call it again; answer with what you have."
+            )
         else:
             continue
         return ToolResult(
             call.name,
-            f"{told} Do not call it again; answer with what you have.",
+            told,
             ok=False,
             error="repeated",
             call_id=call.id,
