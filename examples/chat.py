@@ -4,9 +4,13 @@ a note stops to ask you first.
 Type a message and press Enter; the reply is printed token by token as the model
 writes it (``astream``). A message that starts with ``note:`` goes to a small agent
 with one tool, ``save_note``, which writes to a file — a side effect, so the tool
-requires confirmation: the agent stops, the chat asks ``[y/n]``, and after your
-answer the agent resumes where it stopped (the model is not asked again for the
-call it already made). Answer ``n`` and the model is told you declined.
+requires confirmation: the agent stops, the chat asks ``[y/n]`` (and asks again
+until you answer y or n, so a message typed there is never taken for an answer),
+and after your answer the agent resumes where it stopped (the model is not asked
+again for the call it already made). Answer ``n`` and the model is told you
+declined. Each note is asked about once and saved at most once: when the model
+repeats the call you already answered (small models do), the agent tells it so
+instead of asking you again.
 
 Why a ``note:`` prefix instead of letting the model decide: SmolLM2-135M does not
 choose tools on its own reliably (asked "Save a note that says: buy milk" it chose
@@ -70,6 +74,16 @@ async def ask(prompt: str) -> str | None:
     return None if line == "" else line.rstrip("\n")
 
 
+async def confirm(question: str) -> bool:
+    """Asks a yes/no question until the answer is y or n; end of input declines."""
+    while (answer := await ask(f"{question} [y/n] ")) is not None:
+        word = answer.strip().lower()
+        if word in ("y", "yes", "n", "no"):
+            return word.startswith("y")
+        print("Please answer y or n.")
+    return False
+
+
 async def chat_turn(talk: LLMInference, history: History, message: str) -> None:
     """Streams the model's reply to ``message``, then keeps both turns in the history."""
     history.add_user(message)
@@ -90,8 +104,7 @@ async def note_turn(agent: ReAct, request: str) -> None:
         async for event in agent.astream(request=request, resume_state=resume):
             if isinstance(event, Prediction) and not event.is_final:
                 pending: ConfirmationRequired = event.confirmation
-                answer = await ask(f"{pending.question} [y/n] ")
-                approved = (answer or "").strip().lower().startswith("y")
+                approved = await confirm(pending.question)
                 resume = ResumeState(pending, "yes" if approved else "no")
                 break
             elif isinstance(event, Prediction):

@@ -11,19 +11,25 @@ Wrap any execution in `profile()` and read the records afterwards::
 The scheduler reports each node, the resource manager each request attempt
 (its wait for limits, the request, its status) and a batch each finished
 item to the active profiler through a context variable, so profiling costs
-nothing when it is off. With ``max_records`` a profiler keeps a uniform
-sample of that many records of each kind (the counters and the per-second
-timeline stay exact), so profiling a run of any length holds bounded memory.
+nothing when it is off. A node's time is split into the seconds its model
+calls waited for limits (the run's or an endpoint's slots, a rate, a pause)
+and the rest, its requests and its own work: a call queued behind others on
+a busy endpoint is slow for want of a slot, not because the endpoint is.
+With ``max_records`` a profiler keeps a uniform sample of that many records
+of each kind (the counters and the per-second timeline stay exact), so
+profiling a run of any length holds bounded memory.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import itertools
 import os
 import random
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +38,15 @@ from plait import _context
 if TYPE_CHECKING:
     from plait.report import RunReport
 
-__all__ = ["TIMELINE_STEP", "ItemOutcome", "NodeTiming", "Profiler", "RequestTiming", "profile"]
+__all__ = [
+    "TIMELINE_STEP",
+    "ItemOutcome",
+    "NodeClock",
+    "NodeTiming",
+    "Profiler",
+    "RequestTiming",
+    "profile",
+]
 
 TIMELINE_STEP = 0.1
 """Seconds per bucket of the per-endpoint timeline at the start of a run."""
@@ -56,6 +70,8 @@ class NodeTiming:
     cache_hit: bool = False
     finish_reason: str | None = None
     """Why the model stopped (``"length"``: cut off by the token limit); None for non-LLM nodes."""
+    wait: float = 0.0
+    """Seconds of it that its model calls spent waiting for limits (a slot, a rate, a pause)."""
 
     @property
     def duration(self) -> float:
@@ -108,6 +124,56 @@ class ItemOutcome:
     message: str
     node: str | None = None
     """The node that failed, when the error names one."""
+
+
+class NodeClock:
+    """Times one running node: when it started, and how long its model calls waited.
+
+    While it is open (from `Profiler.start_node` to `stop`), every request
+    attempt made inside the node, in its own calls or in those of nodes
+    nested in it, adds its wait for limits to ``waited``.
+    """
+
+    __slots__ = ("_token", "start", "waited")
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.waited = 0.0
+        self._token = _OPEN_CLOCKS.set((*_OPEN_CLOCKS.get(), self))
+
+    def stop(self) -> None:
+        """Closes the clock: later attempts no longer count for this node."""
+        _OPEN_CLOCKS.reset(self._token)
+
+
+_OPEN_CLOCKS: contextvars.ContextVar[tuple[NodeClock, ...]] = contextvars.ContextVar(
+    "plait_open_node_clocks", default=()
+)
+"""The clocks of the profiled nodes running in this context, outermost first."""
+
+
+def _waited(seconds: float) -> None:
+    """Counts ``seconds`` of waiting for limits in every node running here."""
+    for clock in _OPEN_CLOCKS.get():
+        clock.waited += seconds
+
+
+class _TimedSlot:
+    """Holds a semaphore as ``async with`` does, counting the wait for it as waiting."""
+
+    __slots__ = ("_now", "_slots")
+
+    def __init__(self, slots: asyncio.Semaphore, now: Callable[[], float]) -> None:
+        self._slots = slots
+        self._now = now
+
+    async def __aenter__(self) -> None:
+        queued = self._now()
+        await self._slots.acquire()
+        _waited(self._now() - queued)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self._slots.release()
 
 
 class _Reservoir:
@@ -214,6 +280,10 @@ class Profiler:
         """Batch items that finished with an output."""
         self.items_failed = 0
         """Batch items that failed."""
+        self.items_restored = 0
+        """Batch items among ``items_ok`` whose output came from a checkpoint, not a run."""
+        self.unpriced: set[str] = set()
+        """Aliases whose endpoint has no price: their cost is unknown, not zero."""
         self.nodes_seen = 0
         """Node records offered, kept or not."""
         self.timelines: dict[str, _Timeline] = {}
@@ -223,6 +293,7 @@ class Profiler:
         self.started_at = time.time()
         """Wall-clock time (epoch seconds) the profiler was created."""
         self._max_failures = max_failures
+        self._programs: dict[str, str] = {}
         self._calls = itertools.count(1)
         self._rng = random.Random(0)
         self._origin = time.perf_counter()
@@ -232,28 +303,65 @@ class Profiler:
         """Returns seconds since this profiler started."""
         return time.perf_counter() - self._origin
 
+    def start_node(self) -> NodeClock:
+        """Starts timing a node (called by the scheduler); `stop` the clock when it ends."""
+        return NodeClock(self.now())
+
+    def timed_slot(self, slots: asyncio.Semaphore) -> _TimedSlot:
+        """Returns ``slots`` to hold with ``async with``, the wait counted for the running
+        nodes (the run's own limit on LLM calls in flight, called by its runner)."""
+        return _TimedSlot(slots, self.now)
+
     def record(
-        self, node_id: str, module_path: str, index: int | None, start: float, meta: dict[str, Any]
+        self,
+        node_id: str,
+        module_path: str,
+        index: int | None,
+        clock: NodeClock,
+        meta: dict[str, Any],
     ) -> None:
-        """Adds one finished node (called by the scheduler)."""
+        """Adds one finished node (called by the scheduler) timed by ``clock``."""
         self.nodes_seen += 1
+        if self._programs:
+            node_id, module_path = self.shown_path(node_id), self.shown_path(module_path)
         self._nodes.offer(
             NodeTiming(
                 node_id=node_id,
                 module_path=module_path,
                 input_index=index,
-                start=start,
+                start=clock.start,
                 end=self.now(),
                 input_tokens=meta.get("input_tokens", 0),
                 output_tokens=meta.get("output_tokens", 0),
                 cost=meta.get("cost", 0.0),
                 cache_hit=bool(meta.get("cached", False)),
                 finish_reason=meta.get("finish_reason"),
+                wait=clock.waited,
             ),
             self._rng,
         )
         if meta.get("cached"):
             self._alias(meta.get("alias") or module_path)["cache_hits"] += 1
+
+    def show_program_at(self, path: str, name: str) -> None:
+        """Names the modules of a program that a harness runs at ``path`` as the program does.
+
+        A harness that wraps a program to run it (the Trainer runs it inside
+        its training step, at ``step.module``) lengthens the paths of the
+        program's modules (``step.module.answer``) and names the program by
+        its own attribute. Records then take the paths a call of the program
+        alone gives (``answer``), and ``name`` for the program itself.
+        """
+        self._programs[path] = name
+
+    def shown_path(self, path: str) -> str:
+        """Returns ``path`` as the program it belongs to names it (see `show_program_at`)."""
+        for prefix, name in self._programs.items():
+            if path == prefix:
+                return name
+            if path.startswith(prefix + "."):
+                return path[len(prefix) + 1 :]
+        return path
 
     def next_call(self) -> int:
         """Returns a new call number for the attempts of one model call (resource manager)."""
@@ -272,8 +380,11 @@ class Profiler:
         error: BaseException | None = None,
         usage: Any = None,
         final: bool = True,
+        priced: bool = True,
     ) -> None:
         """Adds one finished request attempt (called by the resource manager).
+
+        Its wait counts for every node running it (see `NodeClock`).
 
         Args:
             endpoint: the configuration entry serving the call.
@@ -286,8 +397,12 @@ class Profiler:
             error: the attempt's error; None when it succeeded.
             usage: the `Usage` of a successful attempt.
             final: False when the call will be retried after this attempt.
+            priced: False when the endpoint has no price (its cost is unknown).
         """
         end = self.now()
+        _waited(sent - queued)
+        if not priced:
+            self.unpriced.add(alias)
         timing = RequestTiming(
             endpoint,
             alias,
@@ -336,14 +451,22 @@ class Profiler:
             totals["cost"] = 0.0
         return totals
 
-    def record_item(self, index: int, error: BaseException | None) -> None:
-        """Counts one finished batch item and keeps the first failures (called by a batch)."""
+    def record_item(
+        self, index: int, error: BaseException | None, *, restored: bool = False
+    ) -> None:
+        """Counts one finished batch item and keeps the first failures (called by a batch).
+
+        ``restored``: its output was read back from a checkpoint, not run.
+        """
         if error is None:
             self.items_ok += 1
+            self.items_restored += restored
             return
         self.items_failed += 1
         if len(self.failures) < self._max_failures:
             node = getattr(error, "node_id", None)
+            if node is not None:
+                node = self.shown_path(node)
             self.failures.append(ItemOutcome(index, type(error).__name__, str(error)[:2000], node))
 
     @property
@@ -354,14 +477,18 @@ class Profiler:
         return max(r.end for r in self.records) - min(r.start for r in self.records)
 
     def table(self) -> str:
-        """Returns a plain-text table of the records, in start order."""
-        rows = [f"{'node':<32} {'start':>8} {'end':>8} {'secs':>7} {'tokens in/out':>14}"]
+        """Returns a plain-text table of the records, in start order (``wait``: the seconds
+        of ``secs`` spent waiting for limits)."""
+        header = (
+            f"{'node':<32} {'start':>8} {'end':>8} {'secs':>7} {'wait':>7} {'tokens in/out':>14}"
+        )
+        rows = [header]
         for r in sorted(self.records, key=lambda r: r.start):
             label = r.node_id if r.input_index is None else f"{r.node_id}[{r.input_index}]"
             tokens = f"{r.input_tokens}/{r.output_tokens}"
             rows.append(
-                f"{label:<32} {r.start:8.2f} {r.end:8.2f} {r.duration:7.2f} {tokens:>14}"
-                + ("  (cached)" if r.cache_hit else "")
+                f"{label:<32} {r.start:8.2f} {r.end:8.2f} {r.duration:7.2f} {r.wait:7.2f} "
+                f"{tokens:>14}" + ("  (cached)" if r.cache_hit else "")
             )
         total = sum(r.duration for r in self.records)
         rows.append(
@@ -385,7 +512,7 @@ class Profiler:
 
         Args:
             **details: passed to `RunReport.from_profiler` (``program``,
-                ``kind``, ``graph``, ``training``, ``endpoints``).
+                ``kind``, ``graph``, ``training``, ``metrics``).
         """
         from plait.report import RunReport  # the report builds on the profiler, not below it
 

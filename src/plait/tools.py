@@ -115,8 +115,10 @@ class ToolResult:
     value: Any = None
     """The function's return value (None when the call failed)."""
     error: str | None = None
-    """Kind of failure: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``exception``
-    or ``unserialisable_result`` (the return value could not be turned into text)."""
+    """Kind of failure: ``invalid_arguments``, ``unknown_tool``, ``timeout``, ``exception``,
+    ``unserialisable_result`` (the return value could not be turned into text), and from an
+    agent ``declined`` (the person said no) or ``repeated`` (the person already answered the
+    same call in this run, so it was not asked about again)."""
     exception: BaseException | None = None
     """The exception the tool raised, for the program (the model only sees ``content``)."""
     call_id: str | None = None

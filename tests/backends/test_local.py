@@ -337,3 +337,88 @@ async def test_astream_on_the_embedded_model_streams_tokens_as_they_come():
     events = [event async for event in cot.astream(question="What is 2 + 2?")]
     kinds = {type(e) for e in events}
     assert ThoughtStreamChunk in kinds  # the reasoning field, while the grammar writes it
+
+
+@pytest.fixture(scope="module")
+def untemplated_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the embedded model whose GGUF has no chat template, like many users' files.
+
+    The key ``tokenizer.chat_template`` is renamed to a key of the same length,
+    so the header keeps its layout and the tensor data its offsets.
+    """
+    data = default_model_path().read_bytes()
+    key = b"tokenizer.chat_template"
+    field = len(key).to_bytes(8, "little") + key  # a GGUF key: u64 length, then its bytes
+    at = data.index(field)
+    copy = tmp_path_factory.mktemp("untemplated") / "smollm2-untemplated.gguf"
+    copy.write_bytes(data[:at] + field.replace(b".chat_", b".xhat_") + data[at + len(field) :])
+    return copy
+
+
+def plain_program(instructions: str, **endpoint: object) -> object:
+    from plait import Predict, ResourceConfig
+    from plait.signatures import PlainAdapter, as_signature
+
+    answer = "question -> answer: Literal['yes', 'no']"  # one bare label: never cut off
+    signature = as_signature(answer).with_instructions(instructions)
+    program = Predict(signature, adapter=PlainAdapter(), max_tokens=4, temperature=0.0)
+    return program.bind(ResourceConfig({"*": {"provider": "local", **endpoint}}))
+
+
+async def test_a_gguf_without_a_chat_template_warns_and_names_the_format_to_set(
+    untemplated_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING", logger="plait.backends"):
+        await plain_program("Answer briefly.", model_path=str(untemplated_model))(question="Hi?")
+    (warning,) = [r.getMessage() for r in caplog.records if "chat template" in r.getMessage()]
+    assert "smollm2-untemplated.gguf" in warning and "'llama-2'" in warning  # what was guessed
+    assert (
+        "backend_options={'chat_format': 'chatml'}" in warning
+    )  # <|im_start|> is in its vocabulary
+
+
+async def test_a_gguf_without_a_template_and_a_chat_format_set_is_quiet(
+    untemplated_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    program = plain_program(
+        "Answer briefly.",
+        model_path=str(untemplated_model),
+        backend_options={"chat_format": "chatml"},
+    )
+    with caplog.at_level("WARNING", logger="plait.backends"):
+        await program(question="Hi?")
+    assert not [r for r in caplog.records if "chat template" in r.getMessage()]
+
+
+async def test_a_chat_format_without_a_system_turn_keeps_a_plain_programs_instructions() -> None:
+    # "gemma" shows only user and model turns; the instructions of a PlainAdapter program
+    # are its system turn. They must still reach the model: the prompt grows with them.
+    gemma = {"backend_options": {"chat_format": "gemma"}}
+    short = await plain_program("Answer.", **gemma)(question="Is the sky blue?")
+    rules = "Answer. " + "Use one word, in lower case, with no punctuation at all. " * 4
+    long = await plain_program(rules, **gemma)(question="Is the sky blue?")
+    assert long.usage.input_tokens - short.usage.input_tokens >= 40
+
+
+async def test_a_chat_format_without_a_tool_turn_keeps_the_tool_results() -> None:
+    local = LocalBackend(chat_format="gemma")
+    call = ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+
+    def asked(result: str) -> Request:
+        return Request(
+            messages=(
+                Message("user", "Weather in Paris?"),
+                Message("assistant", "", tool_calls=(call,)),
+                Message("tool", result, tool_call_id="call_1", name="get_weather"),
+            ),
+            options=SamplingOptions(max_tokens=2),
+            tools=(WEATHER,),
+            tool_choice="none",
+        )
+
+    try:
+        short = await local.complete(asked("sunny"))
+        long = await local.complete(asked("sunny, " + "light wind from the west, " * 8))
+    finally:
+        await local.aclose()
+    assert long.usage.input_tokens - short.usage.input_tokens >= 30

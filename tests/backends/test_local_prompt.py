@@ -9,8 +9,8 @@ from typing import Literal
 import pytest
 
 from plait import InputField, OutputField, Signature
-from plait.backends._local_prompt import LabelChoice, build_plan
-from plait.backends.types import Message, Request, ResponseSchema
+from plait.backends._local_prompt import ChatTurns, LabelChoice, build_plan
+from plait.backends.types import Message, Request, ResponseSchema, ToolCall
 from plait.execution.structured import output_type_for
 
 
@@ -94,3 +94,24 @@ def test_a_count_may_follow_a_few_words_and_end_with_one_mark() -> None:
     # Word labels stay bare: no lead-in that could hide a label among words.
     assert not LabelChoice("value", ("True", "False")).counts
     assert LabelChoice("value", ("True", "False")).grammar() == 'root ::= "True" | "False"'
+
+
+def test_turns_a_chat_format_does_not_show_become_user_turns() -> None:
+    call = ToolCall("call_1", "weather", '{"city": "Oslo"}')
+    conversation = (
+        Message("system", "Answer in French."),
+        Message("user", "Weather in Oslo?"),
+        Message("assistant", "", tool_calls=(call,)),
+        Message("tool", "snow", tool_call_id="call_1", name="weather"),
+    )
+    plan = build_plan(Request(messages=conversation), seed=0)
+    shown = plan.chat_messages(ChatTurns(system=False, tool_results=False))
+    assert [m["role"] for m in shown] == ["user", "assistant", "user"]
+    assert shown[0]["content"] == "Answer in French.\n\nWeather in Oslo?"
+    assert shown[2]["content"] == "Tool result: snow"
+    assert plan.chat_messages(ChatTurns()) == [  # a format that shows them all
+        {"role": "system", "content": "Answer in French."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        shown[1],
+        {"role": "tool", "content": "snow", "tool_call_id": "call_1"},
+    ]

@@ -48,7 +48,7 @@ def test_run_streams_outputs_in_input_order_and_writes_a_report(server, resource
     assert "7 items: 7 ok, 0 failed" in done.stderr and "7 LLM calls" in done.stderr
     report = json.loads((tmp_path / "out.run.json").read_text())
     assert report["format"] == "plait.run/1" and report["kind"] == "run"
-    assert report["items"] == {"ok": 7, "failed": 0}
+    assert report["items"] == {"ok": 7, "failed": 0, "restored": 0}
     assert report["aliases"]["llm"]["calls"] == 7
 
 

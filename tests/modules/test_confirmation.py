@@ -118,6 +118,34 @@ async def test_edited_arguments_run_instead_of_the_models(tmp_path: Path) -> Non
     assert notes.read_text() == "buy oat milk\n"
 
 
+def repeating_responder(body: dict[str, Any]) -> Any:
+    """A model stuck on one call (as SmolLM2 is): every turn with tools asks for it again."""
+    if body.get("tools"):
+        return {"tool_calls": [{"name": "write_note", "arguments": {"text": "buy milk"}}]}
+    return json.dumps({"answer": "done"})  # the extraction call, made without tools
+
+
+@pytest.mark.parametrize(
+    ("answer", "saved", "told"),
+    [("yes", "buy milk\n", "already ran"), ("no", None, "already declined")],
+)
+async def test_a_call_the_person_already_answered_is_not_asked_about_or_run_again(
+    tmp_path: Path, answer: str, saved: str | None, told: str
+) -> None:
+    notes = tmp_path / "notes.txt"
+    async with ScriptedServer(responder=repeating_responder) as server:
+        agent = ReAct("request -> answer", tools=make_agent(notes).tools.values(), max_iters=3)
+        pending = await pause(agent, server)
+        result = await agent(request="note: buy milk", resume_state=ResumeState(pending, answer))
+        last_turn = server.stats.log[-2].body  # the last turn with tools, before the extraction
+    assert (notes.read_text() if notes.exists() else None) == saved  # once, or never
+    assert [step.tool for step in result.trajectory] == ["write_note"] * 3
+    repeats = result.trajectory[1:]
+    assert all(not step.ok and step.error == "repeated" for step in repeats)
+    assert told in repeats[0].result and told in all_text(last_turn)  # the model is told why
+    assert result.answer == "done"
+
+
 async def test_the_pause_travels_as_json_and_resumes_in_a_fresh_agent(tmp_path: Path) -> None:
     notes = tmp_path / "notes.txt"
     async with ScriptedServer(responder=agent_responder) as server:

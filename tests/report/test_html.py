@@ -164,6 +164,59 @@ async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot
         assert plot["marks"] > 0, plot
 
 
+PLOT_PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => setTimeout(() => {
+  const latency = document.getElementById("plot-latency");
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({
+    errors: window.__errors,
+    latency: latency.data.map(t => ({name: t.name, x: [...(t.x || [])], y: [...t.y]})),
+    cost_plot: !!document.getElementById("plot-cost"),
+    cost_notice: (document.getElementById("cost-notice") || {}).textContent || "",
+    facts: [...document.querySelectorAll("table.facts tr")].map(r => r.textContent),
+  });
+  document.body.appendChild(probe);
+}, 1000));
+</script>"""
+
+
+async def a_queued_unpriced_report() -> RunReport:
+    """Four items sharing one slot of a 0.2 s endpoint that has no price."""
+    async with ScriptedServer(latency=0.2) as server:
+        config = {"fast": server.endpoint(max_concurrent=1), "smart": server.endpoint()}
+        _, report = await run(Pipeline(), ["a", "b", "c", "d"], resources=config, report=True)
+    return report
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+async def test_the_page_shows_the_wait_for_a_slot_apart_and_says_when_no_prices_are_set(
+    tmp_path,
+):
+    report = await a_queued_unpriced_report()
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+
+    probe = open_in_chromium(path, PLOT_PROBE, tmp_path)
+
+    assert probe["errors"] == []
+    boxes = {trace["name"]: trace for trace in probe["latency"]}
+    assert set(boxes) == {"request", "waiting for a slot"}
+
+    def extract(trace: dict) -> list[float]:
+        return [y for x, y in zip(trace["x"], trace["y"], strict=True) if x == "extract"]
+
+    assert max(extract(boxes["waiting for a slot"])) >= 0.4  # the 4th waited for 3 requests
+    assert min(extract(boxes["request"])) >= 0.18  # a request takes the endpoint's 0.2 s
+    assert len(extract(boxes["request"])) == 4
+    assert not probe["cost_plot"]  # no chart of zeros: the cost is unknown, and it says so
+    assert "No prices set" in probe["cost_notice"] and '"price"' in probe["cost_notice"]
+    assert any(row.startswith("costunknown: no prices set") for row in probe["facts"])
+
+
 def test_the_page_never_goes_through_a_planted_link(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")

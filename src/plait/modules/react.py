@@ -10,6 +10,11 @@ parse, or after ``max_iters`` turns, one last *extraction* call (a `Predict`
 over the inputs plus the trajectory, with the outputs' JSON schema and no
 tools) must produce them.
 
+A call that needs a person's approval pauses the run (see `forward`). The
+person is asked about a call once in a run: when a later turn repeats a call
+they approved or declined (same tool, same arguments), the model is told so
+instead of the call being run or asked about again.
+
 Everything goes through the run's resources (`plait.execution.generate`),
 and every call is recorded in `Module.traces`.
 """

@@ -70,6 +70,8 @@ class ReActStep:
     """The id that pairs the call with its result."""
     turn: int = 0
     """Which model turn made the call (0-based)."""
+    error: str | None = None
+    """Why the call did not run as asked, as `ToolResult.error` says (e.g. ``"declined"``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Returns the step as a JSON-ready dict."""
@@ -81,6 +83,7 @@ class ReActStep:
             "ok": self.ok,
             "call_id": self.call_id,
             "turn": self.turn,
+            "error": self.error,
         }
 
 
@@ -240,7 +243,8 @@ class ToolLoop:
             turn.calls = _as_answered(turn.calls, resume)
         todo = [call for call in turn.calls if call.id not in turn.results]
         outcomes = await asyncio.gather(
-            *(self._run_tool(call, path, resume) for call in todo), return_exceptions=True
+            *(self._run_tool(call, path, resume, run.trajectory) for call in todo),
+            return_exceptions=True,
         )
         pause: ConfirmationRequired | None = None
         for call, outcome in zip(todo, outcomes, strict=True):
@@ -275,11 +279,19 @@ class ToolLoop:
             )
         raise pause
 
-    async def _run_tool(self, call: ToolCall, path: str, resume: ResumeState | None) -> ToolResult:
+    async def _run_tool(
+        self,
+        call: ToolCall,
+        path: str,
+        resume: ResumeState | None,
+        earlier: list[ReActStep],
+    ) -> ToolResult:
         """Runs one call (as the person decided, when it is the paused one); never raises.
 
         An unknown tool is an error result, like any failed call; a call that
-        needs approval raises `ConfirmationRequired` (collected by the turn).
+        needs approval raises `ConfirmationRequired` (collected by the turn),
+        unless the person already answered the same call in an ``earlier``
+        turn (`_answered_before`).
         """
         arguments = _arguments_of(call)
         await emit_event(ToolCallEvent(self.module, call.name, arguments, call.id, path))
@@ -295,6 +307,8 @@ class ToolLoop:
             )
         elif resume is not None and resume.exception.confirmation_id == call.id:
             result = await _as_decided(found, call, resume)
+        elif (answered := _answered_before(found, call, earlier)) is not None:
+            result = answered
         else:
             result = await found.call(call.arguments, call_id=call.id)
         await emit_event(
@@ -485,6 +499,39 @@ async def _as_decided(tool: Tool, call: ToolCall, resume: ResumeState) -> ToolRe
     return dataclasses.replace(result, content=note + result.content)
 
 
+def _answered_before(tool: Tool, call: ToolCall, earlier: list[ReActStep]) -> ToolResult | None:
+    """Returns the result of a call the person already answered in this run; None otherwise.
+
+    Models (small ones often) make again the call whose result they just
+    read. Asking the person about it again would run an approved side effect
+    twice, or press them about one they declined; so the same tool with the
+    same arguments, when it needs approval and the person already approved
+    (and it ran) or declined it, is neither asked about nor run, and the
+    model is told so.
+    """
+    if not tool.require_confirmation:
+        return None
+    arguments = _arguments_of(call)
+    for step in earlier:
+        if step.tool != call.name or step.args != arguments:
+            continue
+        if step.ok:
+            told = (
+                "Not run again: this exact call already ran in this task, approved by the "
+                "user. Do not call it again; answer with what you have. It returned: "
+                f"{step.result}"
+            )
+        elif step.error == "declined":
+            told = (
+                "Not run: the user already declined this exact call in this task. Do not "
+                "call it again; answer with what you have."
+            )
+        else:
+            continue
+        return ToolResult(call.name, told, ok=False, error="repeated", call_id=call.id)
+    return None
+
+
 def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActStep:
     return ReActStep(
         thought=thought,
@@ -494,6 +541,7 @@ def _step(thought: str, call: ToolCall, result: ToolResult, turn: int) -> ReActS
         ok=result.ok,
         call_id=call.id,
         turn=turn,
+        error=result.error,
     )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from plait.module import Module
 from plait.optimization.losses import Loss, VerifierLoss
 
-__all__ = ["TrainingStep", "on_examples"]
+__all__ = ["PROGRAM_PATH", "TrainingStep", "on_examples"]
 
 _NO_TARGET: Any = object()
 
@@ -74,6 +74,10 @@ class _OnExample(Module):
     def forward(self, example: Any) -> Any:
         inputs, target = example
         return self.step(inputs, target=target)
+
+
+PROGRAM_PATH = "step.module"
+"""Where the module of `on_examples` holds the program: the path its modules have under it."""
 
 
 def on_examples(step: TrainingStep) -> Module:

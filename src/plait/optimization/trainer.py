@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plait import _files
+from plait import _context, _files
 from plait.evaluation import Metric, evaluate, examples_of
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.progress import progress_bar
@@ -52,7 +52,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.optimizers import Optimizer, StepReport
-from plait.optimization.step import TrainingStep, on_examples
+from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -203,6 +203,9 @@ class Trainer:
 
     async def _fit(self) -> TrainReport:
         """The body of `fit`."""
+        profiler = _context.PROFILE.get()
+        if profiler is not None:  # its report names the program's modules as validation does
+            profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
         state = self._load()
         resumed = None
         if state is None:

@@ -24,10 +24,12 @@ Total = Annotated[float, AllowInfNan(False)]
 class Items(TypedDict):
     ok: int
     failed: int
+    restored: NotRequired[int]  # reports written before it counted them have none
 
 
 class ModuleLatency(TypedDict):
     samples: list[float]
+    wait_samples: NotRequired[list[float]]  # reports written before it was kept have none
 
 
 class Timeline(TypedDict):
@@ -115,6 +117,7 @@ class RunReportData(TypedDict, total=False):
     graph: Graph | None
     training: Training | None
     metrics: dict[str, Any]
+    unpriced: list[str]
     spans: Spans
     sampled: bool
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from plait.report.run_report import RunReport
+from plait.report.run_report import PRICE_HINT, RunReport
 
 __all__ = ["render_html", "write_html"]
 
@@ -46,21 +46,54 @@ def _figure_html(figure: Any, div_id: str) -> str:
     )
 
 
+_WAITING = "waiting for a slot"
+_REQUEST = "request"
+_WHOLE = "whole call"
+
+
 def latency_figure(report: RunReport) -> Any:
-    """Box plots of node latency (seconds) per module path."""
+    """Box plots of each module's calls (seconds): the wait for a slot and the request apart.
+
+    A call queued behind others on a busy endpoint is slow for want of a
+    slot, not because the endpoint is: the "waiting" box is the time its
+    model calls waited for limits (a slot, a rate, a pause), the "request"
+    box the rest (the requests and the module's own work). Reports written
+    before waits were kept show the whole call.
+    """
     go = _go()
+    parts: dict[str, tuple[list[str], list[float]]] = {}
+
+    def add(part: str, path: str, seconds: list[float]) -> None:
+        names, values = parts.setdefault(part, ([], []))
+        names += [_label(path)] * len(seconds)
+        values += seconds
+
+    for path, summary in report.modules.items():
+        totals, waits = summary["samples"], summary.get("wait_samples")
+        if waits is None or len(waits) != len(totals):
+            add(_WHOLE, path, totals)
+            continue
+        add(_REQUEST, path, [total - wait for total, wait in zip(totals, waits, strict=True)])
+        add(_WAITING, path, waits)
     figure = go.Figure()
-    for i, (path, summary) in enumerate(report.modules.items()):
+    colors = {_REQUEST: _COLORS[0], _WAITING: _COLORS[1], _WHOLE: _COLORS[4]}
+    for part, (names, values) in parts.items():
         figure.add_trace(
             go.Box(
-                y=summary["samples"],
-                name=_label(path),
+                x=names,
+                y=values,
+                name=part,
                 boxpoints="outliers",
-                marker_color=_COLORS[i % len(_COLORS)],
-                hovertemplate="%{fullData.name}<br>%{y:.3f} s<extra></extra>",
+                marker_color=colors[part],
+                hovertemplate="%{x}: %{y:.3f} s %{fullData.name}<extra></extra>",
             )
         )
-    figure.update_layout(title="Latency per module", yaxis_title="seconds", showlegend=False)
+    figure.update_layout(
+        title="Module calls: the request, and the wait for a slot",
+        yaxis_title="seconds",
+        boxmode="group",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return figure
 
 
@@ -110,9 +143,9 @@ def traffic_figure(report: RunReport) -> Any:
 
 
 def cost_figure(report: RunReport) -> Any:
-    """Cost (dollars) per alias, with tokens and calls on hover."""
+    """Cost (dollars) per alias that has a price, with tokens and calls on hover."""
     go = _go()
-    aliases = list(report.aliases)
+    aliases = [alias for alias in report.aliases if alias not in report.unpriced]
     totals = [report.aliases[a] for a in aliases]
     figure = go.Figure(
         go.Bar(
@@ -131,8 +164,20 @@ def cost_figure(report: RunReport) -> Any:
             "%{customdata[1]} in / %{customdata[2]} out tokens<extra></extra>",
         )
     )
-    figure.update_layout(title="Cost by alias", yaxis_title="dollars", xaxis_title="alias")
+    unpriced = f" (no price set for {', '.join(report.unpriced)})" if report.unpriced else ""
+    figure.update_layout(
+        title=_label(f"Cost by alias{unpriced}"), yaxis_title="dollars", xaxis_title="alias"
+    )
     return figure
+
+
+def _cost_notice() -> str:
+    """Stands where the cost chart would be when no alias has a price: a chart of zeros
+    would say the run cost nothing."""
+    return (
+        "<div class='plot notice' id='cost-notice'><h3>Cost</h3><p>No prices set, so the "
+        f"cost of this run is unknown: {html.escape(PRICE_HINT)}.</p></div>"
+    )
 
 
 def _levels(nodes: list[dict[str, Any]]) -> dict[str, int]:
@@ -264,7 +309,32 @@ table.failures td, table.failures th { border: 1px solid #ddd; padding: 4px 8px;
 .plots { display: grid; grid-template-columns: 1fr 1fr; gap: 1em; }
 .plots .wide { grid-column: 1 / span 2; }
 pre.mermaid { background: #f6f6f6; padding: 1em; font-size: 85%; }
+.notice { border: 1px solid #ddd; padding: 0 1em; color: #444; }
 """
+
+
+def _plots(report: RunReport) -> str:
+    """Returns the plots the report has data for, in order, each in its own ``div``."""
+    figures: list[tuple[str, Any, bool]] = []
+    if report.modules:
+        figures.append(("latency", latency_figure(report), False))
+    priced = any(alias not in report.unpriced for alias in report.aliases)
+    if priced:
+        figures.append(("cost", cost_figure(report), False))
+    if report.timeline:
+        figures.append(("traffic", traffic_figure(report), True))
+    if report.training:
+        score, updates = training_figures(report)
+        figures += [("validation", score, False), ("updates", updates, False)]
+    if report.graph:
+        figures.append(("graph", graph_figure(report), True))
+    blocks = [
+        f"<div class='plot{' wide' if wide else ''}'>{_figure_html(figure, f'plot-{name}')}</div>"
+        for name, figure, wide in figures
+    ]
+    if report.aliases and not priced:
+        blocks.insert(1 if report.modules else 0, _cost_notice())  # where the chart would be
+    return "".join(blocks)
 
 
 def render_html(report: RunReport) -> str:
@@ -280,29 +350,13 @@ def render_html(report: RunReport) -> str:
         ("program", report.program or "(unnamed)"),
         ("kind", report.kind),
         ("wall time", f"{report.wall_time:.2f} s"),
-        ("items", f"{report.items['ok']} ok, {report.items['failed']} failed"),
+        ("items", report.items_text()),
         ("LLM calls", f"{int(usage['calls'])} ({int(usage.get('cache_hits', 0))} from cache)"),
         ("requests", requests),
         ("tokens", f"{int(usage['input_tokens'])} in, {int(usage['output_tokens'])} out"),
-        ("cost", f"${usage['cost']:.4f}"),
+        ("cost", report.cost_text()),
         *((name, value) for name, value in report.metrics.items()),
     ]  # fmt: skip
-    figures: list[tuple[str, Any, bool]] = []
-    if report.modules:
-        figures.append(("latency", latency_figure(report), False))
-    if report.aliases:
-        figures.append(("cost", cost_figure(report), False))
-    if report.timeline:
-        figures.append(("traffic", traffic_figure(report), True))
-    if report.training:
-        score, updates = training_figures(report)
-        figures += [("validation", score, False), ("updates", updates, False)]
-    if report.graph:
-        figures.append(("graph", graph_figure(report), True))
-    plots = "".join(
-        f"<div class='plot{' wide' if wide else ''}'>{_figure_html(figure, f'plot-{name}')}</div>"
-        for name, figure, wide in figures
-    )
     mermaid = ""
     if report.graph and report.graph.get("mermaid"):
         mermaid = (
@@ -321,7 +375,7 @@ def render_html(report: RunReport) -> str:
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{title}</title><style>{_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body data-run='{data}'>"
-        f"<h1>{title}</h1>{_table(facts)}{sampled}<div class='plots'>{plots}</div>"
+        f"<h1>{title}</h1>{_table(facts)}{sampled}<div class='plots'>{_plots(report)}</div>"
         f"{mermaid}{_failures(report)}</body></html>"
     )
 

@@ -3,7 +3,8 @@
 Built from a `Profiler` (`RunReport.from_profiler`), it holds exact totals
 (per alias: calls, requests, retries, 429s, failures, tokens, cost), a
 per-second timeline per endpoint (mean requests in flight and waiting,
-requests, 429s, errors), a latency summary per module, the failed items,
+requests, 429s, errors), a latency summary per module (with the part of it
+spent waiting for limits), the failed items, the aliases that have no price,
 optionally the program graph and training scores, and a sample of spans
 for the trace. A report read back with `RunReport.load` is data only: JSON
 numbers, strings, lists and mappings, never code, each field plait reads
@@ -27,6 +28,8 @@ from plait.profiling import Profiler
 __all__ = ["FORMAT", "RunReport", "RunReportError", "graph_data"]
 
 FORMAT = "plait.run/1"
+PRICE_HINT = 'add "price": {"input": <$ per Mtok>, "output": <$ per Mtok>} to its endpoints'
+"""What to do when a run's cost is unknown."""
 _SAMPLES_PER_MODULE = 2000
 """Latencies kept per module for the distribution plot."""
 
@@ -79,12 +82,16 @@ class RunReport:
     """Epoch seconds when profiling started."""
     wall_time: float = 0.0
     """Seconds from the start of profiling to the report."""
-    items: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0})
-    """Batch items that finished, and that failed."""
+    items: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0, "restored": 0})
+    """Batch items that finished, that failed, and of the finished ones, those whose output
+    was read back from a checkpoint instead of run (``restored``)."""
     aliases: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per alias: calls, cache_hits, requests, retries, rate_limited, failures, tokens, cost."""
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Per module path: count, mean, p50, p90, p99, max seconds, and ``samples``."""
+    """Per module path: count, mean, p50, p90, p99, max seconds of its calls, and their
+    ``samples``; ``wait`` (mean, p50, p90, p99, max) and ``wait_samples`` (one per sample),
+    the part of each call spent waiting for limits (a slot, a rate, a pause) — the rest is
+    the request and the module's own work."""
     timeline: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per endpoint: ``step`` (seconds per bucket), ``t`` (bucket starts), ``in_flight``
     and ``waiting`` (mean requests), ``requests``, ``rate_limited``, ``errors`` per bucket."""
@@ -98,6 +105,8 @@ class RunReport:
     ``reason``, and ``history`` (per optimizer step: epoch, accepted, discarded, rejected)."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Anything else a caller adds (the CLI: ``score`` of an evaluation, file names)."""
+    unpriced: list[str] = field(default_factory=list)
+    """Aliases whose endpoint has no price: their cost is unknown, not zero."""
     spans: dict[str, list[dict[str, Any]]] = field(
         default_factory=lambda: {"nodes": [], "requests": []}
     )
@@ -137,7 +146,11 @@ class RunReport:
             kind=kind,
             started_at=profiler.started_at,
             wall_time=profiler.now(),
-            items={"ok": profiler.items_ok, "failed": profiler.items_failed},
+            items={
+                "ok": profiler.items_ok,
+                "failed": profiler.items_failed,
+                "restored": profiler.items_restored,
+            },
             aliases={alias: dict(t) for alias, t in sorted(profiler.alias_totals.items())},
             modules=_module_latencies(profiler),
             timeline=_timelines(profiler),
@@ -145,6 +158,7 @@ class RunReport:
             graph=graph,
             training=training,
             metrics=dict(metrics or {}),
+            unpriced=sorted(profiler.unpriced),
             spans={"nodes": nodes, "requests": requests},
             sampled=profiler.nodes_seen > len(nodes)
             or sum(t["requests"] for t in profiler.alias_totals.values()) > len(requests),
@@ -171,18 +185,35 @@ class RunReport:
         u = self.usage
         items = self.items
         lines = [
-            f"{items['ok'] + items['failed']} items: {items['ok']} ok, {items['failed']} failed "
-            f"in {self.wall_time:.1f} s",
+            f"{items['ok'] + items['failed']} items: {self.items_text()} in {self.wall_time:.1f} s",
             f"{int(u['calls'])} LLM calls ({int(u.get('cache_hits', 0))} from cache), "
             f"{int(u['requests'])} requests, {int(u['retries'])} retries, "
             f"{int(u['rate_limited'])} rate-limited, {int(u['failures'])} failed calls",
             f"tokens: {int(u['input_tokens'])} in, {int(u['output_tokens'])} out; "
-            f"cost ${u['cost']:.4f}",
+            f"cost {self.cost_text()}",
         ]
         for name, value in self.metrics.items():
             if isinstance(value, int | float | str):
                 lines.append(f"{name}: {value}")
         return "\n".join(lines)
+
+    def items_text(self) -> str:
+        """Returns ``"6 ok (4 from the checkpoint), 1 failed"``: the items as they finished."""
+        items = self.items
+        restored = items.get("restored", 0)
+        from_checkpoint = f" ({restored} from the checkpoint)" if restored else ""
+        return f"{items['ok']} ok{from_checkpoint}, {items['failed']} failed"
+
+    def cost_text(self) -> str:
+        """Returns the cost as far as it is known: ``$0.0123``, naming the aliases that have
+        no price, or ``unknown: no prices set ...`` when none has one ($0 would be untrue)."""
+        priced = [alias for alias in self.aliases if alias not in self.unpriced]
+        if self.unpriced and not priced:
+            return f"unknown: no prices set ({PRICE_HINT})"
+        cost = f"${self.usage['cost']:.4f}"
+        if self.unpriced:
+            return f"{cost} (no price set for {', '.join(self.unpriced)})"
+        return cost
 
     # -- files ------------------------------------------------------------------------
 
@@ -253,24 +284,36 @@ class RunReport:
 
 
 def _module_latencies(profiler: Profiler) -> dict[str, dict[str, Any]]:
-    by_module: dict[str, list[float]] = {}
+    by_module: dict[str, list[tuple[float, float]]] = {}
     for record in profiler.records:
         if not record.cache_hit:
-            by_module.setdefault(record.module_path or record.node_id, []).append(record.duration)
+            path = record.module_path or record.node_id
+            by_module.setdefault(path, []).append((record.duration, record.wait))
     summary: dict[str, dict[str, Any]] = {}
-    for path, durations in sorted(by_module.items()):
-        ordered = sorted(durations)
-        step = max(1, len(ordered) // _SAMPLES_PER_MODULE)
+    for path, timings in sorted(by_module.items()):
+        durations = [duration for duration, _ in timings]
+        waits = [wait for _, wait in timings]
+        step = max(1, len(timings) // _SAMPLES_PER_MODULE)
         summary[path] = {
-            "count": len(ordered),
-            "mean": statistics.fmean(ordered),
-            "p50": _percentile(ordered, 0.5),
-            "p90": _percentile(ordered, 0.9),
-            "p99": _percentile(ordered, 0.99),
-            "max": ordered[-1],
+            "count": len(timings),
+            **_spread(durations),
             "samples": [round(d, 6) for d in durations[::step]],
+            "wait": _spread(waits),
+            "wait_samples": [round(w, 6) for w in waits[::step]],
         }
     return summary
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """Returns the mean, p50, p90, p99 and max of ``values`` (not empty)."""
+    ordered = sorted(values)
+    return {
+        "mean": statistics.fmean(ordered),
+        "p50": _percentile(ordered, 0.5),
+        "p90": _percentile(ordered, 0.9),
+        "p99": _percentile(ordered, 0.99),
+        "max": ordered[-1],
+    }
 
 
 def _timelines(profiler: Profiler) -> dict[str, dict[str, Any]]:

@@ -425,7 +425,7 @@ class ResourceManager:
                 if observer is not None:
                     observer.record_request(
                         route.endpoint.name, route.alias, call, attempts, queued, sent,
-                        usage=response.usage,
+                        usage=response.usage, priced=route.endpoint.price is not None,
                     )  # fmt: skip
                 meta = response.meta
                 meta["alias"] = route.alias
@@ -438,6 +438,7 @@ class ResourceManager:
                     route.endpoint.name, route.alias, call, attempts, queued, sent,
                     status=error.status, error=error,
                     final=not policy.should_retry(error, attempts),
+                    priced=route.endpoint.price is not None,
                 )  # fmt: skip
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
