@@ -96,7 +96,7 @@ common_run_options = [
     click.option("--chunk-size", type=click.IntRange(min=1), default=2000, show_default=True,
                  help="Rows read and run at a time; memory is bounded by it."),
     click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN",
-                 help="Fill forward's ARG from COLUMN (default: the column named ARG)."),
+                 help="Fill the program's input ARG from COLUMN (default: the column named ARG)."),
     click.option("--input-format", type=click.Choice(FORMATS), help="Default: from the suffix."),
     click.option("--output-format", type=click.Choice(FORMATS), help="Default: from the suffix."),
     click.option("--load", type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -183,9 +183,11 @@ async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) 
 def run_command(program_spec: str, **kwargs: Any) -> None:
     """Run PROGRAM on every row of --input; write one output row per input row.
 
-    Columns fill forward's arguments by name. Outputs stream to --output in
-    input order (a dict output becomes columns, anything else the column
-    `output`); a failed row has its reason in the `error` column.
+    Columns fill the program's inputs by name: forward's arguments, or the
+    input fields of a Predict's signature. Outputs stream to --output in input
+    order (a Prediction, mapping, pydantic model or dataclass becomes one column
+    per field, anything else the column `output`); a failed row has its reason
+    in the `error` column.
     """
     try:
         program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])

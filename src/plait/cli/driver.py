@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,13 +71,20 @@ class RunOutcome:
 
 
 def output_columns(output: Any) -> dict[str, Any]:
-    """Returns an output as columns: a mapping (or model) by key, anything else as ``output``."""
+    """Returns an output as columns: a mapping (a `Prediction` too), pydantic model or
+    dataclass by field, anything else as ``output``."""
     from pydantic_core import to_jsonable_python
 
-    data = to_jsonable_python(output, fallback=str)
+    data = to_jsonable_python(output, fallback=_jsonable)
     if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
         return data
     return {"output": data}
+
+
+def _jsonable(value: Any) -> Any:
+    """What pydantic cannot write as JSON: a mapping that is not a dict (a `Prediction`)
+    as a dict, so its fields stay fields; anything else as its text."""
+    return dict(value) if isinstance(value, Mapping) else str(value)
 
 
 def _chunks(rows: Iterator[tuple[int, dict]], size: int) -> Iterator[list[tuple[int, dict]]]:

@@ -13,11 +13,19 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from plait.module import Module
 
-__all__ = ["Columns", "ProgramError", "arguments_of", "load_metric", "load_object", "load_program"]
+__all__ = [
+    "Columns",
+    "Inputs",
+    "ProgramError",
+    "inputs_of",
+    "load_metric",
+    "load_object",
+    "load_program",
+]
 
 
 class ProgramError(Exception):
@@ -111,17 +119,47 @@ def contains(output: Any, target: Any) -> bool:
     return str(target).strip().lower() in str(output).lower()
 
 
-def arguments_of(program: Module) -> tuple[list[str], list[str]]:
-    """Returns the names of ``forward``'s parameters: (all, required)."""
-    signature = inspect.signature(program.forward)
+class Inputs(NamedTuple):
+    """What a program takes from each row."""
+
+    names: list[str]
+    """Every input, in order."""
+    required: list[str]
+    """The inputs a row must fill."""
+    owner: str
+    """What declares them, for messages: ``Answer.forward(question, context)`` or
+    ``Predict(text -> answer)``."""
+
+
+def inputs_of(program: Module) -> Inputs:
+    """Returns the program's inputs, which columns fill.
+
+    They are ``forward``'s named parameters, unless ``forward`` takes ``**inputs``:
+    then a module driven by a `Signature` (`Predict`, `ChainOfThought`, `ReAct` …)
+    takes the signature's input fields, all required (its ``history=`` keyword is not
+    an input), and a module that wraps another (`BestOfN`, `Refine`,
+    `ValidateAndRepair`) takes the inputs of the module it wraps.
+    """
+    from plait.signatures import Signature  # pydantic: only once a program is named
+
+    parameters = inspect.signature(program.forward).parameters.values()
+    if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        signature = getattr(program, "signature", None)
+        if isinstance(signature, type) and issubclass(signature, Signature):
+            names = list(signature.input_fields)
+            owner = f"{type(program).__name__}({signature.signature_text()})"
+            return Inputs(names, names, owner)
+        wrapped = getattr(program, "module", None)
+        if isinstance(wrapped, Module):
+            return inputs_of(wrapped)
     names, required = [], []
-    for name, parameter in signature.parameters.items():
+    for parameter in parameters:
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             continue
-        names.append(name)
+        names.append(parameter.name)
         if parameter.default is parameter.empty:
-            required.append(name)
-    return names, required
+            required.append(parameter.name)
+    return Inputs(names, required, f"{type(program).__name__}.forward({', '.join(names)})")
 
 
 class Columns(Module):
@@ -145,22 +183,20 @@ class RowMapper:
 
     Args:
         program: the program.
-        rename: ``{argument: column}`` for arguments whose column has another name.
+        rename: ``{input: column}`` for inputs whose column has another name.
     """
 
     def __init__(self, program: Module, rename: Mapping[str, str] | None = None) -> None:
-        self.names, self.required = arguments_of(program)
+        self.names, self.required, owner = self.inputs = inputs_of(program)
         self.rename = dict(rename or {})
         unknown = [name for name in self.rename if name not in self.names]
         if unknown:
             raise ProgramError(
-                f"--column {unknown[0]}=...: {type(program).__name__}.forward has no argument "
-                f"{unknown[0]!r}; its arguments: {', '.join(self.names) or '(none)'}"
+                f"--column {unknown[0]}=...: {owner} has no input {unknown[0]!r}; its inputs: "
+                f"{', '.join(self.names) or '(none)'}"
             )
         if not self.names:
-            raise ProgramError(
-                f"{type(program).__name__}.forward takes no arguments, so rows have nothing to fill"
-            )
+            raise ProgramError(f"{owner} takes no inputs, so rows have nothing to fill")
         self.single = len(self.names) == 1
         self.module = program if self.single else Columns(program, self.names)
 
@@ -171,7 +207,7 @@ class RowMapper:
         """Returns the batch item of a row.
 
         Raises:
-            ProgramError: a required argument has no column; names the row.
+            ProgramError: a required input has no column; names the row.
         """
         missing = [n for n in self.required if row.get(self.column(n)) is None]
         if missing:
@@ -179,11 +215,11 @@ class RowMapper:
             if self.column(name) in row:  # columnar data (Parquet, Ray) has null, not absent
                 raise ProgramError(
                     f"{source}: row {row_number} has null in column {self.column(name)!r}, "
-                    f"which fills the required argument {name!r}"
+                    f"which fills the required input {name!r}"
                 )
             raise ProgramError(
-                f"{source}: row {row_number} has no column {self.column(name)!r} for argument "
-                f"{name!r} of forward({', '.join(self.names)}); its columns: "
+                f"{source}: row {row_number} has no column {self.column(name)!r} for the input "
+                f"{name!r} of {self.inputs.owner}; its columns: "
                 f"{', '.join(map(str, row)) or '(none)'}. Rename with --column {name}=COLUMN"
             )
         if self.single:
