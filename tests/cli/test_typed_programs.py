@@ -99,3 +99,14 @@ def test_mappings_models_dataclasses_and_predictions_become_columns_in_every_for
     assert outputs(rows) == expected
     assert outputs(pq.read_table(tmp_path / "out.parquet").to_pylist()) == expected
 
+
+def test_run_without_a_metric_reports_no_score(server, resources, tmp_path):
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}])
+    out = tmp_path / "out.jsonl"
+
+    done = plait_cli("run", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert "score" not in done.stderr
+    assert "score" not in json.loads((tmp_path / "out.run.json").read_text())["metrics"]

@@ -59,6 +59,8 @@ class FileRun:
 
 @dataclass
 class RunOutcome:
+    scored: bool = False
+    """Whether rows were scored (``eval``); a run without a metric has no score."""
     rows: int = 0
     failed: int = 0
     score_total: float = 0.0
@@ -67,7 +69,8 @@ class RunOutcome:
 
     @property
     def score(self) -> float | None:
-        return self.score_total / self.rows if self.rows else None
+        """The mean score of the rows; None when there was no metric or no row."""
+        return self.score_total / self.rows if self.scored and self.rows else None
 
 
 def output_columns(output: Any) -> dict[str, Any]:
@@ -125,7 +128,7 @@ async def run_file(run: FileRun) -> RunOutcome:
 
     source = str(run.input)
     total = count_rows(run.input, run.input_format)
-    outcome = RunOutcome()
+    outcome = RunOutcome(scored=run.metric is not None)
     if run.checkpoint_dir is not None:
         _check_state(run.checkpoint_dir, run)
     writer = open_writer(run.output, run.output_format)
