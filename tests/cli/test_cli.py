@@ -180,6 +180,34 @@ def test_graph_prints_mermaid_and_dot_without_calling_anything(tmp_path):
     assert dot.code == 0 and dot.stdout.startswith("digraph")
 
 
+def test_a_program_file_imports_its_sibling_modules_from_any_directory(server, resources, tmp_path):
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "prompts.py").write_text('INSTRUCTIONS = "Summarize."\n')
+    (folder / "program.py").write_text(
+        "from plait import LLMInference, Module\n"
+        "from prompts import INSTRUCTIONS\n\n\n"
+        "class Summarize(Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.llm = LLMInference("llm", INSTRUCTIONS)\n\n'
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    source = write_jsonl(elsewhere / "in.jsonl", [{"text": "a"}])
+
+    ran = plait_cli("run", "../app/program.py:Summarize", "-i", "in.jsonl", "-o", "out.jsonl",
+                    "-r", str(resources), cwd=elsewhere)  # fmt: skip
+    graph = plait_cli("graph", str(folder / "program.py:Summarize"), cwd=elsewhere)
+
+    assert ran.code == 0, ran.stderr
+    assert read_jsonl(source.with_name("out.jsonl"))[0]["output"] == "echo: a"
+    assert server.stats.requests == 1
+    assert graph.code == 0 and graph.stdout.startswith("graph TD"), graph.stderr
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

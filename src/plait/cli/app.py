@@ -128,7 +128,8 @@ def cli() -> None:
     """Build, run and train programs made of LLM calls, over data files.
 
     PROGRAM is pkg.module:Name or path/to/file.py:Name — a Module class,
-    instance, or a function returning one. Only the code you name runs.
+    instance, or a function returning one (a file may import the files beside
+    it). Only the code you name runs.
     """
 
 

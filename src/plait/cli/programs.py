@@ -35,7 +35,8 @@ class ProgramError(Exception):
 def load_object(spec: str, what: str = "program") -> Any:
     """Returns the object ``spec`` names: ``pkg.module:attr`` or ``file.py:attr``.
 
-    The current directory is importable, as with ``python -m``.
+    The current directory is importable, as with ``python -m``; so is the folder
+    of a ``file.py``, as with ``python file.py``, so it can import its siblings.
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
@@ -68,6 +69,9 @@ def load_object(spec: str, what: str = "program") -> Any:
 def _import_file(path: Path, what: str) -> Any:
     if not path.is_file():
         raise ProgramError(f"{what} file {path} does not exist")
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
     name = f"_plait_cli_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
