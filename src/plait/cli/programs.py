@@ -10,26 +10,34 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from plait.errors import PlaitError, TracingError
 from plait.module import Module
 
 __all__ = [
     "Columns",
     "Inputs",
     "ProgramError",
+    "describe",
     "inputs_of",
     "load_metric",
     "load_object",
     "load_program",
+    "one_line",
+    "trace_program",
 ]
 
 
-class ProgramError(Exception):
-    """The program, metric or column mapping named on the command line cannot be used."""
+class ProgramError(PlaitError):
+    """The program, metric or column mapping named on the command line cannot be used;
+    the message is one line saying what is wrong and what to do."""
 
 
 def load_object(spec: str, what: str = "program") -> Any:
@@ -37,65 +45,105 @@ def load_object(spec: str, what: str = "program") -> Any:
 
     The current directory is importable, as with ``python -m``; so is the folder
     of a ``file.py``, as with ``python file.py``, so it can import its siblings.
+
+    Raises:
+        ProgramError: ``spec`` is malformed, names nothing, or its module fails
+            to import (the error is named with the file and line that raised it).
     """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
         raise ProgramError(
             f"{what} {spec!r} must look like pkg.module:Name or path/to/file.py:Name"
         )
-    if module_name.endswith(".py"):
-        module = _import_file(Path(module_name), what)
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name and module_name.startswith(exc.name):
-                raise ProgramError(
-                    f"{what} {spec!r}: no module named {exc.name!r} (run from the directory "
-                    "that holds it, or install its package)"
-                ) from None
-            raise
+    try:
+        if module_name.endswith(".py"):
+            module = _import_file(Path(module_name), what)
+        else:
+            module = _import_module(module_name, spec, what)
+    except ProgramError:
+        raise
+    except Exception as exc:  # the user's module failed while it was imported
+        fix = (
+            f"install {exc.name}, or put it beside {module_name}"
+            if isinstance(exc, ModuleNotFoundError) and exc.name
+            else "fix the error there"
+        )
+        raise ProgramError(
+            f"{what} {spec!r}: importing {module_name} failed: {describe(exc)}; {fix}"
+        ) from None
     obj = module
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ProgramError(f"{what} {spec!r}: {module_name} has no {attribute!r}") from None
+            defined = ", ".join(_defined(module, what)) or "nothing of the kind"
+            raise ProgramError(
+                f"{what} {spec!r}: {module_name} has no {attribute!r}; it defines: {defined}"
+            ) from None
     return obj
+
+
+def _import_module(module_name: str, spec: str, what: str) -> Any:
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ProgramError(
+                f"{what} {spec!r}: no module named {exc.name!r}; run from the directory that "
+                "holds it, or install its package"
+            ) from None
+        raise
 
 
 def _import_file(path: Path, what: str) -> Any:
     if not path.is_file():
-        raise ProgramError(f"{what} file {path} does not exist")
+        raise ProgramError(
+            f"{what} file {path} does not exist; check the path (it is read from {Path.cwd()})"
+        )
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
     name = f"_plait_cli_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ProgramError(f"{what} file {path} cannot be imported")
+        raise ProgramError(f"{what} file {path} cannot be imported; name a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
 
+def _defined(module: Any, what: str) -> list[str]:
+    """Returns the names in ``module`` that could be a program (Module classes, instances,
+    functions) or a metric (functions), defined there rather than imported."""
+
+    def fits(value: Any) -> bool:
+        if isinstance(value, Module):
+            return what == "program"
+        if getattr(value, "__module__", None) != module.__name__:
+            return False
+        if inspect.isclass(value):
+            return what == "program" and issubclass(value, Module)
+        return inspect.isfunction(value)
+
+    return [name for name, value in vars(module).items() if name[0] != "_" and fits(value)]
+
+
 def load_program(spec: str) -> Module:
     """Returns the `Module` ``spec`` names: a Module class (built with no arguments),
-    a Module instance, or a function that returns one."""
+    a Module instance, or a function that returns one.
+
+    Raises:
+        ProgramError: as `load_object`, or it is none of those, needs arguments,
+            or fails while it is built.
+    """
     obj = load_object(spec)
     if isinstance(obj, Module):
         return obj
     if callable(obj):
-        try:
-            built = obj()
-        except TypeError as exc:
-            raise ProgramError(
-                f"program {spec!r} could not be built with no arguments ({exc}); name a "
-                "function that builds it, e.g. pkg.module:make_program"
-            ) from None
+        built = _build(obj, spec)
         if isinstance(built, Module):
             return built
         obj = built
@@ -105,17 +153,117 @@ def load_program(spec: str) -> Module:
     )
 
 
+def _build(factory: Callable[[], Any], spec: str) -> Any:
+    try:
+        inspect.signature(factory).bind()
+    except TypeError as exc:
+        raise ProgramError(
+            f"program {spec!r} could not be built with no arguments ({exc}); name a "
+            "function that builds it, e.g. pkg.module:make_program"
+        ) from None
+    except ValueError:  # no signature to check (a builtin): calling it will tell
+        pass
+    try:
+        return factory()
+    except Exception as exc:  # the user's constructor failed
+        raise ProgramError(
+            f"program {spec!r}: building it failed: {describe(exc)}; fix the program"
+        ) from None
+
+
 def load_metric(spec: str) -> Callable[[Any, Any], Any]:
-    """Returns a metric: ``exact_match``, ``contains``, or ``pkg.module:function``."""
+    """Returns a metric: ``exact_match``, ``contains``, or ``pkg.module:function``.
+
+    Raises:
+        ProgramError: as `load_object`, or the metric does not take ``(output, target)``.
+    """
     from plait.evaluation import exact_match
 
     builtin = {"exact_match": exact_match, "contains": contains}
     if spec in builtin:
         return builtin[spec]
+    if ":" not in spec:
+        raise ProgramError(
+            f"metric {spec!r} is neither exact_match nor contains; name your own as "
+            "pkg.module:function or path/to/file.py:function"
+        )
     metric = load_object(spec, "metric")
     if not callable(metric):
-        raise ProgramError(f"metric {spec!r} is not callable")
+        raise ProgramError(f"metric {spec!r} is not callable; name a function(output, target)")
+    try:
+        inspect.signature(metric).bind(None, None)
+    except TypeError:
+        raise ProgramError(
+            f"metric {spec!r} must take (output, target); it takes {_parameters(metric)}"
+        ) from None
+    except ValueError:  # no signature to check: calling it will tell
+        pass
     return metric
+
+
+def _parameters(function: Callable[..., Any]) -> str:
+    return f"({', '.join(inspect.signature(function).parameters)})"
+
+
+def describe(exc: BaseException) -> str:
+    """Returns an error raised by the user's code on one line: its type, the first line
+    of its message, and the file and line of the user's code that raised it."""
+    message = exc.msg if isinstance(exc, SyntaxError) else (str(exc).splitlines() or [""])[0]
+    where = _user_line(exc)
+    return f"{type(exc).__name__}: {message}" + (f" ({where})" if where else "")
+
+
+def _user_line(exc: BaseException) -> str | None:
+    """Returns ``file.py:line`` of the innermost frame of the user's code in a traceback."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{os.path.basename(exc.filename)}:{exc.lineno}"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
+    if not frames:
+        return None
+    return f"{os.path.basename(frames[-1].filename)}:{frames[-1].lineno}"
+
+
+_NOT_USERS = tuple(
+    os.path.join(folder, "")  # so that a folder named plait_tools is the user's
+    for folder in {
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # plait itself
+        *(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")),
+    }
+)
+"""Where frames are not the user's code: plait, the standard library, installed packages."""
+
+
+def _is_users(filename: str) -> bool:
+    return not filename.startswith("<") and not filename.startswith(_NOT_USERS)
+
+
+def one_line(message: str) -> str:
+    """Returns a message on one line: a line ending in ``:`` runs on into the next, the
+    others are joined with ``;``."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    joined = lines[0] if lines else ""
+    for line in lines[1:]:
+        joined += (" " if joined.endswith(":") else "; ") + line
+    return joined
+
+
+def trace_program(module: Module, *args: Any, **kwargs: Any) -> Any:
+    """Returns the graph of ``module`` traced with these arguments (cached for the run).
+
+    Raises:
+        ProgramError: ``forward`` cannot be traced, or fails while it is; names the
+            file and line.
+    """
+    from plait.execution.runner import trace_cached
+
+    try:
+        return trace_cached(module, args, kwargs)
+    except TracingError as exc:  # its next line quotes the code its first line places
+        raise ProgramError(str(exc).splitlines()[0]) from None
+    except Exception as exc:  # the user's forward failed on traced values
+        raise ProgramError(
+            f"tracing {type(module).__name__} failed: {describe(exc)}; fix its forward"
+        ) from None
 
 
 def contains(output: Any, target: Any) -> bool:
