@@ -255,3 +255,22 @@ def test_import_plait_does_not_import_click():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(SRC)}, check=True)  # fmt: skip
     assert out.stdout.strip() == "False"
+
+
+def test_run_help_shows_a_resources_file_that_loads_and_is_the_readmes(tmp_path):
+    from plait.resources import ResourceConfig
+
+    done = plait_cli("run", "--help")
+
+    assert done.code == 0, done.stderr
+    lines = done.stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("# res.toml")]
+    assert starts, done.stdout
+    example = [line.strip() for line in lines[starts[0] :] if line.strip()]
+    path = tmp_path / "res.toml"
+    path.write_text("\n".join(example) + "\n")
+    config = ResourceConfig.from_file(path)
+    assert config.resolve("llm").provider == "openai"
+    assert config.resolve("judge").provider == "local"
+    readme = (SRC.parent / "README.md").read_text()
+    assert all(line in readme for line in example)

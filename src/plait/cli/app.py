@@ -35,6 +35,23 @@ __all__ = ["cli"]
 _REPORT_SAMPLE = 20_000
 """Node and request spans a CLI run keeps for its trace (counters stay exact)."""
 
+_RESOURCES_EXAMPLE = """\
+# res.toml: a table per alias the program calls; ["*"] serves all the others
+[llm]
+provider = "openai"             # openai, anthropic or local
+model = "gpt-4o-mini"
+api_key_env = "OPENAI_API_KEY"  # or base_url = "http://localhost:8000/v1"
+max_concurrent = 32             # also rpm, tpm, timeout, max_retries, cache
+rpm = 500
+["*"]
+provider = "local"              # the embedded model: no key, no network
+"""
+"""What a ``--resources`` file looks like (the same example is in the README)."""
+
+_RESOURCES_HELP = "\b\n--resources names a TOML, YAML or JSON file such as:\n\n\b\n" + "\n".join(
+    f"  {line}" for line in _RESOURCES_EXAMPLE.splitlines()
+)
+
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     click.echo(f"plait: error: {one_line(message)}", err=True)
@@ -216,7 +233,8 @@ common_run_options = [
     click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), required=True,
                  help="Where outputs go, one row per input row, in input order."),
     click.option("-r", "--resources", type=click.Path(path_type=Path),
-                 help="Endpoints file (.toml, .yaml, .json): alias -> provider settings."),
+                 help="Endpoints file (.toml, .yaml, .json): alias -> provider settings "
+                      "(example below)."),
     click.option("--checkpoint-dir", type=click.Path(path_type=Path),
                  help="Makes the run resumable: rerun with the same directory to continue."),
     click.option("--max-concurrent", type=click.IntRange(min=1),
@@ -321,7 +339,7 @@ async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) 
     return outcome
 
 
-@cli.command("run")
+@cli.command("run", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @_with(common_run_options)
 def run_command(program_spec: str, **kwargs: Any) -> None:
@@ -339,7 +357,7 @@ def run_command(program_spec: str, **kwargs: Any) -> None:
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
 
 
-@cli.command("eval")
+@cli.command("eval", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @_with(common_run_options)
 @click.option(
@@ -385,7 +403,7 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     return pairs
 
 
-@cli.command("train")
+@cli.command("train", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @click.option(
     "--train",
@@ -401,7 +419,12 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     required=True,
     help="Validation rows, scored after every epoch.",
 )
-@click.option("-r", "--resources", type=click.Path(path_type=Path))
+@click.option(
+    "-r",
+    "--resources",
+    type=click.Path(path_type=Path),
+    help="Endpoints file (.toml, .yaml, .json): alias -> provider settings (example below).",
+)
 @click.option("--target", "target_column", default="target", show_default=True)
 @click.option("--metric", default="exact_match", show_default=True)
 @click.option("--optimizer-alias", help="Alias of the optimizer's LLM (default: the program's).")
