@@ -55,3 +55,36 @@ def test_unknown_attribute_says_so() -> None:
         assert "NoSuchThing" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+def test_stream_restart_is_exported_beside_the_other_stream_events() -> None:
+    from plait.streaming import StreamRestart
+
+    assert plait.StreamRestart is StreamRestart
+    assert "StreamRestart" in plait.__all__
+
+
+def test_all_the_lazy_table_and_the_type_checking_imports_agree() -> None:
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(plait.__file__).read_text())
+    [checking] = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+    ]
+    typed = {
+        alias.asname or alias.name
+        for node in ast.walk(checking)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    eager = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+        for alias in node.names
+    } - {"TYPE_CHECKING", "Any"}
+    assert typed == set(plait._LAZY) | {"settings"}
+    assert set(plait.__all__) == typed | eager

@@ -493,3 +493,21 @@ def test_a_field_named_like_a_str_method_is_selected_not_the_method() -> None:
     graph = Tracer().trace(Headline(), "doc")
     assert graph.nodes["F.select"].args == (ValueRef("extract"), "title")
     assert graph.nodes["write"].dependencies == ("F.select",)
+
+
+@pytest.mark.parametrize("name", ["items", "keys", "values"])
+def test_a_field_named_like_a_mapping_method_is_selected_not_the_method(name: str) -> None:
+    from plait import LLMInference, Module
+    from plait.tracing import Tracer
+
+    class Reads(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.extract = LLMInference("x")
+            self.write = LLMInference("y")
+
+        def forward(self, text: str) -> object:
+            return self.write(getattr(self.extract(text), name))
+
+    graph = Tracer().trace(Reads(), "doc")
+    assert graph.nodes["F.select"].args == (ValueRef("extract"), name)

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from plait.streaming import (
         OutputStreamChunk,
         StreamEvent,
+        StreamRestart,
         ThoughtStreamChunk,
         ToolCallEvent,
         ToolResultEvent,
@@ -115,6 +116,7 @@ _LAZY = {
     "confirm_first": "plait.confirmation",
     "OutputStreamChunk": "plait.streaming",
     "StreamEvent": "plait.streaming",
+    "StreamRestart": "plait.streaming",
     "ThoughtStreamChunk": "plait.streaming",
     "ToolCallEvent": "plait.streaming",
     "ToolResultEvent": "plait.streaming",
@@ -174,6 +176,7 @@ __all__ = [
     "Sequential",
     "Signature",
     "StreamEvent",
+    "StreamRestart",
     "TextGradOptimizer",
     "ThoughtStreamChunk",
     "Tool",

@@ -36,6 +36,8 @@ catch the whole family with one clause and still tell the cases apart::
     │                             plait.modules.requirements
     ├── DatasetError              a data file of the ``plait`` command cannot be read or
     │                             written; names file, line and column; plait.cli.datasets
+    ├── ProgramError              the program, metric or columns named on the ``plait``
+    │                             command line cannot be used; plait.cli.programs
     └── RunReportError            a run.json cannot be read as a report (also ValueError);
                                   names the file and the line or field; plait.report
 

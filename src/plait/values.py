@@ -8,7 +8,7 @@ failed functional op yields ``Value(ERROR)`` with the op and its sources in
 
 While a program is traced, modules return *symbolic* values whose payload is
 unknown. Python cannot be allowed to decide anything on them, so ``bool()``,
-``len()``, ``in``, ``int()``, ``==`` and iteration raise `TracingError`.
+``len()``, ``in``, ``int()``, ``==``, iteration and ``dict()`` raise `TracingError`.
 Formatting is allowed: a symbolic value formats to a placeholder token that
 the tracer later replaces by the real text, which is how f-strings,
 ``str.format``, ``+``, ``"".join`` and ``json.dumps`` over traced outputs work
@@ -310,8 +310,9 @@ class TracedValue(Value, str):
     Being a ``str`` lets the traced value pass through APIs that accept only
     real strings, ``"".join([a, b])`` above all; the tracer later turns the
     tokens into a `Template`. Everything that would *decide* on the unknown
-    text (comparisons, ``len``, ``in``, string methods like ``.upper()``)
-    raises `TracingError` instead of silently working on the token.
+    text or fields (comparisons, ``len``, ``in``, string methods like ``.upper()``,
+    mapping methods like ``.keys()``, which ``dict()`` calls) raises `TracingError`
+    instead of silently working on the token.
     """
 
     def __new__(
@@ -372,42 +373,63 @@ class _TextToken(str):
         return placeholder(self.ref, self.mode, spec) if spec else str.__str__(self)
 
 
-class _FieldOrStrMethod(TracedValue):
+class _FieldOrMethod(TracedValue):
     """``reply.title`` on a traced value: the field ``title``, unless it is called.
 
     A traced value is a ``str``, so names like ``title``, ``count`` or ``index``
-    would otherwise resolve to string methods. Reading one selects the field
-    (an ``F.select`` node, like any other attribute); calling it is a string
-    method on unknown text, which is refused.
+    would otherwise resolve to string methods; ``keys``, ``items``, ``values``
+    and ``to_dict`` are what a `Prediction` (or any mapping) is read with, and
+    ``dict(reply)`` calls ``reply.keys()``. Reading one selects the field (an
+    ``F.select`` node, like any other attribute); calling it is a method on unknown
+    text or fields, which is refused.
     """
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         name = self.__dict__.get("_method_name", "?")
-        hint = f" (use F.{name})" if name in {"strip", "lower", "upper"} else ""
         # Refused on behalf of the value whose method it is, so the error names
         # that value's node, not the F.select that reading the name recorded.
         owner = symbolic(self.kind, self.__dict__.get("_owner_ref", self.ref))
-        owner._refuse(f"the string method `.{name}()`{hint}")
+        owner._refuse(_refused_call(name))
 
 
-def _field_or_str_method(name: str) -> property:
+_MAPPING_METHODS = ("items", "keys", "to_dict", "values")
+"""The methods a mapping's fields are read with; while tracing the fields are unknown."""
+
+
+def _refused_call(name: str) -> str:
+    """Returns what calling method ``name`` of a traced value does, and what to write instead."""
+    if name not in _MAPPING_METHODS:
+        hint = f" (use F.{name})" if name in {"strip", "lower", "upper"} else ""
+        return f"the string method `.{name}()`{hint}"
+    what = (
+        "`dict()` or the mapping method `.keys()`"
+        if name == "keys"
+        else f"the mapping method `.{name}()`"
+    )
+    return (
+        f"{what} (the fields are known only at run time: return the value itself, whose "
+        'fields stay fields, or pick them by name: {"answer": value.answer})'
+    )
+
+
+def _field_or_method(name: str) -> property:
     def select(self: TracedValue) -> Any:
         from plait import functional as F
 
         selected = F.select(self, name)
         if not isinstance(selected, TracedValue):  # defensive: selection outside a trace
             return selected
-        field = _FieldOrStrMethod(selected.kind, SYMBOLIC, ref=selected.ref)
+        field = _FieldOrMethod(selected.kind, SYMBOLIC, ref=selected.ref)
         field.__dict__["_method_name"] = name
         field.__dict__["_owner_ref"] = self.ref
         return field
 
-    return property(select, doc=f"The field {name!r} of the traced value (not str.{name}).")
+    return property(select, doc=f"The field {name!r} of the traced value (not the method).")
 
 
-for _name in dir(str):
+for _name in (*dir(str), *_MAPPING_METHODS):
     if not _name.startswith("_") and _name not in vars(Value):
-        setattr(TracedValue, _name, _field_or_str_method(_name))
+        setattr(TracedValue, _name, _field_or_method(_name))
 del _name
 
 

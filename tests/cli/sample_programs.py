@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from plait import LLMInference, Module, Parameter
+import dataclasses
+import types
+from typing import Any
+
+from pydantic import BaseModel
+
+from plait import (
+    InputField,
+    LLMInference,
+    Module,
+    OutputField,
+    Parameter,
+    Predict,
+    Prediction,
+    Signature,
+)
 
 
 class Summarize(Module):
@@ -72,3 +87,51 @@ class NotFinite(Module):
 def nan_metric(output: object, target: object) -> float:
     """A metric that returns NaN, which is no score."""
     return float("nan")
+
+
+# ------------------------------------------------------------------ typed programs
+class Order(Signature):
+    """Read an order: who ordered, and how many items."""
+
+    text: str = InputField()
+    customer: str = OutputField()
+    items: int = OutputField()
+
+
+def order_reader() -> Predict:
+    """The README's pattern: a `Predict` of a Signature, built by a function."""
+    return Predict(Order, alias="llm")
+
+
+quote = Predict("product, quantity: int -> total: float", alias="llm")
+"""A `Predict` instance whose signature has two inputs."""
+
+
+def customer_matches(output: Prediction, target: str) -> bool:
+    """Scores a read order by its customer."""
+    return output.customer == target
+
+
+@dataclasses.dataclass
+class Receipt:
+    customer: str
+    items: int
+
+
+class ReceiptModel(BaseModel):
+    customer: str
+    items: int
+
+
+class Shapes(Module):
+    """Returns one typed output per row, of the kind its ``kind`` column names."""
+
+    async def forward(self, text: str, kind: str) -> Any:
+        customer, items = text.split()[0], len(text.split())
+        if kind == "dataclass":
+            return Receipt(customer, items)
+        if kind == "model":
+            return ReceiptModel(customer=customer, items=items)
+        if kind == "prediction":
+            return Prediction(customer=customer, items=items)
+        return types.MappingProxyType({"customer": customer, "items": items})

@@ -242,6 +242,34 @@ def test_graph_prints_mermaid_and_dot_without_calling_anything(tmp_path):
     assert dot.code == 0 and dot.stdout.startswith("digraph")
 
 
+def test_a_program_file_imports_its_sibling_modules_from_any_directory(server, resources, tmp_path):
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "prompts.py").write_text('INSTRUCTIONS = "Summarize."\n')
+    (folder / "program.py").write_text(
+        "from plait import LLMInference, Module\n"
+        "from prompts import INSTRUCTIONS\n\n\n"
+        "class Summarize(Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        '        self.llm = LLMInference("llm", INSTRUCTIONS)\n\n'
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n"
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    source = write_jsonl(elsewhere / "in.jsonl", [{"text": "a"}])
+
+    ran = plait_cli("run", "../app/program.py:Summarize", "-i", "in.jsonl", "-o", "out.jsonl",
+                    "-r", str(resources), cwd=elsewhere)  # fmt: skip
+    graph = plait_cli("graph", str(folder / "program.py:Summarize"), cwd=elsewhere)
+
+    assert ran.code == 0, ran.stderr
+    assert read_jsonl(source.with_name("out.jsonl"))[0]["output"] == "echo: a"
+    assert server.stats.requests == 1
+    assert graph.code == 0 and graph.stdout.startswith("graph TD"), graph.stderr
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
@@ -291,3 +319,22 @@ def test_import_plait_does_not_import_click():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(SRC)}, check=True)  # fmt: skip
     assert out.stdout.strip() == "False"
+
+
+def test_run_help_shows_a_resources_file_that_loads_and_is_the_readmes(tmp_path):
+    from plait.resources import ResourceConfig
+
+    done = plait_cli("run", "--help")
+
+    assert done.code == 0, done.stderr
+    lines = done.stdout.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.strip().startswith("# res.toml")]
+    assert starts, done.stdout
+    example = [line.strip() for line in lines[starts[0] :] if line.strip()]
+    path = tmp_path / "res.toml"
+    path.write_text("\n".join(example) + "\n")
+    config = ResourceConfig.from_file(path)
+    assert config.resolve("llm").provider == "openai"
+    assert config.resolve("judge").provider == "local"
+    readme = (SRC.parent / "README.md").read_text()
+    assert all(line in readme for line in example)

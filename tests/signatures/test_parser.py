@@ -1,13 +1,17 @@
 """The string-signature parser: types, errors with positions, and never any other exception."""
 
+import enum
+import re
 from typing import Literal, Optional
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import BaseModel
 
+from plait.backends.types import Response
 from plait.errors import PlaitError
-from plait.signatures import Signature, SignatureSyntaxError, parse_signature
+from plait.signatures import JSONAdapter, Signature, SignatureSyntaxError, parse_signature
 
 
 @pytest.mark.parametrize(
@@ -212,3 +216,57 @@ def test_enum_errors_name_the_problem_and_its_position(text, message, position):
     with pytest.raises(SignatureSyntaxError) as info:
         parse_signature(text)
     assert message in str(info.value) and info.value.position == position
+
+
+# ---------------------------------------------------------------- your own types
+class Order(BaseModel):
+    customer: str
+    items: int
+
+
+class Urgency(enum.Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+def test_a_pydantic_model_or_enum_is_named_through_types():
+    sig = Signature.from_string(
+        "text -> order: Order, orders: list[Order] | None, urgency: Urgency",
+        types={"Order": Order, "Urgency": Urgency},
+    )
+
+    annotations = {name: spec.annotation for name, spec in sig.output_fields.items()}
+    assert annotations == {"order": Order, "orders": list[Order] | None, "urgency": Urgency}
+    reply = Response(text='{"order": {"customer": "ann", "items": 2}, "orders": null, '
+                          '"urgency": "high"}')  # fmt: skip
+    parsed = JSONAdapter().parse(sig, reply)
+    assert parsed["order"] == Order(customer="ann", items=2)
+    assert parsed["urgency"] is Urgency.HIGH
+
+
+def test_an_unknown_class_name_says_how_to_name_it():
+    with pytest.raises(SignatureSyntaxError) as info:
+        Signature.from_string("text -> order: Order")
+    assert str(info.value).startswith(
+        "unknown type 'Order'; types are: str, int, float, bool, list[T], dict[K, V], "
+        "Literal['a', 'b'], Optional[T], T | None; for a class of your own (a pydantic "
+        "model, an enum), pass types={'Order': Order} to Signature.from_string (at position 15)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("types", "error", "message"),
+    [
+        ({"Order": "Order"}, TypeError, "types['Order'] must be a class"),
+        ({"str": Order}, ValueError, "types: 'str' is a type word of string signatures"),
+        ({"my order": Order}, ValueError, "types: 'my order' is not a name"),
+    ],
+)
+def test_a_wrong_types_argument_names_the_entry(types, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        Signature.from_string("text -> order: Order", types=types)
+
+
+def test_your_own_type_takes_no_type_arguments():
+    with pytest.raises(SignatureSyntaxError, match="Order takes no type arguments"):
+        parse_signature("a -> b: Order[int]", types={"Order": Order})

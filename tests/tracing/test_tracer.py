@@ -769,9 +769,23 @@ class Decides(Module):
             return "no" != reply  # noqa: SIM300 - reflected on purpose  # refuse-!=
         elif case == "index":
             return ["a", "b"][reply]  # refuse-index
+        elif case == "dict":
+            return dict(reply)  # refuse-dict
+        elif case == "keys":
+            return reply.keys()  # refuse-keys
+        elif case == "items":
+            return reply.items()  # refuse-items
+        elif case == "values":
+            return reply.values()  # refuse-values
+        elif case == "to_dict":
+            return reply.to_dict()  # refuse-to_dict
         return reply
 
 
+FIELDS_UNKNOWN = (
+    "(the fields are known only at run time: return the value itself, whose fields stay "
+    'fields, or pick them by name: {"answer": value.answer})'
+)
 REFUSALS = {
     "if": "an `if`/`while` condition or `bool()`",
     "while": "an `if`/`while` condition or `bool()`",
@@ -790,6 +804,11 @@ REFUSALS = {
     "==": "an `==` comparison",
     "!=": "an `==` comparison",
     "index": "an index or slice",
+    "dict": f"`dict()` or the mapping method `.keys()` {FIELDS_UNKNOWN}",
+    "keys": f"`dict()` or the mapping method `.keys()` {FIELDS_UNKNOWN}",
+    "items": f"the mapping method `.items()` {FIELDS_UNKNOWN}",
+    "values": f"the mapping method `.values()` {FIELDS_UNKNOWN}",
+    "to_dict": f"the mapping method `.to_dict()` {FIELDS_UNKNOWN}",
 }
 
 

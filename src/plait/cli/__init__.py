@@ -7,7 +7,10 @@ Exit codes scripts can rely on:
 
 * 0 — every row succeeded (``eval``: and the score met ``--fail-under``);
 * 1 — the run finished but some rows failed (their ``error`` column says why);
-* 2 — bad usage: arguments, program, resources, columns or an unreadable file;
+* 2 — bad usage, found before any model call and told on one line,
+  ``plait: error: <what>; <what to do>``: arguments, a program that cannot be
+  imported, built or traced, parameters, resources or aliases, columns, an
+  unreadable file, a file to write with no folder;
 * 3 — the run stopped early (checkpoint of another run, budget spent, a file
   that could not be written); rows already written and checkpointed stay;
 * 4 — ``eval`` finished but its score is below ``--fail-under``;

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -16,7 +18,14 @@ from plait.cli import (
     EXIT_USAGE,
 )
 from plait.cli.datasets import FORMATS, DatasetError, read_rows
-from plait.cli.programs import ProgramError, RowMapper, load_metric, load_program
+from plait.cli.programs import (
+    ProgramError,
+    RowMapper,
+    load_metric,
+    load_program,
+    one_line,
+    trace_program,
+)
 from plait.errors import ConfigError, FileError, PlaitError
 
 __all__ = ["cli"]
@@ -24,13 +33,96 @@ __all__ = ["cli"]
 _REPORT_SAMPLE = 20_000
 """Node and request spans a CLI run keeps for its trace (counters stay exact)."""
 
+_RESOURCES_EXAMPLE = """\
+# res.toml: a table per alias the program calls; ["*"] serves all the others
+[llm]
+provider = "openai"             # openai, anthropic or local
+model = "gpt-4o-mini"
+api_key_env = "OPENAI_API_KEY"  # or base_url = "http://localhost:8000/v1"
+max_concurrent = 32             # also rpm, tpm, timeout, max_retries, cache
+rpm = 500
+["*"]
+provider = "local"              # the embedded model: no key, no network
+"""
+"""What a ``--resources`` file looks like (the same example is in the README)."""
+
+_RESOURCES_HELP = "\b\n--resources names a TOML, YAML or JSON file such as:\n\n\b\n" + "\n".join(
+    f"  {line}" for line in _RESOURCES_EXAMPLE.splitlines()
+)
+
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
-    click.echo(f"plait: error: {message}", err=True)
+    click.echo(f"plait: error: {one_line(message)}", err=True)
     sys.exit(code)
 
 
+@contextlib.contextmanager
+def _usage_errors() -> Iterator[None]:
+    """Turns a mistake found before the run (program, columns, resources, files) into its
+    one-line message and exit 2."""
+    try:
+        yield
+    except (ProgramError, DatasetError, ConfigError) as exc:
+        _fail(str(exc))
+
+
+class _OneLineUsage(click.UsageError):
+    """A usage error click found, shown like every other mistake: on one line."""
+
+    def show(self, file: Any = None) -> None:
+        command = self.ctx.command_path if self.ctx is not None else "plait"
+        message = one_line(self.format_message()).rstrip(".")
+        click.echo(f"plait: error: {message}; see '{command} --help'", err=True)
+
+
+@contextlib.contextmanager
+def _one_line_usage() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as exc:
+        if isinstance(exc, _OneLineUsage | click.exceptions.NoArgsIsHelpError):
+            raise  # `plait` alone shows the help, as it should
+        raise _OneLineUsage(exc.format_message(), exc.ctx) from None
+
+
+class _Plait(click.Group):
+    """The ``plait`` group: click's usage errors (an unknown option or command, a bad
+    option value) are one line too."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _one_line_usage():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _one_line_usage():
+            return super().invoke(ctx)
+
+
+def _check_writable(path: Path | None, option: str) -> None:
+    """Stops before any work when a file to write is a folder or has no folder to go in."""
+    if path is None:
+        return
+    if path.is_dir():
+        _fail(f"{option} {path} is a folder; name a file")
+    folder = path.parent
+    if not folder.is_dir():
+        problem = "is a file" if folder.exists() else "does not exist"
+        _fail(
+            f"{option} {path}: the folder {folder} {problem}; create it first, or write elsewhere"
+        )
+
+
+def _check_checkpoint_dir(path: Path | None) -> None:
+    if path is not None and path.exists() and not path.is_dir():
+        _fail(f"--checkpoint-dir {path} is a file; name a folder (it is made if missing)")
+
+
 def _resources(path: Path | None, program: Any) -> Any:
+    """Returns the resources of a run: read from ``--resources``, or bound to the program.
+
+    Raises:
+        ConfigError: the file is missing or invalid (names the file and alias).
+    """
     from plait.resources import ResourceConfig
 
     if path is not None:
@@ -41,6 +133,30 @@ def _resources(path: Path | None, program: Any) -> Any:
         f"{type(program).__name__} has no resources: pass --resources res.toml (a file of "
         "alias -> endpoint settings), or bind them where the program is built"
     )
+
+
+def _aliases(program: Any) -> list[str]:
+    """Returns the aliases the program's modules call, in module order."""
+    found = (getattr(module, "alias", None) for module in program.modules())
+    return list(dict.fromkeys(alias for alias in found if isinstance(alias, str)))
+
+
+def _check_aliases(path: Path | None, resources: Any, calls: list[tuple[str, str]]) -> None:
+    """Stops before any call when ``--resources`` serves none of an alias that is called.
+
+    Args:
+        calls: ``(who, alias)`` for each alias called (the program's, the optimizer's).
+    """
+    if path is None:
+        return  # resources bound in code are the program's own business
+    for who, alias in calls:
+        if alias not in resources:
+            served = ", ".join(repr(name) for name in resources.aliases()) or "none"
+            entry = f"a table [{alias}]" if path.suffix == ".toml" else f"an entry {alias!r}"
+            _fail(
+                f"{who} calls the alias {alias!r}, which {path} does not serve (it serves: "
+                f"{served}); add {entry} to it, or '*' for every alias"
+            )
 
 
 def _renames(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -54,11 +170,40 @@ def _renames(pairs: tuple[str, ...]) -> dict[str, str]:
 
 
 def _prepare(spec: str, load: Path | None, columns: tuple[str, ...]) -> tuple[Any, RowMapper]:
+    """Returns the program ``spec`` names, with ``--load``'s parameters, and its row mapper.
+
+    Raises:
+        ProgramError: the program, the parameter file or the columns cannot be used.
+    """
     program = load_program(spec)
     if load is not None:
-        program.load(load)
+        try:
+            program.load(load)
+        except (KeyError, TypeError, ValueError, OSError) as exc:
+            text = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+            raise ProgramError(f"--load {load}: {text}") from None
     program.eval()
     return program, RowMapper(program, _renames(columns))
+
+
+def _check_first_row(run: Any) -> None:
+    """Stops before anything is written when the first row cannot fill the program's
+    inputs or has no target to score against, or the program cannot be traced with it.
+
+    Raises:
+        ProgramError, DatasetError: what is wrong, naming the file and row.
+    """
+    first = next(read_rows(run.input, run.input_format), None)
+    if first is None:
+        return
+    number, row = first
+    target = run.target_column
+    if target is not None and target not in row:
+        raise ProgramError(
+            f"{run.input}: row {number} has no column {target!r} to score against; its "
+            f"columns: {', '.join(row)}. Name the right one with --target COLUMN"
+        )
+    trace_program(run.mapper.module, run.mapper.item(number, row, str(run.input)))
 
 
 def _handled(work: Any, on_stop: str) -> Any:
@@ -100,7 +245,8 @@ common_run_options = [
     click.option("-o", "--output", "output_path", type=click.Path(path_type=Path), required=True,
                  help="Where outputs go, one row per input row, in input order."),
     click.option("-r", "--resources", type=click.Path(path_type=Path),
-                 help="Endpoints file (.toml, .yaml, .json): alias -> provider settings."),
+                 help="Endpoints file (.toml, .yaml, .json): alias -> provider settings "
+                      "(example below)."),
     click.option("--checkpoint-dir", type=click.Path(path_type=Path),
                  help="Makes the run resumable: rerun with the same directory to continue."),
     click.option("--max-concurrent", type=click.IntRange(min=1),
@@ -108,7 +254,7 @@ common_run_options = [
     click.option("--chunk-size", type=click.IntRange(min=1), default=2000, show_default=True,
                  help="Rows read and run at a time; memory is bounded by it."),
     click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN",
-                 help="Fill forward's ARG from COLUMN (default: the column named ARG)."),
+                 help="Fill the program's input ARG from COLUMN (default: the column named ARG)."),
     click.option("--input-format", type=click.Choice(FORMATS), help="Default: from the suffix."),
     click.option("--output-format", type=click.Choice(FORMATS), help="Default: from the suffix."),
     click.option("--load", type=click.Path(path_type=Path, exists=True, dir_okay=False),
@@ -134,26 +280,40 @@ def _with(options: list[Any]) -> Any:
     return decorate
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Plait, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="plait")
 def cli() -> None:
     """Build, run and train programs made of LLM calls, over data files.
 
     PROGRAM is pkg.module:Name or path/to/file.py:Name — a Module class,
-    instance, or a function returning one. Only the code you name runs.
+    instance, or a function returning one (a file may import the files beside
+    it). Only the code you name runs.
     """
 
 
-def _file_run(program: Any, mapper: RowMapper, kwargs: dict[str, Any], **extra: Any) -> Any:
+def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
+    """Returns the `FileRun` of ``plait run`` / ``plait eval``, every part of it checked:
+    files to write, program, parameters, columns, resources and aliases, the first row.
+
+    Raises:
+        ProgramError, DatasetError, ConfigError: what is wrong (see `_usage_errors`).
+    """
     from plait.cli.driver import FileRun
 
+    _check_writable(kwargs["output_path"], "--output")
+    _check_writable(kwargs["report_path"], "--report")
+    _check_writable(kwargs["trace_path"], "--trace")
+    _check_checkpoint_dir(kwargs["checkpoint_dir"])
+    program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
+    resources = _resources(kwargs["resources"], program)
+    _check_aliases(kwargs["resources"], resources, [("the program", a) for a in _aliases(program)])
     options = {"timeout": kwargs["timeout"]} if kwargs["timeout"] else {}
-    return FileRun(
+    run = FileRun(
         program=program,
         mapper=mapper,
         input=kwargs["input_path"],
         output=kwargs["output_path"],
-        resources=_resources(kwargs["resources"], program),
+        resources=resources,
         input_format=kwargs["input_format"],
         output_format=kwargs["output_format"],
         checkpoint_dir=kwargs["checkpoint_dir"],
@@ -164,6 +324,8 @@ def _file_run(program: Any, mapper: RowMapper, kwargs: dict[str, Any], **extra: 
         options=options,
         **extra,
     )
+    _check_first_row(run)
+    return run
 
 
 async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) -> Any:
@@ -189,26 +351,25 @@ async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) 
     return outcome
 
 
-@cli.command("run")
+@cli.command("run", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @_with(common_run_options)
 def run_command(program_spec: str, **kwargs: Any) -> None:
     """Run PROGRAM on every row of --input; write one output row per input row.
 
-    Columns fill forward's arguments by name. Outputs stream to --output in
-    input order (a dict output becomes columns, anything else the column
-    `output`); a failed row has its reason in the `error` column.
+    Columns fill the program's inputs by name: forward's arguments, or the
+    input fields of a Predict's signature. Outputs stream to --output in input
+    order (a Prediction, mapping, pydantic model or dataclass becomes one column
+    per field, anything else the column `output`); a failed row has its reason
+    in the `error` column.
     """
-    try:
-        program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
-    except (ProgramError, ConfigError, KeyError, TypeError, ValueError) as exc:
-        _fail(str(exc))
-    run = _file_run(program, mapper, kwargs)
+    with _usage_errors():
+        run = _file_run(program_spec, kwargs)
     outcome = _handled(_profiled_run(run, program_spec, "run", kwargs), _resume_hint(kwargs))
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
 
 
-@cli.command("eval")
+@cli.command("eval", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @_with(common_run_options)
 @click.option(
@@ -232,31 +393,15 @@ def eval_command(program_spec: str, metric: str, target_column: str,
     Writes outputs with a `score` column; a failed row scores 0. Prints the
     mean score.
     """
-    try:
-        program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
+    with _usage_errors():
         scorer = load_metric(metric)
-    except (ProgramError, ConfigError, KeyError, TypeError, ValueError) as exc:
-        _fail(str(exc))
-    _require_column(kwargs["input_path"], kwargs["input_format"], target_column, "--target")
-    run = _file_run(program, mapper, kwargs, target_column=target_column, metric=scorer)
+        run = _file_run(program_spec, kwargs, target_column=target_column, metric=scorer)
     outcome = _handled(_profiled_run(run, program_spec, "eval", kwargs), _resume_hint(kwargs))
     score = outcome.score or 0.0
     click.echo(f"score: {score:.4f} ({metric} over {outcome.rows} rows)")
     if fail_under is not None and score < fail_under:
         sys.exit(EXIT_BELOW_THRESHOLD)
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
-
-
-def _require_column(path: Path, fmt: str | None, column: str, option: str) -> None:
-    try:
-        first = next(read_rows(path, fmt), None)
-    except DatasetError as exc:
-        _fail(str(exc))
-    if first is not None and column not in first[1]:
-        _fail(
-            f"{path}: row 0 has no column {column!r} to score against; its columns: "
-            f"{', '.join(first[1])}. Name the right one with {option} COLUMN"
-        )
 
 
 def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[tuple[Any, Any]]:
@@ -270,7 +415,7 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     return pairs
 
 
-@cli.command("train")
+@cli.command("train", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @click.option(
     "--train",
@@ -286,7 +431,12 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     required=True,
     help="Validation rows, scored after every epoch.",
 )
-@click.option("-r", "--resources", type=click.Path(path_type=Path))
+@click.option(
+    "-r",
+    "--resources",
+    type=click.Path(path_type=Path),
+    help="Endpoints file (.toml, .yaml, .json): alias -> provider settings (example below).",
+)
 @click.option("--target", "target_column", default="target", show_default=True)
 @click.option("--metric", default="exact_match", show_default=True)
 @click.option("--optimizer-alias", help="Alias of the optimizer's LLM (default: the program's).")
@@ -316,27 +466,31 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     Each row's target column is checked with --metric (a VerifierLoss); the
     optimizer (SFA) rewrites the prompts; the best parameters are saved.
     """
-    try:
+    save = kwargs["save_path"]
+    report_path = kwargs["report_path"] or save.with_name(save.name.split(".")[0] + ".run.json")
+    with _usage_errors():
+        _check_writable(save, "--save")
+        _check_writable(report_path, "--report")
+        _check_checkpoint_dir(kwargs["checkpoint_dir"])
         program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
         metric = load_metric(kwargs["metric"])
         train = _pairs(kwargs["train_path"], None, mapper, kwargs["target_column"])
         val = _pairs(kwargs["val_path"], None, mapper, kwargs["target_column"])
-    except (ProgramError, DatasetError, ConfigError, KeyError, TypeError, ValueError) as exc:
-        _fail(str(exc))
-    resources = _resources(kwargs["resources"], program)
-    alias = kwargs["optimizer_alias"] or _first_alias(program)
-    work = _train(program_spec, mapper, train, val, metric, resources, alias, kwargs)
-    report = _handled(work, _training_resume_hint(kwargs))
-    program.save(kwargs["save_path"])
-    path = kwargs["report_path"] or kwargs["save_path"].with_name(
-        kwargs["save_path"].name.split(".")[0] + ".run.json"
-    )
-    report.save(path)
+        resources = _resources(kwargs["resources"], program)
+        aliases = _aliases(program)
+        alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")
+        calls = [("the program", name) for name in aliases] + [("the optimizer", alias)]
+        _check_aliases(kwargs["resources"], resources, calls)
+        graph = trace_program(mapper.module, train[0][0])
+    trainer = _trainer(mapper, train, val, metric, resources, alias, kwargs)
+    report = _handled(_train(trainer, program_spec, graph, kwargs), _training_resume_hint(kwargs))
+    program.save(save)
+    report.save(report_path)
     training = report.training or {}
     click.echo(report.summary(), err=True)
     click.echo(
         f"validation: {training.get('initial_score', 0):.4f} -> {training.get('best_score', 0):.4f}"
-        f" (best epoch {training.get('best_epoch')}); saved {kwargs['save_path']}; report {path}"
+        f" (best epoch {training.get('best_epoch')}); saved {save}; report {report_path}"
     )
     click.echo(f"training {training.get('reason')}")
     sys.exit(EXIT_OK)
@@ -352,21 +506,20 @@ def _training_resume_hint(kwargs: dict[str, Any]) -> str:
     return "nothing was saved (add --checkpoint-dir DIR to make training resumable)"
 
 
-def _first_alias(program: Any) -> str:
-    for module in program.modules():
-        alias = getattr(module, "alias", None)
-        if isinstance(alias, str):
-            return alias
-    return "optimizer"
-
-
-async def _train(spec, mapper, train, val, metric, resources, alias, kwargs) -> Any:
-    from dataclasses import asdict
-
+def _trainer(
+    mapper: RowMapper,
+    train: list[tuple[Any, Any]],
+    val: list[tuple[Any, Any]],
+    metric: Any,
+    resources: Any,
+    alias: str,
+    kwargs: dict[str, Any],
+) -> Any:
+    """Returns the `Trainer` of ``plait train``: SFA on the program's prompts, judged by
+    ``metric`` through a `VerifierLoss`."""
     from plait.optimization import SFAOptimizer, Trainer, VerifierLoss
-    from plait.profiling import Profiler
 
-    trainer = Trainer(
+    return Trainer(
         mapper.module,
         VerifierLoss(metric),
         SFAOptimizer(mapper.module.named_parameters(), alias=alias),
@@ -380,18 +533,20 @@ async def _train(spec, mapper, train, val, metric, resources, alias, kwargs) -> 
         progress=kwargs["progress"],
         max_concurrent=kwargs["max_concurrent"],
     )
+
+
+async def _train(trainer: Any, spec: str, graph: Any, kwargs: dict[str, Any]) -> Any:
+    from dataclasses import asdict
+
+    from plait.profiling import Profiler
+
     with Profiler(max_records=_REPORT_SAMPLE) as profiler:
         result = await trainer.fit()
-    training = asdict(result)
-    graph = None
-    from plait.execution.runner import trace_cached
-
-    graph = trace_cached(mapper.module, (train[0][0],), {})
     return profiler.report(
         program=spec,  # as the user typed it, like `plait run`
         kind="train",
         graph=graph,
-        training=training,
+        training=asdict(result),
         metrics={"train": str(kwargs["train_path"]), "val": str(kwargs["val_path"])},
     )
 
@@ -419,22 +574,19 @@ async def _train(spec, mapper, train, val, metric, resources, alias, kwargs) -> 
 def graph_command(program_spec: str, fmt: str, input_path: Path | None,
                   columns: tuple[str, ...], output_path: Path | None) -> None:  # fmt: skip
     """Print PROGRAM's dataflow graph as Mermaid or Graphviz DOT (nothing is called)."""
-    from plait.tracing import Tracer
-
-    try:
+    with _usage_errors():
+        _check_writable(output_path, "--output")
         program, mapper = _prepare(program_spec, None, columns)
         if input_path is not None:
             first = next(read_rows(input_path), None)
             if first is None:
-                raise ProgramError(f"{input_path} has no rows to trace with")
+                raise ProgramError(f"{input_path} has no rows to trace with; give it one")
             row = first[1]
             mapper.item(first[0], row, str(input_path))  # names a missing column
         else:
             row = {mapper.column(name): f"<{name}>" for name in mapper.names}
         arguments = {n: row[mapper.column(n)] for n in mapper.names if mapper.column(n) in row}
-        graph = Tracer().trace(program, **arguments)
-    except (ProgramError, DatasetError, PlaitError, KeyError, TypeError, ValueError) as exc:
-        _fail(str(exc))
+        graph = trace_program(program, **arguments)
     text = graph.to_mermaid() if fmt == "mermaid" else graph.to_dot()
     if output_path is None:
         click.echo(text)
@@ -467,6 +619,8 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     """Draw a run report (*.run.json) as one HTML page of plots (needs plait[report])."""
     from plait.report import RunReport, RunReportError, write_html
 
+    _check_writable(output_path, "--output")
+    _check_writable(trace_path, "--trace")
     try:
         report = RunReport.load(run_json)
     except RunReportError as exc:

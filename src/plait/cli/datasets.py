@@ -52,7 +52,8 @@ def format_of(path: str | os.PathLike[str], given: str | None = None) -> str:
     if suffix not in _SUFFIXES:
         raise DatasetError(
             f"{path}: cannot tell the format from the suffix {suffix or '(none)'!r}; "
-            f"use .jsonl, .csv or .parquet, or pass --format {'/'.join(FORMATS)}"
+            "name it .jsonl, .csv or .parquet, or give its format with --input-format / "
+            "--output-format"
         )
     return _SUFFIXES[suffix]
 
@@ -81,7 +82,7 @@ def read_rows(path: str | os.PathLike[str], fmt: str | None = None) -> Iterator[
     """
     fmt = format_of(path, fmt)
     if not Path(path).is_file():
-        raise DatasetError(f"{path}: no such file")
+        raise DatasetError(f"{path}: no such file; check the path (it is read from {Path.cwd()})")
     if fmt == "jsonl":
         yield from _read_jsonl(path)
     elif fmt == "csv":

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,8 @@ class FileRun:
 
 @dataclass
 class RunOutcome:
+    scored: bool = False
+    """Whether rows were scored (``eval``); a run without a metric has no score."""
     rows: int = 0
     failed: int = 0
     score_total: float = 0.0
@@ -69,17 +71,25 @@ class RunOutcome:
 
     @property
     def score(self) -> float | None:
-        return self.score_total / self.rows if self.rows else None
+        """The mean score of the rows; None when there was no metric or no row."""
+        return self.score_total / self.rows if self.scored and self.rows else None
 
 
 def output_columns(output: Any) -> dict[str, Any]:
-    """Returns an output as columns: a mapping (or model) by key, anything else as ``output``."""
+    """Returns an output as columns: a mapping (a `Prediction` too), pydantic model or
+    dataclass by field, anything else as ``output``."""
     from pydantic_core import to_jsonable_python
 
-    data = to_jsonable_python(output, fallback=str)
+    data = to_jsonable_python(output, fallback=_jsonable)
     if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
         return data
     return {"output": data}
+
+
+def _jsonable(value: Any) -> Any:
+    """What pydantic cannot write as JSON: a mapping that is not a dict (a `Prediction`)
+    as a dict, so its fields stay fields; anything else as its text."""
+    return dict(value) if isinstance(value, Mapping) else str(value)
 
 
 def _chunks(rows: Iterator[tuple[int, dict]], size: int) -> Iterator[list[tuple[int, dict]]]:
@@ -122,7 +132,7 @@ async def run_file(run: FileRun) -> RunOutcome:
 
     source = str(run.input)
     total = count_rows(run.input, run.input_format)
-    outcome = RunOutcome()
+    outcome = RunOutcome(scored=run.metric is not None)
     if run.checkpoint_dir is not None:
         _check_state(run.checkpoint_dir, run)
     writer = open_writer(run.output, run.output_format)

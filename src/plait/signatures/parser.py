@@ -6,11 +6,17 @@ Grammar (whitespace is free between tokens)::
     fields    := field ("," field)*
     field     := NAME (":" type)?            an untyped field is ``str``
     type      := atom ("|" atom)*
-    atom      := "str" | "int" | "float" | "bool" | "None"
+    atom      := "str" | "int" | "float" | "bool" | "None" | a name given in ``types``
                | "list" ("[" type "]")?  | "dict" ("[" type "," type "]")?
                | "Optional" "[" type "]" | "Literal" "[" literal ("," literal)* "]"
                | "enum" "(" literal ("," literal)* ")"
     literal   := 'text' | "text" | number | True | False | None
+
+A class of your own (a pydantic model, an enum, a dataclass) is a type too
+when it is named in ``types``: ``parse_signature("text -> order: Order",
+types={"Order": Order})``; it may stand wherever an atom does (``list[Order]``,
+``Order | None``). Names are given, never looked up in the caller's globals,
+so what a string means never depends on where it is written.
 
 dsprrr's type words (seed 002, after R's ellmer types) are synonyms:
 ``string`` is ``str``, ``integer`` ``int``, ``number`` ``float``, ``boolean``
@@ -28,6 +34,7 @@ from __future__ import annotations
 import keyword
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
@@ -52,6 +59,10 @@ _SCALARS: dict[str, Any] = {
     "boolean": bool,
 }
 _CLOSING = {"[": "]", "(": ")"}
+_WORDS = frozenset(
+    {*_SCALARS, "list", "dict", "Optional", "Literal", "enum", "None", "True", "False"}
+)
+"""The names the grammar gives a meaning; a type of your own cannot take one of them."""
 
 
 class SignatureSyntaxError(PlaitError, ValueError):
@@ -142,15 +153,25 @@ def _scan(text: str) -> _Scan:
 
 
 # ----------------------------------------------------------------- fields
-def parse_signature(text: str) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+def parse_signature(
+    text: str, types: Mapping[str, type] | None = None
+) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
     """Returns ``(inputs, outputs)``, each a list of ``(name, annotation)`` in order.
+
+    Args:
+        text: ``"inputs -> outputs"``.
+        types: classes of your own by the name the text gives them, e.g.
+            ``{"Order": Order}`` for ``"text -> order: Order"``.
 
     Raises:
         SignatureSyntaxError: the text is malformed (its message shows where).
-        TypeError: ``text`` is not a string.
+        TypeError: ``text`` is not a string, or a value of ``types`` is not a class.
+        ValueError: a name in ``types`` is not an identifier, or is a type word
+            of the grammar (``str``, ``list`` …).
     """
     if not isinstance(text, str):
         raise TypeError(f"a signature string is needed, got {type(text).__name__}")
+    own = _own_types(types)
     if not text.strip():
         _fail("empty signature; expected 'inputs -> outputs', e.g. 'question -> answer'", text, 0)
     scan = _scan(text)
@@ -160,13 +181,39 @@ def parse_signature(text: str) -> tuple[list[tuple[str, Any]], list[tuple[str, A
         _fail("a signature has exactly one '->'; this is a second one", text, scan.arrows[1])
     arrow = scan.arrows[0]
     seen: dict[str, int] = {}
-    inputs = _side(text, scan, 0, arrow, "input", seen)
-    outputs = _side(text, scan, arrow + 2, len(text), "output", seen)
+    inputs = _side(text, scan, 0, arrow, "input", seen, own)
+    outputs = _side(text, scan, arrow + 2, len(text), "output", seen, own)
     return inputs, outputs
 
 
+def _own_types(types: Mapping[str, type] | None) -> dict[str, type]:
+    """Returns ``types`` checked: identifiers that are no type word, each naming a class."""
+    own = dict(types or {})
+    for name, annotation in own.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(
+                f"types: {name!r} is not a name a signature can use; use an identifier"
+            )
+        if name in _WORDS:
+            raise ValueError(
+                f"types: {name!r} is a type word of string signatures; name your class otherwise"
+            )
+        if not isinstance(annotation, type):
+            raise TypeError(
+                f"types[{name!r}] must be a class (a pydantic model, an enum, a dataclass), "
+                f"got {type(annotation).__name__} {annotation!r:.60}"
+            )
+    return own
+
+
 def _side(
-    text: str, scan: _Scan, start: int, end: int, kind: str, seen: dict[str, int]
+    text: str,
+    scan: _Scan,
+    start: int,
+    end: int,
+    kind: str,
+    seen: dict[str, int],
+    own: dict[str, type],
 ) -> list[tuple[str, Any]]:
     if not text[start:end].strip():
         where = "before" if kind == "input" else "after"
@@ -179,11 +226,13 @@ def _side(
         if not text[seg_start:seg_end].strip():
             at = seg_start - 1 if seg_start > start else seg_end
             _fail(f"empty {kind} field: a comma with no field next to it", text, at)
-        fields.append(_field(text, scan, seg_start, seg_end, seen))
+        fields.append(_field(text, scan, seg_start, seg_end, seen, own))
     return fields
 
 
-def _field(text: str, scan: _Scan, start: int, end: int, seen: dict[str, int]) -> tuple[str, Any]:
+def _field(
+    text: str, scan: _Scan, start: int, end: int, seen: dict[str, int], own: dict[str, type]
+) -> tuple[str, Any]:
     colon = next((c for c in scan.colons if start <= c < end), None)
     name_end = end if colon is None else colon
     raw = text[start:name_end]
@@ -200,7 +249,7 @@ def _field(text: str, scan: _Scan, start: int, end: int, seen: dict[str, int]) -
         return name, str
     if not text[colon + 1 : end].strip():
         _fail(f"expected a type after ':' for field {name!r}", text, colon)
-    return name, _TypeParser(text, colon + 1, end).parse()
+    return name, _TypeParser(text, colon + 1, end, own).parse()
 
 
 def _check_name(text: str, name: str, at: int, seen: dict[str, int]) -> None:
@@ -279,10 +328,11 @@ def _unquote(literal: str) -> str:
 class _TypeParser:
     """Recursive descent over the tokens of one field's type."""
 
-    def __init__(self, text: str, start: int, end: int) -> None:
+    def __init__(self, text: str, start: int, end: int, own: dict[str, type]) -> None:
         self.text = text
         self.tokens = _tokens(text, start, end)
         self.index = 0
+        self.own = own
 
     def parse(self) -> Any:
         annotation = self._union(0)
@@ -339,12 +389,12 @@ class _TypeParser:
             return self._literal(token)
         if name == "enum":
             return self._enum(token)
-        if name in _SCALARS:
+        if name in _SCALARS or name in self.own:
             if self._is("["):
                 self._fail(f"{name} takes no type arguments", self._peek())
-            return _SCALARS[name]
+            return _SCALARS[name] if name in _SCALARS else self.own[name]
         if name not in ("list", "dict", "Optional"):
-            self._fail(f"unknown type {name!r}; types are: {SUPPORTED_TYPES}", token)
+            self._fail(f"unknown type {name!r}; types are: {SUPPORTED_TYPES}{_hint(name)}", token)
         args = self._arguments(depth) if self._is("[") else []
         return self._generic(name, args, token)
 
@@ -411,6 +461,16 @@ class _TypeParser:
             f"expected a quoted string, a number, True, False or None, got {_describe(token)}",
             token,
         )
+
+
+def _hint(name: str) -> str:
+    """Returns how to name a class of your own, when ``name`` looks like a class."""
+    if not name[0].isupper():
+        return ""  # most likely a misspelt type word
+    return (
+        "; for a class of your own (a pydantic model, an enum), pass "
+        f"types={{{name!r}: {name}}} to Signature.from_string"
+    )
 
 
 def _describe(token: _Token) -> str:

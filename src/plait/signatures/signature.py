@@ -309,19 +309,30 @@ class Signature(metaclass=SignatureMeta):
     """
 
     @classmethod
-    def from_string(cls, text: str, instructions: str | None = None) -> type[Signature]:
+    def from_string(
+        cls,
+        text: str,
+        instructions: str | None = None,
+        *,
+        types: Mapping[str, type] | None = None,
+    ) -> type[Signature]:
         """Returns the signature described by ``"in1, in2 -> out1: type, out2"``.
 
         Fields without a type are ``str``. Types: ``str``, ``int``, ``float``,
         ``bool``, ``list[T]``, ``dict[K, V]``, ``Literal['a', 'b']``,
-        ``Optional[T]`` and ``T | None``.
+        ``Optional[T]`` and ``T | None``, and your own classes (a pydantic
+        model, an enum) by the names ``types`` gives them::
+
+            Signature.from_string("text -> order: Order", types={"Order": Order})
 
         Raises:
             SignatureSyntaxError: the text is malformed; carries ``.position``.
+            TypeError, ValueError: ``types`` names something that is not a class,
+                or uses a name that is not an identifier or is a type word.
         """
         from plait.signatures.parser import parse_signature
 
-        inputs, outputs = parse_signature(text)
+        inputs, outputs = parse_signature(text, types)
         fields = [FieldSpec(n, a, "", "input") for n, a in inputs]
         fields += [FieldSpec(n, a, "", "output") for n, a in outputs]
         return make_signature(fields, instructions=instructions, name="StringSignature")
