@@ -279,7 +279,18 @@ def key_file(tmp_path, variable: str):
     return path
 
 
-@pytest.mark.parametrize("variable", ["HOME", "DATABASE_URL", "AWS_REGION", "MONKEY", "PATH"])
+@pytest.mark.parametrize(
+    "variable",
+    [
+        "HOME",
+        "DATABASE_URL",
+        "AWS_REGION",
+        "MONKEY",
+        "PATH",
+        "AWS_SECRET_ACCESS_KEY",
+        "GITHUB_TOKEN",
+    ],
+)
 def test_a_file_may_not_send_a_variable_that_is_not_a_credential_as_its_key(
     tmp_path, variable: str
 ) -> None:
@@ -292,7 +303,7 @@ def test_a_file_may_not_send_a_variable_that_is_not_a_credential_as_its_key(
 
 
 @pytest.mark.parametrize(
-    "variable", ["OPENAI_API_KEY", "MY_SERVICE_API_KEY", "HF_TOKEN", "VLLM_SECRET", "GROQ_APIKEY"]
+    "variable", ["OPENAI_API_KEY", "MY_SERVICE_API_KEY", "MY_API_TOKEN", "API_KEY", "GROQ_APIKEY"]
 )
 def test_a_file_may_name_variables_that_look_like_credentials(tmp_path, variable: str) -> None:
     assert ResourceConfig.from_file(key_file(tmp_path, variable)).resolve("llm").api_key_env == (
@@ -306,7 +317,7 @@ def test_code_may_name_any_variable_and_may_allow_one_for_files(tmp_path) -> Non
     entry = {**OPENAI, "api_key_env": "CORP_LLM_CREDENTIAL"}
     assert ResourceConfig({"llm": entry}).resolve("llm").api_key_env == "CORP_LLM_CREDENTIAL"
     path = key_file(tmp_path, "CORP_LLM_CREDENTIAL")
-    with pytest.raises(ConfigError, match="does not look like a credential"):
+    with pytest.raises(ConfigError, match="does not look like an API key"):
         ResourceConfig.from_file(path)
     allow_api_key_env("CORP_LLM_CREDENTIAL")
     assert ResourceConfig.from_file(path).resolve("llm").api_key_env == "CORP_LLM_CREDENTIAL"

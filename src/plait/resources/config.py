@@ -507,7 +507,10 @@ def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, An
 # that are meant to be keys; the program can allow others by name, and a mapping
 # built in code, written by the program itself, may name any.
 
-_CREDENTIAL_NAME = re.compile(r"(?:^|_)(?:API_?)?(?:KEY|TOKEN|SECRET)$", re.IGNORECASE)
+_CREDENTIAL_NAME = re.compile(r"(?:^|_)API_?(?:KEY|TOKEN)$", re.IGNORECASE)
+"""An API key's name (``OPENAI_API_KEY``, ``GROQ_APIKEY``, ``MY_API_TOKEN``); names such as
+``AWS_SECRET_ACCESS_KEY`` or ``GITHUB_TOKEN`` hold other services' secrets, so they need
+`allow_api_key_env`."""
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ALLOWED_KEY_VARIABLES: set[str] = set()
 """Further variables a configuration file may name, allowed by the program (never a file)."""
@@ -517,9 +520,10 @@ def allow_api_key_env(name: str) -> None:
     """Lets configuration files name the environment variable ``name`` as ``api_key_env``.
 
     A file may name, as the variable its key is read from, only one that
-    looks like a credential: its name ends in ``KEY``, ``API_KEY``,
-    ``APIKEY``, ``TOKEN`` or ``SECRET`` after an underscore (``OPENAI_API_KEY``,
-    ``HF_TOKEN``), so it cannot send another variable to the server it names.
+    names an API key: ``API_KEY``, ``APIKEY`` or ``API_TOKEN``, alone or after an
+    underscore (``OPENAI_API_KEY``, ``GROQ_APIKEY``), so it cannot send another
+    variable (``AWS_SECRET_ACCESS_KEY``, ``GITHUB_TOKEN``, a database URL) to
+    the server it names.
     A program whose key lives elsewhere allows that variable here; a mapping
     given to `ResourceConfig` in code may name any variable.
 
@@ -540,8 +544,8 @@ def _may_send(variable: str) -> bool:
 
 def _not_a_credential(variable: str) -> str:
     return (
-        f"names {variable!r}, which does not look like a credential variable; a configuration "
-        "file may only name variables whose name ends in _KEY, _APIKEY, _TOKEN or _SECRET (its "
+        f"names {variable!r}, which does not look like an API key variable; a configuration "
+        "file may only name variables whose name ends in API_KEY, APIKEY or API_TOKEN (its "
         "key is sent to its base_url), so that it cannot send any other. Rename the variable, or "
         f"allow it in the program with plait.resources.allow_api_key_env({variable!r})"
     )
