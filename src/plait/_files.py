@@ -47,6 +47,7 @@ from plait.errors import FileError
 
 __all__ = [
     "MAX_STATE_BYTES",
+    "check_no_links",
     "open_for_reading",
     "open_for_writing",
     "read_json",
@@ -90,6 +91,18 @@ def _existing_mode(path: Where, error: ErrorClass) -> int | None:
         raise error(f"{path} cannot be written: {exc.strerror or exc}") from None
     _refuse_special(path, mode, error)
     return stat.S_IMODE(mode)
+
+
+def check_no_links(*paths: Where, error: ErrorClass = FileError) -> None:
+    """Raises ``error`` when any of ``paths`` exists as a link or a non-regular file.
+
+    For files another library opens by name (SQLite's database and its
+    ``-wal`` / ``-shm`` companions), where plait cannot pass ``O_NOFOLLOW``:
+    checked just before they are opened, this keeps a link planted beside a
+    program from redirecting its writes.
+    """
+    for path in paths:
+        _existing_mode(path, error)
 
 
 def _open_regular(path: Where, flags: int, error: ErrorClass) -> int:

@@ -449,6 +449,19 @@ async def test_links_planted_at_the_grid_checkpoint_are_never_written_through(
     assert victim.read_text() == "precious\n"
 
 
+async def test_a_grid_checkpoint_with_a_malformed_trial_is_a_checkpoint_error(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    grid = {"temperature": [0.0, 0.7]}
+    checkpoint = tmp_path / "grid.json"
+    await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=checkpoint)
+    data = json.loads(checkpoint.read_text())
+    data["trials"][0] = {"number": "one"}  # a trial without its score
+    checkpoint.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"grid\.json holds a malformed trial"):
+        await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=checkpoint)
+
+
 async def test_grid_keys_are_checked_and_demo_counts_cut(config: ResourceConfig) -> None:
     qa = Predict(PARITY, adapter=PlainAdapter(), demos=[{"number": "2", "parity": "even"}] * 3)
     with pytest.raises(ValueError, match=r"no module of Predict has a setting or parameter 'topk'"):

@@ -136,6 +136,16 @@ def test_a_pickle_or_a_foreign_json_file_is_refused(tmp_path: Path) -> None:
     assert "parameter 'instructions' has no 'value'" in str(raised.value)
 
 
+def test_a_deeply_nested_parameter_or_optimizer_state_is_a_value_error(tmp_path: Path) -> None:
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"format": 1, "parameters": ' + "[" * 100_000)
+    with pytest.raises(ValueError, match=r"nested\.json is not a plait parameter file.*too deep"):
+        Program().load(nested)
+    optimizer = SFAOptimizer(Program().named_parameters())
+    with pytest.raises(ValueError, match="not an optimizer state"):
+        optimizer.load_state_dict('{"format": ' + "[" * 100_000)
+
+
 def test_a_value_that_is_not_json_is_refused_and_the_old_file_kept(tmp_path: Path) -> None:
     path = Program().save(tmp_path / "program.json")
     before = path.read_text()

@@ -285,6 +285,26 @@ async def test_links_planted_in_the_checkpoint_dir_are_never_written_through(
     assert victim.read_text() == "precious\n"
 
 
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda data: data.pop("optimizer"), id="a key removed"),
+        pytest.param(lambda data: data.update(parameters=[1, 2]), id="parameters not a mapping"),
+        pytest.param(lambda data: data.update(optimizer="{not json"), id="optimizer not JSON"),
+    ],
+)
+async def test_an_edited_trainer_checkpoint_is_a_checkpoint_error_naming_the_file(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path, edit: Any
+) -> None:
+    await trainer_for(program(), manager, checkpoint_dir=tmp_path).fit()
+    saved = tmp_path / "trainer.json"
+    data = json.loads(saved.read_text())
+    edit(data)
+    saved.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match=r"trainer\.json"):
+        await trainer_for(program(), manager, checkpoint_dir=tmp_path).fit()
+
+
 # --------------------------------------------------------------- arguments
 def test_trainer_arguments_are_checked(manager: ResourceManager) -> None:
     task = program()

@@ -340,6 +340,20 @@ def test_an_unwritable_location_is_reported_and_bypassed(tmp_path: Path) -> None
     assert store.error and store.get("k") is None
 
 
+@pytest.mark.parametrize("planted", ["responses.sqlite", "responses.sqlite-wal"])
+def test_a_link_planted_as_the_cache_file_is_refused_and_its_target_untouched(
+    tmp_path: Path, planted: str
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / planted).symlink_to(victim)
+    with pytest.warns(CacheWarning, match="symbolic link"):
+        store = SQLiteStore(tmp_path / "responses.sqlite")
+    store.put("k", b"{}")
+    store.close()
+    assert not store.is_usable and victim.read_text() == "precious\n"
+
+
 # -- memory -----------------------------------------------------------------------------
 
 

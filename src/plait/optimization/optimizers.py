@@ -39,6 +39,7 @@ from typing import Any, Self
 
 from pydantic import BaseModel
 
+from plait import _jsontext as jsontext
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
 from plait.execution.settings import find_resources
@@ -495,7 +496,10 @@ class Optimizer:
                 listed, one per line; nothing is changed).
         """
         if isinstance(state, str):
-            state = json.loads(state)
+            try:
+                state = jsontext.loads(state)
+            except ValueError as exc:
+                raise ValueError(f"not an optimizer state: the text is not JSON ({exc})") from None
         if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
             raise ValueError(
                 f"not an optimizer state (expected a mapping with format {STATE_FORMAT!r}); "

@@ -699,8 +699,13 @@ class GridSearch(ProgramSearch):
                 f"{self.checkpoint} holds another grid search (another dev set or metric); "
                 "use another checkpoint file, or delete it to start over"
             )
-        trials = [Trial(**t) for t in data["trials"] if t is not None]
-        return {_combo_key(t.params): t for t in trials}
+        try:
+            trials = [Trial(**t) for t in data["trials"] if t is not None]
+            return {_combo_key(t.params): t for t in trials}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(
+                f"{self.checkpoint} holds a malformed trial ({exc}): {remedy}"
+            ) from None
 
     def _save(self, key: str, trials: list[Trial | None]) -> None:
         if self.checkpoint is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from plait import _files
+from plait import _jsontext as jsontext
 
 if TYPE_CHECKING:
     from plait.module import Module
@@ -96,8 +97,8 @@ def load_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     where = os.fspath(path)
     try:
         text = Path(where).read_text(encoding="utf-8")
-        document = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = jsontext.loads(text)
+    except ValueError as exc:  # not UTF-8, not JSON, or nested past any parameter file
         raise ValueError(
             f"{where} is not a plait parameter file (JSON written by module.save()): {exc}"
         ) from None

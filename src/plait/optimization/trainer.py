@@ -340,21 +340,33 @@ class Trainer:
             return None
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
+        missing = [key for key in _CHECKPOINT_KEYS if key not in data]
+        if missing:
+            raise CheckpointError(f"{path} has no {', '.join(missing)}: {remedy}")
         if data["settings"] != self._settings():
             raise ValueError(
                 f"{path} was written for {data['settings']}; this Trainer has "
                 f"{self._settings()}. Use another checkpoint_dir, or delete the file to start over"
             )
-        self.module.load_state_dict(data["parameters"])
-        self.optimizer.load_state_dict(data["optimizer"])
+        try:
+            self.module.load_state_dict(data["parameters"])
+            self.optimizer.load_state_dict(data["optimizer"])
+        except (KeyError, TypeError, ValueError) as exc:
+            text = exc.args[0] if exc.args else exc
+            raise CheckpointError(f"{path} cannot be restored ({text}): {remedy}") from None
         logger.info(
             "Trainer: resuming from %s at epoch %d, minibatch %d",
             path,
             data["epoch"],
             data["batch"],
         )
-        keys = ("epoch", "batch", "initial_score", "scores", "best")
-        return {key: data[key] for key in keys}
+        return {key: data[key] for key in _PROGRESS_KEYS}
+
+
+_PROGRESS_KEYS = ("epoch", "batch", "initial_score", "scores", "best")
+"""Where a training run was, as its checkpoint keeps it."""
+_CHECKPOINT_KEYS = ("settings", "parameters", "optimizer", *_PROGRESS_KEYS)
+"""What a Trainer checkpoint holds; a file without one of them cannot resume."""
 
 
 def _settle(report: TrainReport) -> None:

@@ -52,6 +52,7 @@ from typing import Any
 
 import orjson
 
+from plait import _files
 from plait.backends.types import Request, Response, ToolCall, Usage
 from plait.resources.config import EndpointConfig
 
@@ -263,6 +264,8 @@ class SQLiteStore:
         self._db: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            companions = (self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))
+            _files.check_no_links(self.path, *companions)
             db = sqlite3.connect(
                 self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
