@@ -25,7 +25,7 @@ from typing import Any
 
 import plait
 from plait import BaseCallback, LLMInference, Module, OutputStreamChunk, ResourceConfig, run
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import Message, Request
 from plait.testing import start_server_process
 

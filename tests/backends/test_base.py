@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from plait import tool
 from plait.backends.base import Context, ModelOutputThunk
 from plait.backends.components import CBlock, Component
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import Message, Request, SamplingOptions
 from plait.testing import ScriptedServer
 

@@ -9,7 +9,7 @@ import pytest
 
 from plait.backends.base import Context, ModelOutputThunk
 from plait.backends.components import CBlock, Component, generate_walk, render
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.testing import ScriptedServer
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from plait.backends._urls import basic_authorization
 from plait.backends.base import Context
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import (
     Message,
     Request,
@@ -519,7 +519,7 @@ def test_one_backend_serves_calls_from_successive_event_loops(transport):
 
 def test_importing_the_backend_loads_neither_aiohttp_nor_openai():
     code = (
-        "import sys, plait.backends.openai_compat, plait.testing\n"
+        "import sys, plait.backends.openai, plait.testing\n"
         "loaded = [m for m in ('aiohttp', 'openai') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )

@@ -19,7 +19,7 @@ from typing import Literal
 import pydantic
 import pytest
 
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import Message, Request, ResponseSchema, SamplingOptions
 from plait.testing import start_llama_server
 

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from plait.backends._sse import DONE, iter_sse_data
+from plait.backends.openai._sse import DONE, iter_sse_data
 
 BODY = (
     b": keep-alive comment\r\n"

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plait.backends.openai_batch import BatchReply, OpenAIBatchClient
+from plait.backends.openai.batch import BatchReply, OpenAIBatchClient
 from plait.testing import ScriptedServer
 from plait.testing._replies import Reply, completion_payload
 

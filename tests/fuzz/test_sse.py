@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plait.backends._sse import iter_sse_data
+from plait.backends.openai._sse import iter_sse_data
 from plait.errors import PlaitError
 from plait.testing._replies import Reply, stream_events
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from plait.backends._urls import basic_authorization
-from plait.backends.openai_compat import OpenAICompatBackend
+from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import Message, Request
 from plait.errors import BackendError, ConfigError
 from plait.resources import ResourceConfig, ResourceManager

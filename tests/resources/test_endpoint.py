@@ -64,7 +64,7 @@ def test_building_a_manager_imports_no_provider_module() -> None:
         "import sys\n"
         "from plait.resources import ResourceManager\n"
         "ResourceManager({'o': {'provider': 'openai', 'model': 'm'}, '*': {'provider': 'local'}})\n"
-        "heavy = ('aiohttp', 'openai', 'anthropic', 'llama_cpp', 'plait.backends.openai_compat')\n"
+        "heavy = ('aiohttp', 'openai', 'anthropic', 'llama_cpp', 'plait.backends.openai')\n"
         "print(sorted(m for m in heavy if m in sys.modules))\n"
     )
     result = subprocess.run(

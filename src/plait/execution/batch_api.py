@@ -66,7 +66,7 @@ def _client_for(endpoint: Any) -> Any:
         from plait.backends.anthropic_batch import AnthropicBatchClient
 
         return AnthropicBatchClient.from_endpoint(endpoint)
-    from plait.backends.openai_batch import OpenAIBatchClient
+    from plait.backends.openai.batch import OpenAIBatchClient
 
     return OpenAIBatchClient.from_endpoint(endpoint)
 
@@ -341,7 +341,7 @@ class BatchJob:
         the run bounds that); a server that keeps answering a status no batch
         has would otherwise be polled forever.
         """
-        from plait.backends.openai_batch import BATCH_DONE, BATCH_RUNNING
+        from plait.backends.openai.batch import BATCH_DONE, BATCH_RUNNING
 
         unknown = 0
         while True:

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 _BACKENDS = {
-    "openai": ("plait.backends.openai_compat", "OpenAICompatBackend"),
+    "openai": ("plait.backends.openai", "OpenAICompatBackend"),
     "anthropic": ("plait.backends.anthropic", "AnthropicBackend"),
     "local": ("plait.backends.local", "LocalBackend"),
 }

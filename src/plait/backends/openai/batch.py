@@ -8,7 +8,7 @@ the batch moves ``validating`` → ``in_progress`` → ``finalizing`` →
 ``{"custom_id", "response": {"status_code", "body"}, "error"}`` in any
 order, and its ``error_file_id`` the requests that failed (both are read
 as one `ResultFile`, which trusts none of their lines). Requests are
-built and replies parsed by the same code as live calls (`_openai_wire`),
+built and replies parsed by the same code as live calls (`_wire`),
 so a batch asks exactly what the live call would.
 """
 
@@ -23,8 +23,8 @@ import orjson
 
 from plait.backends._batch_results import BatchReply, ResultFile
 from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES, read_body
-from plait.backends._openai_wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
 from plait.backends._urls import join_path, path_segment, redact_url, scrub_text
+from plait.backends.openai._wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
 from plait.backends.types import Request
 from plait.errors import BackendError
 

@@ -2,7 +2,7 @@
 
 OpenAI itself, Azure OpenAI, vLLM, Ollama, llama.cpp's server, OpenRouter …
 all take the same ``POST {base_url}/chat/completions``, with small
-differences of dialect (see `_openai_wire`). This backend turns a neutral
+differences of dialect (see `_wire`). This backend turns a neutral
 `Request` into that body, sends it over a transport, and turns the reply
 back into a `Response` or a stream of `StreamChunk`.
 
@@ -37,13 +37,15 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
-from plait.backends._openai_transports import (
+from plait.backends._urls import basic_authorization, redact_url, split_credentials
+from plait.backends.base import Backend
+from plait.backends.openai._transports import (
     AiohttpTransport,
     SdkTransport,
     Transport,
     describe_endpoint,
 )
-from plait.backends._openai_wire import (
+from plait.backends.openai._wire import (
     GENERIC,
     LLAMA_CPP,
     OPENAI,
@@ -52,8 +54,6 @@ from plait.backends._openai_wire import (
     build_body,
     parse_completion,
 )
-from plait.backends._urls import basic_authorization, redact_url, split_credentials
-from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import BackendConnectionError, BackendError, ConfigError
 

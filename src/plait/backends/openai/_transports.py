@@ -3,7 +3,7 @@
 Both take a chat-completions body (a dict), send it, and hand back the
 decoded JSON of the reply's own bytes: one value for a completion, an async
 iterator of values for a stream (whether they have the right shape is for
-`_openai_wire` to check). Both read within the endpoint's caps
+`_wire` to check). Both read within the endpoint's caps
 (`_bounded`: ``max_response_bytes`` per body, ``max_event_bytes`` per event).
 Both map every failure onto plait's errors the same way (`_errors.py`), and
 neither retries (the resource layer owns retries; SPEC §4.4).
@@ -30,10 +30,10 @@ import orjson
 
 from plait.backends._bounded import read_body, read_chunks
 from plait.backends._errors import error_from_status
-from plait.backends._openai_wire import decode_event
 from plait.backends._shapes import preview
-from plait.backends._sse import DONE, iter_sse_data
 from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
+from plait.backends.openai._sse import DONE, iter_sse_data
+from plait.backends.openai._wire import decode_event
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
 
 if TYPE_CHECKING:
