@@ -2,8 +2,8 @@
 
 The official SDK sends real requests to a loopback `RawServer` that answers
 with fuzzed bytes; the call goes through `ResourceManager` and
-`AnthropicBackend` into `_anthropic_wire`'s readers. Any reply must give a
-`Response` (or streamed chunks) or a `BackendError`.
+`AnthropicBackend` into the readers of `plait.backends.anthropic._wire`. Any
+reply must give a `Response` (or streamed chunks) or a `BackendError`.
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ async def test_any_openai_result_file_gives_replies_or_a_backend_error(
 @pytest.fixture
 async def anthropic() -> AsyncIterator[tuple[RawServer, Any]]:
     pytest.importorskip("anthropic")
-    from plait.backends.anthropic_batch import AnthropicBatchClient
+    from plait.backends.anthropic.batch import AnthropicBatchClient
 
     async with RawServer() as server:
         batch = {

@@ -3,7 +3,8 @@
 The scripted server puts each fuzzed body on the wire byte for byte
 (`RawReply`); the call goes through `ResourceManager` and the backend's real
 transport (aiohttp, or the official SDK) into the readers of
-`plait.backends.openai._wire`. Any reply must give a `Response` (or streamed chunks) or a `BackendError`.
+`plait.backends.openai._wire`. Any reply must give a `Response` (or streamed
+chunks) or a `BackendError`.
 """
 
 from __future__ import annotations

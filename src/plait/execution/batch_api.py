@@ -63,7 +63,7 @@ def _check_endpoint(alias: str, endpoint: Any) -> None:
 
 def _client_for(endpoint: Any) -> Any:
     if endpoint.provider == "anthropic":
-        from plait.backends.anthropic_batch import AnthropicBatchClient
+        from plait.backends.anthropic.batch import AnthropicBatchClient
 
         return AnthropicBatchClient.from_endpoint(endpoint)
     from plait.backends.openai.batch import OpenAIBatchClient

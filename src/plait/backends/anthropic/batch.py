@@ -2,7 +2,7 @@
 
 The same interface as `OpenAIBatchClient`, so a `BatchJob` drives either: each
 request becomes ``{"custom_id", "params"}`` with the params a live
-``messages.create`` would get (built by `_anthropic_wire.build_body`, whose
+``messages.create`` would get (built by `_wire.build_body`, whose
 plan also reads the reply back); a batch is ``in_progress`` until its
 ``processing_status`` is ``ended``; its results (``succeeded``, ``errored``,
 ``canceled``, ``expired``) stream from the SDK's ``results``.
@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from plait.backends._anthropic_wire import WirePlan, build_body, read_message
 from plait.backends._batch_results import BatchReply, ResultFile
 from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
+from plait.backends.anthropic._wire import WirePlan, build_body, read_message
 from plait.backends.types import Request
 from plait.errors import BackendError
 
@@ -135,8 +135,9 @@ class AnthropicBatchClient:
         return BatchReply(custom_id, error=error)
 
     def _succeeded(self, custom_id: str, message: Any, where: str) -> BatchReply:
-        from anthropic.types import Message
         from pydantic import ValidationError
+
+        from anthropic.types import Message
 
         try:
             parsed = Message.model_validate(message)

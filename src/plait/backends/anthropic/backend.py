@@ -4,7 +4,7 @@ The SDK is imported on first use, never by ``import plait``. It runs with
 ``max_retries=0``: the resource layer owns retries, and sees every failure as
 a `BackendError` with its status, ``retryable`` and ``retry_after`` (from
 ``retry-after-ms`` or ``retry-after``). Request and reply translation lives in
-`plait.backends._anthropic_wire`.
+`plait.backends.anthropic._wire`.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from plait.backends._anthropic_wire import (
+from plait.backends._errors import error_from_status
+from plait.backends._shapes import MalformedReply, preview
+from plait.backends._urls import redact_url, scrub_cause, scrub_text
+from plait.backends.anthropic._wire import (
     StreamAssembler,
     WireError,
     WirePlan,
     build_body,
     read_message,
 )
-from plait.backends._errors import error_from_status
-from plait.backends._shapes import MalformedReply, preview
-from plait.backends._urls import redact_url, scrub_cause, scrub_text
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import (
