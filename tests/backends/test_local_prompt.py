@@ -9,7 +9,7 @@ from typing import Literal
 import pytest
 
 from plait import InputField, OutputField, Signature
-from plait.backends._local_prompt import ChatTurns, LabelChoice, build_plan
+from plait.backends.local._prompt import ChatTurns, LabelChoice, build_plan
 from plait.backends.types import Message, Request, ResponseSchema, ToolCall
 from plait.execution.structured import output_type_for
 

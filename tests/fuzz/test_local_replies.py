@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from plait.backends._local_prompt import ChatPlan, ToolCallFilter, build_plan
+from plait.backends.local._prompt import ChatPlan, ToolCallFilter, build_plan
 from plait.backends.types import Message, Request, ToolSpec
 
 from .support import documents, fuzz, mutated_bytes, outcome

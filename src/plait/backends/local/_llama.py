@@ -1,6 +1,6 @@
 """The llama-cpp-python side of the local backend.
 
-This module imports ``llama_cpp`` at the top, so only `local.py` imports it,
+This module imports ``llama_cpp`` at the top, so only `backend.py` imports it,
 and only when a model is first loaded: ``import plait`` stays free of the
 compiled library.
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import llama_cpp
 from llama_cpp import Llama, StoppingCriteriaList
 
-from plait.backends._local_prompt import ChatTurns
+from plait.backends.local._prompt import ChatTurns
 
 if TYPE_CHECKING:
-    from plait.backends.local import GenerationProbe
+    from plait.backends.local.backend import GenerationProbe
 
 __all__ = ["HookedLlama", "chat_turns", "format_hint", "grammar_of", "load_llama"]
 

@@ -1,6 +1,6 @@
 """Translates plait requests into llama-cpp-python chat calls, and replies back.
 
-Kept apart from `local.py` because none of it needs llama_cpp: it is pure
+Kept apart from `backend.py` because none of it needs llama_cpp: it is pure
 data mapping, testable and importable without the compiled library.
 
 How tools reach a model that has no tool-calling chat template (SmolLM2's

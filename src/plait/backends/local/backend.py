@@ -12,7 +12,7 @@ Backends built with the same model settings share one loaded model (and its
 queue). A cancelled or timed-out call stops generating at the next token.
 
 Tool calls on SmolLM2 (its chat template cannot show tools; see
-`plait.backends._local_prompt`): a forced call (``tool_choice`` a tool name,
+`plait.backends.local._prompt`): a forced call (``tool_choice`` a tool name,
 or ``"required"``) is grammar-constrained and always yields a `ToolCall`
 whose arguments follow the tool's schema, unless ``max_tokens`` cuts it short
 (then ``finish_reason`` is ``"length"``). ``"auto"`` describes the tools in
@@ -29,7 +29,7 @@ most named formats) are rewritten into user turns rather than lost.
 A response schema that is one choice among labels (``Literal``, ``Enum``)
 is decoded as the bare label (a count after a few words, "There are 3.") and
 given back as the schema's JSON object
-(see `plait.backends._local_prompt.LabelChoice`).
+(see `plait.backends.local._prompt.LabelChoice`).
 """
 
 from __future__ import annotations
@@ -47,19 +47,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from plait.backends._local_prompt import (
+from plait.backends.base import Backend
+from plait.backends.local._prompt import (
     COUNT_LEAD_IN_CHARS,
     ChatPlan,
     ChatTurns,
     ToolCallFilter,
     build_plan,
 )
-from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, ToolCall, Usage
 from plait.errors import BackendError, BackendTimeout, ConfigError
 
 if TYPE_CHECKING:
-    from plait.backends._llama import HookedLlama
+    from plait.backends.local._llama import HookedLlama
 
 __all__ = ["LocalBackend", "default_model_path"]
 
@@ -147,7 +147,7 @@ class _ModelSlot:
 
     def _read_chat_format(self, llama: HookedLlama) -> None:
         """Notes which turns the chat format shows; warns when llama-cpp-python guessed it."""
-        from plait.backends._llama import chat_turns, format_hint
+        from plait.backends.local._llama import chat_turns, format_hint
 
         self.turns = chat_turns(llama)
         if self.key.chat_format is None and "tokenizer.chat_template" not in llama.metadata:
@@ -183,7 +183,7 @@ class _ModelSlot:
 
     def _load(self) -> HookedLlama:
         try:
-            from plait.backends._llama import load_llama
+            from plait.backends.local._llama import load_llama
         except ImportError as exc:
             raise BackendError(
                 "the local backend needs llama-cpp-python; install it with "
@@ -476,7 +476,7 @@ def _run_stream(
 
 
 def _chat_kwargs(llama: HookedLlama, turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
-    from plait.backends._llama import grammar_of
+    from plait.backends.local._llama import grammar_of
 
     kwargs = dict(plan.options)
     if plan.labels is not None:
