@@ -5,8 +5,11 @@ decoded JSON of the reply's own bytes: one value for a completion, an async
 iterator of values for a stream (whether they have the right shape is for
 `_wire` to check). Both read within the endpoint's caps
 (`_bounded`: ``max_response_bytes`` per body, ``max_event_bytes`` per event).
-Both map every failure onto plait's errors the same way (`_errors.py`), and
-neither retries (the resource layer owns retries; SPEC §4.4).
+Both map every failure onto plait's errors the same way (`_errors.py`): each
+call runs inside one `with` block (`_ForeignErrors`) that puts plait's error in
+place of the library's own, so a failure reads the same whether it stops a
+whole reply or a stream. Neither retries (the resource layer owns retries;
+SPEC §4.4).
 
 aiohttp is the default because it is cheap: one ``ClientSession`` and one
 ``TCPConnector`` per endpoint, orjson for both directions, no cookie jar, a
@@ -23,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any, NoReturn
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 import orjson
@@ -100,17 +104,65 @@ async def _until_done(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
             yield data
 
 
+class _ForeignErrors:
+    """A `with` block that raises plait's error in place of a transport library's own.
+
+    Both calls of a transport (``post`` and ``stream``) enter it, so the
+    mapping is written once: an exception the transport's `_plait_error`
+    recognises leaves the block as that plait error, chained to the original
+    with the URL's credentials masked; any other (plait's own errors,
+    cancellation, a closed generator) passes through unchanged. A plain class
+    rather than a generator-based context manager: it is entered on every call.
+    """
+
+    __slots__ = ("_timeout", "_transport", "_where")
+
+    def __init__(self, transport: Transport, where: str, timeout: float | None) -> None:
+        self._transport = transport
+        self._where = where
+        self._timeout = timeout
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool:
+        if not isinstance(exc, Exception):  # no error, or cancellation / generator close
+            return False
+        transport = self._transport
+        mapped = transport._plait_error(exc, self._where, self._timeout)
+        if mapped is None:
+            return False
+        raise mapped from scrub_cause(exc, transport._error_url)
+
+
 class Transport:
     """What the backend needs from a transport; both implementations follow it.
 
     Args:
         max_response_bytes: the largest reply body read (error bodies included).
         max_event_bytes: the most data one event of a stream may hold.
+        error_url: the URL whose credentials are masked in chained exceptions.
     """
 
-    def __init__(self, max_response_bytes: int, max_event_bytes: int) -> None:
+    def __init__(self, max_response_bytes: int, max_event_bytes: int, error_url: str) -> None:
         self._max_body = max_response_bytes
         self._max_event = max_event_bytes
+        self._error_url = error_url
+
+    def _plait_error(
+        self, exc: Exception, where: str, timeout: float | None
+    ) -> BackendError | None:
+        """Returns the plait error for the library's exception ``exc``, or None if it is not one."""
+        raise NotImplementedError
+
+    def _foreign_errors(self, where: str, timeout: float | None) -> _ForeignErrors:
+        """Returns the block a call runs in, so the library's failures leave it as plait's."""
+        return _ForeignErrors(self, where, timeout)
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         """Sends a non-streamed request; returns the decoded JSON reply."""
@@ -146,8 +198,9 @@ class AiohttpTransport(Transport):
         max_response_bytes: int,
         max_event_bytes: int,
     ) -> None:
-        super().__init__(max_response_bytes, max_event_bytes)
-        self._endpoint = join_path(base_url, "/chat/completions")
+        endpoint = join_path(base_url, "/chat/completions")
+        super().__init__(max_response_bytes, max_event_bytes, error_url=endpoint)
+        self._endpoint = endpoint
         self._headers = dict(headers)
         self._timeout = timeout
         self._max_connections = max_connections
@@ -214,33 +267,39 @@ class AiohttpTransport(Transport):
             cached = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
         return cached
 
-    def _failure(self, exc: BaseException, where: str, timeout: float | None) -> BackendError:
-        """Returns the plait error for a timeout or an aiohttp failure (the caller chains it)."""
+    def _plait_error(
+        self, exc: Exception, where: str, timeout: float | None
+    ) -> BackendError | None:
         if isinstance(exc, TimeoutError):  # first: aiohttp's timeouts are ClientErrors too
             return _timeout_error(where, timeout, exc)
+        if not isinstance(exc, self._client_error):
+            return None
         if isinstance(exc, self._invalid_url_errors):
             return _invalid_url(where, _described(exc, self._endpoint))
         return _connection_error(where, exc, self._endpoint)
 
+    def _status_error(
+        self, response: aiohttp.ClientResponse, raw: bytes, where: str
+    ) -> BackendError:
+        return error_from_status(
+            response.status,
+            raw,
+            response.headers,
+            where=where,
+            reason=response.reason,
+            url=self._endpoint,
+        )
+
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         session = self._open(where)
         limit = self._timeout if timeout is None else timeout
-        try:
+        with self._foreign_errors(where, limit):
             async with session.post(
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
                 raw = await read_body(response, self._max_body, where)
                 if response.status >= 400:
-                    raise error_from_status(
-                        response.status,
-                        raw,
-                        response.headers,
-                        where=where,
-                        reason=response.reason,
-                        url=self._endpoint,
-                    )
-        except (TimeoutError, self._client_error) as exc:
-            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
+                    raise self._status_error(response, raw, where)
         return _decode_body(raw, response.status, where)
 
     async def stream(
@@ -248,25 +307,16 @@ class AiohttpTransport(Transport):
     ) -> AsyncIterator[Any]:
         session = self._open(where)
         limit = self._timeout if timeout is None else timeout
-        try:
+        with self._foreign_errors(where, limit):
             async with session.post(
                 self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
             ) as response:
                 if response.status >= 400:
                     raw = await read_body(response, self._max_body, where)
-                    raise error_from_status(
-                        response.status,
-                        raw,
-                        response.headers,
-                        where=where,
-                        reason=response.reason,
-                        url=self._endpoint,
-                    )
+                    raise self._status_error(response, raw, where)
                 events = iter_sse_data(response.content.iter_any(), self._max_event, where)
                 async for data in _until_done(events):
                     yield decode_event(data, where)
-        except (TimeoutError, self._client_error) as exc:
-            raise self._failure(exc, where, limit) from scrub_cause(exc, self._endpoint)
 
     async def aclose(self) -> None:
         session, self._session = self._session, None
@@ -293,12 +343,11 @@ class SdkTransport(Transport):
         max_response_bytes: int,
         max_event_bytes: int,
     ) -> None:
-        super().__init__(max_response_bytes, max_event_bytes)
+        super().__init__(max_response_bytes, max_event_bytes, error_url=base_url)
         # The SDK appends the path to base_url as text, so a query there would end
         # up inside the path; it sends default_query with every request instead.
         self._base_url, _, query = base_url.partition("#")[0].partition("?")
         self._query = dict(parse_qsl(query, keep_blank_values=True))
-        self._url = base_url
         self._api_key = api_key
         # The SDK sets its own Content-Type, and Authorization from api_key; without
         # a key, an Authorization the backend built (Basic, from user info) is kept.
@@ -333,15 +382,21 @@ class SdkTransport(Transport):
         self._errors = _SdkErrors(openai)
         return self._client
 
+    def _plait_error(
+        self, exc: Exception, where: str, timeout: float | None
+    ) -> BackendError | None:
+        errors = self._errors
+        return None if errors is None else errors.map(exc, where, timeout, self._error_url)
+
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
+        limit = self._timeout if timeout is None else timeout
         streamed = client.chat.completions.with_streaming_response
-        try:  # streamed, so that the body is read here, within the cap
+        with self._foreign_errors(where, limit):
+            # Streamed, so that the body is read here, within the cap.
             async with streamed.create(**body, **extra) as response:
                 raw = await read_chunks(response.iter_bytes(), self._max_body, where)
-        except Exception as exc:
-            self._reraise(exc, where, timeout)
         return _decode_body(raw, response.status_code, where)
 
     async def stream(
@@ -349,30 +404,16 @@ class SdkTransport(Transport):
     ) -> AsyncIterator[Any]:
         client = self._open()
         extra = {} if timeout is None else {"timeout": timeout}
-        try:
+        limit = self._timeout if timeout is None else timeout
+        with self._foreign_errors(where, limit):
             response = await client.chat.completions.with_raw_response.create(**body, **extra)
-        except Exception as exc:
-            self._reraise(exc, where, timeout)
-        http = response.http_response
-        try:
-            events = iter_sse_data(http.aiter_bytes(), self._max_event, where)
-            async for data in _until_done(events):
-                yield decode_event(data, where)
-        except Exception as exc:
-            self._reraise(exc, where, timeout)
-        finally:
-            await http.aclose()
-
-    def _reraise(self, exc: Exception, where: str, timeout: float | None) -> NoReturn:
-        """Raises the plait error for ``exc`` (chained), or ``exc`` itself if it is foreign."""
-        errors = self._errors
-        mapped = None
-        if errors is not None:
-            limit = self._timeout if timeout is None else timeout
-            mapped = errors.map(exc, where, limit, self._url)
-        if mapped is None:
-            raise exc
-        raise mapped from scrub_cause(exc, self._url)
+            http = response.http_response
+            try:
+                events = iter_sse_data(http.aiter_bytes(), self._max_event, where)
+                async for data in _until_done(events):
+                    yield decode_event(data, where)
+            finally:
+                await http.aclose()
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
