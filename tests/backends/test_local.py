@@ -18,7 +18,6 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-from plait.backends.base import Context
 from plait.backends.local import LocalBackend, default_model_path
 from plait.backends.types import (
     Message,
@@ -30,6 +29,7 @@ from plait.backends.types import (
 )
 from plait.errors import BackendError, BackendTimeout, ConfigError
 from plait.execution.structured import output_type_for
+from plait.porting.mellea import Context
 
 pytest.importorskip("llama_cpp")
 

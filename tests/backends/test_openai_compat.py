@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 
 from plait.backends._urls import basic_authorization
-from plait.backends.base import Context
 from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import (
     Message,
@@ -35,6 +34,7 @@ from plait.errors import (
     ConfigError,
     RateLimitError,
 )
+from plait.porting.mellea import Context
 from plait.testing import Fault, ScriptedServer, start_server_process
 
 SCHEMA = ResponseSchema(

@@ -13,10 +13,9 @@ import pytest
 from pydantic import BaseModel
 
 from plait import tool
-from plait.backends.base import Context, ModelOutputThunk
-from plait.backends.components import CBlock, Component
 from plait.backends.openai import OpenAICompatBackend
 from plait.backends.types import Message, Request, SamplingOptions
+from plait.porting.mellea import CBlock, Component, Context, ModelOutputThunk
 from plait.testing import ScriptedServer
 
 

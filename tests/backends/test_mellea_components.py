@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from plait.backends.base import Context, ModelOutputThunk
-from plait.backends.components import CBlock, Component, generate_walk, render
 from plait.backends.openai import OpenAICompatBackend
+from plait.porting.mellea import CBlock, Component, Context, ModelOutputThunk, generate_walk, render
 from plait.testing import ScriptedServer
 
 
@@ -87,3 +86,10 @@ async def test_a_component_action_is_rendered_after_its_thunks_are_computed(
     assert [m.role for m in ctx.messages] == ["user", "assistant"]
     assert ctx.messages[-1].content == reply.text
     assert isinstance(thunk, ModelOutputThunk) and thunk.request is not None
+
+
+def test_the_components_keep_their_old_import_path() -> None:
+    from plait.backends import components
+
+    old = (components.CBlock, components.Component, components.generate_walk, components.render)
+    assert old == (CBlock, Component, generate_walk, render)
