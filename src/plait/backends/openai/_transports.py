@@ -278,6 +278,11 @@ class AiohttpTransport(Transport):
             return _invalid_url(where, _described(exc, self._endpoint))
         return _connection_error(where, exc, self._endpoint)
 
+    def _send(
+        self, session: aiohttp.ClientSession, body: dict[str, Any], limit: float | None
+    ) -> Any:
+        return session.post(self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit))
+
     def _status_error(
         self, response: aiohttp.ClientResponse, raw: bytes, where: str
     ) -> BackendError:
@@ -291,12 +296,10 @@ class AiohttpTransport(Transport):
         )
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
-        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
+        session = self._open(where)
         with self._foreign_errors(where, limit):
-            async with session.post(
-                self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
-            ) as response:
+            async with self._send(session, body, limit) as response:
                 raw = await read_body(response, self._max_body, where)
                 if response.status >= 400:
                     raise self._status_error(response, raw, where)
@@ -305,12 +308,10 @@ class AiohttpTransport(Transport):
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
     ) -> AsyncIterator[Any]:
-        session = self._open(where)
         limit = self._timeout if timeout is None else timeout
+        session = self._open(where)
         with self._foreign_errors(where, limit):
-            async with session.post(
-                self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit)
-            ) as response:
+            async with self._send(session, body, limit) as response:
                 if response.status >= 400:
                     raw = await read_body(response, self._max_body, where)
                     raise self._status_error(response, raw, where)
