@@ -150,7 +150,7 @@ class Context:
             )
         return _request(self.template, (*self.messages, action))
 
-    def _then(self, role: str, source: Any) -> Context:
+    def _then(self, role: Role, source: Any) -> Context:
         return Context._of((*self._parts, _Pending(role, source)), self.template)
 
     def __eq__(self, other: object) -> bool:

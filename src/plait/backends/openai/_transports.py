@@ -130,13 +130,13 @@ class _ForeignErrors:
         kind: type[BaseException] | None,
         exc: BaseException | None,
         traceback: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         if not isinstance(exc, Exception):  # no error, or cancellation / generator close
-            return False
+            return
         transport = self._transport
         mapped = transport._plait_error(exc, self._where, self._timeout)
         if mapped is None:
-            return False
+            return
         raise mapped from scrub_cause(exc, transport._error_url)
 
 
