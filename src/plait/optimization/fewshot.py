@@ -41,9 +41,9 @@ from pydantic import BaseModel, Field
 
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import StructuredOutputError
-from plait.evaluation import Metric, evaluate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
+from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update
 from plait.parameter import Parameter

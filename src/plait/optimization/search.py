@@ -66,10 +66,16 @@ from typing import Any
 
 from plait import _files
 from plait.errors import PlaitError
-from plait.evaluation import EvaluationResult, Metric, _sole_value, evaluate, examples_of
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import find_resources
 from plait.module import Module
+from plait.optimization.evaluation import (
+    EvaluationResult,
+    Metric,
+    _sole_value,
+    evaluate,
+    examples_of,
+)
 from plait.parameter import Parameter
 
 __all__ = [
