@@ -68,7 +68,11 @@ def test_stream_restart_is_exported_beside_the_other_stream_events() -> None:
 
 @pytest.mark.parametrize(
     ("package", "table", "modules"),
-    [("plait", "_LAZY", {"settings"}), ("plait.optimization", "_HOMES", set())],
+    [
+        ("plait", "_LAZY", {"settings"}),
+        ("plait.optimization", "_HOMES", set()),
+        ("plait.report", "_HOMES", set()),
+    ],
 )
 def test_all_the_lazy_table_and_the_type_checking_imports_agree(
     package: str, table: str, modules: set[str]
@@ -96,8 +100,13 @@ def test_all_the_lazy_table_and_the_type_checking_imports_agree(
         if isinstance(node, ast.ImportFrom) and node.module != "__future__"
         for alias in node.names
     } - {"TYPE_CHECKING", "Any"}
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
     assert typed == set(getattr(loaded, table)) | modules
-    assert set(loaded.__all__) == typed | eager
+    assert set(loaded.__all__) == typed | eager | defined
     assert loaded.__all__ == sorted(loaded.__all__)
 
 
@@ -118,6 +127,8 @@ def test_optimization_names_load_on_first_use_and_backward_stays_the_function() 
     [
         ("plait.evaluation", "plait.optimization.evaluation"),
         ("plait.metrics", "plait.optimization.metrics"),
+        ("plait.profiling", "plait.report.profiling"),
+        ("plait.telemetry", "plait.report.telemetry"),
     ],
 )
 def test_a_moved_public_module_keeps_its_old_path(old: str, new: str) -> None:

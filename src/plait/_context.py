@@ -105,7 +105,7 @@ ACTIVE_CALL: ContextVar[str | None] = ContextVar("plait_active_call", default=No
 """The call id (see `plait.callbacks`) of the innermost module, LLM, tool or adapter call."""
 
 PROFILE: ContextVar[Any] = ContextVar("plait_profile", default=None)
-"""The active profiler (``plait.profiling.Profiler``), if any; the scheduler reports to it."""
+"""The active `plait.report.profiling.Profiler`, if any; the scheduler reports to it."""
 
 ROLLOUT: ContextVar[str | None] = ContextVar("plait_rollout", default=None)
 """Rollout id stamped on every LLM request made in this context (deliberate fresh samples).

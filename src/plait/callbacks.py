@@ -6,7 +6,7 @@ arguments are DSPy's (``on_module_start(call_id, instance, inputs)``,
 ports by changing its import. Each call gets a ``call_id`` that pairs its
 start and end hooks; inside a start hook, `active_call_id` is the id of the
 enclosing call, so a callback can nest what it records (the OpenTelemetry
-callback in `plait.telemetry` does).
+callback in `plait.report.telemetry` does).
 
 One mechanism, three scopes (see `plait.settings`)::
 

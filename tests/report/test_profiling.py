@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from plait import LLMInference, Module, ResourceConfig, ResourceManager, run
-from plait.profiling import NodeTiming, Profiler, profile
+from plait.report.profiling import NodeTiming, Profiler, profile
 from plait.testing import ScriptedServer
 
 
