@@ -55,8 +55,8 @@ SETTINGS: ContextVar[Any] = ContextVar("plait_settings", default=None)
 GLOBAL_SETTINGS: list[Any] = [None]
 """The process-wide ``ExecutionSettings`` set by ``plait.settings.configure`` (one slot).
 
-Not a ContextVar: ``configure`` is meant to reach every thread and task, like
-udspy's and DSPy's global settings; scoped overrides use `SETTINGS`.
+Not a ContextVar: ``configure`` is meant to reach every thread and task, as a
+process's defaults should; scoped overrides use `SETTINGS`.
 """
 
 

@@ -1,4 +1,4 @@
-"""Metric factories in dsprrr's spelling (seed 002): ``metric_exact_match()`` and friends.
+"""Metric factories: ``metric_exact_match()`` and friends, configured once, called per row.
 
 Each factory returns a metric ``metric(prediction, expected)``, the shape
 `plait.evaluate` (and the optimizers' evaluations) call with a program's

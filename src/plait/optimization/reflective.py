@@ -1,4 +1,4 @@
-"""ReflectiveSearch: evolve a program by reflecting on the feedback its runs get (GEPA-like).
+"""ReflectiveSearch: evolve a program by reflecting on the feedback its runs get.
 
     search = ReflectiveSearch(exact_match, max_calls=600)
     report = await search.compile(program, train, val, resources=config)
