@@ -74,6 +74,30 @@ class Module:
     """`plait.callbacks.BaseCallback` objects told about this module's calls and everything
     inside them, besides those of the settings. Set it on an instance: ``m.callbacks = [cb]``."""
 
+    # Private state of each instance, declared here so that readers and type checkers
+    # find all of it in one place. It is set with ``object.__setattr__``, past the
+    # registering ``__setattr__``: the first six in ``__new__``, ``_parent`` when a
+    # module is registered as a child, ``_traces`` and ``_state`` on first use. Only
+    # annotations: a class-level default would be shared by every instance.
+    _children: dict[str, Module]
+    """Child modules by attribute name, in assignment order."""
+    _parameters: dict[str, Parameter]
+    """Parameters by attribute name, in assignment order."""
+    _name: str | None
+    """The attribute name this module is registered under in its parent; None at the root."""
+    _parent: weakref.ref[Module]
+    """A weak link to the parent module (absent at the root; not pickled or deep-copied)."""
+    _training: bool
+    """Training mode, set by `train` / `eval` (see `training`)."""
+    _bound_resources: Any
+    """The resources given to `bind`, or None."""
+    _bound_config: dict[str, Any]
+    """The execution options given to `bind` (``max_concurrent`` …)."""
+    _traces: Any
+    """The bounded deque of this module's trace records, made on first use."""
+    _state: ModuleState
+    """What optimizers recorded on this module, made on first use (see `state`)."""
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # The registries exist before any ``__init__`` runs, so a subclass that
         # never calls ``super().__init__()`` (an easy omission) or assigns
