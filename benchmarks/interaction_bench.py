@@ -124,7 +124,7 @@ def main() -> None:
         asyncio.run(batch_cpu(base_url, 200, None))  # warm up imports and connections
         rows: list[tuple[str, Any]] = [("no callback", None), ("no-op callback", [NoOp()])]
         try:
-            from plait.telemetry import OpenTelemetryCallback
+            from plait.report.telemetry import OpenTelemetryCallback
 
             rows.append(("OpenTelemetry (no exporter)", [OpenTelemetryCallback()]))
         except ImportError:

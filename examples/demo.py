@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from plait import LLMInference, Module, ResourceConfig
-from plait.profiling import profile
+from plait.report.profiling import profile
 
 TEXT = (
     "Our team moved the nightly reports from a single server to a queue of small "

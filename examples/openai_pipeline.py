@@ -15,7 +15,7 @@ import os
 from demo import TEXT, Report
 
 from plait import ResourceConfig
-from plait.profiling import profile
+from plait.report.profiling import profile
 
 
 def main() -> None:

@@ -155,7 +155,7 @@ async def test_open_telemetry_spans_follow_the_gen_ai_conventions_and_nest() -> 
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from plait.telemetry import OpenTelemetryCallback
+    from plait.report.telemetry import OpenTelemetryCallback
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -284,7 +284,7 @@ async def test_an_error_body_echoing_the_prompt_stays_out_of_spans_unless_conten
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from plait.telemetry import OpenTelemetryCallback
+    from plait.report.telemetry import OpenTelemetryCallback
 
     echo = Fault(status=400, message="your prompt 'secret words' is not allowed")
     exporter = InMemorySpanExporter()

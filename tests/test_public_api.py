@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import plait
 
 SPEC_NAMES = {
@@ -64,11 +66,23 @@ def test_stream_restart_is_exported_beside_the_other_stream_events() -> None:
     assert "StreamRestart" in plait.__all__
 
 
-def test_all_the_lazy_table_and_the_type_checking_imports_agree() -> None:
+@pytest.mark.parametrize(
+    ("package", "table", "modules"),
+    [
+        ("plait", "_LAZY", {"settings"}),
+        ("plait.optimization", "_HOMES", set()),
+        ("plait.report", "_HOMES", set()),
+    ],
+)
+def test_all_the_lazy_table_and_the_type_checking_imports_agree(
+    package: str, table: str, modules: set[str]
+) -> None:
     import ast
+    import importlib
     from pathlib import Path
 
-    tree = ast.parse(Path(plait.__file__).read_text())
+    loaded = importlib.import_module(package)
+    tree = ast.parse(Path(loaded.__file__).read_text())
     [checking] = [
         node
         for node in tree.body
@@ -86,5 +100,41 @@ def test_all_the_lazy_table_and_the_type_checking_imports_agree() -> None:
         if isinstance(node, ast.ImportFrom) and node.module != "__future__"
         for alias in node.names
     } - {"TYPE_CHECKING", "Any"}
-    assert typed == set(plait._LAZY) | {"settings"}
-    assert set(plait.__all__) == typed | eager
+    defined = {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_")
+    }
+    assert typed == set(getattr(loaded, table)) | modules
+    assert set(loaded.__all__) == typed | eager | defined
+    assert loaded.__all__ == sorted(loaded.__all__)
+
+
+def test_optimization_names_load_on_first_use_and_backward_stays_the_function() -> None:
+    code = (
+        "import sys, plait.optimization; "
+        "cheap = 'plait.optimization.losses' not in sys.modules; "
+        "import plait.optimization.backward; "
+        "from plait.optimization import Trainer, backward; "
+        "print(cheap, type(backward).__name__, Trainer.__name__)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "function", "Trainer"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("plait.evaluation", "plait.optimization.evaluation"),
+        ("plait.metrics", "plait.optimization.metrics"),
+        ("plait.profiling", "plait.report.profiling"),
+        ("plait.telemetry", "plait.report.telemetry"),
+    ],
+)
+def test_a_moved_public_module_keeps_its_old_path(old: str, new: str) -> None:
+    import importlib
+
+    before, after = importlib.import_module(old), importlib.import_module(new)
+    assert before.__all__ == after.__all__
+    for name in after.__all__:
+        assert getattr(before, name) is getattr(after, name), name

@@ -18,7 +18,6 @@ import pytest
 
 import plait.functional as F
 import seed_programs
-from execution.support import server_in_thread
 from plait import (
     LLMInference,
     Module,
@@ -31,7 +30,7 @@ from plait import (
     valueify,
 )
 from plait.execution.tape import Tape
-from plait.testing import ScriptedServer
+from plait.testing import ScriptedServer, server_in_thread
 from plait.tracing import Tracer
 
 

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 import plait
-from execution.support import server_in_thread
 from plait import (
     BaseCallback,
     ConfirmationRejected,
@@ -34,7 +33,7 @@ from plait import (
     tool,
 )
 from plait.porting import LM, OpenAILM
-from plait.testing import ScriptedServer
+from plait.testing import ScriptedServer, server_in_thread
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ import pytest
 from pydantic import Field
 
 import plait
-from execution.support import server_in_thread
 from plait import (
     ChainOfThought,
     History,
@@ -33,7 +32,7 @@ from plait import (
     tool,
 )
 from plait.signatures import ChatAdapter, JSONAdapter, make_signature
-from plait.testing import ScriptedServer
+from plait.testing import ScriptedServer, server_in_thread
 from plait.tools import ToolCallError
 
 

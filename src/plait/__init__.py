@@ -26,10 +26,8 @@ if TYPE_CHECKING:
         ResumeState,
         confirm_first,
     )
-    from plait.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
-    from plait.metrics import metric_contains, metric_exact_match, metric_f1, metric_field_match
     from plait.modules import (
         BestOfN,
         ChainOfThought,
@@ -55,6 +53,13 @@ if TYPE_CHECKING:
         Trainer,
         TrainingStep,
         VerifierLoss,
+    )
+    from plait.optimization.evaluation import EvaluationResult, evaluate, run_dataset
+    from plait.optimization.metrics import (
+        metric_contains,
+        metric_exact_match,
+        metric_f1,
+        metric_field_match,
     )
     from plait.porting import signature
     from plait.resources import ResourceConfig, ResourceManager, register_provider
@@ -101,9 +106,9 @@ _LAZY = {
     "SFAOptimizer": "plait.optimization",
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
-    "evaluate": "plait.evaluation",
-    "EvaluationResult": "plait.evaluation",
-    "run_dataset": "plait.evaluation",
+    "evaluate": "plait.optimization.evaluation",
+    "EvaluationResult": "plait.optimization.evaluation",
+    "run_dataset": "plait.optimization.evaluation",
     "ReAct": "plait.modules",
     "MultiChainComparison": "plait.modules",
     "Refine": "plait.modules",
@@ -125,10 +130,10 @@ _LAZY = {
     "make_signature": "plait.signatures",
     "signature": "plait.porting",
     "get_traces": "plait.modules.traces",
-    "metric_contains": "plait.metrics",
-    "metric_exact_match": "plait.metrics",
-    "metric_f1": "plait.metrics",
-    "metric_field_match": "plait.metrics",
+    "metric_contains": "plait.optimization.metrics",
+    "metric_exact_match": "plait.optimization.metrics",
+    "metric_f1": "plait.optimization.metrics",
+    "metric_field_match": "plait.optimization.metrics",
 }
 
 __all__ = [

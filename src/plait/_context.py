@@ -55,8 +55,8 @@ SETTINGS: ContextVar[Any] = ContextVar("plait_settings", default=None)
 GLOBAL_SETTINGS: list[Any] = [None]
 """The process-wide ``ExecutionSettings`` set by ``plait.settings.configure`` (one slot).
 
-Not a ContextVar: ``configure`` is meant to reach every thread and task, like
-udspy's and DSPy's global settings; scoped overrides use `SETTINGS`.
+Not a ContextVar: ``configure`` is meant to reach every thread and task, as a
+process's defaults should; scoped overrides use `SETTINGS`.
 """
 
 
@@ -105,7 +105,7 @@ ACTIVE_CALL: ContextVar[str | None] = ContextVar("plait_active_call", default=No
 """The call id (see `plait.callbacks`) of the innermost module, LLM, tool or adapter call."""
 
 PROFILE: ContextVar[Any] = ContextVar("plait_profile", default=None)
-"""The active profiler (``plait.profiling.Profiler``), if any; the scheduler reports to it."""
+"""The active `plait.report.profiling.Profiler`, if any; the scheduler reports to it."""
 
 ROLLOUT: ContextVar[str | None] = ContextVar("plait_rollout", default=None)
 """Rollout id stamped on every LLM request made in this context (deliberate fresh samples).

@@ -1,6 +1,7 @@
-"""Seed 003's module path ``udspy.adapter``: the adapters of `plait.signatures.adapters`.
+"""An alias module for ported code: the adapters of `plait.signatures.adapters`.
 
-Code ported from udspy imports ``ChatAdapter`` from here unchanged; plait's
+Code ported from a framework with an ``adapter`` module imports ``ChatAdapter``
+from here unchanged; plait's
 default adapter is ``JSONAdapter``.
 """
 

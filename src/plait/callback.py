@@ -1,6 +1,7 @@
-"""Seed 003's module path ``udspy.callback``: `BaseCallback` and ``@with_callbacks``.
+"""An alias module for ported code: `BaseCallback` and ``@with_callbacks`` under one path.
 
-Code ported from udspy imports these from here unchanged; plait's own module is
+Code ported from a framework that kept both in a ``callback`` module imports
+them from here unchanged; plait's own module is
 `plait.callbacks`, and ``with_callbacks`` is `plait.porting.with_callbacks`.
 """
 

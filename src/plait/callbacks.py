@@ -1,12 +1,12 @@
 """Callbacks: hooks told about every module, LLM, tool and adapter call of a run.
 
 Subclass `BaseCallback` and override the hooks you need. Their names and
-arguments are DSPy's (``on_module_start(call_id, instance, inputs)``,
-``on_lm_end(call_id, outputs, exception)`` …), so a callback written for DSPy
-ports by changing its import. Each call gets a ``call_id`` that pairs its
+arguments (``on_module_start(call_id, instance, inputs)``,
+``on_lm_end(call_id, outputs, exception)`` …) are the widespread ones, so an
+existing callback ports by changing its import. Each call gets a ``call_id`` that pairs its
 start and end hooks; inside a start hook, `active_call_id` is the id of the
 enclosing call, so a callback can nest what it records (the OpenTelemetry
-callback in `plait.telemetry` does).
+callback in `plait.report.telemetry` does).
 
 One mechanism, three scopes (see `plait.settings`)::
 

@@ -24,7 +24,7 @@ pause arrives as a `Prediction` with ``is_final == False`` (its
 ``native_tool_calls`` are the pending calls, ``.confirmation`` the exception).
 
 A module of your own pauses and resumes the same way when its ``async def
-forward`` takes ``resume_state=`` (seed 003's pattern; see `plait.resumable`)::
+forward`` takes ``resume_state=`` (see `plait.resumable`)::
 
     class Cleanup(Module):
         async def forward(self, *, resume_state=None, **inputs):
@@ -165,7 +165,7 @@ class ConfirmationRequired(ExecutionInterrupt):
 
     @property
     def tool_call(self) -> dict[str, Any] | None:
-        """The pending call as ``{"id", "name", "arguments"}`` (seed 003's ``tool_call``)."""
+        """The pending call as ``{"id", "name", "arguments"}`` (a tool call as sent)."""
         if self.tool_name is None:
             return None
         return {"id": self.confirmation_id, "name": self.tool_name, "arguments": self.arguments}
@@ -286,7 +286,7 @@ class ResumeState:
 
     @property
     def user_response(self) -> Any:
-        """The answer (seed 003's name for ``response``)."""
+        """The answer: `response` under the name ported code reads."""
         return self.response
 
     @property
@@ -437,7 +437,7 @@ def rejection(pause: ConfirmationRequired, reason: str = "") -> ConfirmationReje
 
 
 def confirm_first(func: Callable[..., Any] | None = None, *, question: str | None = None) -> Any:
-    """Makes ``func`` ask for confirmation before it runs (seed 003's decorator).
+    """Makes ``func`` ask for confirmation before it runs.
 
     Calling the wrapped function raises `ConfirmationRequired` unless the call
     was approved (a resuming agent approves it; see `confirm_call`), and

@@ -64,7 +64,7 @@ class Feedback:
 class FeedbackText(str):
     """The feedback a ``backward`` method receives: text, also readable as ``feedback.payload``.
 
-    Seed-style overrides take ``feedback: Value`` and read ``feedback.payload``;
+    Overrides written against `Value` take ``feedback: Value`` and read ``feedback.payload``;
     others treat it as the string it is. Both work.
     """
 

@@ -128,8 +128,8 @@ def chat_complete(
     ``Value(STRUCTURED)`` with a ``response_format``); from synchronous code
     with resources it returns that Value at once.
 
-    Seed 000 describes `LLMInference` delegating to this op; in plait the
-    delegation runs the other way — this op makes a one-off `LLMInference`
+    One might expect `LLMInference` to delegate to this op; the delegation
+    runs the other way — this op makes a one-off `LLMInference`
     and calls it — so both share one path through the resources (limits,
     retries, cache, structured replies), and a call made here is profiled,
     traced and trained like any module call.

@@ -8,7 +8,7 @@ the new ones, and the same object carries the conversation to the next call.
 
 A module also records in the history the system turn it sent (its task
 added to your system prompt), so ``messages`` reads as what the model saw:
-system, user, assistant … (udspy's behaviour). The prompt you set stays
+system, user, assistant …, in order. The prompt you set stays
 `system_prompt`, and the next call starts from it again, not from the
 recorded turn, so the task is never written into the prompt twice. Every
 message reads as an OpenAI-style dict too: ``history.messages[0]["role"]``.
@@ -84,13 +84,13 @@ class History:
         self._sent_system = None
 
     def set_system_message(self, content: str) -> None:
-        """Sets the system prompt, kept first (udspy's name for assigning `system_prompt`)."""
+        """Sets the system prompt, kept first (the method form of assigning `system_prompt`)."""
         self.system_prompt = content
 
     def add_system_message(self, content: str) -> None:
         """Sets the system prompt of a conversation that has no turns yet.
 
-        udspy appends a system message wherever the conversation is; plait
+        A system message is not appended mid-conversation: plait
         keeps one system turn, always first, because that is where every
         provider reads it.
 
@@ -134,7 +134,7 @@ class History:
             self.add(message)
 
     def add_user(self, text: str) -> None:
-        """Appends a user turn (``add_user_message`` is udspy's name for it)."""
+        """Appends a user turn (``add_user_message`` is the same, for ported code)."""
         self._turns.append(Message("user", text))
 
     def add_assistant(
@@ -143,7 +143,7 @@ class History:
         """Appends an assistant turn, with the tool calls it made if any.
 
         Tool calls are `ToolCall`s or OpenAI-style dicts (``{"id", "function":
-        {"name", "arguments"}}``). ``add_assistant_message`` is udspy's name.
+        {"name", "arguments"}}``). ``add_assistant_message`` is the same, for ported code.
         """
         calls = tuple(_tool_call(call, i) for i, call in enumerate(tool_calls or ()))
         self._turns.append(Message("assistant", text, tool_calls=calls))

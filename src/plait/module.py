@@ -13,7 +13,7 @@ Calling a module does one of four things, decided by context:
    ``plait.settings.configure``), it traces and executes the program: inside a
    running event loop it returns an awaitable (``await module(x)``); called
    from synchronous code with no loop running, it runs to completion and
-   returns the result, as ``module.run_sync(x)`` would (udspy's
+   returns the result, as ``module.run_sync(x)`` would (so a script can write
    ``result = predictor(question=...)``), instead of a coroutine that
    would never run;
 4. otherwise ``forward`` runs directly, which is how modules without LLM
@@ -74,9 +74,33 @@ class Module:
     """`plait.callbacks.BaseCallback` objects told about this module's calls and everything
     inside them, besides those of the settings. Set it on an instance: ``m.callbacks = [cb]``."""
 
+    # Private state of each instance, declared here so that readers and type checkers
+    # find all of it in one place. It is set with ``object.__setattr__``, past the
+    # registering ``__setattr__``: the first six in ``__new__``, ``_parent`` when a
+    # module is registered as a child, ``_traces`` and ``_state`` on first use. Only
+    # annotations: a class-level default would be shared by every instance.
+    _children: dict[str, Module]
+    """Child modules by attribute name, in assignment order."""
+    _parameters: dict[str, Parameter]
+    """Parameters by attribute name, in assignment order."""
+    _name: str | None
+    """The attribute name this module is registered under in its parent; None at the root."""
+    _parent: weakref.ref[Module]
+    """A weak link to the parent module (absent at the root; not pickled or deep-copied)."""
+    _training: bool
+    """Training mode, set by `train` / `eval` (see `training`)."""
+    _bound_resources: Any
+    """The resources given to `bind`, or None."""
+    _bound_config: dict[str, Any]
+    """The execution options given to `bind` (``max_concurrent`` …)."""
+    _traces: Any
+    """The bounded deque of this module's trace records, made on first use."""
+    _state: ModuleState
+    """What optimizers recorded on this module, made on first use (see `state`)."""
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # The registries exist before any ``__init__`` runs, so a subclass that
-        # never calls ``super().__init__()`` (udspy's examples do not) or assigns
+        # never calls ``super().__init__()`` (an easy omission) or assigns
         # children before calling it still registers them. Copies and pickles
         # come through here too; their saved state then replaces these defaults.
         module = super().__new__(cls)
@@ -152,7 +176,7 @@ class Module:
         they are real data.
         """
         name = type(self).__name__
-        if hasattr(self, "aexecute"):  # a module written for udspy
+        if hasattr(self, "aexecute"):  # a module written for another framework's loop
             raise NotImplementedError(
                 f"{name} defines aexecute() (udspy's name) but plait calls forward(): rename "
                 "it `async def forward(self, *, stream=False, **inputs)`; astream() passes "
@@ -176,14 +200,14 @@ class Module:
     async def aforward(self, *args: Any, stream: bool = False, **kwargs: Any) -> Any:
         """Runs the module and returns its output: ``await module.aforward(question=...)``.
 
-        udspy's spelling of ``await module(...)`` (``acall`` too); it also
+        Another spelling of ``await module(...)`` (``acall`` too); it also
         works for a module without LLM calls, whose direct call is not
         awaitable. Override ``forward``, not this.
 
-        ``stream`` is udspy's switch: this call's events (text chunks, tool
-        events, your own) reach an enclosing ``astream`` consumer only with
-        ``stream=True``; by default they are kept out, as udspy's non-streaming
-        ``aforward`` emits nothing (``await module(...)``, plait's own form,
+        ``stream`` switches this call's events (text chunks, tool events, your
+        own) on: they reach an enclosing ``astream`` consumer only with
+        ``stream=True``; by default they are kept out, so a call that asked for
+        no stream emits nothing (``await module(...)``, plait's own form,
         always lets them through). A ``forward`` that declares a ``stream``
         parameter also receives the flag, to pass on to its children.
         """
@@ -213,8 +237,8 @@ class Module:
 
         Called during ``await loss.backward()`` with the real inputs and
         output of the forward pass in ``ctx`` and the feedback on that output
-        (text; ``feedback.payload`` gives the same text, as on a seed-style
-        Value). The default passes the feedback to every input and tells each
+        (text; ``feedback.payload`` gives the same text, as on a
+        `Value`). The default passes the feedback to every input and tells each
         learnable parameter of this module (and its children) what went in,
         what came out and what was said about it.
 
@@ -493,8 +517,8 @@ class Module:
 
     @state.setter
     def state(self, value: Any) -> None:
-        # Seed 003's modules keep their own data in ``self.state``; here the name is
-        # seed 002's record, which searches write to, so it must stay a ModuleState.
+        # Some ported modules keep their own data in ``self.state``; here the name is
+        # the optimizers' record, which searches write to, so it must stay a ModuleState.
         raise AttributeError(
             f"{type(self).__name__}.state is plait's record of what optimizers tried on this "
             "module (trials, best score and parameters) and cannot be assigned; keep the "
@@ -535,7 +559,7 @@ class Module:
         return records
 
     def get_traces(self) -> list[Any]:
-        """Returns `traces` (dsprrr's name for it, ``mod$get_traces()``)."""
+        """Returns `traces` (the name ported code calls)."""
         return self.traces()
 
     def traces_frame(self) -> Any:
@@ -577,7 +601,7 @@ class Module:
 
 @dataclasses.dataclass
 class ModuleState:
-    """What optimizers record on a module (seed 002's ``state``): trials and the best found.
+    """What optimizers record on a module (its ``state``): trials and the best found.
 
     Plain JSON-compatible data, so it can be saved and inspected; the
     trials table is `trials_table` (a pandas DataFrame when pandas is installed).
@@ -665,8 +689,8 @@ def bound_resources(module: Module) -> Any:
     In order: what it is bound to itself; the one set of resources that every
     bound module below it shares (a `TrainingStep` or a wrapper around a bound
     program finds the program's); what its nearest bound ancestor is bound to
-    (``pipeline.bind(config)`` lets ``pipeline.summarizer`` be called alone, as
-    seed 000 says binding is "propagated to all child modules"). This is the
+    (``pipeline.bind(config)`` lets ``pipeline.summarizer`` be called alone:
+    binding a program binds every module in it). This is the
     structural part of `plait.execution.settings.find_resources`, the one rule.
     """
     if module._bound_resources is not None:
@@ -722,7 +746,7 @@ def call_forward(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     """Calls ``module.forward(*args, **kwargs)`` for a leaf that runs (not while tracing).
 
     An ``async def forward`` that takes ``resume_state=`` belongs to a module
-    that pauses for a person and resumes (seed 003's pattern): it runs through
+    that pauses for a person and resumes: it runs through
     `plait.resumable.run_resumable`, which hands it the call's checked resume
     state and seals the pauses that leave it, so every such module keeps the
     guarantees ReAct keeps. A ``resume_state=`` given to the call itself (a

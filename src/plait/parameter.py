@@ -85,7 +85,7 @@ class Parameter:
         """The module that registered it under ``_name`` (weak: a parameter does not keep
         its module alive); None until registered."""
         self._feedback_buffer: list[str] = []
-        """Feedback collected since the last update (seed 000's name for it)."""
+        """Feedback collected since the last update."""
         self.dropped_feedback = 0
         """Feedback items dropped since the last update because the buffer was full."""
         self.graph_level: int | None = None
@@ -141,9 +141,9 @@ class Parameter:
     def same_as(self, other: object) -> bool:
         """Whether ``other`` is a parameter holding the same value and settings.
 
-        Compares value, description, requires_grad and value_type: what seed
-        000's dataclass ``==`` compares, minus the name it is registered under
-        and the feedback collected so far. (``==`` itself is identity.)
+        Compares value, description, requires_grad and value_type: what makes
+        two parameters teach a model the same thing, not the name each is
+        registered under nor the feedback collected so far. (``==`` itself is identity.)
         """
         return isinstance(other, Parameter) and (
             self.value,

@@ -1,11 +1,11 @@
-"""Modules of your own that pause for a person and resume (seed 003's ``aresume`` pattern).
+"""Modules of your own that pause for a person and resume with the answer.
 
 A module whose ``async def forward`` takes ``resume_state=`` is one that can
 pause: a tool it calls (or its own code) raises `ConfirmationRequired`, the
 module may add what it needs to the pause's ``context``, and the pause
 reaches the caller. The next call's ``resume_state=`` then reaches the
-module's ``forward``, which decides what to do (seed 003's module calls its
-``aresume(user_response, saved_state)``)::
+module's ``forward``, which decides what to do (for instance, carry on
+from the state it saved, given the person's answer)::
 
     class Cleanup(Module):
         async def forward(self, *, resume_state=None, **inputs):
@@ -93,7 +93,7 @@ def resume_call(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     A direct call (a module without resources) or a child called as
     ``child(x, resume_state=state)`` gets here: the state is offered to the
     modules of this call as a run offers it, and the call fails when none of
-    them took it. ``resume_state=None`` (the first pass of seed 003's loop)
+    them took it. ``resume_state=None`` (the first pass of a caller's loop)
     is a call with nothing to resume.
     """
     kwargs = dict(kwargs)

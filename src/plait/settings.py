@@ -1,4 +1,4 @@
-"""plait.settings: defaults for every run, set globally or for a block (seed 003 "Settings").
+"""plait.settings: defaults for every run, set globally or for a block.
 
 One mechanism, three scopes, highest first for a given call:
 
@@ -10,12 +10,12 @@ One mechanism, three scopes, highest first for a given call:
 5. plait's defaults.
 
 ``context(...)`` *is* ``ExecutionSettings(...)``: the two names exist for
-readers coming from udspy/DSPy and from plait's own docs. Both take the
+code that says "settings context" and for plait's own docs. Both take the
 execution options (``max_concurrent``, ``timeout``, ``deadline``, ``cache``,
 ``checkpoint_dir`` …), ``resources`` and ``callbacks``, and ``lm=`` as a
-synonym of resources serving every alias (seed 003's ``LM(model=...,
+synonym of resources serving every alias (``LM(model=...,
 api_key=...)`` and ``OpenAILM(client, ...)`` from `plait.porting` give one).
-``configure()`` with no options reads udspy's ``UDSPY_LM_MODEL``,
+``configure()`` with no options reads ``UDSPY_LM_MODEL``,
 ``UDSPY_LM_API_KEY`` and ``UDSPY_LM_BASE_URL``::
 
     import plait
@@ -48,7 +48,7 @@ def configure(**options: Any) -> None:
             mapping such as ``{"provider": "local"}`` or
             ``plait.porting.LM(model=...)``, a `Backend` instance or class, a
             ResourceConfig or a ResourceManager). With none, ``lm`` comes from
-            the ``UDSPY_LM_*`` environment variables, as in udspy.
+            the ``UDSPY_LM_*`` environment variables, so ported scripts need no edit.
 
     Raises:
         TypeError: an option that is not a setting (all are listed).

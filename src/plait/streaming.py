@@ -56,7 +56,7 @@ class StreamEvent:
     """Base class of every event; subclass it (a dataclass) for your own progress events.
 
     A `Prediction` is one too: the last item of a Predict-like module's
-    stream, so ``isinstance(event, StreamEvent)`` keeps it, as in udspy.
+    stream, so ``isinstance(event, StreamEvent)`` keeps it with the events before it.
 
     Example::
 
@@ -74,7 +74,7 @@ class StreamEvent:
 class _NamesItsModule:
     """What every event that comes from one module call carries: the module and its path.
 
-    ``module`` is the object (seed 003's chunk gives the module itself); it
+    ``module`` is the object itself, to act on without a lookup; it
     is left out of the repr, which would print its whole tree.
     ``module_path`` is the dotted path of the call (``summarizer``,
     ``stage1.llm``), which tells two calls of one shared module apart; when

@@ -254,7 +254,7 @@ class Tool:
         return result
 
     async def acall(self, **kwargs: Any) -> Any:
-        """Runs the tool on keyword arguments and returns what the function returned (udspy's way).
+        """Runs the tool on keyword arguments and returns what the function returned.
 
         The arguments are validated and the call is timed, confirmed and
         reported to callbacks exactly as in `call`; but where `call` hands

@@ -148,7 +148,7 @@ class Value:
 
     Indexing goes through ``F.select`` so that, while tracing, ``value["k"]``
     records a node instead of failing. The class itself takes a type argument
-    for annotations, as the seeds write it: ``-> Value[str]``, ``list[Value[T]]``.
+    for annotations that say what a Value holds: ``-> Value[str]``, ``list[Value[T]]``.
     """
 
     kind: ValueKind
@@ -526,7 +526,7 @@ def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:
     Lists and tuples keep their shape and each element becomes a Value. A
     dict is one record: a ``Value(STRUCTURED)`` holding it, so that
     ``valueify({"user": {"name": "Ada"}})["user"]["name"]`` selects through
-    ``F.select`` (one node per ``[]`` while tracing), as seed 001 writes it.
+    ``F.select`` (one node per ``[]`` while tracing), so a nested record reads naturally.
     Pass ``kind`` to wrap anything, a list too, as one Value of that kind. A
     `Parameter` is lifted to a Value whose ref is ``param:<dotted.name>``
     (of kind ``kind`` when given). Values pass through unchanged (``kind``

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from plait.testing import ScriptedServer
+from plait.testing import ScriptedServer, server_in_thread
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PROGRAMS = Path(__file__).with_name("sample_programs.py")
@@ -48,18 +46,8 @@ def program(name: str) -> str:
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
     """A scripted server on a background loop, reachable from child processes."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    running = ScriptedServer()
-    try:
-        asyncio.run_coroutine_threadsafe(running.start(), loop).result(timeout=10)
+    with server_in_thread() as running:
         yield running
-    finally:
-        asyncio.run_coroutine_threadsafe(running.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
 
 
 @pytest.fixture

@@ -6,15 +6,13 @@ of whether an endpoint's ``max_concurrent`` held across worker processes.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from plait.testing import ScriptedServer
+from plait.testing import ScriptedServer, server_in_thread
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
@@ -46,18 +44,8 @@ def cluster() -> Iterator[None]:
 
 @pytest.fixture
 def server() -> Iterator[ScriptedServer]:
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    running = ScriptedServer(latency=0.05, responder=fail_marked)
-    try:
-        asyncio.run_coroutine_threadsafe(running.start(), loop).result(timeout=10)
+    with server_in_thread(latency=0.05, responder=fail_marked) as running:
         yield running
-    finally:
-        asyncio.run_coroutine_threadsafe(running.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
 
 
 def fail_marked(body: dict) -> str:

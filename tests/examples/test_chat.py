@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from execution.support import server_in_thread
+from plait.testing import server_in_thread
 
 CHAT = Path(__file__).parents[2] / "examples" / "chat.py"
 

@@ -8,10 +8,6 @@ server's request log which node sent which request (`path_of`), and
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from plait import LLMInference, Module, Parameter, ResourceConfig
@@ -119,25 +115,3 @@ class Shout(Module):
     def forward(self, text: str) -> str:
         self.seen.append(text)
         return text.upper()
-
-
-# ------------------------------------------------------- a server in a thread
-@contextlib.contextmanager
-def server_in_thread(**options: Any) -> Iterator[ScriptedServer]:
-    """Runs a `ScriptedServer` on its own loop in a thread, for blocking callers.
-
-    ``run_sync`` blocks the calling thread (and its loop, if it has one), so
-    the server it talks to must not run there.
-    """
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="scripted-server", daemon=True)
-    thread.start()
-    server = ScriptedServer(**options)
-    try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()

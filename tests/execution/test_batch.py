@@ -10,8 +10,9 @@ import pytest
 
 from plait import BatchResult, ExecutionError, ExecutionSettings, run
 from plait.execution.batch import BatchStream, run_items
+from plait.testing import server_in_thread
 
-from .support import Ask, Shout, config_for, refuse_marker, server_in_thread, user_of
+from .support import Ask, Shout, config_for, refuse_marker, user_of
 
 ITEMS = ["slow", "medium", "fast"]
 

@@ -16,8 +16,8 @@ from tests.optimization.test_trainer import exact, examples, model
 from plait import LLMInference, Module, Parameter, ResourceConfig, run
 from plait.errors import FileError
 from plait.optimization import SFAOptimizer, Trainer
-from plait.profiling import profile
 from plait.report import RunReport, write_html
+from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 from plait.testing._faults import Fault
 

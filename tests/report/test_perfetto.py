@@ -7,7 +7,7 @@ import json
 from collections import defaultdict
 
 from plait import LLMInference, Module, run
-from plait.profiling import profile
+from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 from plait.testing._faults import Fault
 

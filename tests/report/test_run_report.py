@@ -9,8 +9,8 @@ import pytest
 
 from plait import LLMInference, Module, Parameter, Predict, ResourceConfig, run
 from plait.errors import FileError
-from plait.profiling import profile
 from plait.report import RunReport
+from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 from plait.testing._faults import Fault
 

@@ -148,7 +148,7 @@ async def test_a_truncated_structured_reply_is_invalid_even_when_it_parses(
 async def test_a_truncated_or_empty_text_reply_is_visible_to_the_caller(
     server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from plait.profiling import profile
+    from plait.report.profiling import profile
 
     program = LLMInference("llm", temperature=0.0, max_tokens=2)
     server.responder = answer("one two three four")

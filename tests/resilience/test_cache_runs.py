@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from plait import ExecutionSettings, LLMInference, ResourceConfig, ResourceManager, run
-from plait.profiling import profile
+from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 
 from .support import TwoStep, endpoint

@@ -9,7 +9,7 @@ import pytest
 
 from plait import ExecutionError, LLMInference, Module, ResourceManager, run
 from plait.errors import BudgetExceededError
-from plait.profiling import profile
+from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 
 from .support import endpoint, system_of

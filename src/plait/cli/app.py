@@ -330,7 +330,7 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
 
 async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) -> Any:
     from plait.cli.driver import default_report_path, run_file
-    from plait.profiling import Profiler
+    from plait.report.profiling import Profiler
 
     with Profiler(max_records=_REPORT_SAMPLE) as profiler:
         outcome = await run_file(run)
@@ -538,7 +538,7 @@ def _trainer(
 async def _train(trainer: Any, spec: str, graph: Any, kwargs: dict[str, Any]) -> Any:
     from dataclasses import asdict
 
-    from plait.profiling import Profiler
+    from plait.report.profiling import Profiler
 
     with Profiler(max_records=_REPORT_SAMPLE) as profiler:
         result = await trainer.fit()

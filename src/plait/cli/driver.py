@@ -261,7 +261,7 @@ def _free_name(key: str, prefix: str, record: dict[str, Any], taken: tuple[str, 
 def _score(run: FileRun, output: Any, row: dict, error: str | None) -> tuple[float, str | None]:
     """Returns a row's score and error: a failed row, or a metric that fails or returns no
     finite number, scores 0."""
-    from plait.evaluation import score_of
+    from plait.optimization.evaluation import score_of
 
     if error is not None:
         return 0.0, error

@@ -177,7 +177,7 @@ def load_metric(spec: str) -> Callable[[Any, Any], Any]:
     Raises:
         ProgramError: as `load_object`, or the metric does not take ``(output, target)``.
     """
-    from plait.evaluation import exact_match
+    from plait.optimization.evaluation import exact_match
 
     builtin = {"exact_match": exact_match, "contains": contains}
     if spec in builtin:

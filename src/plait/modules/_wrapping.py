@@ -115,7 +115,7 @@ def valid_output(inputs: dict[str, Any], output: Any) -> float:
 def either(
     owner: str, name: str, value: Any, alias: str, alias_value: Any, default: Any = None
 ) -> Any:
-    """Returns the one of ``name=`` / its seed alias ``alias=`` that was given, else ``default``.
+    """Returns the one of ``name=`` / its alias ``alias=`` that was given, else ``default``.
 
     Raises:
         TypeError: both were given.

@@ -64,8 +64,8 @@ class BestOfN(Module):
 
     Args:
         module: the module to sample (a `Predict`, a pipeline, another wrapper);
-            ``base_module=`` is the same (dsprrr's name).
-        n: how many attempts (default 3); ``N=`` is the same (dsprrr, DSPy).
+            ``base_module=`` is the same (an alias for ported code).
+        n: how many attempts (default 3); ``N=`` is the same (an alias for ported code).
         reward_fn: ``reward_fn(inputs, output) -> float``, sync or async;
             ``inputs`` are the call's arguments by name. Without one, an
             attempt scores 1.0 when its output is valid (it parsed, and no

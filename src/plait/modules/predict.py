@@ -55,11 +55,11 @@ class Predict(Module):
         temperature: sampling temperature (None: the provider's default).
         max_tokens: cap on generated tokens (None: the provider's default).
         demos: few-shot examples, each a dict of input and output field values.
-        tools: `Tool` objects or functions the model may call (seed 003's
-            Predict). A call then runs the tool loop: the model's tool calls
-            run and their results go back to it until it answers, in the loop
-            ReAct uses (a tool that needs a person's approval pauses it, and
-            ``resume_state=`` resumes it); the result is a `ReActPrediction`
+        tools: `Tool` objects or functions the model may call. A call then
+            runs the tool loop: the model's tool calls run and their results
+            go back to it until it answers, in the loop ReAct uses (a tool
+            that needs a person's approval pauses it, and ``resume_state=``
+            resumes it); the result is a `ReActPrediction`
             with the ``trajectory``. When ``max_turns`` turns have called
             tools, one more turn without tools must answer. Called with
             ``auto_execute_tools=False``, it does *one step* instead: when the
@@ -506,8 +506,8 @@ def _as_message(item: Any, index: int) -> Message:
 def _extend_history(history: Any, sent: tuple[Message, ...], reply: str) -> None:
     """Appends the new turns to a History-like object (one with ``.messages`` and ``extend``).
 
-    A `plait.History` also records the system turn that was sent (seed 003:
-    the system prompt is part of the conversation).
+    A `plait.History` also records the system turn that was sent, so the
+    history reads as what the model saw.
     """
     if history is None or not hasattr(history, "messages"):
         return

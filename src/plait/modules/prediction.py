@@ -38,8 +38,8 @@ class Prediction(Mapping[str, Any], StreamEvent):
     ``messages``, ``to_dict``, ``keys`` …) is still reachable as ``pred["usage"]``.
     It is a `Mapping`, not a dict, so a program's output keeps its type
     through execution and ``pred.answer`` works on traced values too. It is
-    also a `StreamEvent`: the last item ``astream`` yields, as udspy's stream
-    ends with its Prediction.
+    also a `StreamEvent`: the last item ``astream`` yields, so a consumer
+    filtering events by type still receives the final answer.
     """
 
     __slots__ = (

@@ -69,7 +69,7 @@ class Refine(Module):
     Args:
         module: the module to refine. Its ``forward`` must accept ``history=``
             or ``feedback=`` (see the module docstring). ``base_module=`` is
-            the same (dsprrr's name).
+            the same (an alias for ported code).
         max_iters: most attempts (default 3); ``max_iterations=`` is the same.
         reward_fn: ``reward_fn(inputs, output)`` → a float, or ``(float, reason)``
             whose reason is fed back; sync or async. With neither a reward
@@ -81,7 +81,7 @@ class Refine(Module):
         judge_alias: the resource alias of the requirements' LLM judge.
         refinement_prompt: what the next attempt is told, as a template with
             ``{previous_output}``, ``{feedback}`` (why it fell short) and
-            ``{score}`` (dsprrr: ``"Improve this response: {previous_output}"``);
+            ``{score}`` (e.g. ``"Improve this response: {previous_output}"``);
             by default the reasons an attempt fell short (see `feedback`).
 
     Returns the first attempt that passes; when none does, the best one

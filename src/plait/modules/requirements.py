@@ -1,4 +1,4 @@
-"""Requirements and instruct-validate-repair, in the style of Mellea.
+"""Requirements and instruct-validate-repair: ask, check, ask again with what failed.
 
 A `Requirement` is one thing an output must satisfy, said in words. It is
 checked by a Python validator when it has one (``validator(output)`` returns

@@ -1,4 +1,4 @@
-"""The tool-calling loop: ReAct's, and Predict's when it has tools (seed 003's tool lifecycle).
+"""The tool-calling loop: ReAct's, and Predict's when it has tools (run every call, answer, repeat).
 
 Each turn sends the conversation with the tools attached (native tool
 calling). Every tool call of the reply is run — the calls of one turn

@@ -1,4 +1,4 @@
-"""Traces: a record of every LLM call a module makes (seed ``002``).
+"""Traces: a record of every LLM call a module makes, to inspect or tabulate.
 
 Program modules call `record_trace` after each call; the records live on the
 module in a bounded deque (the last ``module.trace_limit`` calls, 1,000 by
@@ -77,9 +77,9 @@ class TraceRecord:
 def get_traces(module: Any) -> list[TraceRecord]:
     """Returns the records of every LLM call of ``module`` and its descendants, oldest first.
 
-    dsprrr's ``get_traces`` (seed 002); the same as ``module.traces()`` (and
-    ``module.get_traces()``). ``module.traces_frame()`` gives them as a
-    pandas DataFrame, dsprrr's tibble.
+    The same as ``module.traces()`` (and ``module.get_traces()``), as a
+    function for code that reads traces without holding a method;
+    ``module.traces_frame()`` gives them as a pandas DataFrame.
     """
     return module.traces()
 

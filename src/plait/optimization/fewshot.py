@@ -14,9 +14,9 @@ candidate is at least as good as the program was (see
 
 Demo sets are **balanced across labels**: demos are drawn round-robin from
 the examples of each target value, so a set of four demos for a True/False
-task holds two of each instead of following the majority class. (DSPy's
-BootstrapFewShot picked four "True" demos on BBH boolean_expressions, and
-the program then answered "True" to everything: 0.52.)
+task holds two of each instead of following the majority class. (Four
+demos drawn as they come from a skewed set can all say "True"; a program
+shown only those answers "True" to everything and scores at chance.)
 
 Where demos come from:
 
@@ -41,9 +41,9 @@ from pydantic import BaseModel, Field
 
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import StructuredOutputError
-from plait.evaluation import Metric, evaluate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
+from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update
 from plait.parameter import Parameter
@@ -248,8 +248,8 @@ class LabeledFewShot(ProgramSearch):
 
     Args:
         metric, balance, max_concurrent: as `ProgramSearch`.
-        k: demos per step (DSPy's ``LabeledFewShot(k=16)``; the older order
-            ``LabeledFewShot(k, metric)`` works too).
+        k: demos per step, also as a keyword alone (``LabeledFewShot(k=16)``;
+            the older order ``LabeledFewShot(k, metric)`` works too).
         seed: the sampling seed.
     """
 

@@ -1,4 +1,4 @@
-"""ReflectiveSearch: evolve a program by reflecting on the feedback its runs get (GEPA-like).
+"""ReflectiveSearch: evolve a program by reflecting on the feedback its runs get.
 
     search = ReflectiveSearch(exact_match, max_calls=600)
     report = await search.compile(program, train, val, resources=config)
@@ -64,10 +64,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from plait.evaluation import Metric
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
+from plait.optimization.evaluation import Metric
 from plait.optimization.fewshot import (
     Example,
     _demo_key,
@@ -305,7 +305,7 @@ class ReflectiveSearch(ProgramSearch):
         return list(losses), scores
 
     async def _scores(self, program: Module, batch: list[Example], resources: Any) -> list[float]:
-        from plait.evaluation import evaluate
+        from plait.optimization.evaluation import evaluate
 
         result = await evaluate(
             program,
@@ -394,7 +394,7 @@ class ReflectiveSearch(ProgramSearch):
 
 
 def _exact(output: Any, target: Any) -> bool:
-    from plait.evaluation import exact_match
+    from plait.optimization.evaluation import exact_match
 
     return exact_match(output, target)
 

@@ -12,7 +12,7 @@ validation set, and apply the best one to the program:
 
 One calling convention for every search: the constructor takes the metric
 first, then the search's own options; ``compile(program, trainset=...,
-valset=...)`` (DSPy's names; ``train_set=`` / ``val_set=`` work too) returns
+valset=...)`` (``train_set=`` / ``val_set=`` work too) returns
 a `SearchReport`. Like a module call, ``compile`` is awaited inside a running
 event loop and runs to completion in a script with no loop running.
 
@@ -39,7 +39,7 @@ Shared here (`ProgramSearch`), so every such optimizer behaves alike:
 * the report says why the program was kept or changed, from the evidence:
   the labels the program predicts, wins and losses against trial 0 example by
   example, the sign test (`SearchReport.reason`, also logged);
-* every trial is recorded in ``program.state`` (seed 002): trials, best score,
+* every trial is recorded in ``program.state`` (`ModuleState`): trials, best score,
   best parameters; ``is_compiled()`` once a search has changed the program;
 * the calls the search made are counted (`SearchReport.calls`).
 
@@ -66,10 +66,16 @@ from typing import Any
 
 from plait import _files
 from plait.errors import PlaitError
-from plait.evaluation import EvaluationResult, Metric, _sole_value, evaluate, examples_of
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import find_resources
 from plait.module import Module
+from plait.optimization.evaluation import (
+    EvaluationResult,
+    Metric,
+    _sole_value,
+    evaluate,
+    examples_of,
+)
 from plait.parameter import Parameter
 
 __all__ = [
@@ -557,11 +563,11 @@ def _record(program: Module, report: SearchReport) -> None:
 
 # ------------------------------------------------------------------- grid
 DEFAULT_GRID: dict[str, list[Any]] = {"temperature": [0.0, 0.3, 0.7]}
-"""What a grid search without ``parameters`` tries (seed 002's own example values)."""
+"""What a grid search without ``parameters`` tries: greedy, low and high sampling temperature."""
 
 
 class GridSearch(ProgramSearch):
-    """Tries every combination of module settings on a dev set; applies the best (seed 002).
+    """Tries every combination of module settings on a dev set; applies the best.
 
     Each key of ``parameters`` names a setting and maps to the values to try:
 
@@ -796,7 +802,7 @@ def optimize_grid(
     significance: float | None = 0.1,
     max_concurrent: int | None = None,
 ) -> Any:
-    """Tries every combination of ``parameters`` on ``devset`` and keeps the best (seed 002).
+    """Tries every combination of ``parameters`` on ``devset`` and keeps the best.
 
     Also ``module.optimize_grid(devset, metric, parameters)``; the short form
     ``module.optimize_grid(devset, metric)`` tries `DEFAULT_GRID` (temperature

@@ -45,12 +45,12 @@ from pathlib import Path
 from typing import Any
 
 from plait import _context, _files
-from plait.evaluation import Metric, evaluate, examples_of
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.progress import progress_bar
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
+from plait.optimization.evaluation import Metric, evaluate, examples_of
 from plait.optimization.optimizers import Optimizer, StepReport
 from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.values import Value

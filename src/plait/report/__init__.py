@@ -1,8 +1,13 @@
-"""Seeing a run: a `RunReport` of one run, its Perfetto trace, and an HTML page with plots.
+"""The observability layer: profiling a run, reporting it, and exporting its spans.
+
+`profiling.py` records what ran (`profile()`, `Profiler`), `run_report.py` turns
+those records into a `RunReport` of one run, `perfetto.py` its Perfetto trace,
+`html.py` an HTML page with plots, and `telemetry.py` sends every call as an
+OpenTelemetry span as it happens.
 
 A `RunReport` is plain data (usage, cost, timings, retries, errors, the
-program graph, training scores) built from a `plait.profiling.Profiler`
-and saved as JSON (``run.json``)::
+program graph, training scores) built from a `Profiler` and saved as JSON
+(``run.json``)::
 
     outputs, report = await plait.run(program, rows, resources=config, report=True)
     print(report.summary())
@@ -13,7 +18,21 @@ and saved as JSON (``run.json``)::
 self-contained page; that needs the ``report`` extra (plotly), loaded only then.
 """
 
-from plait.report.run_report import RunReport, RunReportError, graph_data
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plait.report.run_report import RunReport, RunReportError, graph_data
+
+# Loaded on first use, so that profiling a run (`plait.report.profiling`, in
+# this package) does not also load the report it may never build.
+_HOMES = {
+    "RunReport": "plait.report.run_report",
+    "RunReportError": "plait.report.run_report",
+    "graph_data": "plait.report.run_report",
+}
 
 __all__ = ["RunReport", "RunReportError", "graph_data", "write_html"]
 
@@ -23,3 +42,16 @@ def write_html(report: RunReport, path: str) -> None:
     from plait.report.html import write_html as write
 
     write(report, path)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'plait.report' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

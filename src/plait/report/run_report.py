@@ -23,7 +23,7 @@ from typing import Any
 from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
-from plait.profiling import Profiler
+from plait.report.profiling import Profiler
 
 __all__ = ["FORMAT", "RunReport", "RunReportError", "graph_data"]
 

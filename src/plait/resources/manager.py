@@ -394,7 +394,7 @@ class ResourceManager:
         waited = 0.0
         attempts = 0
         error: BackendError | None = None
-        # An active profiler (plait.profiling) sees every attempt: its wait, request and status.
+        # An active profiler (plait.report.profiling) sees each attempt: its wait, request, status.
         observer = _context.PROFILE.get()
         call = observer.next_call() if observer is not None else 0
         while True:

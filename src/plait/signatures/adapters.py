@@ -223,7 +223,7 @@ class _MessageAdapter:
         return tuple(messages)
 
     def _system_turn(self, signature: type[Signature], history: Sequence[Message]) -> str:
-        """Returns the one system turn, always first (seed 003).
+        """Returns the one system turn, always first, where every provider reads it.
 
         A history's own system prompt (say, a persona) leads it, then the task
         and its fields. A history restored from a saved conversation may hold
@@ -251,7 +251,7 @@ class _MessageAdapter:
     def format_system(self, signature: type[Signature]) -> str:
         """Returns the system turn: instructions, then the input and output fields.
 
-        ``format_instructions`` is the same method under udspy's name.
+        ``format_instructions`` is the same method, for ported code.
         """
         parts = []
         if signature.instructions:
@@ -265,7 +265,7 @@ class _MessageAdapter:
         return "\n\n".join(parts)
 
     def format_instructions(self, signature: type[Signature]) -> str:
-        """Returns the system turn (udspy's name for `format_system`)."""
+        """Returns the system turn (`format_system`, for ported code)."""
         return self.format_system(signature)
 
     def parse_outputs(
@@ -273,7 +273,7 @@ class _MessageAdapter:
     ) -> dict[str, Any]:
         """Returns the typed outputs of a reply given as a `Response` or as its text.
 
-        udspy's name for `parse`, which takes only a `Response`.
+        `parse` for ported code; it also takes the reply as text.
 
         Raises:
             StructuredOutputError: the reply does not hold valid outputs.
@@ -285,7 +285,7 @@ class _MessageAdapter:
     def format_tool_schema(self, tool: Any) -> dict[str, Any]:
         """Returns a tool (a `plait.Tool` or a function) in OpenAI's function-tool format.
 
-        What udspy's adapter offers; plait's backends do this translation
+        For ported code that asks an adapter; plait's backends do this translation
         themselves from `Tool.spec`, so a program never needs it.
         """
         from plait.tools import Tool

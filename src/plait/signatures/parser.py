@@ -18,7 +18,7 @@ types={"Order": Order})``; it may stand wherever an atom does (``list[Order]``,
 ``Order | None``). Names are given, never looked up in the caller's globals,
 so what a string means never depends on where it is written.
 
-dsprrr's type words (seed 002, after R's ellmer types) are synonyms:
+JSON-schema-like type words are synonyms:
 ``string`` is ``str``, ``integer`` ``int``, ``number`` ``float``, ``boolean``
 ``bool``, and ``enum('a', 'b')`` (or ``enum['a', 'b']``) is ``Literal['a', 'b']``.
 
@@ -52,7 +52,7 @@ _SCALARS: dict[str, Any] = {
     "int": int,
     "float": float,
     "bool": bool,
-    # dsprrr's (ellmer's) words for the same types
+    # JSON-schema-like words for the same types
     "string": str,
     "integer": int,
     "number": float,
@@ -432,7 +432,7 @@ class _TypeParser:
         return Literal[tuple(values)]  # type: ignore[valid-type]
 
     def _enum(self, token: _Token) -> Any:
-        """Returns dsprrr's ``enum('a', 'b')`` (or ``enum['a', 'b']``) as ``Literal['a', 'b']``."""
+        """Returns ``enum('a', 'b')`` (or ``enum['a', 'b']``) as ``Literal['a', 'b']``."""
         opening = self._peek()
         if opening.kind != "punct" or opening.text not in _CLOSING:
             self._fail("enum needs its values: enum('a', 'b')", token)

@@ -16,7 +16,7 @@ class can never be half-built: the metaclass validates every field when the
 class is created, then the class is frozen. Nothing ever instantiates a
 signature; every "change" (`with_instructions`, `append` …) returns a new
 class and leaves the original untouched, so an optimizer trying variants can
-never corrupt the contract another module relies on (seed ``002``).
+never corrupt the contract another module relies on.
 
 Two signatures are equal when their instructions and fields are equal (the
 class name does not matter), and equal signatures hash alike.
@@ -339,17 +339,17 @@ class Signature(metaclass=SignatureMeta):
 
     @classmethod
     def get_input_fields(cls) -> dict[str, FieldSpec]:
-        """Returns the input fields by name (udspy's spelling of `input_fields`, as a dict)."""
+        """Returns the input fields by name (`input_fields` as a dict, for ported code)."""
         return dict(cls.input_fields)
 
     @classmethod
     def get_output_fields(cls) -> dict[str, FieldSpec]:
-        """Returns the output fields by name (udspy's spelling of `output_fields`, as a dict)."""
+        """Returns the output fields by name (`output_fields` as a dict, for ported code)."""
         return dict(cls.output_fields)
 
     @classmethod
     def get_instructions(cls) -> str:
-        """Returns the instructions (udspy's spelling of `instructions`)."""
+        """Returns the instructions (`instructions`, for ported code)."""
         return cls.instructions
 
     @classmethod
@@ -471,7 +471,7 @@ def make_signature(
     """Returns a new signature class with these fields (inputs and outputs may be mixed).
 
     ``instructions`` None means the default text naming the fields. Fields
-    come as `FieldSpec`s, or (udspy's form) as ``input_fields=`` /
+    come as `FieldSpec`s, or as ``input_fields=`` /
     ``output_fields=`` mappings of name to a type, a ``(type, "description")``
     pair, or a ``(type, InputField(...))`` pair::
 

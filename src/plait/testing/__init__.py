@@ -2,7 +2,9 @@
 
 `ScriptedServer` runs inside a test's event loop; `start_server_process`
 runs the same server in a child process for benchmarks; `start_llama_server`
-serves the embedded model with ``python -m llama_cpp.server``. See
+serves the embedded model with ``python -m llama_cpp.server``;
+`server_in_thread` runs a `ScriptedServer` on a loop of its own, for callers
+that block their thread. See
 `plait.testing.scripted_server` for the full story.
 
 Names are loaded on first use, so ``python -m plait.testing.scripted_server``
@@ -19,6 +21,7 @@ if TYPE_CHECKING:
     from plait.testing._llama_server import start_llama_server
     from plait.testing._process import fetch_stats, start_server_process
     from plait.testing._replies import Flood, RawReply
+    from plait.testing._thread import server_in_thread
     from plait.testing.scripted_server import RequestRecord, ScriptedServer, ServerStats
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "ScriptedServer",
     "ServerStats",
     "fetch_stats",
+    "server_in_thread",
     "start_llama_server",
     "start_server_process",
 ]
@@ -41,6 +45,7 @@ _HOMES = {
     "ScriptedServer": "plait.testing.scripted_server",
     "ServerStats": "plait.testing.scripted_server",
     "fetch_stats": "plait.testing._process",
+    "server_in_thread": "plait.testing._thread",
     "start_llama_server": "plait.testing._llama_server",
     "start_server_process": "plait.testing._process",
 }

@@ -12,7 +12,8 @@ import pytest
 import plait
 from plait import LLMInference, ResourceConfig, ResourceManager
 from plait.errors import FileError
-from plait.evaluation import (
+from plait.feedback import Feedback
+from plait.optimization.evaluation import (
     EvaluationResult,
     ExampleRow,
     exact_match,
@@ -20,7 +21,6 @@ from plait.evaluation import (
     run_dataset,
     score_of,
 )
-from plait.feedback import Feedback
 from plait.testing import ScriptedServer
 
 

@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
-from collections.abc import Iterator
 from typing import Any
 
 from plait import LLMInference, Module, ResourceConfig, ResourceManager, run
-from plait.profiling import NodeTiming, Profiler, profile
-from plait.testing import ScriptedServer
+from plait.report.profiling import NodeTiming, Profiler, profile
+from plait.testing import ScriptedServer, server_in_thread
 
 
 class Views(Module):
@@ -38,23 +34,6 @@ def config_for(server: ScriptedServer) -> ResourceConfig:
     return ResourceConfig(
         {"*": {"provider": "openai", "model": "m", "base_url": server.base_url, "api_key": "k"}}
     )
-
-
-@contextlib.contextmanager
-def server_in_thread() -> Iterator[ScriptedServer]:
-    """A scripted server on its own loop: ``run_sync`` blocks the caller's thread."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    server = ScriptedServer()
-    try:
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(timeout=10)
-        yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(timeout=10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
 
 
 def words(text: str) -> int:

@@ -1,4 +1,4 @@
-"""Metric factories in dsprrr's spelling (seed 002): ``metric_exact_match()`` and friends.
+"""Metric factories: ``metric_exact_match()`` and friends, configured once, called per row.
 
 Each factory returns a metric ``metric(prediction, expected)``, the shape
 `plait.evaluate` (and the optimizers' evaluations) call with a program's
@@ -8,7 +8,7 @@ structured output: ``field="answer"`` reads ``prediction.answer`` (or
 ``expected["answer"]`` — so a target can be the whole data row. Without
 ``field``, a prediction with one field (a `Prediction` of a one-output
 signature) is compared by that field's value against a bare target, as
-`plait.evaluation.exact_match` does::
+`plait.optimization.evaluation.exact_match` does::
 
     exact = metric_exact_match(field="sentiment", ignore_case=True)
     exact(Prediction(sentiment="Positive"), {"text": "Great!", "sentiment": "positive"})  # True
@@ -19,14 +19,12 @@ signature) is compared by that field's value against a bare target, as
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from plait.evaluation import _sole_value
+from plait.optimization.evaluation import Metric, _sole_value
 
 __all__ = ["metric_contains", "metric_exact_match", "metric_f1", "metric_field_match"]
-
-Metric = Callable[[Any, Any], Any]
 
 
 def metric_exact_match(

@@ -21,7 +21,7 @@ status and exception event carry plait's message with that text withheld.
 
 Needs ``pip install 'plait[otel]'`` (opentelemetry-api and -sdk)::
 
-    from plait.telemetry import OpenTelemetryCallback
+    from plait.report.telemetry import OpenTelemetryCallback
     plait.settings.configure(callbacks=[OpenTelemetryCallback()])
 """
 
