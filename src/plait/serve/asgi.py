@@ -207,12 +207,11 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
         except Exception as exc:
             return run_failure(exc, request.scope, service.options.retry_after)
 
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     run_program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
-            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
-            inspect.Parameter(
-                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=served.input_model
-            ),
+            inspect.Parameter("request", positional, annotation=Request),
+            inspect.Parameter("body", positional, annotation=served.input_model),
             inspect.Parameter(
                 "stream",
                 inspect.Parameter.KEYWORD_ONLY,
@@ -220,7 +219,7 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
                 annotation=bool,
             ),
         ]
-    )  # fmt: skip
+    )
     app.add_api_route(
         f"/programs/{served.name}/run",
         run_program,

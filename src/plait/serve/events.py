@@ -9,8 +9,8 @@ plait event               SSE ``event:``  ``data:``
 `ToolResultEvent`         ``tool_result`` ``{module, tool, content, ok, call_id}``
 `StreamRestart`           ``restart``     ``{module, reason}``: drop that module's text so far
 your own `StreamEvent`    ``event``       ``{type, module, data}`` (its fields as JSON)
-the program's output      ``output``      the run result: ``{run_id, status, output, usage}``
-a pause for approval      ``paused``      the paused run: ``{run_id, status, program, pending, usage}``
+the program's output      ``output``      ``{run_id, status, output, usage}``
+a pause for approval      ``paused``      ``{run_id, status, program, pending, usage}``
 a failure                 ``error``       ``{error: {type, message, request_id[, error_id]}}``
 ========================  ==============  ================================================
 
