@@ -287,15 +287,18 @@ def _describable(annotation: Any) -> Any:
 
 
 def _output_type(module: Module) -> Any:
+    """Returns the type of the program's output: a `Signature` module's output fields (its
+    `Prediction` holds them), else the declared return type, else text for an LLMInference."""
+    from plait.modules import Prediction
+
     declared = module.declared_return_type()
-    if declared is not None:
-        return declared
-    if isinstance(module, LLMInference):
-        return str
     signature = getattr(module, "signature", None)
     if isinstance(signature, type) and issubclass(signature, Signature):
-        return signature.output_model()
-    return Any
+        if declared is None or (isinstance(declared, type) and issubclass(declared, Prediction)):
+            return signature.output_model()
+    if declared is not None:
+        return declared
+    return str if isinstance(module, LLMInference) else Any
 
 
 def _chat_form(module: Module, fields: dict[str, Any], histories: list[str]) -> ChatForm | None:
