@@ -293,9 +293,11 @@ def _output_type(module: Module) -> Any:
 
     declared = module.declared_return_type()
     signature = getattr(module, "signature", None)
-    if isinstance(signature, type) and issubclass(signature, Signature):
-        if declared is None or (isinstance(declared, type) and issubclass(declared, Prediction)):
-            return signature.output_model()
+    holds_fields = declared is None or (
+        isinstance(declared, type) and issubclass(declared, Prediction)
+    )
+    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
+        return signature.output_model()
     if declared is not None:
         return declared
     return str if isinstance(module, LLMInference) else Any
