@@ -65,17 +65,17 @@ async def test_the_official_openai_client_chats_with_served_programs() -> None:
 
 
 async def test_plait_calls_a_served_plait_program_as_its_model() -> None:
-    async with ScriptedServer() as server:
-        async with serving(app({"chat": Chat()}, upstream(server))) as url:
-            served_model = ResourceConfig(
+    server = ScriptedServer()
+    async with server, serving(app({"chat": Chat()}, upstream(server))) as url:
+        served_model = ResourceConfig(
                 {"*": {"provider": "openai", "base_url": f"{url}/v1", "model": "chat",
                        "api_key": "unused", "max_retries": 0}}
             )  # fmt: skip
-            caller = LLMInference("outer", "Relay.")
-            answer = await run(caller, "hi there", resources=served_model)
-            streamed = [event async for event in caller.astream("again", resources=served_model)]
-            async with httpx.AsyncClient() as client:
-                metrics = (await client.get(f"{url}/metrics")).text
+        caller = LLMInference("outer", "Relay.")
+        answer = await run(caller, "hi there", resources=served_model)
+        streamed = [event async for event in caller.astream("again", resources=served_model)]
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(f"{url}/metrics")).text
     assert answer == "echo: hi there"
     assert streamed[-1] == "echo: again"
     assert 'route="/v1/chat/completions",status="200"} 2.0' in metrics
