@@ -634,3 +634,128 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     except FileError as exc:
         _fail(str(exc))
     click.echo(f"wrote {output_path}", err=True)
+
+
+@cli.command("serve", epilog=_RESOURCES_HELP)
+@click.argument("program_specs", metavar="PROGRAM...", nargs=-1, required=True)
+@click.option(
+    "-r",
+    "--resources",
+    type=click.Path(path_type=Path),
+    help="Endpoints file (.toml, .yaml, .json) every request shares (example below).",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to listen on; other than loopback needs an API key.",
+)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Processes; each opens its own resources (limits hold per worker).",
+)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0, min_open=True),
+    default=30.0,
+    show_default=True,
+    help="Seconds runs in flight may take to finish on SIGTERM.",
+)
+@click.option(
+    "--api-key-env",
+    "api_key_envs",
+    multiple=True,
+    metavar="NAME",
+    help="Environment variable holding API key(s), comma-separated.",
+)
+@click.option(
+    "--api-key-file",
+    "api_key_files",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="File of API keys, one a line.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Let browsers on ORIGIN call the API ('*' for any); CORS is off without it.",
+)
+@click.option(
+    "--max-queued",
+    type=click.IntRange(min=0),
+    default=512,
+    show_default=True,
+    help="Runs that may wait for a place; beyond, 429 with Retry-After.",
+)
+@click.option(
+    "--max-active",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Runs executing at once.",
+)
+@click.option(
+    "--max-body",
+    "max_body_bytes",
+    type=click.IntRange(min=1),
+    default=1_048_576,
+    show_default=True,
+    help="Largest request body in bytes (413 beyond).",
+)
+@click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Seconds one request may run (504 beyond).",
+)
+def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: str, port: int,
+                  workers: int, api_key_envs: tuple[str, ...], api_key_files: tuple[Path, ...],
+                  **options: Any) -> None:  # fmt: skip
+    """Serve PROGRAM(s) over HTTP: typed runs, SSE, OpenAI-compatible chat, metrics.
+
+    Each PROGRAM is pkg.module:Name or file.py:Name, served under its name, or
+    NAME=PROGRAM to choose the name. Routes: POST /programs/NAME/run,
+    POST /v1/chat/completions, GET /openapi.json, /healthz, /readyz, /metrics.
+    """
+    from plait.serve.options import ServeOptions, check_exposure, read_api_keys
+
+    with _usage_errors():
+        named = [_served_name(spec) for spec in program_specs]
+        keys = read_api_keys(api_key_envs, api_key_files)
+        serve_options = ServeOptions(
+            api_keys=tuple(keys), cors_origins=tuple(options.pop("cors_origins")), **options
+        )
+        check_exposure(host, serve_options)
+        if workers > 1:
+            from plait.serve.server import serve_workers
+
+            for _, spec in named:  # found wrong here, once, rather than in every worker
+                load_program(spec)
+            serve_workers(
+                named, str(resources) if resources else None,
+                host=host, port=port, workers=workers, options=serve_options,
+            )  # fmt: skip
+            return
+        programs = {name: _prepare(spec, None, ())[0] for name, spec in named}
+        config = _resources(resources, next(iter(programs.values())))
+        for name, program in programs.items():
+            _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
+        from plait.serve import app, serve
+
+        served = app(programs, config, **vars(serve_options))
+    serve(served, host=host, port=port, options=serve_options)
+
+
+def _served_name(spec: str) -> tuple[str, str]:
+    """Returns ``(name, program)`` of ``NAME=PROGRAM``, or of ``PROGRAM`` named after it."""
+    name, sep, program = spec.partition("=")
+    if sep:
+        return name, program
+    return spec.rpartition(":")[2].rpartition(".")[2], spec

@@ -1,0 +1,95 @@
+"""``plait serve``: a program as an HTTP service (the ``serve`` extra: FastAPI, uvicorn,
+prometheus_client).
+
+::
+
+    from plait.serve import app
+    asgi = app(Report(), ResourceConfig.from_file("res.toml"))   # any ASGI server runs it
+    # or: plait serve report.py:Report --resources res.toml
+
+One app serves one or several programs (``app({"qa": qa, "chat": chat}, resources)``), all
+sharing one `ResourceManager`, so endpoint limits, cache, retries and budgets hold across
+every request. The routes, JSON shapes and options are in ``docs/serving.md``.
+
+Layout: ``programs.py`` (request and response schemas from what a program declares),
+``runs.py`` (the shared resources, admission, per-request usage, pauses), ``pending.py``
+(where paused runs wait: the `PendingStore` interface and its in-memory store),
+``events.py`` (stream events as SSE), ``asgi.py`` (the app and its typed routes),
+``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
+access log, API keys, body limit), ``metrics.py`` (Prometheus), ``responses.py`` (answers
+cancelled when their client leaves), ``errors.py`` (JSON errors, error ids), ``options.py``,
+``server.py`` (uvicorn, draining on SIGTERM).
+
+Nothing here is imported by ``import plait``; ``import plait.serve`` itself stays light
+until `app` or `serve` is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from plait.serve.options import ServeOptions
+    from plait.serve.pending import MemoryPendingStore, PendingRun, PendingStore
+    from plait.serve.server import serve
+
+__all__ = [
+    "MemoryPendingStore",
+    "PendingRun",
+    "PendingStore",
+    "ServeOptions",
+    "app",
+    "serve",
+]
+
+_HOMES = {
+    "MemoryPendingStore": "plait.serve.pending",
+    "PendingRun": "plait.serve.pending",
+    "PendingStore": "plait.serve.pending",
+    "ServeOptions": "plait.serve.options",
+    "serve": "plait.serve.server",
+}
+
+
+def app(programs: Any, resources: Any = None, **options: Any) -> FastAPI:
+    """Returns an ASGI app (FastAPI) that serves ``programs`` with one set of ``resources``.
+
+    Args:
+        programs: a `Module`, a list of Modules (each named after its class), or a mapping
+            ``name -> Module``; each is served at ``/programs/{name}/run`` and, if it takes
+            a conversation or a text, as the model ``name`` of ``/v1/chat/completions``.
+        resources: a `ResourceConfig`, a mapping, or a `ResourceManager`, shared by every
+            request; None: the resources the programs are bound to.
+        **options: `ServeOptions` fields (``api_keys``, ``max_queued``, ``deadline`` …).
+
+    Raises:
+        ConfigError: a program cannot be served, an option is invalid, or there are no
+            resources.
+    """
+    try:
+        from plait.serve.asgi import build_app
+    except ModuleNotFoundError as exc:
+        if exc.name in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
+            from plait.errors import ConfigError
+
+            raise ConfigError(f"plait.serve needs {exc.name}: pip install 'plait[serve]'") from None
+        raise
+    from plait.serve.options import ServeOptions
+
+    return build_app(programs, resources, ServeOptions(**options))
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'plait.serve' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

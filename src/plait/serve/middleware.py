@@ -1,0 +1,183 @@
+"""The ASGI layers every request passes, outermost first: request ids, access log and metrics
+(`ObservedRequests`), CORS when asked, API keys (`RequireApiKey`), the body size limit
+(`LimitBody`). Each is plain ASGI, so streamed responses and disconnects pass through untouched.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from plait.serve.errors import error_response, failure_response
+
+__all__ = ["LimitBody", "ObservedRequests", "RequireApiKey"]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+access_logger = logging.getLogger("plait.serve.access")
+
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+"""A client's X-Request-ID is kept when it looks like an id (so it cannot forge log lines)."""
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+"""Paths that answer without an API key: an orchestrator's probes carry none."""
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class ObservedRequests:
+    """Gives each request an id (the client's ``X-Request-ID`` when it looks like one),
+    returns it in the ``X-Request-ID`` header, counts the request in the metrics, and logs
+    one JSON line when it is answered. An exception no layer handled becomes the 500 with an
+    error id (see `plait.serve.errors`)."""
+
+    def __init__(self, app: App, metrics: Any, access_log: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, b"x-request-id")
+        request_id = given if given and _CLIENT_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        answer = {"status": 500, "started": False}
+        start = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                answer["status"], answer["started"] = message["status"], True
+                headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:
+            if answer["started"]:
+                raise  # the answer is under way: the server closes the connection
+            await failure_response(exc, scope)(scope, receive, send_with_id)
+        finally:
+            self.metrics.in_flight.dec()
+            seconds = time.perf_counter() - start
+            route = _route_of(scope)
+            self.metrics.observe(route, scope["method"], answer["status"], seconds)
+            if self.access_log:
+                self._log(scope, request_id, answer["status"], seconds)
+
+    @staticmethod
+    def _log(scope: Scope, request_id: str, status: int, seconds: float) -> None:
+        client = scope.get("client")
+        line = {
+            "request_id": request_id,
+            "method": scope["method"],
+            "path": scope["path"],
+            "status": status,
+            "duration_ms": round(seconds * 1000, 2),
+            "client": f"{client[0]}:{client[1]}" if client else None,
+        }
+        access_logger.info(json.dumps(line))
+
+
+def _route_of(scope: Scope) -> str:
+    """Returns the route template that answered (bounded label values), or ``unmatched``."""
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+class RequireApiKey:
+    """Answers 401 unless the request carries ``Authorization: Bearer <key>`` with one of the
+    keys. Every key is compared, in constant time, so timing tells nothing of any of them."""
+
+    def __init__(self, app: App, keys: tuple[str, ...]) -> None:
+        self.app = app
+        self.keys = tuple(key.encode() for key in keys)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(
+            401,
+            "unauthorized",
+            "missing or wrong API key; send the header Authorization: Bearer <key>",
+            scope,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+        await response(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        header = _header(scope, b"authorization") or ""
+        scheme, _, token = header.partition(" ")
+        given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
+        matched = False
+        for key in self.keys:
+            matched |= hmac.compare_digest(key, given)
+        return matched
+
+
+class LimitBody:
+    """Answers 413 to a request whose body is larger than ``max_bytes``: at once when its
+    ``Content-Length`` says so, otherwise as soon as it has sent that much. The body is read
+    here, whole, before the app sees it (the app reads it whole anyway)."""
+
+    def __init__(self, app: App, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before it finished sending
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            more = message.get("more_body", False)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()  # from now on: the disconnect, when it comes
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response(
+            413,
+            "body_too_large",
+            f"the request body is larger than {self.max_bytes} bytes, this server's limit",
+            scope,
+        )
+        await response(scope, receive, send)

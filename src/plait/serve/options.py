@@ -1,0 +1,128 @@
+"""`ServeOptions`: the limits, keys and switches of one server, checked when they are made."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from plait.errors import ConfigError
+
+__all__ = ["ServeOptions", "check_exposure", "is_loopback", "read_api_keys"]
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a server admits, limits and protects requests.
+
+    Example::
+
+        ServeOptions(api_keys=("s3cret-key",), max_queued=100, deadline=60)
+    """
+
+    api_keys: tuple[str, ...] = ()
+    """Bearer tokens a request may carry; empty means no authentication (loopback only)."""
+    max_active: int = 128
+    """Runs executing at once; more wait in the queue. Model calls are limited separately,
+    per endpoint, by the resources (``max_concurrent``, ``rpm`` …)."""
+    max_queued: int = 512
+    """Runs waiting for a place; beyond this a request is answered 429 with Retry-After."""
+    retry_after: int = 1
+    """Seconds a 429 (or a 503 while draining) asks the client to wait."""
+    max_body_bytes: int = 1_048_576
+    """Largest request body; a larger one is answered 413."""
+    deadline: float | None = 300.0
+    """Seconds one request may run (waits for limits included); past it, 504. None: no limit."""
+    cors_origins: tuple[str, ...] = ()
+    """Origins a browser may call from (``"*"`` for any); empty: CORS off."""
+    grace: float = 30.0
+    """Seconds a stopping server lets runs in flight finish before it cancels them."""
+    access_log: bool = True
+    """Log one structured line per request (logger ``plait.serve.access``)."""
+    pending_store: Any = None
+    """Where paused runs wait (a `PendingStore`); None: in memory."""
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+    """Room for later parts of the server (chat page, approvals) to carry their settings."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_active", "max_queued", "max_body_bytes"):
+            if getattr(self, name) < (0 if name == "max_queued" else 1):
+                raise ConfigError(
+                    f"serve option {name} must be positive, got {getattr(self, name)}"
+                )
+        for name in ("deadline", "grace"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"serve option {name} must be > 0 seconds, got {value}")
+        if self.retry_after < 0:
+            raise ConfigError(f"serve option retry_after must be >= 0, got {self.retry_after}")
+        object.__setattr__(self, "api_keys", tuple(self.api_keys))
+        object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        for key in self.api_keys:
+            if not isinstance(key, str) or len(key) < 8 or not key.isprintable() or " " in key:
+                raise ConfigError(
+                    "an API key must be text of at least 8 printable characters without spaces; "
+                    "check the keys given to the server"
+                )
+
+
+def read_api_keys(env_names: Iterable[str] = (), files: Iterable[str | Path] = ()) -> list[str]:
+    """Returns the API keys held by environment variables and files.
+
+    A variable may hold several keys separated by commas; a file holds one key a line
+    (blank lines and lines starting with ``#`` are skipped).
+
+    Raises:
+        ConfigError: a variable is unset or empty, or a file cannot be read or has no key;
+            names the variable or file (never a key).
+    """
+    keys: list[str] = []
+    for name in env_names:
+        found = [key.strip() for key in os.environ.get(name, "").split(",") if key.strip()]
+        if not found:
+            raise ConfigError(
+                f"--api-key-env {name}: the environment variable {name} is unset or empty; "
+                "export the key(s) there, comma-separated"
+            )
+        keys += found
+    for path in map(Path, files):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or type(exc).__name__
+            raise ConfigError(f"--api-key-file {path}: cannot read it ({reason})") from None
+        found = [
+            line.strip() for line in text.splitlines() if line.strip() and line.strip()[0] != "#"
+        ]
+        if not found:
+            raise ConfigError(f"--api-key-file {path} holds no key; write one key a line")
+        keys += found
+    return keys
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, options: ServeOptions) -> None:
+    """Refuses to serve a non-loopback host without API keys.
+
+    Raises:
+        ConfigError: ``host`` is reachable from other machines and no key is set.
+    """
+    if options.api_keys or is_loopback(host):
+        return
+    raise ConfigError(
+        f"refusing to serve on {host} without API keys: anyone who can reach it could run "
+        "the program at your expense; pass --api-key-env NAME or --api-key-file PATH, or "
+        "bind 127.0.0.1"
+    )

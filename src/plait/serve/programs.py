@@ -1,0 +1,328 @@
+"""What a served program takes and gives: its request and response schemas, and its chat form.
+
+A program's inputs are the ones ``plait run`` fills from columns (`plait.cli.programs.inputs_of`:
+``forward``'s parameters, or the input fields of its `Signature`); each becomes a field of the
+request body, typed by its annotation. An input annotated `History` takes a list of OpenAI-style
+messages. The output type is the one the program declares (``forward``'s return annotation, an
+``LLMInference``'s response format or text, a `Signature`'s output fields), else any JSON.
+
+A type pydantic cannot describe is served as any JSON rather than refused: the program still
+checks what it receives, and the schema then says less, never something false.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+
+from plait.cli.programs import inputs_of
+from plait.errors import ConfigError
+from plait.history import History
+from plait.module import LLMInference, Module
+from plait.signatures import Signature
+
+__all__ = ["ChatForm", "PendingCall", "RunUsage", "ServedProgram", "json_data", "served_programs"]
+
+ChatForm = Literal["history", "messages", "text"]
+"""How a chat conversation reaches a program: a `History`, a list of message dicts (what an
+``LLMInference`` takes as one conversation), or the text of the last user message."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class RunUsage(BaseModel):
+    """The model calls one request made, and what they cost."""
+
+    calls: int = Field(description="Calls that reached a model (cache hits excluded).")
+    cached: int = Field(description="Calls answered from a response cache.")
+    input_tokens: int
+    output_tokens: int
+    cost: float = Field(description="Dollars, at the endpoints' prices (0 when unknown).")
+
+
+class PendingCall(BaseModel):
+    """A tool call waiting for a person's approval."""
+
+    approval_id: str = Field(description="The id of this pause; an approval is used once.")
+    call_id: str = Field(description="The model's id of the tool call.")
+    tool_name: str | None
+    arguments: Any = Field(description="The call's arguments (an object when they were JSON).")
+    question: str = Field(description="What to ask the person.")
+
+
+class ChatMessage(BaseModel):
+    """One turn of a conversation, OpenAI-style."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class ServedProgram:
+    """One program mounted on the server under ``name``.
+
+    Attributes:
+        name: where it is mounted (``/programs/{name}/run``) and its model name on
+            ``/v1/chat/completions``.
+        module: the program.
+        input_model: the request body: one field per input.
+        output_type: the declared type of the output (``Any`` when none is declared).
+        result_model: the body of a finished run (``run_id``, ``status``, ``output``, ``usage``).
+        paused_model: the body of a run waiting for approval.
+        chat_form: how a conversation reaches it, or None when it takes no conversation.
+    """
+
+    name: str
+    module: Module
+    input_model: type[BaseModel]
+    output_type: Any
+    result_model: type[BaseModel]
+    paused_model: type[BaseModel]
+    chat_form: ChatForm | None
+    history_fields: frozenset[str]
+
+    @classmethod
+    def build(cls, name: str, module: Module) -> ServedProgram:
+        """Returns ``module`` served as ``name``, its schemas derived from what it declares.
+
+        Raises:
+            ConfigError: the name cannot be a URL segment, or the program takes no input.
+        """
+        if not _NAME.match(name):
+            raise ConfigError(
+                f"program name {name!r} cannot be served: use letters, digits, '_', '.' or '-' "
+                "(at most 64), starting with a letter or digit"
+            )
+        if not isinstance(module, Module):
+            raise ConfigError(
+                f"program {name!r} is a {type(module).__name__}, not a plait Module; serve a "
+                "Module instance"
+            )
+        fields, histories = _input_fields(module)
+        if not fields:
+            raise ConfigError(f"program {name!r} takes no inputs, so a request has nothing to fill")
+        prefix = _model_prefix(name)
+        input_model = create_model(
+            f"{prefix}Input", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        output_type = _describable(_output_type(module))
+        result_model = create_model(
+            f"{prefix}Result",
+            run_id=(str, ...),
+            status=(Literal["completed"], ...),
+            output=(output_type, ...),
+            usage=(RunUsage, ...),
+        )
+        paused_model = create_model(
+            f"{prefix}Paused",
+            run_id=(str, ...),
+            status=(Literal["paused"], ...),
+            program=(str, ...),
+            pending=(list[PendingCall], ...),
+            usage=(RunUsage, ...),
+        )
+        return cls(
+            name,
+            module,
+            input_model,
+            output_type,
+            result_model,
+            paused_model,
+            _chat_form(module, fields, histories),
+            frozenset(histories),
+        )
+
+    def arguments(self, body: BaseModel) -> dict[str, Any]:
+        """Returns the keyword arguments of ``forward`` for a validated request body."""
+        arguments = {name: getattr(body, name) for name in body.model_fields_set}
+        for name in self.history_fields & arguments.keys():
+            turns = arguments[name]
+            arguments[name] = History.from_list(
+                turn.model_dump(exclude_none=True) for turn in turns
+            )
+        return arguments
+
+    def chat_arguments(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """Returns the keyword arguments of ``forward`` for a chat conversation.
+
+        Raises:
+            ValueError: the program takes only text and the conversation has no user turn.
+        """
+        (name,) = self.input_model.model_fields
+        if self.chat_form == "history":
+            return {name: History.from_list(messages)}
+        if self.chat_form == "messages":
+            return {name: messages}
+        for message in reversed(messages):
+            if message.get("role") == "user":
+                return {name: _text_of(message.get("content"))}
+        raise ValueError("the conversation has no user message for the program to answer")
+
+    def reply_text(self, output: Any) -> str:
+        """Returns the output as the text of a chat reply: text as it is, a single text field
+        as its text, anything else as JSON."""
+        data = json_data(output)
+        if isinstance(data, dict) and len(data) == 1:
+            (only,) = data.values()
+            if isinstance(only, str):
+                return only
+        if isinstance(data, str):
+            return data
+        import json
+
+        return json.dumps(data, ensure_ascii=False)
+
+
+def served_programs(programs: Any) -> list[ServedProgram]:
+    """Returns the programs to mount: one Module (named after its class), a mapping of
+    ``name -> Module``, or a list of Modules (named after their classes).
+
+    Raises:
+        ConfigError: no program, two programs with one name, or one that cannot be served.
+    """
+    if isinstance(programs, Module):
+        pairs = [(type(programs).__name__, programs)]
+    elif isinstance(programs, Mapping):
+        pairs = [(str(name), module) for name, module in programs.items()]
+    else:
+        pairs = [(type(module).__name__, module) for module in programs]
+    if not pairs:
+        raise ConfigError("no program to serve; pass a Module, a list or a name -> Module mapping")
+    names = [name for name, _ in pairs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(
+            f"two programs are named {twice[0]!r}; give each its own name with "
+            "{'name': program} (or NAME=PROGRAM on the command line)"
+        )
+    return [ServedProgram.build(name, module) for name, module in pairs]
+
+
+def json_data(value: Any) -> Any:
+    """Returns a value as JSON data: a `Prediction` or mapping as an object, a `History` as
+    its messages, a pydantic model or dataclass as its fields, anything else JSON cannot hold
+    as its text."""
+    from pydantic_core import to_jsonable_python
+
+    if isinstance(value, History):
+        return value.to_list()
+    to_dict = getattr(value, "to_dict", None)
+    if callable(to_dict) and isinstance(value, Mapping):
+        value = to_dict()
+    elif isinstance(value, Mapping):
+        value = dict(value)
+    return to_jsonable_python(value, fallback=str)
+
+
+def _input_fields(module: Module) -> tuple[dict[str, Any], list[str]]:
+    """Returns pydantic field definitions of the program's inputs, and those that are Histories."""
+    inputs = inputs_of(module)
+    annotations = _input_annotations(module)
+    fields: dict[str, Any] = {}
+    histories = []
+    for name in inputs.names:
+        annotation = annotations.get(name, Any)
+        if _is_history(annotation):
+            histories.append(name)
+            annotation = list[ChatMessage]
+        annotation = _describable(annotation)
+        default = ... if name in inputs.required else _default_of(module, name)
+        fields[name] = (annotation, default)
+    return fields, histories
+
+
+def _input_annotations(module: Module) -> dict[str, Any]:
+    signature = getattr(module, "signature", None)
+    if isinstance(signature, type) and issubclass(signature, Signature):
+        specs = signature.input_fields
+        if any(p.kind is p.VAR_KEYWORD for p in _parameters(module)):
+            return {name: spec.annotation for name, spec in specs.items()}
+    wrapped = getattr(module, "module", None)
+    if isinstance(wrapped, Module) and any(p.kind is p.VAR_KEYWORD for p in _parameters(module)):
+        return _input_annotations(wrapped)
+    try:
+        return typing.get_type_hints(type(module).forward)
+    except Exception:  # an annotation naming something missing: take the ones that are types
+        return {
+            p.name: p.annotation
+            for p in _parameters(module)
+            if p.annotation is not p.empty and not isinstance(p.annotation, str)
+        }
+
+
+def _parameters(module: Module) -> list[inspect.Parameter]:
+    return list(inspect.signature(module.forward).parameters.values())
+
+
+def _default_of(module: Module, name: str) -> Any:
+    parameter = inspect.signature(module.forward).parameters.get(name)
+    if parameter is None or parameter.default is parameter.empty:
+        return None
+    return parameter.default
+
+
+def _is_history(annotation: Any) -> bool:
+    if annotation is History:
+        return True
+    return History in typing.get_args(annotation) and type(None) in typing.get_args(annotation)
+
+
+def _describable(annotation: Any) -> Any:
+    """Returns ``annotation`` when pydantic can validate and describe it, else ``Any``."""
+    if annotation is inspect.Parameter.empty:
+        return Any
+    try:
+        TypeAdapter(annotation).json_schema()
+    except Exception:  # a class pydantic knows nothing about: served as any JSON
+        return Any
+    return annotation
+
+
+def _output_type(module: Module) -> Any:
+    """Returns the type of the program's output: a `Signature` module's output fields (its
+    `Prediction` holds them), else the declared return type, else text for an LLMInference."""
+    from plait.modules import Prediction
+
+    declared = module.declared_return_type()
+    signature = getattr(module, "signature", None)
+    holds_fields = declared is None or (
+        isinstance(declared, type) and issubclass(declared, Prediction)
+    )
+    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
+        return signature.output_model()
+    if declared is not None:
+        return declared
+    return str if isinstance(module, LLMInference) else Any
+
+
+def _chat_form(module: Module, fields: dict[str, Any], histories: list[str]) -> ChatForm | None:
+    """Returns how a conversation reaches the program, or None: it must take exactly one
+    required input, a History, a conversation (an ``LLMInference``) or text."""
+    required = [name for name, (_, default) in fields.items() if default is ...]
+    if len(fields) != 1 or len(required) != 1:
+        return None
+    if histories:
+        return "history"
+    if isinstance(module, LLMInference):
+        return "messages"
+    annotation = fields[required[0]][0]
+    return "text" if annotation in (str, Any) else None
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return "" if content is None else str(content)
+
+
+def _model_prefix(name: str) -> str:
+    """Returns a schema name prefix from a program name: ``my-qa.v2`` -> ``MyQaV2``."""
+    return "".join(part[:1].upper() + part[1:] for part in re.split(r"[_.-]+", name) if part)

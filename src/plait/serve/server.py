@@ -1,0 +1,154 @@
+"""Running the app with uvicorn: the exposure check, and a stop that drains.
+
+On SIGTERM (or Ctrl-C) the server first drains: ``/readyz`` answers 503 and new runs are
+refused (503 ``draining``) while the runs in flight finish, for at most ``grace`` seconds;
+then uvicorn stops as usual and cancels whatever is left. A second signal stops at once.
+With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
+and opens its own resources (so endpoint limits hold per worker), and a stop lets requests
+finish within ``grace`` (uvicorn's graceful timeout) without the readiness phase.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any
+
+import uvicorn
+
+from plait.serve.options import ServeOptions, check_exposure
+
+__all__ = ["DrainingServer", "serve", "serve_workers", "worker_app"]
+
+logger = logging.getLogger("plait.serve")
+
+_WORKER_CONFIG_ENV = "PLAIT_SERVE_WORKER_CONFIG"
+"""Where `serve` tells each worker process what to load (the command line's own arguments)."""
+
+
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    options: ServeOptions | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serves ``app`` (from `plait.serve.app`) until SIGTERM or Ctrl-C, then drains it.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and no API key is set.
+    """
+    options = options or getattr(app.state, "options", ServeOptions())
+    check_exposure(host, options)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=1,  # what outlives the drain is cancelled soon after it
+        access_log=False,  # plait.serve.access logs every request with its id
+    )
+    DrainingServer(config, app.state.runs, options.grace).run()
+
+
+def serve_workers(
+    programs: list[tuple[str, str]],
+    resources_path: str | None,
+    *,
+    host: str,
+    port: int,
+    workers: int,
+    options: ServeOptions,
+    log_level: str = "info",
+) -> None:
+    """Serves the named programs from ``workers`` processes (each builds its own app).
+
+    Raises:
+        ConfigError: ``host`` is not loopback and no API key is set.
+    """
+    check_exposure(host, options)
+    os.environ[_WORKER_CONFIG_ENV] = json.dumps(
+        {"programs": programs, "resources": resources_path, "options": _plain(options)}
+    )
+    uvicorn.run(
+        "plait.serve.server:worker_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        timeout_graceful_shutdown=int(options.grace),
+        access_log=False,
+    )
+
+
+def worker_app() -> Any:
+    """Builds the app of one worker process from what `serve_workers` wrote for it."""
+    from plait.cli.programs import load_program
+    from plait.resources import ResourceConfig
+    from plait.serve import app
+
+    config = json.loads(os.environ[_WORKER_CONFIG_ENV])
+    programs = {name: load_program(spec) for name, spec in config["programs"]}
+    resources = config["resources"]
+    return app(
+        programs,
+        ResourceConfig.from_file(resources) if resources else None,
+        **config["options"],
+    )
+
+
+def _plain(options: ServeOptions) -> dict[str, Any]:
+    """Returns the options a worker can be given as JSON (a pending store cannot)."""
+    return {
+        "api_keys": list(options.api_keys),
+        "max_active": options.max_active,
+        "max_queued": options.max_queued,
+        "retry_after": options.retry_after,
+        "max_body_bytes": options.max_body_bytes,
+        "deadline": options.deadline,
+        "cors_origins": list(options.cors_origins),
+        "grace": options.grace,
+        "access_log": options.access_log,
+    }
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first stop signal drains the runs before the server stops.
+
+    Args:
+        config: the uvicorn configuration.
+        runs: the app's `RunService` (told it drains; asked how many runs are left).
+        grace: seconds the runs in flight may take to finish.
+    """
+
+    def __init__(self, config: Any, runs: Any, grace: float) -> None:
+        super().__init__(config)
+        self.runs = runs
+        self.grace = grace
+        self.drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.drain_started is None:
+            self.drain_started = time.monotonic()
+            self.runs.draining = True
+            logger.info(
+                "plait serve: stopping; %d runs in flight may take up to %g s to finish",
+                self.runs.admission.in_flight,
+                self.grace,
+            )
+            return
+        super().handle_exit(sig, frame)  # a second signal: stop now
+        self.force_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None:
+            left = self.runs.admission.in_flight
+            if left == 0 or time.monotonic() - self.drain_started >= self.grace:
+                if left:
+                    logger.warning("plait serve: %d runs did not finish within the grace", left)
+                self.should_exit = True
+        return await super().on_tick(counter)

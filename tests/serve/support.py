@@ -1,0 +1,77 @@
+"""A real uvicorn server on loopback for the serve tests, and small readers of its answers.
+
+The app runs in `uvicorn.Server` on its own thread and event loop (port 0: a free one);
+the test's loop holds the scripted upstream and the clients, as a deployment would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import uvicorn
+
+from plait.testing import ScriptedServer
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any) -> AsyncIterator[str]:
+    """Serves ``app`` with uvicorn on 127.0.0.1; yields its base URL; stops it afterwards."""
+    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    await until(lambda: server.started or not thread.is_alive(), "uvicorn to start")
+    assert server.started, "uvicorn did not start"
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 60)
+
+
+async def until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:
+    """Waits for ``condition`` (checked every few ms), failing after ``limit`` seconds."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + limit
+    while not condition():
+        if loop.time() > give_up:
+            raise AssertionError(f"gave up waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def sse_events(text: str) -> list[tuple[str, Any]]:
+    """Returns the ``(event, data)`` pairs of a Server-Sent Events body."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        name, data = "message", ""
+        for line in block.splitlines():
+            field, _, value = line.partition(": ")
+            if field == "event":
+                name = value
+            elif field == "data":
+                data = value
+        events.append((name, data if data == "[DONE]" else json.loads(data)))
+    return events
+
+
+def upstream(server: ScriptedServer, **options: Any) -> dict[str, Any]:
+    """Returns resources whose every alias is the scripted ``server``."""
+    return {"*": server.endpoint(max_retries=0, **options)}
+
+
+class Gate:
+    """A responder that holds every upstream answer until the test opens the gate."""
+
+    def __init__(self, reply: str = "released") -> None:
+        self.opened = asyncio.Event()
+        self.reply = reply
+
+    async def __call__(self, body: dict[str, Any]) -> str:
+        await self.opened.wait()
+        return self.reply

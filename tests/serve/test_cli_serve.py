@@ -1,0 +1,121 @@
+"""``plait serve`` as a person runs it: one-line usage errors, and a SIGTERM that drains."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from plait.testing import ScriptedServer
+from serve.support import Gate, until
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+PROGRAM = """
+from plait import LLMInference
+
+def make():
+    return LLMInference("llm", "Be brief.")
+"""
+
+
+def plait_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "plait", *args]
+
+
+def environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def files(tmp_path: Path, base_url: str) -> tuple[Path, Path]:
+    program = tmp_path / "prog.py"
+    program.write_text(PROGRAM)
+    resources = tmp_path / "res.toml"
+    resources.write_text(
+        f'[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "{base_url}"\napi_key = "k"\n'
+    )
+    return program, resources
+
+
+def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    cases = [
+        ([f"{program}:make", "-r", str(resources), "--host", "0.0.0.0"], "without API keys"),
+        ([f"{program}:nothing", "-r", str(resources)], "has no 'nothing'"),
+        ([f"{program}:make", "--api-key-env", "PLAIT_TEST_UNSET_KEY"], "PLAIT_TEST_UNSET_KEY"),
+        ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml"),
+    ]
+    for args, expected in cases:
+        done = subprocess.run(
+            plait_command("serve", *args), capture_output=True, text=True, env=environment(),
+            timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("plait: error: "), done.stderr
+        assert expected in lines[0]
+
+
+async def test_sigterm_drains_the_runs_in_flight_and_readiness_goes_false(tmp_path: Path) -> None:
+    gate = Gate("drained answer")
+    async with ScriptedServer(responder=gate) as server:
+        program, resources = files(tmp_path, server.base_url)
+        process = await asyncio.create_subprocess_exec(
+            *plait_command("serve", f"ask={program}:make", "-r", str(resources), "--port", "0"),
+            env=environment(),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        url = await _listening_url(process)
+        async with httpx.AsyncClient(timeout=60) as client:
+            assert (await client.get(f"{url}/readyz")).status_code == 200
+            run = asyncio.ensure_future(
+                client.post(f"{url}/programs/ask/run", json={"prompt": "x"})
+            )
+            await until(lambda: server.stats.in_flight == 1, "the run's upstream request")
+            process.send_signal(signal.SIGTERM)
+            await _until_status(client, f"{url}/readyz", 503)
+            refused = await client.post(f"{url}/programs/ask/run", json={"prompt": "y"})
+            gate.opened.set()
+            finished = await run
+        code = await asyncio.wait_for(process.wait(), 60)
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "draining"
+    assert finished.status_code == 200 and finished.json()["output"] == "drained answer"
+    assert code == 0
+
+
+async def _listening_url(process: asyncio.subprocess.Process) -> str:
+    """Reads uvicorn's start-up lines until it says where it listens."""
+    assert process.stderr is not None
+    seen = []
+    while line := (await asyncio.wait_for(process.stderr.readline(), 60)).decode():
+        seen.append(line)
+        if "Uvicorn running on " in line:
+            return line.split("Uvicorn running on ")[1].split()[0]
+    raise AssertionError(f"plait serve did not start: {''.join(seen)}")
+
+
+async def _until_status(client: httpx.AsyncClient, url: str, status: int) -> None:
+    for _ in range(3000):
+        if (await client.get(url)).status_code == status:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{url} never answered {status}")
+
+
+def test_import_plait_and_plait_serve_load_no_web_stack() -> None:
+    code = (
+        "import sys, plait, plait.serve; "
+        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn', 'prometheus_client') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environment(), timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stderr

@@ -1,0 +1,81 @@
+"""A served program as an OpenAI model: the official client, and plait's own provider."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from plait import History, LLMInference, Module, ResourceConfig, run
+from plait.serve import app
+from plait.testing import ScriptedServer
+from serve.support import serving, upstream
+
+
+class Chat(Module):
+    """Answers the last turn of a conversation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm", "Be brief.")
+
+    def forward(self, history: History) -> str:
+        return self.llm(history)
+
+
+async def test_the_official_openai_client_chats_with_served_programs() -> None:
+    async with ScriptedServer() as server:
+        programs = {"llm": LLMInference("llm"), "chat": Chat()}
+        async with serving(app(programs, upstream(server), api_keys=("client-key",))) as url:
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="client-key")
+            models = await client.models.list()
+            plain = await client.chat.completions.create(
+                model="llm", messages=[{"role": "user", "content": "hello"}]
+            )
+            chat = await client.chat.completions.create(
+                model="chat",
+                messages=[
+                    {"role": "user", "content": "first"},
+                    {"role": "assistant", "content": "ok"},
+                    {"role": "user", "content": "second"},
+                ],
+            )
+            stream = await client.chat.completions.create(
+                model="llm",
+                messages=[{"role": "user", "content": "streamed"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            chunks = [chunk async for chunk in stream]
+            with pytest.raises(openai.NotFoundError):
+                await client.chat.completions.create(
+                    model="nope", messages=[{"role": "user", "content": "x"}]
+                )
+            await client.close()
+    assert sorted(model.id for model in models.data) == ["chat", "llm"]
+    assert plain.choices[0].message.content == "echo: hello"
+    assert plain.usage is not None and plain.usage.completion_tokens > 0
+    assert chat.choices[0].message.content == "echo: second"
+    sent = server.stats.log[1].body["messages"]
+    assert [m["role"] for m in sent][-3:] == ["user", "assistant", "user"]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "echo: streamed"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+
+
+async def test_plait_calls_a_served_plait_program_as_its_model() -> None:
+    server = ScriptedServer()
+    async with server, serving(app({"chat": Chat()}, upstream(server))) as url:
+        served_model = ResourceConfig(
+                {"*": {"provider": "openai", "base_url": f"{url}/v1", "model": "chat",
+                       "api_key": "unused", "max_retries": 0}}
+            )  # fmt: skip
+        caller = LLMInference("outer", "Relay.")
+        answer = await run(caller, "hi there", resources=served_model)
+        streamed = [event async for event in caller.astream("again", resources=served_model)]
+        async with httpx.AsyncClient() as client:
+            metrics = (await client.get(f"{url}/metrics")).text
+    assert answer == "echo: hi there"
+    assert streamed[-1] == "echo: again"
+    assert 'route="/v1/chat/completions",status="200"} 2.0' in metrics
