@@ -16,7 +16,7 @@ from plait import (
     ResourceManager,
     run,
 )
-from plait.execution.runner import _GRAPHS
+from plait.execution.graph_cache import _GRAPHS
 from seed_programs import MultiPerspectiveAnalysis, SummarizeAndAnalyze
 
 from .support import (

@@ -38,7 +38,8 @@ from plait import _context, _files
 from plait.backends.types import Request, Response
 from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
 from plait.execution.checkpoint_codec import CheckpointError
-from plait.execution.runner import Runner, trace_cached
+from plait.execution.executor import Executor
+from plait.execution.graph_cache import trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.module import Module
 
@@ -171,10 +172,10 @@ class BatchJob:
             if isinstance(alias, str):
                 _check_endpoint(alias, manager.config.resolve(alias))
         collector = _Collector()
-        runner = Runner(collector, max_concurrent=2**31 - 1)
+        executor = Executor(collector, max_concurrent=2**31 - 1)
         self.rounds, self.batch_ids = 0, []
         tasks = [
-            asyncio.create_task(self._item(runner, index, item, extra, kwargs))
+            asyncio.create_task(self._item(executor, index, item, extra, kwargs))
             for index, item in enumerate(items)
         ]
         try:
@@ -229,12 +230,12 @@ class BatchJob:
         ]
 
     async def _item(
-        self, runner: Runner, index: int, item: Any, extra: tuple[Any, ...], kwargs: dict
+        self, executor: Executor, index: int, item: Any, extra: tuple[Any, ...], kwargs: dict
     ) -> Any:
         _ITEM.set(index)  # this task's context: every call it makes is noted as item ``index``
         args = (item, *extra)
         graph = trace_cached(self.module, args, kwargs)
-        output, _ = await execute_graph(graph, runner, args, kwargs, index)
+        output, _ = await execute_graph(graph, executor, args, kwargs, index)
         return output
 
     async def _settle(self, collector: _Collector, tasks: list[asyncio.Task[Any]]) -> bool:

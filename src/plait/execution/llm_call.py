@@ -218,11 +218,11 @@ async def generate(
     Raises:
         PlaitError: no program is running in this context.
     """
-    runner = _context.current_run()
-    if runner is None:
+    executor = _context.current_run()
+    if executor is None:
         raise PlaitError(
             f"generate({alias!r}, ...) needs a running program: call it inside an "
             "`async def forward` of a module executed with resources (bound, "
             "ExecutionSettings, or plait.run)"
         )
-    return await runner.complete(alias, request, accept=accept, on_text=on_text)
+    return await executor.complete(alias, request, accept=accept, on_text=on_text)

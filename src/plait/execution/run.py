@@ -25,9 +25,10 @@ from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.batch import BatchResult, BatchStream, run_items
 from plait.execution.checkpoint import Checkpoint, program_identity
 from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
+from plait.execution.executor import Executor
+from plait.execution.graph_cache import trace_cached
 from plait.execution.llm_call import USE_CACHE
 from plait.execution.observe import observed, resolve_callbacks
-from plait.execution.runner import Runner, trace_cached
 from plait.execution.scheduler import execute_graph
 from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
 from plait.execution.tape import Tape, attach_tape, new_tape_id
@@ -259,28 +260,28 @@ def awaitable_or_result(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
     return work
 
 
-def _runner(module: Module, resources: Any, options: dict[str, Any]) -> Runner:
+def _executor(module: Module, resources: Any, options: dict[str, Any]) -> Executor:
     from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
 
     manager = ResourceManager.shared(resources)
     _remember_for_shutdown(manager)
     training = module.training or RECORD.get()
-    return Runner(manager, options["max_concurrent"], options["timeout"], training)
+    return Executor(manager, options["max_concurrent"], options["timeout"], training)
 
 
 def _taped(
-    graph: Any, runner: Runner, output: Any, results: dict[str, Any], index: int | None
+    graph: Any, executor: Executor, output: Any, results: dict[str, Any], index: int | None
 ) -> Any:
     """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
-    if not runner.training:
+    if not executor.training:
         return output
     tape = Tape(
         new_tape_id(),
         graph,
         results,
-        runner.parameter_table(graph),
+        executor.parameter_table(graph),
         index=index,
-        manager=runner.manager,
+        manager=executor.manager,
     )
     value = output if isinstance(output, Value) else valueify(output, kind=_kind_of(output))
     attach_tape(value, tape)
@@ -298,14 +299,14 @@ async def _run_single(
     resources: Any,
     options: dict[str, Any],
 ) -> Any:
-    runner = _runner(module, resources, options)
+    executor = _executor(module, resources, options)
     graph = trace_cached(module, args, kwargs)
     token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     deadline = options["deadline"]
     try:
         async with asyncio.timeout(deadline) as scope:
-            output, results = await _observed_graph(graph, runner, args, kwargs, None)
+            output, results = await _observed_graph(graph, executor, args, kwargs, None)
     except TimeoutError as exc:
         if not scope.expired():
             raise
@@ -317,7 +318,7 @@ async def _run_single(
     finally:
         USE_CACHE.reset(token)
         _context.CALLBACKS.reset(callbacks)
-    return _taped(graph, runner, output, results, None)
+    return _taped(graph, executor, output, results, None)
 
 
 async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
@@ -329,7 +330,7 @@ async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
 
 
 async def _observed_graph(
-    graph: Any, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None
+    graph: Any, executor: Executor, args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None
 ) -> tuple[Any, dict[str, Any]]:
     """Runs a program's graph as one module call for the callbacks.
 
@@ -339,7 +340,7 @@ async def _observed_graph(
     module = graph.root
 
     def execute() -> Awaitable[tuple[Any, dict[str, Any]]]:
-        return execute_graph(graph, runner, args, kwargs, index)
+        return execute_graph(graph, executor, args, kwargs, index)
 
     if is_leaf_module(module):
         return await execute()
@@ -359,7 +360,7 @@ async def _run_batch(
     from plait.execution.progress import BatchProgress
     from plait.resources.usage import metered
 
-    runner = _runner(module, resources, options)
+    executor = _executor(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
     profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
 
@@ -368,17 +369,17 @@ async def _run_batch(
         graph = trace_cached(module, item_args, kwargs)
         with metered() as meter:  # every call of this item, inner and re-asked ones too
             try:
-                output, results = await _observed_graph(graph, runner, item_args, kwargs, index)
+                output, results = await _observed_graph(graph, executor, item_args, kwargs, index)
             finally:
                 usage_by_index[index] = meter.as_dict()
-        return _taped(graph, runner, output, results, index)
+        return _taped(graph, executor, output, results, index)
 
-    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], runner)
+    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], executor)
     cache_token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     reported: set[int] = set()
     try:
-        with BatchProgress(len(items), options["progress"], runner.manager) as progress:
+        with BatchProgress(len(items), options["progress"], executor.manager) as progress:
 
             def on_result(result: BatchResult) -> Any:
                 reported.add(result.index)
@@ -404,7 +405,7 @@ async def _run_batch(
             deadline = options["deadline"]
             try:
                 async with asyncio.timeout(deadline) as scope:
-                    await run_items(items, run_item, runner.max_concurrent, on_result, skip)
+                    await run_items(items, run_item, executor.max_concurrent, on_result, skip)
             except TimeoutError:
                 if not scope.expired():
                     raise
@@ -451,18 +452,18 @@ def _open_checkpoint(
     extra: tuple[Any, ...],
     kwargs: dict[str, Any],
     directory: Any,
-    runner: Runner,
+    executor: Executor,
 ) -> Checkpoint | None:
     if not directory or not items:
         return None
-    if runner.training:
+    if executor.training:
         raise CheckpointError(
             f"checkpoint_dir={directory!s} with {type(module).__name__} in training mode: a "
             "training-mode output carries a tape that cannot be saved. Checkpoint eval-mode "
             "runs (module.eval()); the Trainer has its own checkpoint_dir for training"
         )
     graph = trace_cached(module, (items[0], *extra), kwargs)
-    identity = program_identity(module, graph.structural_hash(), runner.manager.config)
+    identity = program_identity(module, graph.structural_hash(), executor.manager.config)
     declared = (t for sub in module.modules() for t in sub.declared_output_types())
     codec = OutputCodec(declared, output_type=module.declared_return_type())
     return Checkpoint(directory, identity, items, codec)
