@@ -37,6 +37,7 @@ from typing import Any
 from plait import _context, _files
 from plait.backends.types import Request, Response
 from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
+from plait.execution.batch import unfinished_error
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.executor import Executor
 from plait.execution.graph_cache import trace_cached
@@ -212,8 +213,6 @@ class BatchJob:
 
     def _late(self, tasks: list[asyncio.Task[Any]], deadline: float) -> list[Any]:
         """Returns each item's result, or its `DeadlineExceededError` when it had not finished."""
-        from plait.execution.run import unfinished_error
-
         finished = [task.done() and not task.cancelled() for task in tasks]
         unfinished = finished.count(False)
         detail = (

@@ -14,6 +14,7 @@ runs it on these same resources.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -24,12 +25,16 @@ from plait.execution.graph_cache import trace_cached
 from plait.execution.llm_call import USE_CACHE, call_llm
 from plait.execution.observe import observed
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
-from plait.execution.tape import INNER_CALLS
+from plait.execution.sync_bridge import remember_for_shutdown
+from plait.execution.tape import INNER_CALLS, Tape, attach_tape, new_tape_id
 from plait.module import LLMInference, Module, call_forward, is_async_module
 from plait.tracing import InferenceGraph, is_leaf_module
-from plait.values import Value, unwrap
+from plait.values import Value, ValueKind, unwrap, valueify
 
-__all__ = ["Executor"]
+__all__ = ["RECORD", "Executor"]
+
+RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
+"""Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
 
 
 class Executor:
@@ -55,6 +60,67 @@ class Executor:
         self.max_concurrent = max_concurrent
         self._slots = asyncio.Semaphore(max_concurrent)
         self._params: dict[int, dict[str, Any]] = {}
+
+    @classmethod
+    def for_call(cls, module: Module, resources: Any, options: dict[str, Any]) -> Executor:
+        """Returns the executor of one call or batch of ``module`` with its resolved options.
+
+        The manager is the one shared by equal configurations on this loop; it
+        records tapes when the module is in training mode or the call records.
+        """
+        from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
+
+        manager = ResourceManager.shared(resources)
+        remember_for_shutdown(manager)
+        training = module.training or RECORD.get()
+        return cls(manager, options["max_concurrent"], options["timeout"], training)
+
+    async def run_program(
+        self,
+        graph: InferenceGraph,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int | None = None,
+    ) -> Any:
+        """Runs a program's graph as one module call for the callbacks; returns its output.
+
+        The output is in the structure ``forward`` returned; in training mode it
+        is a Value carrying the tape of this run (``index`` is the batch item's
+        position, None for a single call). A program that is itself a leaf (an
+        LLMInference, a Predict) is its graph's only node, which is observed as
+        that call already.
+        """
+        module = graph.root
+
+        def execute() -> Any:
+            return execute_graph(graph, self, args, kwargs, index)
+
+        if is_leaf_module(module):
+            output, results = await execute()
+        else:
+            output, results = await observed(
+                module, args, kwargs, execute, reported=lambda done: done[0]
+            )
+        return self._taped(graph, output, results, index)
+
+    def _taped(
+        self, graph: InferenceGraph, output: Any, results: dict[str, Any], index: int | None
+    ) -> Any:
+        """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
+        if not self.training:
+            return output
+        tape = Tape(
+            new_tape_id(),
+            graph,
+            results,
+            self.parameter_table(graph),
+            index=index,
+            manager=self.manager,
+        )
+        kind = ValueKind.TEXT if isinstance(output, str) else ValueKind.STRUCTURED
+        value = output if isinstance(output, Value) else valueify(output, kind=kind)
+        attach_tape(value, tape)
+        return value
 
     def parameter_table(self, graph: InferenceGraph) -> dict[str, Any]:
         """Returns ``param:<name>`` → Parameter for the graph's root module."""
