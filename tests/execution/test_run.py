@@ -301,6 +301,71 @@ async def test_a_batch_of_same_shape_inputs_is_traced_once(manager):
     assert len(_GRAPHS[program]) == 1
 
 
+class CountsItsTraces(Module):
+    """Counts how often ``forward`` runs, in a plain setting that is part of the graph's key.
+
+    Tracing changes ``traces``, so a later lookup in the graph cache misses:
+    each extra lookup of one call or batch shows as one more trace.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = LLMInference(alias="llm")
+        self.traces = 0
+
+    def forward(self, text: str) -> Any:
+        self.traces += 1
+        return self.step(text)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        {"report": True},
+        {"checkpoint_dir": True},
+        {"checkpoint_dir": True, "report": True},
+        {"streaming": True},
+    ],
+    ids=["batch", "report", "checkpoint", "checkpoint+report", "streaming"],
+)
+async def test_one_batch_is_traced_once(manager, tmp_path, how):
+    program = CountsItsTraces()
+    options = {**how, "resources": manager}
+    if how.get("checkpoint_dir"):
+        options["checkpoint_dir"] = tmp_path / "checkpoint"
+
+    result = await run(program, ["a", "b", "c"], **options)
+
+    outputs = result[0] if how.get("report") else result
+    assert len(outputs) == 3
+    assert program.traces == 1
+
+
+async def test_one_call_with_a_report_is_traced_once(manager):
+    program = CountsItsTraces()
+
+    output, report = await run(program, "a", resources=manager, report=True)
+
+    assert output == "echo: a"
+    assert program.traces == 1
+    assert report.graph is not None
+
+
+async def test_a_batch_traces_each_input_shape_once(manager):
+    class EachOf(CountsItsTraces):
+        def forward(self, texts: Any) -> Any:
+            self.traces += 1
+            return [self.step(text) for text in texts] if isinstance(texts, list) else texts
+
+    program = EachOf()
+
+    outputs = await run(program, [["a"], ["b", "c"], ["d"], ["e", "f"]], resources=manager)
+
+    assert outputs == [["echo: a"], ["echo: b", "echo: c"], ["echo: d"], ["echo: e", "echo: f"]]
+    assert program.traces == 2  # a list of one, a list of two
+
+
 async def test_a_failure_inside_an_async_leafs_child_graph_names_the_full_path(server, manager):
     def refuse_business(body: dict[str, Any]) -> str:
         if system_of(body) == "Analyze from a business perspective." and "T1" in user_of(body):

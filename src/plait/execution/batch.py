@@ -22,10 +22,9 @@ from plait import _context
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.checkpoint import open_checkpoint
 from plait.execution.executor import Executor
-from plait.execution.graph_cache import trace_cached
+from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
 from plait.execution.observe import resolve_callbacks
-from plait.module import Module
 
 __all__ = [
     "BatchResult",
@@ -164,7 +163,7 @@ class BatchStream:
 
 
 async def run_batch(
-    module: Module,
+    graphs: RunGraphs,
     items: list[Any],
     extra: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -172,17 +171,22 @@ async def run_batch(
     options: dict[str, Any],
     report: Any,
 ) -> None:
-    """Runs every item, calling ``report(BatchResult)`` as each finishes."""
+    """Runs every item, calling ``report(BatchResult)`` as each finishes.
+
+    Each input shape is traced once for the whole batch (``graphs``); the
+    checkpoint takes the first item's graph for the program's identity.
+    """
     from plait.execution.progress import BatchProgress
     from plait.resources.usage import metered
 
+    module = graphs.module
     executor = Executor.for_call(module, resources, options)
     usage_by_index: dict[int, dict[str, Any]] = {}
     profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
 
     async def run_item(index: int, item: Any) -> Any:
         item_args = (item, *extra)
-        graph = trace_cached(module, item_args, kwargs)
+        graph = graphs.graph_for(item_args, kwargs)
         with metered() as meter:  # every call of this item, inner and re-asked ones too
             try:
                 return await executor.run_program(graph, item_args, kwargs, index)
@@ -191,7 +195,7 @@ async def run_batch(
 
     checkpoint = None
     if options["checkpoint_dir"] and items:
-        graph = trace_cached(module, (items[0], *extra), kwargs)
+        graph = graphs.graph_for((items[0], *extra), kwargs)
         checkpoint = open_checkpoint(module, graph, items, options["checkpoint_dir"], executor)
     cache_token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
@@ -265,7 +269,7 @@ def unfinished_error(
 
 
 async def batch_to_list(
-    module: Module,
+    graphs: RunGraphs,
     items: list[Any],
     extra: tuple[Any, ...],
     kwargs: dict[str, Any],
@@ -280,7 +284,7 @@ async def batch_to_list(
             raise _item_error(result)
         outputs[result.index] = result.output if result.ok else result.error
 
-    await run_batch(module, items, extra, kwargs, resources, options, report)
+    await run_batch(graphs, items, extra, kwargs, resources, options, report)
     return outputs
 
 

@@ -18,7 +18,7 @@ from plait.backends.types import Message
 from plait.errors import DeadlineExceededError, PlaitError
 from plait.execution.batch import BatchStream, batch_to_list, run_batch
 from plait.execution.executor import RECORD, Executor
-from plait.execution.graph_cache import trace_cached
+from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
 from plait.execution.observe import resolve_callbacks
 from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
@@ -83,23 +83,25 @@ async def run(
             raise TypeError("run(..., record=True) cannot be combined with report= or batch_api=")
         return await _recorded(module, args, {**kwargs, **call})
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
+    graphs = RunGraphs(module)
     if not report:
-        return await _start(module, args, {**kwargs, **call}, batch_api)
+        return await _start(module, args, {**kwargs, **call}, batch_api, graphs)
     from plait.profiling import Profiler  # observability, above this layer: loaded on use
 
     with Profiler() as profiler:
-        output = await _start(module, args, {**kwargs, **call}, batch_api)
-    graph = None
-    if args:
-        forward_kwargs, _ = _split_kwargs(kwargs)
-        first = args[0][0] if is_batch(args[0]) and args[0] else args[0]
-        graph = trace_cached(module, (first, *args[1:]), forward_kwargs)
-    return output, profiler.report(program=type(module).__name__, graph=graph)
+        output = await _start(module, args, {**kwargs, **call}, batch_api, graphs)
+    return output, profiler.report(program=type(module).__name__, graph=graphs.first)
 
 
-async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch_api: bool):
+async def _start(
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    batch_api: bool,
+    graphs: RunGraphs,
+) -> Any:
     if not batch_api:
-        return await execute_bound(module, args, kwargs)
+        return await execute_bound(module, args, kwargs, graphs)
     from plait.execution.batch_api import BatchJob
 
     if not args or not is_batch(args[0]):
@@ -111,12 +113,8 @@ async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         _resources_of(module, kwargs.get("resources")),
         checkpoint_dir=options["checkpoint_dir"],
     )
-    return await job.run(
-        args[0],
-        *args[1:],
-        on_error=options["on_error"],
-        deadline=options["deadline"],
-        **forward_kwargs,
+    return await job.run_traced(
+        graphs, args[0], args[1:], forward_kwargs, options["on_error"], options["deadline"]
     )
 
 
@@ -184,17 +182,23 @@ def _is_message(item: Any) -> bool:
 
 
 def execute_bound(
-    module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    graphs: RunGraphs | None = None,
 ) -> Coroutine[Any, Any, Any] | BatchStream:
     """Starts a bound call: returns a coroutine, or a `BatchStream` for a streaming batch.
 
     Options and resources are read *now*, in the caller's context, so the
     returned coroutine may run on another thread's loop (``run_sync``).
+    ``graphs`` holds the graphs the call traces, for a caller that needs them
+    afterwards (a run report); by default the call keeps its own.
     """
     forward_kwargs, call_options = _split_kwargs(kwargs)
     options = effective_options(module._bound_config, call_options)
     resources = _resources_of(module, kwargs.get("resources"))
     batch = bool(args) and is_batch(args[0])
+    graphs = graphs if graphs is not None else RunGraphs(module)
     resume = kwargs.get("resume_state")
     if resume is not None:
         if batch:
@@ -202,19 +206,20 @@ def execute_bound(
                 "resume_state= resumes one paused call; pass it with that call's input, "
                 "not with a batch"
             )
-        return _resumed(resume, _run_single(module, args, forward_kwargs, resources, options))
+        work = _run_single(graphs, args, forward_kwargs, resources, options)
+        return _resumed(resume, work)
     if batch and options["streaming"]:
         items, extra = args[0], args[1:]
         return BatchStream(
             lambda report: run_batch(
-                module, items, extra, forward_kwargs, resources, options, report
+                graphs, items, extra, forward_kwargs, resources, options, report
             ),
             total=len(items),
             preserve_order=options["preserve_order"],
         )
     if batch:
-        return batch_to_list(module, args[0], args[1:], forward_kwargs, resources, options)
-    return _run_single(module, args, forward_kwargs, resources, options)
+        return batch_to_list(graphs, args[0], args[1:], forward_kwargs, resources, options)
+    return _run_single(graphs, args, forward_kwargs, resources, options)
 
 
 def call_bound(
@@ -248,14 +253,15 @@ def awaitable_or_result(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
 
 
 async def _run_single(
-    module: Module,
+    graphs: RunGraphs,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     resources: Any,
     options: dict[str, Any],
 ) -> Any:
+    module = graphs.module
     executor = Executor.for_call(module, resources, options)
-    graph = trace_cached(module, args, kwargs)
+    graph = graphs.graph_for(args, kwargs)
     token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     deadline = options["deadline"]
