@@ -17,6 +17,7 @@ from plait import (
     run,
 )
 from plait.execution.graph_cache import _GRAPHS
+from plait.optimization import LabeledFewShot
 from seed_programs import MultiPerspectiveAnalysis, SummarizeAndAnalyze
 
 from .support import (
@@ -103,9 +104,26 @@ async def test_run_passes_extra_and_keyword_arguments_to_forward(manager):
     assert outs == ["echo: hey, ada", "echo: hey, bob"]
 
 
+WAYS_TO_GIVE_RESOURCES = (
+    "bind them with program.bind(config), use `async with ExecutionSettings(resources=config)`, "
+    "or pass resources= to "
+)
+
+
 async def test_a_module_without_resources_says_how_to_give_them():
-    with pytest.raises(PlaitError, match=r"Greet has no resources: bind them"):
+    with pytest.raises(PlaitError) as info:
         await run(Greet(), "ada")
+
+    assert str(info.value) == f"Greet has no resources: {WAYS_TO_GIVE_RESOURCES}plait.run"
+
+
+async def test_a_search_without_resources_says_the_same_ways_to_give_them():
+    search = LabeledFewShot(lambda example, prediction: 1.0, k=1)
+
+    with pytest.raises(PlaitError) as info:
+        await search.compile(Greet(), trainset=[{"name": "ada", "answer": "hi, ada"}])
+
+    assert str(info.value) == f"LabeledFewShot has no resources: {WAYS_TO_GIVE_RESOURCES}compile()"
 
 
 def test_a_module_without_llm_called_directly_runs_eagerly():

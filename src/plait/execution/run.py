@@ -15,13 +15,13 @@ from typing import Any
 
 from plait import _context
 from plait.backends.types import Message
-from plait.errors import DeadlineExceededError, PlaitError
+from plait.errors import DeadlineExceededError
 from plait.execution.batch import BatchStream, batch_to_list, run_batch
 from plait.execution.executor import RECORD, Executor
 from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
 from plait.execution.observe import resolve_callbacks
-from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
+from plait.execution.settings import OPTION_NAMES, effective_options, resources_of
 from plait.execution.sync_bridge import run_to_completion
 from plait.execution.tape import Tape
 from plait.module import Module
@@ -110,7 +110,7 @@ async def _start(
     options = effective_options(module._bound_config, call_options)
     job = BatchJob(
         module,
-        _resources_of(module, kwargs.get("resources")),
+        _resources(module, kwargs),
         checkpoint_dir=options["checkpoint_dir"],
     )
     return await job.run_traced(
@@ -154,14 +154,9 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return forward_kwargs, options
 
 
-def _resources_of(module: Module, explicit: Any) -> Any:
-    resources = find_resources(explicit, bound=module._bound_resources, module=module)
-    if resources is None:
-        raise PlaitError(
-            f"{type(module).__name__} has no resources: bind them with module.bind(config), "
-            "use ExecutionSettings(resources=config), or pass resources= to plait.run"
-        )
-    return resources
+def _resources(module: Module, kwargs: dict[str, Any]) -> Any:
+    who = type(module).__name__
+    return resources_of(module, kwargs.get("resources"), who=who, takes="plait.run")
 
 
 def is_batch(first: Any) -> bool:
@@ -196,7 +191,7 @@ def execute_bound(
     """
     forward_kwargs, call_options = _split_kwargs(kwargs)
     options = effective_options(module._bound_config, call_options)
-    resources = _resources_of(module, kwargs.get("resources"))
+    resources = _resources(module, kwargs)
     batch = bool(args) and is_batch(args[0])
     graphs = graphs if graphs is not None else RunGraphs(module)
     resume = kwargs.get("resume_state")
