@@ -38,8 +38,8 @@ logger = logging.getLogger("plait.execution")
 USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cache", default=True)
 """Whether LLM calls may use the endpoints' response caches (the execution option ``cache``).
 
-`plait.execution.run` sets it for the duration of a call or batch; the
-scheduler's tasks and ``async def forward`` leaves inherit it.
+A call (`plait.execution.run`) or a batch (`plait.execution.batch`) sets it while it
+runs; the scheduler's tasks and ``async def forward`` leaves inherit it.
 """
 
 

@@ -236,9 +236,9 @@ def awaitable_or_result(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
     ``run_dataset``, an optimizer's ``compile``, ``optimize_grid``,
     ``Trainer.fit``): inside a running loop the caller awaits what it gets;
     from synchronous code (a script) the work runs to completion on the
-    `run_sync` loop and the result comes back, because nothing could ever
-    await a coroutine returned there, and udspy's and dsprrr's snippets
-    (``result = predictor(question=...)``) are written that way.
+    background loop of `plait.execution.sync_bridge` and the result comes
+    back, because nothing could ever await a coroutine returned there: a
+    script's ``result = predictor(question=...)`` wants the result itself.
     """
     try:
         asyncio.get_running_loop()
