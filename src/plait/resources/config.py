@@ -221,6 +221,22 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
+def _check_key(
+    where: str,
+    key: str,
+    value: Any,
+    checker: check.Checker,
+    problems: list[str],
+    values: dict[str, Any],
+) -> None:
+    """Stores the checked ``value`` of ``key`` in ``values``, or notes its problem."""
+    error, clean = checker(value)
+    if error is not None:
+        problems.append(f"{where}: key {key!r} {error}")
+    else:
+        values[key] = clean
+
+
 def _validate_entry(
     alias: str, entry: Any, problems: list[str], from_file: bool
 ) -> EndpointConfig | None:
@@ -257,11 +273,7 @@ def _validate_entry(
             continue
         if value is None:  # an explicit null means "not set" (YAML ``rpm: null``)
             continue
-        error, clean = checker(value)
-        if error is not None:
-            problems.append(f"{where}: key {key!r} {error}")
-        else:
-            values[key] = clean
+        _check_key(where, key, value, checker, problems, values)
     variable = values.get("api_key_env")
     if from_file and variable is not None and not _may_send(variable):
         problems.append(f"{where}: key 'api_key_env' {_not_a_credential(variable)}")
@@ -454,11 +466,7 @@ def _validate_user_entry(alias: str, entry: Mapping[str, Any], problems: list[st
                 f"{_quote_list(sorted(_COMMON))} (constructor arguments go in backend_options)"
             )
             continue
-        error, clean = checker(value)
-        if error is not None:
-            problems.append(f"{where}: key {key!r} {error}")
-        else:
-            values[key] = clean
+        _check_key(where, key, value, checker, problems, values)
     options = values.get("backend_options")
     if options and not isinstance(backend, type):
         problems.append(
