@@ -74,6 +74,25 @@ async def test_batch_calls_cost_the_batch_price():
     assert batched.usage["cost"] == pytest.approx(live.usage["cost"] / 2)
 
 
+async def test_a_batch_through_the_batch_api_with_a_report_is_traced_once():
+    class CountsItsTraces(TwoLevels):
+        traces = 0
+
+        def forward(self, text: str) -> str:
+            self.traces += 1  # a plain setting: each lookup after a trace misses the cache
+            return super().forward(text)
+
+    program = CountsItsTraces()
+    async with ScriptedServer() as server:
+        config = {"llm": server.endpoint()}
+        outputs, report = await run(
+            program, ["a", "b", "c"], resources=config, report=True, batch_api=True
+        )
+
+    assert len(outputs) == 3 and report.graph is not None
+    assert program.traces == 1
+
+
 async def test_a_failed_line_fails_its_item_only():
     async with ScriptedServer(responder=fail_marked) as server:
         config = {"llm": server.endpoint(max_retries=0)}

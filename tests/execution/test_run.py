@@ -16,7 +16,8 @@ from plait import (
     ResourceManager,
     run,
 )
-from plait.execution.runner import _GRAPHS
+from plait.execution.graph_cache import _GRAPHS
+from plait.optimization import LabeledFewShot
 from seed_programs import MultiPerspectiveAnalysis, SummarizeAndAnalyze
 
 from .support import (
@@ -103,9 +104,26 @@ async def test_run_passes_extra_and_keyword_arguments_to_forward(manager):
     assert outs == ["echo: hey, ada", "echo: hey, bob"]
 
 
+WAYS_TO_GIVE_RESOURCES = (
+    "bind them with program.bind(config), use `async with ExecutionSettings(resources=config)`, "
+    "or pass resources= to "
+)
+
+
 async def test_a_module_without_resources_says_how_to_give_them():
-    with pytest.raises(PlaitError, match=r"Greet has no resources: bind them"):
+    with pytest.raises(PlaitError) as info:
         await run(Greet(), "ada")
+
+    assert str(info.value) == f"Greet has no resources: {WAYS_TO_GIVE_RESOURCES}plait.run"
+
+
+async def test_a_search_without_resources_says_the_same_ways_to_give_them():
+    search = LabeledFewShot(lambda example, prediction: 1.0, k=1)
+
+    with pytest.raises(PlaitError) as info:
+        await search.compile(Greet(), trainset=[{"name": "ada", "answer": "hi, ada"}])
+
+    assert str(info.value) == f"LabeledFewShot has no resources: {WAYS_TO_GIVE_RESOURCES}compile()"
 
 
 def test_a_module_without_llm_called_directly_runs_eagerly():
@@ -299,6 +317,71 @@ async def test_a_batch_of_same_shape_inputs_is_traced_once(manager):
 
     await run(Greet(), "x", resources=manager)  # other modules have their own entries
     assert len(_GRAPHS[program]) == 1
+
+
+class CountsItsTraces(Module):
+    """Counts how often ``forward`` runs, in a plain setting that is part of the graph's key.
+
+    Tracing changes ``traces``, so a later lookup in the graph cache misses:
+    each extra lookup of one call or batch shows as one more trace.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = LLMInference(alias="llm")
+        self.traces = 0
+
+    def forward(self, text: str) -> Any:
+        self.traces += 1
+        return self.step(text)
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        {},
+        {"report": True},
+        {"checkpoint_dir": True},
+        {"checkpoint_dir": True, "report": True},
+        {"streaming": True},
+    ],
+    ids=["batch", "report", "checkpoint", "checkpoint+report", "streaming"],
+)
+async def test_one_batch_is_traced_once(manager, tmp_path, how):
+    program = CountsItsTraces()
+    options = {**how, "resources": manager}
+    if how.get("checkpoint_dir"):
+        options["checkpoint_dir"] = tmp_path / "checkpoint"
+
+    result = await run(program, ["a", "b", "c"], **options)
+
+    outputs = result[0] if how.get("report") else result
+    assert len(outputs) == 3
+    assert program.traces == 1
+
+
+async def test_one_call_with_a_report_is_traced_once(manager):
+    program = CountsItsTraces()
+
+    output, report = await run(program, "a", resources=manager, report=True)
+
+    assert output == "echo: a"
+    assert program.traces == 1
+    assert report.graph is not None
+
+
+async def test_a_batch_traces_each_input_shape_once(manager):
+    class EachOf(CountsItsTraces):
+        def forward(self, texts: Any) -> Any:
+            self.traces += 1
+            return [self.step(text) for text in texts] if isinstance(texts, list) else texts
+
+    program = EachOf()
+
+    outputs = await run(program, [["a"], ["b", "c"], ["d"], ["e", "f"]], resources=manager)
+
+    assert outputs == [["echo: a"], ["echo: b", "echo: c"], ["echo: d"], ["echo: e", "echo: f"]]
+    assert program.traces == 2  # a list of one, a list of two
 
 
 async def test_a_failure_inside_an_async_leafs_child_graph_names_the_full_path(server, manager):

@@ -78,7 +78,7 @@ async def a_real_report() -> RunReport:
                 metric=exact, batch_size=2, progress=False,
             )  # fmt: skip
             trained = await trainer.fit()
-    from plait.execution.runner import trace_cached
+    from plait.execution.graph_cache import trace_cached
 
     graph = trace_cached(Pipeline(), ("x",), {})
     return prof.report(program="Pipeline", kind="train", graph=graph, training=asdict(trained))

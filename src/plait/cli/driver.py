@@ -155,8 +155,8 @@ async def _run_chunk(
     progress: Any,
     outcome: RunOutcome,
 ) -> None:
+    from plait.execution.graph_cache import trace_cached
     from plait.execution.run import execute_bound
-    from plait.execution.runner import trace_cached
 
     items: list[Any] = []
     positions: list[int] = []  # chunk position of each item

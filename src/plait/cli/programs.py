@@ -254,7 +254,7 @@ def trace_program(module: Module, *args: Any, **kwargs: Any) -> Any:
         ProgramError: ``forward`` cannot be traced, or fails while it is; names the
             file and line.
     """
-    from plait.execution.runner import trace_cached
+    from plait.execution.graph_cache import trace_cached
 
     try:
         return trace_cached(module, args, kwargs)

@@ -1,9 +1,13 @@
-"""Batches: many inputs through one program, concurrently, with bounded memory.
+"""The batch path: many inputs through one program, concurrently, with bounded memory.
 
-At most ``window`` items are in flight at once (by default the LLM-call
-limit), so a batch of 100,000 inputs never holds 100,000 tasks. Results come
-back as a list in input order, or — streaming — as `BatchResult`s in
-completion order (or input order with ``preserve_order``).
+`run_batch` runs every item of a batch on one `Executor` (so endpoint limits
+and the LLM-call limit hold across the batch), restores the items a checkpoint
+already holds, writes each finished one to it, and fails what the batch's
+deadline cut short. At most ``window`` items are in flight at once (by
+default the LLM-call limit), so a batch of 100,000 inputs never holds 100,000
+tasks. Results come back as a list in input order (`batch_to_list`), or —
+streaming — as `BatchResult`s in completion order (or input order with
+``preserve_order``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Seque
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BatchResult", "BatchStream", "run_items"]
+from plait import _context
+from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
+from plait.execution.checkpoint import open_checkpoint
+from plait.execution.executor import Executor
+from plait.execution.graph_cache import RunGraphs
+from plait.execution.llm_call import USE_CACHE
+from plait.execution.observe import resolve_callbacks
+
+__all__ = [
+    "BatchResult",
+    "BatchStream",
+    "batch_to_list",
+    "run_batch",
+    "run_items",
+    "unfinished_error",
+]
 
 _QUEUE_SIZE = 256
 """Finished results a streaming batch holds for a slow consumer before workers pause."""
@@ -141,3 +160,139 @@ class BatchStream:
 
     def __await__(self) -> Generator[Any, None, list[BatchResult]]:
         return self._collect().__await__()
+
+
+async def run_batch(
+    graphs: RunGraphs,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    resources: Any,
+    options: dict[str, Any],
+    report: Any,
+) -> None:
+    """Runs every item, calling ``report(BatchResult)`` as each finishes.
+
+    Each input shape is traced once for the whole batch (``graphs``); the
+    checkpoint takes the first item's graph for the program's identity.
+    """
+    from plait.execution.progress import BatchProgress
+    from plait.resources.usage import metered
+
+    module = graphs.module
+    executor = Executor.for_call(module, resources, options)
+    usage_by_index: dict[int, dict[str, Any]] = {}
+    profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
+
+    async def run_item(index: int, item: Any) -> Any:
+        item_args = (item, *extra)
+        graph = graphs.graph_for(item_args, kwargs)
+        with metered() as meter:  # every call of this item, inner and re-asked ones too
+            try:
+                return await executor.run_program(graph, item_args, kwargs, index)
+            finally:
+                usage_by_index[index] = meter.as_dict()
+
+    checkpoint = None
+    if options["checkpoint_dir"] and items:
+        graph = graphs.graph_for((items[0], *extra), kwargs)
+        checkpoint = open_checkpoint(module, graph, items, options["checkpoint_dir"], executor)
+    cache_token = USE_CACHE.set(options["cache"])
+    callbacks = resolve_callbacks()
+    reported: set[int] = set()
+    try:
+        with BatchProgress(len(items), options["progress"], executor.manager) as progress:
+
+            def on_result(result: BatchResult) -> Any:
+                reported.add(result.index)
+                usage = usage_by_index.pop(result.index, None)
+                result.usage = usage
+                if checkpoint is not None and result.ok:
+                    checkpoint.write(result.index, result.output, usage)
+                if profiler is not None:
+                    profiler.record_item(result.index, result.error)
+                progress.advance(result.ok)
+                return report(result)
+
+            if checkpoint is not None:
+                for index, output in sorted(checkpoint.done.items()):
+                    reported.add(index)
+                    if profiler is not None:
+                        profiler.record_item(index, None, restored=True)
+                    progress.advance(True)
+                    waiting = report(BatchResult(index, items[index], output))
+                    if waiting is not None:
+                        await waiting
+            skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
+            deadline = options["deadline"]
+            try:
+                async with asyncio.timeout(deadline) as scope:
+                    await run_items(items, run_item, executor.max_concurrent, on_result, skip)
+            except TimeoutError:
+                if not scope.expired():
+                    raise
+                await _fail_unfinished(items, reported, deadline, on_result)
+    finally:
+        USE_CACHE.reset(cache_token)
+        _context.CALLBACKS.reset(callbacks)
+        if checkpoint is not None:
+            checkpoint.close()
+
+
+async def _fail_unfinished(
+    items: list[Any],
+    reported: set[int],
+    deadline: float,
+    on_result: Any,
+) -> None:
+    """Reports every item that had not finished when the batch's deadline passed."""
+    unfinished = len(items) - len(reported)
+    for index, item in enumerate(items):
+        if index in reported:
+            continue
+        error = unfinished_error(index, deadline, unfinished, len(items))
+        waiting = on_result(BatchResult(index, item, error=error))
+        if waiting is not None:
+            await waiting
+
+
+def unfinished_error(
+    index: int, deadline: float, unfinished: int, total: int, detail: str = ""
+) -> DeadlineExceededError:
+    """Returns the error of batch item ``index``, still running when the batch's deadline passed."""
+    return DeadlineExceededError(
+        f"input {index} did not finish within the batch's deadline of {deadline:g} s "
+        f"({unfinished} of {total} items unfinished); its work was cancelled{detail}",
+        deadline=deadline,
+        input_index=index,
+    )
+
+
+async def batch_to_list(
+    graphs: RunGraphs,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    resources: Any,
+    options: dict[str, Any],
+) -> list[Any]:
+    outputs: list[Any] = [None] * len(items)
+    collect = options["on_error"] == "collect"
+
+    def report(result: BatchResult) -> None:
+        if result.error is not None and not collect:
+            raise _item_error(result)
+        outputs[result.index] = result.output if result.ok else result.error
+
+    await run_batch(graphs, items, extra, kwargs, resources, options, report)
+    return outputs
+
+
+def _item_error(result: BatchResult) -> BaseException:
+    if isinstance(result.error, PlaitError):
+        return result.error
+    return ExecutionError(
+        f"input {result.index} failed: {type(result.error).__name__}: {result.error}",
+        input_index=result.index,
+        cause=result.error,
+    )

@@ -37,8 +37,10 @@ from typing import Any
 from plait import _context, _files
 from plait.backends.types import Request, Response
 from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
+from plait.execution.batch import unfinished_error
 from plait.execution.checkpoint_codec import CheckpointError
-from plait.execution.runner import Runner, trace_cached
+from plait.execution.executor import Executor
+from plait.execution.graph_cache import RunGraphs
 from plait.execution.scheduler import execute_graph
 from plait.module import Module
 
@@ -163,6 +165,20 @@ class BatchJob:
                 rerun collects it instead of paying again.
             **kwargs: keyword arguments of ``forward``, shared by all items.
         """
+        return await self.run_traced(
+            RunGraphs(self.module), items, extra, kwargs, on_error, deadline
+        )
+
+    async def run_traced(
+        self,
+        graphs: RunGraphs,
+        items: list[Any],
+        extra: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        on_error: str = "raise",
+        deadline: float | None = None,
+    ) -> list[Any]:
+        """`run`, looking up each input shape's graph in ``graphs`` (``plait.run`` reports them)."""
         from plait.resources import ResourceManager
 
         manager = ResourceManager.shared(self.resources)
@@ -171,10 +187,10 @@ class BatchJob:
             if isinstance(alias, str):
                 _check_endpoint(alias, manager.config.resolve(alias))
         collector = _Collector()
-        runner = Runner(collector, max_concurrent=2**31 - 1)
+        executor = Executor(collector, max_concurrent=2**31 - 1)
         self.rounds, self.batch_ids = 0, []
         tasks = [
-            asyncio.create_task(self._item(runner, index, item, extra, kwargs))
+            asyncio.create_task(self._item(executor, graphs, index, item, extra, kwargs))
             for index, item in enumerate(items)
         ]
         try:
@@ -211,8 +227,6 @@ class BatchJob:
 
     def _late(self, tasks: list[asyncio.Task[Any]], deadline: float) -> list[Any]:
         """Returns each item's result, or its `DeadlineExceededError` when it had not finished."""
-        from plait.execution.run import unfinished_error
-
         finished = [task.done() and not task.cancelled() for task in tasks]
         unfinished = finished.count(False)
         detail = (
@@ -229,12 +243,18 @@ class BatchJob:
         ]
 
     async def _item(
-        self, runner: Runner, index: int, item: Any, extra: tuple[Any, ...], kwargs: dict
+        self,
+        executor: Executor,
+        graphs: RunGraphs,
+        index: int,
+        item: Any,
+        extra: tuple[Any, ...],
+        kwargs: dict,
     ) -> Any:
         _ITEM.set(index)  # this task's context: every call it makes is noted as item ``index``
         args = (item, *extra)
-        graph = trace_cached(self.module, args, kwargs)
-        output, _ = await execute_graph(graph, runner, args, kwargs, index)
+        graph = graphs.graph_for(args, kwargs)
+        output, _ = await execute_graph(graph, executor, args, kwargs, index)
         return output
 
     async def _settle(self, collector: _Collector, tasks: list[asyncio.Task[Any]]) -> bool:

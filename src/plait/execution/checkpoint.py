@@ -43,6 +43,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointMismatchError",
     "input_hash",
+    "open_checkpoint",
     "program_identity",
 ]
 
@@ -375,3 +376,24 @@ class Checkpoint:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def open_checkpoint(
+    module: Any, graph: Any, items: list[Any], directory: Any, executor: Any
+) -> Checkpoint:
+    """Opens the checkpoint in ``directory`` of a batch of ``module`` run by ``executor``.
+
+    ``graph`` is the batch's graph, whose shape is part of the program's
+    identity. A training-mode run is refused: its outputs carry tapes, which
+    cannot be saved.
+    """
+    if executor.training:
+        raise CheckpointError(
+            f"checkpoint_dir={directory!s} with {type(module).__name__} in training mode: a "
+            "training-mode output carries a tape that cannot be saved. Checkpoint eval-mode "
+            "runs (module.eval()); the Trainer has its own checkpoint_dir for training"
+        )
+    identity = program_identity(module, graph.structural_hash(), executor.manager.config)
+    declared = (t for sub in module.modules() for t in sub.declared_output_types())
+    codec = OutputCodec(declared, output_type=module.declared_return_type())
+    return Checkpoint(directory, identity, items, codec)

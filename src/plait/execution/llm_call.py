@@ -38,8 +38,8 @@ logger = logging.getLogger("plait.execution")
 USE_CACHE: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_use_cache", default=True)
 """Whether LLM calls may use the endpoints' response caches (the execution option ``cache``).
 
-`plait.execution.run` sets it for the duration of a call or batch; the
-scheduler's tasks and ``async def forward`` leaves inherit it.
+A call (`plait.execution.run`) or a batch (`plait.execution.batch`) sets it while it
+runs; the scheduler's tasks and ``async def forward`` leaves inherit it.
 """
 
 
@@ -218,11 +218,11 @@ async def generate(
     Raises:
         PlaitError: no program is running in this context.
     """
-    runner = _context.current_run()
-    if runner is None:
+    executor = _context.current_run()
+    if executor is None:
         raise PlaitError(
             f"generate({alias!r}, ...) needs a running program: call it inside an "
             "`async def forward` of a module executed with resources (bound, "
             "ExecutionSettings, or plait.run)"
         )
-    return await runner.complete(alias, request, accept=accept, on_text=on_text)
+    return await executor.complete(alias, request, accept=accept, on_text=on_text)

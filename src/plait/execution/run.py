@@ -1,39 +1,31 @@
-"""Entry points: `run`, ``await module(...)`` when bound, and ``module.run_sync(...)``.
+"""Entry points and one call: `run`, ``await module(...)`` when bound, ``module.run_sync(...)``.
 
 All three resolve the options of the call (call kwargs > bind > the innermost
-``ExecutionSettings`` > defaults), get the shared `ResourceManager` of the
-resources on the running loop, trace the module once per input shape and run
-the graph — once, or once per item of a batch (a list as first argument).
+``ExecutionSettings`` > defaults) and its resources, then run one call here
+(`_run_single`) or hand a batch (a list as first argument) to
+`plait.execution.batch`. Synchronous callers go through
+`plait.execution.sync_bridge`; `awaitable_or_result` is the rule that decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
-import concurrent.futures
-import contextlib
-import contextvars
-import sys
-import threading
-import weakref
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from plait import _context
 from plait.backends.types import Message
-from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
-from plait.execution.batch import BatchResult, BatchStream, run_items
-from plait.execution.checkpoint import Checkpoint, program_identity
-from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
+from plait.errors import DeadlineExceededError
+from plait.execution.batch import BatchStream, batch_to_list, run_batch
+from plait.execution.executor import RECORD, Executor
+from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
-from plait.execution.observe import observed, resolve_callbacks
-from plait.execution.runner import Runner, trace_cached
-from plait.execution.scheduler import execute_graph
-from plait.execution.settings import OPTION_NAMES, effective_options, find_resources
-from plait.execution.tape import Tape, attach_tape, new_tape_id
+from plait.execution.observe import resolve_callbacks
+from plait.execution.settings import OPTION_NAMES, effective_options, resources_of
+from plait.execution.sync_bridge import run_to_completion
+from plait.execution.tape import Tape
 from plait.module import Module
-from plait.tracing import is_leaf_module
-from plait.values import Value, ValueKind, valueify
+from plait.values import Value
 
 __all__ = ["awaitable_or_result", "call_bound", "execute_bound", "run", "run_sync"]
 
@@ -91,23 +83,25 @@ async def run(
             raise TypeError("run(..., record=True) cannot be combined with report= or batch_api=")
         return await _recorded(module, args, {**kwargs, **call})
     # A coroutine, or a BatchStream (streaming settings), which awaits to its results.
+    graphs = RunGraphs(module)
     if not report:
-        return await _start(module, args, {**kwargs, **call}, batch_api)
-    from plait.profiling import Profiler  # observability, above this layer: loaded on use
+        return await _start(module, args, {**kwargs, **call}, batch_api, graphs)
+    from plait.report.profiling import Profiler  # observability, above this layer: loaded on use
 
     with Profiler() as profiler:
-        output = await _start(module, args, {**kwargs, **call}, batch_api)
-    graph = None
-    if args:
-        forward_kwargs, _ = _split_kwargs(kwargs)
-        first = args[0][0] if is_batch(args[0]) and args[0] else args[0]
-        graph = trace_cached(module, (first, *args[1:]), forward_kwargs)
-    return output, profiler.report(program=type(module).__name__, graph=graph)
+        output = await _start(module, args, {**kwargs, **call}, batch_api, graphs)
+    return output, profiler.report(program=type(module).__name__, graph=graphs.first)
 
 
-async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], batch_api: bool):
+async def _start(
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    batch_api: bool,
+    graphs: RunGraphs,
+) -> Any:
     if not batch_api:
-        return await execute_bound(module, args, kwargs)
+        return await execute_bound(module, args, kwargs, graphs)
     from plait.execution.batch_api import BatchJob
 
     if not args or not is_batch(args[0]):
@@ -116,20 +110,12 @@ async def _start(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
     options = effective_options(module._bound_config, call_options)
     job = BatchJob(
         module,
-        _resources_of(module, kwargs.get("resources")),
+        _resources(module, kwargs),
         checkpoint_dir=options["checkpoint_dir"],
     )
-    return await job.run(
-        args[0],
-        *args[1:],
-        on_error=options["on_error"],
-        deadline=options["deadline"],
-        **forward_kwargs,
+    return await job.run_traced(
+        graphs, args[0], args[1:], forward_kwargs, options["on_error"], options["deadline"]
     )
-
-
-RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
-"""Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
 
 
 async def _recorded(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -168,14 +154,9 @@ def _split_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     return forward_kwargs, options
 
 
-def _resources_of(module: Module, explicit: Any) -> Any:
-    resources = find_resources(explicit, bound=module._bound_resources, module=module)
-    if resources is None:
-        raise PlaitError(
-            f"{type(module).__name__} has no resources: bind them with module.bind(config), "
-            "use ExecutionSettings(resources=config), or pass resources= to plait.run"
-        )
-    return resources
+def _resources(module: Module, kwargs: dict[str, Any]) -> Any:
+    who = type(module).__name__
+    return resources_of(module, kwargs.get("resources"), who=who, takes="plait.run")
 
 
 def is_batch(first: Any) -> bool:
@@ -196,17 +177,23 @@ def _is_message(item: Any) -> bool:
 
 
 def execute_bound(
-    module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    module: Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    graphs: RunGraphs | None = None,
 ) -> Coroutine[Any, Any, Any] | BatchStream:
     """Starts a bound call: returns a coroutine, or a `BatchStream` for a streaming batch.
 
     Options and resources are read *now*, in the caller's context, so the
     returned coroutine may run on another thread's loop (``run_sync``).
+    ``graphs`` holds the graphs the call traces, for a caller that needs them
+    afterwards (a run report); by default the call keeps its own.
     """
     forward_kwargs, call_options = _split_kwargs(kwargs)
     options = effective_options(module._bound_config, call_options)
-    resources = _resources_of(module, kwargs.get("resources"))
+    resources = _resources(module, kwargs)
     batch = bool(args) and is_batch(args[0])
+    graphs = graphs if graphs is not None else RunGraphs(module)
     resume = kwargs.get("resume_state")
     if resume is not None:
         if batch:
@@ -214,19 +201,20 @@ def execute_bound(
                 "resume_state= resumes one paused call; pass it with that call's input, "
                 "not with a batch"
             )
-        return _resumed(resume, _run_single(module, args, forward_kwargs, resources, options))
+        work = _run_single(graphs, args, forward_kwargs, resources, options)
+        return _resumed(resume, work)
     if batch and options["streaming"]:
         items, extra = args[0], args[1:]
         return BatchStream(
-            lambda report: _run_batch(
-                module, items, extra, forward_kwargs, resources, options, report
+            lambda report: run_batch(
+                graphs, items, extra, forward_kwargs, resources, options, report
             ),
             total=len(items),
             preserve_order=options["preserve_order"],
         )
     if batch:
-        return _batch_to_list(module, args[0], args[1:], forward_kwargs, resources, options)
-    return _run_single(module, args, forward_kwargs, resources, options)
+        return batch_to_list(graphs, args[0], args[1:], forward_kwargs, resources, options)
+    return _run_single(graphs, args, forward_kwargs, resources, options)
 
 
 def call_bound(
@@ -248,64 +236,33 @@ def awaitable_or_result(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
     ``run_dataset``, an optimizer's ``compile``, ``optimize_grid``,
     ``Trainer.fit``): inside a running loop the caller awaits what it gets;
     from synchronous code (a script) the work runs to completion on the
-    `run_sync` loop and the result comes back, because nothing could ever
-    await a coroutine returned there, and udspy's and dsprrr's snippets
-    (``result = predictor(question=...)``) are written that way.
+    background loop of `plait.execution.sync_bridge` and the result comes
+    back, because nothing could ever await a coroutine returned there: a
+    script's ``result = predictor(question=...)`` wants the result itself.
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _complete(work)
+        return run_to_completion(work)
     return work
 
 
-def _runner(module: Module, resources: Any, options: dict[str, Any]) -> Runner:
-    from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
-
-    manager = ResourceManager.shared(resources)
-    _remember_for_shutdown(manager)
-    training = module.training or RECORD.get()
-    return Runner(manager, options["max_concurrent"], options["timeout"], training)
-
-
-def _taped(
-    graph: Any, runner: Runner, output: Any, results: dict[str, Any], index: int | None
-) -> Any:
-    """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
-    if not runner.training:
-        return output
-    tape = Tape(
-        new_tape_id(),
-        graph,
-        results,
-        runner.parameter_table(graph),
-        index=index,
-        manager=runner.manager,
-    )
-    value = output if isinstance(output, Value) else valueify(output, kind=_kind_of(output))
-    attach_tape(value, tape)
-    return value
-
-
-def _kind_of(output: Any) -> ValueKind:
-    return ValueKind.TEXT if isinstance(output, str) else ValueKind.STRUCTURED
-
-
 async def _run_single(
-    module: Module,
+    graphs: RunGraphs,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     resources: Any,
     options: dict[str, Any],
 ) -> Any:
-    runner = _runner(module, resources, options)
-    graph = trace_cached(module, args, kwargs)
+    module = graphs.module
+    executor = Executor.for_call(module, resources, options)
+    graph = graphs.graph_for(args, kwargs)
     token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     deadline = options["deadline"]
     try:
         async with asyncio.timeout(deadline) as scope:
-            output, results = await _observed_graph(graph, runner, args, kwargs, None)
+            return await executor.run_program(graph, args, kwargs)
     except TimeoutError as exc:
         if not scope.expired():
             raise
@@ -317,7 +274,6 @@ async def _run_single(
     finally:
         USE_CACHE.reset(token)
         _context.CALLBACKS.reset(callbacks)
-    return _taped(graph, runner, output, results, None)
 
 
 async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
@@ -328,271 +284,6 @@ async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
         return await work
 
 
-async def _observed_graph(
-    graph: Any, runner: Runner, args: tuple[Any, ...], kwargs: dict[str, Any], index: int | None
-) -> tuple[Any, dict[str, Any]]:
-    """Runs a program's graph as one module call for the callbacks.
-
-    A program that is itself a leaf (an LLMInference, a Predict) is its
-    graph's only node, which is observed as that call already.
-    """
-    module = graph.root
-
-    def execute() -> Awaitable[tuple[Any, dict[str, Any]]]:
-        return execute_graph(graph, runner, args, kwargs, index)
-
-    if is_leaf_module(module):
-        return await execute()
-    return await observed(module, args, kwargs, execute, reported=lambda done: done[0])
-
-
-async def _run_batch(
-    module: Module,
-    items: list[Any],
-    extra: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    resources: Any,
-    options: dict[str, Any],
-    report: Any,
-) -> None:
-    """Runs every item, calling ``report(BatchResult)`` as each finishes."""
-    from plait.execution.progress import BatchProgress
-    from plait.resources.usage import metered
-
-    runner = _runner(module, resources, options)
-    usage_by_index: dict[int, dict[str, Any]] = {}
-    profiler = _context.PROFILE.get()  # counts items and keeps failures for a run report
-
-    async def run_item(index: int, item: Any) -> Any:
-        item_args = (item, *extra)
-        graph = trace_cached(module, item_args, kwargs)
-        with metered() as meter:  # every call of this item, inner and re-asked ones too
-            try:
-                output, results = await _observed_graph(graph, runner, item_args, kwargs, index)
-            finally:
-                usage_by_index[index] = meter.as_dict()
-        return _taped(graph, runner, output, results, index)
-
-    checkpoint = _open_checkpoint(module, items, extra, kwargs, options["checkpoint_dir"], runner)
-    cache_token = USE_CACHE.set(options["cache"])
-    callbacks = resolve_callbacks()
-    reported: set[int] = set()
-    try:
-        with BatchProgress(len(items), options["progress"], runner.manager) as progress:
-
-            def on_result(result: BatchResult) -> Any:
-                reported.add(result.index)
-                usage = usage_by_index.pop(result.index, None)
-                result.usage = usage
-                if checkpoint is not None and result.ok:
-                    checkpoint.write(result.index, result.output, usage)
-                if profiler is not None:
-                    profiler.record_item(result.index, result.error)
-                progress.advance(result.ok)
-                return report(result)
-
-            if checkpoint is not None:
-                for index, output in sorted(checkpoint.done.items()):
-                    reported.add(index)
-                    if profiler is not None:
-                        profiler.record_item(index, None, restored=True)
-                    progress.advance(True)
-                    waiting = report(BatchResult(index, items[index], output))
-                    if waiting is not None:
-                        await waiting
-            skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
-            deadline = options["deadline"]
-            try:
-                async with asyncio.timeout(deadline) as scope:
-                    await run_items(items, run_item, runner.max_concurrent, on_result, skip)
-            except TimeoutError:
-                if not scope.expired():
-                    raise
-                await _fail_unfinished(items, reported, deadline, on_result)
-    finally:
-        USE_CACHE.reset(cache_token)
-        _context.CALLBACKS.reset(callbacks)
-        if checkpoint is not None:
-            checkpoint.close()
-
-
-async def _fail_unfinished(
-    items: list[Any],
-    reported: set[int],
-    deadline: float,
-    on_result: Any,
-) -> None:
-    """Reports every item that had not finished when the batch's deadline passed."""
-    unfinished = len(items) - len(reported)
-    for index, item in enumerate(items):
-        if index in reported:
-            continue
-        error = unfinished_error(index, deadline, unfinished, len(items))
-        waiting = on_result(BatchResult(index, item, error=error))
-        if waiting is not None:
-            await waiting
-
-
-def unfinished_error(
-    index: int, deadline: float, unfinished: int, total: int, detail: str = ""
-) -> DeadlineExceededError:
-    """Returns the error of batch item ``index``, still running when the batch's deadline passed."""
-    return DeadlineExceededError(
-        f"input {index} did not finish within the batch's deadline of {deadline:g} s "
-        f"({unfinished} of {total} items unfinished); its work was cancelled{detail}",
-        deadline=deadline,
-        input_index=index,
-    )
-
-
-def _open_checkpoint(
-    module: Module,
-    items: list[Any],
-    extra: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    directory: Any,
-    runner: Runner,
-) -> Checkpoint | None:
-    if not directory or not items:
-        return None
-    if runner.training:
-        raise CheckpointError(
-            f"checkpoint_dir={directory!s} with {type(module).__name__} in training mode: a "
-            "training-mode output carries a tape that cannot be saved. Checkpoint eval-mode "
-            "runs (module.eval()); the Trainer has its own checkpoint_dir for training"
-        )
-    graph = trace_cached(module, (items[0], *extra), kwargs)
-    identity = program_identity(module, graph.structural_hash(), runner.manager.config)
-    declared = (t for sub in module.modules() for t in sub.declared_output_types())
-    codec = OutputCodec(declared, output_type=module.declared_return_type())
-    return Checkpoint(directory, identity, items, codec)
-
-
-async def _batch_to_list(
-    module: Module,
-    items: list[Any],
-    extra: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    resources: Any,
-    options: dict[str, Any],
-) -> list[Any]:
-    outputs: list[Any] = [None] * len(items)
-    collect = options["on_error"] == "collect"
-
-    def report(result: BatchResult) -> None:
-        if result.error is not None and not collect:
-            raise _item_error(result)
-        outputs[result.index] = result.output if result.ok else result.error
-
-    await _run_batch(module, items, extra, kwargs, resources, options, report)
-    return outputs
-
-
-def _item_error(result: BatchResult) -> BaseException:
-    if isinstance(result.error, PlaitError):
-        return result.error
-    return ExecutionError(
-        f"input {result.index} failed: {type(result.error).__name__}: {result.error}",
-        input_index=result.index,
-        cause=result.error,
-    )
-
-
-# ---------------------------------------------------------------- run_sync
-class _LoopThread:
-    """One background event loop shared by every ``run_sync`` call.
-
-    A persistent loop keeps connection pools and loaded models alive between
-    calls, and works whether or not the caller already runs a loop (Jupyter).
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="plait-loop", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """Runs ``coro`` on the background loop in the caller's context; blocks for the result.
-
-        The caller's context variables (an active profiler, settings) are
-        copied into the task, as if the coroutine ran in the calling thread.
-        """
-        context = contextvars.copy_context()
-        result: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        tasks: list[asyncio.Task[Any]] = []
-
-        def start() -> None:
-            task = self.loop.create_task(coro, context=context)
-            tasks.append(task)
-            task.add_done_callback(lambda done: _transfer(done, result))
-
-        self.loop.call_soon_threadsafe(start)
-        try:
-            return result.result()
-        except KeyboardInterrupt:
-            self._stop(tasks, result)
-            raise
-
-    def _stop(self, tasks: list[asyncio.Task[Any]], result: concurrent.futures.Future[Any]) -> None:
-        """Cancels the call on Ctrl-C and waits until it has stopped.
-
-        The caller's KeyboardInterrupt then comes after the requests in flight
-        were cancelled and the checkpoint closed, as with ``asyncio.run``. A
-        second Ctrl-C interrupts this wait, so it leaves at once.
-        """
-
-        def cancel() -> None:  # on the loop, after `start` has made the task
-            for task in tasks:
-                task.cancel()
-
-        self.loop.call_soon_threadsafe(cancel)
-        with contextlib.suppress(concurrent.futures.CancelledError):
-            result.exception()  # waits for the end, however it ends
-
-
-def _transfer(task: asyncio.Task[Any], result: concurrent.futures.Future[Any]) -> None:
-    if task.cancelled():
-        result.cancel()
-    elif task.exception() is not None:
-        result.set_exception(task.exception())  # type: ignore[arg-type]
-    else:
-        result.set_result(task.result())
-
-
-_loop_thread: _LoopThread | None = None
-_loop_lock = threading.Lock()
-_managers: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def _background() -> _LoopThread:
-    global _loop_thread
-    with _loop_lock:
-        if _loop_thread is None:
-            _loop_thread = _LoopThread()
-            atexit.register(_shutdown)
-        return _loop_thread
-
-
-def _remember_for_shutdown(manager: Any) -> None:
-    if _loop_thread is not None and asyncio.get_running_loop() is _loop_thread.loop:
-        _managers.add(manager)
-
-
-def _shutdown() -> None:
-    """Closes the managers the background loop used, so connections close cleanly."""
-    if _loop_thread is None or not _loop_thread.loop.is_running():
-        return
-    managers = list(_managers)
-
-    async def close_all() -> None:
-        await asyncio.gather(*(m.aclose() for m in managers), return_exceptions=True)
-
-    try:
-        asyncio.run_coroutine_threadsafe(close_all(), _loop_thread.loop).result(timeout=5)
-    except Exception as exc:  # interpreter shutdown: report, never hang
-        print(f"plait: closing connections failed: {exc}", file=sys.stderr)
-
-
 def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs a bound call to completion and returns its result, blocking the caller.
 
@@ -600,19 +291,4 @@ def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
     the caller gets the KeyboardInterrupt once it has stopped, with every
     finished item in the checkpoint; a second Ctrl-C leaves at once.
     """
-    return _complete(execute_bound(module, args, kwargs))
-
-
-def _complete(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
-    """Runs ``work`` on the background loop and returns its result (a stream's as a list).
-
-    Ctrl-C cancels the work and re-raises once it has stopped (see `run_sync`).
-    """
-    if isinstance(work, BatchStream):
-        stream = work
-
-        async def collect() -> list[BatchResult]:
-            return await stream
-
-        return _background().run(collect())
-    return _background().run(work)
+    return run_to_completion(execute_bound(module, args, kwargs))

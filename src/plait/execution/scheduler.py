@@ -33,7 +33,7 @@ from plait.tracing.graph import InferenceGraph, Node, substitute
 from plait.values import Value, ValueKind, _infer_kind, first_error, unwrap
 
 if TYPE_CHECKING:
-    from plait.execution.runner import Runner
+    from plait.execution.executor import Executor
 
 __all__ = ["NODE_SCOPE", "execute_graph", "scoped"]
 
@@ -54,7 +54,7 @@ def scoped(path: str) -> str:
 
 async def execute_graph(
     graph: InferenceGraph,
-    runner: Runner,
+    executor: Executor,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     index: int | None = None,
@@ -69,10 +69,10 @@ async def execute_graph(
         ExecutionError: a node failed; names the node, its module path and ``index``.
     """
     results = _bind_inputs(graph, args, kwargs)
-    params = runner.parameter_table(graph)
+    params = executor.parameter_table(graph)
     if index is None:  # a graph run inside an async leaf belongs to that leaf's item
         index = NODE_SCOPE.get()[1]
-    run = _GraphRun(graph, runner, results, params, index)
+    run = _GraphRun(graph, executor, results, params, index)
     await run.run()
     output_errors = [r for r in graph.output_ids if r in results and results[r].is_error]
     if output_errors:
@@ -130,13 +130,13 @@ class _GraphRun:
     def __init__(
         self,
         graph: InferenceGraph,
-        runner: Runner,
+        executor: Executor,
         results: dict[str, Value],
         params: dict[str, Any],
         index: int | None,
     ) -> None:
         self.graph = graph
-        self.runner = runner
+        self.executor = executor
         self.results = results
         self.params = params
         self.index = index
@@ -251,17 +251,17 @@ class _GraphRun:
                     node.module,
                     call_args,
                     call_kwargs,
-                    lambda: self.runner.call_llm(
+                    lambda: self.executor.call_llm(
                         node.module, call_args, call_kwargs, scoped(node.module_path or node.id)
                     ),
                     scoped(node.module_path or node.id),
                 )
             else:
-                token = _context.RUN.set(self.runner)
+                token = _context.RUN.set(self.executor)
                 # The root module's path is "": its children keep their own paths.
                 scope = NODE_SCOPE.set((scoped(node.module_path), self.index))
                 enclosing = INNER_CALLS.get()
-                calls: list[dict[str, Any]] | None = [] if self.runner.training else None
+                calls: list[dict[str, Any]] | None = [] if self.executor.training else None
                 noting = INNER_CALLS.set(calls)
                 try:
                     output = await observed(

@@ -26,9 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from plait import _context
+from plait.errors import PlaitError
 from plait.module import bound_resources
 
-__all__ = ["DEFAULTS", "OPTION_NAMES", "ExecutionSettings", "effective_options", "find_resources"]
+__all__ = [
+    "DEFAULTS",
+    "OPTION_NAMES",
+    "ExecutionSettings",
+    "effective_options",
+    "find_resources",
+    "resources_of",
+]
 
 
 @dataclass
@@ -158,3 +166,22 @@ def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = Non
         if found is not None:
             return found
     return _context.setting("resources")
+
+
+def resources_of(program: Any, explicit: Any = None, *, who: str, takes: str) -> Any:
+    """Returns the resources a run of ``program`` uses (`find_resources`), or says how to give some.
+
+    ``who`` names what needs them in the message (the program, or a search
+    compiling it) and ``takes`` what accepts ``resources=`` there
+    (``plait.run``, ``compile()``).
+
+    Raises:
+        PlaitError: there are none; the message lists every way to give them.
+    """
+    found = find_resources(explicit, bound=program._bound_resources, module=program)
+    if found is None:
+        raise PlaitError(
+            f"{who} has no resources: bind them with program.bind(config), use "
+            f"`async with ExecutionSettings(resources=config)`, or pass resources= to {takes}"
+        )
+    return found

@@ -114,16 +114,16 @@ async def backward(
 
 
 async def _runner_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
-    from plait.execution.runner import Runner
+    from plait.execution.executor import Executor
 
     resources = find_resources(resources)
     if resources is None:
         # The forward pass's own manager: a bound program needs no settings block.
         managers = {id(t.manager): t.manager for t, _ in jobs if t.manager is not None}
-        return Runner(next(iter(managers.values()))) if len(managers) == 1 else None
+        return Executor(next(iter(managers.values()))) if len(managers) == 1 else None
     from plait.resources import ResourceManager
 
-    return Runner(ResourceManager.shared(resources))
+    return Executor(ResourceManager.shared(resources))
 
 
 def node_levels(graph: Any) -> dict[str, int]:

@@ -67,7 +67,7 @@ from typing import Any
 from plait import _files
 from plait.errors import PlaitError
 from plait.execution.checkpoint_codec import CheckpointError
-from plait.execution.settings import find_resources
+from plait.execution.settings import resources_of
 from plait.module import Module
 from plait.optimization.evaluation import (
     EvaluationResult,
@@ -283,7 +283,7 @@ class ProgramSearch:
         """The body of `compile`."""
         from plait.resources.usage import metered
 
-        resources = self._resources(program, resources)
+        resources = resources_of(program, resources, who=type(self).__name__, takes="compile()")
         train = examples_of(train_set) if train_set is not None else []
         val = examples_of(val_set) if val_set is not None else train
         if not val:
@@ -347,15 +347,6 @@ class ProgramSearch:
                 len(candidates) - len(kept),
             )
         return kept
-
-    def _resources(self, program: Module, resources: Any) -> Any:
-        found = find_resources(resources, bound=program._bound_resources, module=program)
-        if found is None:
-            raise PlaitError(
-                f"{type(self).__name__} has no resources: pass resources= to compile(), bind "
-                "the program, or run inside `async with ExecutionSettings(resources=...)`"
-            )
-        return found
 
     async def evaluate_candidates(
         self,

@@ -19,7 +19,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import weakref
@@ -30,8 +29,9 @@ from types import MappingProxyType
 from typing import Any
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
-from plait.backends._urls import redact_url, scrub_text
+from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
+from plait.resources import validation as check
 from plait.resources.usage import Price, price_for
 
 __all__ = [
@@ -162,214 +162,42 @@ _NOT_DESCRIBED = frozenset(
 
 
 # -- validation -----------------------------------------------------------------------
-# Each checker returns an error text ("must be ...") or None, and the value to store.
+# The keys each provider takes, each with its checker (`plait.resources.validation`).
 
-Checker = Callable[[Any], tuple[str | None, Any]]
-
-
-def _finite(value: Any) -> float | None:
-    """Returns ``value`` as a float if it is a finite real number (not a bool), else None.
-
-    inf and nan are refused everywhere: ``timeout: inf`` would wait forever
-    (write null for that), an infinite rpm or price makes every later sum inf
-    or nan, and an int too large for a float is no more usable.
-    """
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _got(value: Any) -> str:
-    return f"got {value!r} ({type(value).__name__})"
-
-
-def _positive_int(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return None, value
-    return f"must be a positive integer, {_got(value)}", None
-
-
-def _non_negative_int(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return None, value
-    return f"must be an integer >= 0, {_got(value)}", None
-
-
-def _positive_number(value: Any) -> tuple[str | None, Any]:
-    number = _finite(value)
-    if number is not None and number > 0:
-        return None, number
-    return f"must be a finite number > 0, {_got(value)}", None
-
-
-def _non_negative_number(value: Any) -> tuple[str | None, Any]:
-    number = _finite(value)
-    if number is not None and number >= 0:
-        return None, number
-    return f"must be a finite number >= 0, {_got(value)}", None
-
-
-def _text(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, str) and value:
-        return None, value
-    return f"must be a non-empty string, {_got(value)}", None
-
-
-def _secret(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, str) and value:
-        return None, value
-    # The type only: a key of the wrong type is still a key.
-    return f"must be a non-empty string, got {type(value).__name__}", None
-
-
-def _path(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    return _text(value)
-
-
-def _flag(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, bool):
-        return None, value
-    return f"must be true or false, {_got(value)}", None
-
-
-def _transport(value: Any) -> tuple[str | None, Any]:
-    if value in ("aiohttp", "sdk"):
-        return None, value
-    return f"must be 'aiohttp' or 'sdk', {_got(value)}", None
-
-
-def _dialect(value: Any) -> tuple[str | None, Any]:
-    if value in ("openai", "llama_cpp"):
-        return None, value
-    return f"must be 'openai' or 'llama_cpp' (omit it to detect), {_got(value)}", None
-
-
-_CACHE_KEYS = ("memory_entries", "path")
-
-
-def _cache(value: Any) -> tuple[str | None, Any]:
-    expected = (
-        'must be true, false or a path to the cache file, or {"path": ..., '
-        '"memory_entries": <int >= 0>} (both optional)'
-    )
-    if isinstance(value, bool):
-        return None, value
-    if isinstance(value, str | os.PathLike) and os.fspath(value):
-        return None, os.fspath(value)
-    if not isinstance(value, Mapping):
-        return f"{expected}, {_got(value)}", None
-    unknown = sorted(str(k) for k in value if k not in _CACHE_KEYS)
-    if unknown:
-        return f"{expected}; unknown key(s) {', '.join(map(repr, unknown))}", None
-    # Both keys always present (None: the default), so an empty mapping is still truthy: on.
-    clean: dict[str, Any] = {"path": None, "memory_entries": None}
-    if value.get("path") is not None:
-        error, clean["path"] = _path(value["path"])
-        if error is not None:
-            return f"{expected}; 'path' {error}", None
-    if value.get("memory_entries") is not None:
-        error, clean["memory_entries"] = _non_negative_int(value["memory_entries"])
-        if error is not None:
-            return f"{expected}; 'memory_entries' {error}", None
-    return None, MappingProxyType(clean)
-
-
-def _headers(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
-        return None, MappingProxyType(dict(value))
-    return "must be a mapping of header names to string values", None
-
-
-def _base_url(value: Any) -> tuple[str | None, Any]:
-    expected = "must be an http(s) URL like 'https://api.openai.com/v1'"
-    if not isinstance(value, str) or not value:
-        return f"{expected}, {_got(value)}", None
-    problem = _url_problem(value)
-    if problem is not None:
-        return f"{expected}, got {redact_url(value)!r}: {problem}", None
-    return None, value
-
-
-def _url_problem(url: str) -> str | None:
-    """Returns what keeps ``url`` from being an http(s) API root, or None if nothing does."""
-    from urllib.parse import urlsplit  # only loaded for configs that set a base_url
-
-    if any(c.isspace() or not c.isprintable() for c in url):
-        return "it contains a space or control character (a stray newline from a file?)"
-    if "://" not in url:
-        return "it has no scheme; start it with 'https://' (or 'http://' for a local server)"
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
-    except ValueError as exc:
-        return f"it does not parse ({scrub_text(str(exc), url)})"
-    if parts.scheme.lower() not in ("http", "https"):
-        return f"the scheme is {parts.scheme!r}; plait speaks http and https only"
-    if not parts.hostname:
-        return "it has no host name"
-    try:
-        parts.hostname.encode("idna")  # what the resolver does with it
-    except UnicodeError:
-        return f"the host name {parts.hostname!r} has an empty or over-long label"
-    return None
-
-
-def _options(value: Any) -> tuple[str | None, Any]:
-    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
-        return None, MappingProxyType(dict(value))
-    return "must be a mapping of keyword arguments (string keys)", None
-
-
-def _price(value: Any) -> tuple[str | None, Any]:
-    expected = 'must be {"input": <$ per Mtok>, "output": <$ per Mtok>}'
-    if isinstance(value, Price):
-        value = {"input": value.input, "output": value.output}
-    if not isinstance(value, Mapping) or set(value) != {"input", "output"}:
-        return f"{expected}, {_got(value)}", None
-    numbers = {key: _finite(number) for key, number in value.items()}
-    if not all(number is not None and number >= 0 for number in numbers.values()):
-        return f"{expected} with finite numbers >= 0, {_got(value)}", None
-    return None, Price(numbers["input"], numbers["output"])
-
-
-_COMMON: dict[str, Checker] = {
-    "model": _text,
-    "max_concurrent": _positive_int,
-    "rpm": _positive_number,
-    "tpm": _positive_number,
-    "timeout": _positive_number,
-    "max_retries": _non_negative_int,
-    "retry_base_delay": _non_negative_number,
-    "retry_max_delay": _positive_number,
-    "max_retry_after": _positive_number,
-    "adaptive": _flag,
-    "price": _price,
-    "budget": _non_negative_number,
-    "cache": _cache,
-    "backend_options": _options,
+_COMMON: dict[str, check.Checker] = {
+    "model": check.text,
+    "max_concurrent": check.positive_int,
+    "rpm": check.positive_number,
+    "tpm": check.positive_number,
+    "timeout": check.positive_number,
+    "max_retries": check.non_negative_int,
+    "retry_base_delay": check.non_negative_number,
+    "retry_max_delay": check.positive_number,
+    "max_retry_after": check.positive_number,
+    "adaptive": check.flag,
+    "price": check.price,
+    "budget": check.non_negative_number,
+    "cache": check.cache,
+    "backend_options": check.options,
 }
-_REMOTE: dict[str, Checker] = {"base_url": _base_url, "api_key": _secret, "api_key_env": _text}
-_BY_PROVIDER: dict[str, dict[str, Checker]] = {
+_REMOTE: dict[str, check.Checker] = {
+    "base_url": check.base_url,
+    "api_key": check.secret,
+    "api_key_env": check.text,
+}
+_BY_PROVIDER: dict[str, dict[str, check.Checker]] = {
     "openai": {
         **_COMMON,
         **_REMOTE,
-        "transport": _transport,
-        "headers": _headers,
-        "max_connections": _positive_int,
-        "dialect": _dialect,
-        "max_response_bytes": _positive_int,
-        "max_event_bytes": _positive_int,
+        "transport": check.transport,
+        "headers": check.headers,
+        "max_connections": check.positive_int,
+        "dialect": check.dialect,
+        "max_response_bytes": check.positive_int,
+        "max_event_bytes": check.positive_int,
     },
     "anthropic": {**_COMMON, **_REMOTE},
-    "local": {**_COMMON, "model_path": _path, "n_ctx": _positive_int},
+    "local": {**_COMMON, "model_path": check.path, "n_ctx": check.positive_int},
 }
 _ALL_KEYS = sorted({"provider"}.union(*_BY_PROVIDER.values()))
 
@@ -391,6 +219,22 @@ def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
 
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_key(
+    where: str,
+    key: str,
+    value: Any,
+    checker: check.Checker,
+    problems: list[str],
+    values: dict[str, Any],
+) -> None:
+    """Stores the checked ``value`` of ``key`` in ``values``, or notes its problem."""
+    error, clean = checker(value)
+    if error is not None:
+        problems.append(f"{where}: key {key!r} {error}")
+    else:
+        values[key] = clean
 
 
 def _validate_entry(
@@ -429,11 +273,7 @@ def _validate_entry(
             continue
         if value is None:  # an explicit null means "not set" (YAML ``rpm: null``)
             continue
-        error, clean = checker(value)
-        if error is not None:
-            problems.append(f"{where}: key {key!r} {error}")
-        else:
-            values[key] = clean
+        _check_key(where, key, value, checker, problems, values)
     variable = values.get("api_key_env")
     if from_file and variable is not None and not _may_send(variable):
         problems.append(f"{where}: key 'api_key_env' {_not_a_credential(variable)}")
@@ -626,11 +466,7 @@ def _validate_user_entry(alias: str, entry: Mapping[str, Any], problems: list[st
                 f"{_quote_list(sorted(_COMMON))} (constructor arguments go in backend_options)"
             )
             continue
-        error, clean = checker(value)
-        if error is not None:
-            problems.append(f"{where}: key {key!r} {error}")
-        else:
-            values[key] = clean
+        _check_key(where, key, value, checker, problems, values)
     options = values.get("backend_options")
     if options and not isinstance(backend, type):
         problems.append(

@@ -1,69 +1,43 @@
-"""Runner: what one top-level call (or one batch) shares while it executes.
+"""Executor: what one top-level call (or one batch) shares while its graphs run.
 
-Every graph node of every batch item runs through the same `Runner`: one
+Every graph node of every batch item runs through the same `Executor`: one
 `ResourceManager` (so endpoint limits hold across the whole batch), one
-global limit on LLM calls in flight, one graph per input shape.
+global limit on LLM calls in flight, one timeout per attempt, and whether
+the run records tapes. The scheduler decides *when* a node runs; the
+executor is *what it runs on*.
 
-The runner is also what ``async def forward`` leaves see: inside them,
-calling a module returns a coroutine that runs it on these same resources.
+The executor is also what ``async def forward`` leaves see (the context's
+running executor): inside them, calling a module returns a coroutine that
+runs it on these same resources.
 """
 
 from __future__ import annotations
 
 import asyncio
-import weakref
+import contextvars
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from plait import _context
 from plait.backends.types import Request, Response
+from plait.execution.graph_cache import trace_cached
 from plait.execution.llm_call import USE_CACHE, call_llm
 from plait.execution.observe import observed
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
-from plait.execution.tape import INNER_CALLS
+from plait.execution.sync_bridge import remember_for_shutdown
+from plait.execution.tape import INNER_CALLS, Tape, attach_tape, new_tape_id
 from plait.module import LLMInference, Module, call_forward, is_async_module
-from plait.tracing import InferenceGraph, Tracer, input_signature, is_leaf_module
-from plait.values import Value, unwrap
+from plait.tracing import InferenceGraph, is_leaf_module
+from plait.values import Value, ValueKind, unwrap, valueify
 
-__all__ = ["Runner", "trace_cached"]
+__all__ = ["RECORD", "Executor"]
 
-# module -> {(tree fingerprint, input signature): graph}; weak so modules can be collected.
-_GRAPHS: weakref.WeakKeyDictionary[Module, dict[Any, InferenceGraph]] = weakref.WeakKeyDictionary()
-
-
-def _tree_fingerprint(module: Module) -> tuple[Any, ...]:
-    """Returns what, besides the inputs, decides the shape of ``module``'s graph.
-
-    Module identities and their plain settings (numbers, strings, flags that a
-    ``forward`` may loop or branch on); parameter *values* are not included,
-    because they are read at run time, not baked into the graph.
-    """
-    parts: list[Any] = []
-    for path, sub in module.named_modules():
-        settings = tuple(
-            (key, value)
-            for key, value in vars(sub).items()
-            if not key.startswith("_") and isinstance(value, str | int | float | bool | type(None))
-        )
-        parts.append((path, id(sub), settings, tuple(id(p) for p in sub._parameters.values())))
-    return tuple(parts)
+RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
+"""Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
 
 
-def trace_cached(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> InferenceGraph:
-    """Returns the graph of ``module`` for inputs shaped like ``args``, tracing only once."""
-    key = (_tree_fingerprint(module), input_signature(args, kwargs))
-    graphs = _GRAPHS.setdefault(module, {})
-    graph = graphs.get(key)
-    if graph is None:
-        graph = Tracer().trace(module, *args, **kwargs)
-        if len(graphs) >= 32:  # many input shapes: keep the cache bounded
-            graphs.pop(next(iter(graphs)))
-        graphs[key] = graph
-    return graph
-
-
-class Runner:
+class Executor:
     """Shared state of one execution: resources, the LLM-call limit, timeouts.
 
     Args:
@@ -86,6 +60,67 @@ class Runner:
         self.max_concurrent = max_concurrent
         self._slots = asyncio.Semaphore(max_concurrent)
         self._params: dict[int, dict[str, Any]] = {}
+
+    @classmethod
+    def for_call(cls, module: Module, resources: Any, options: dict[str, Any]) -> Executor:
+        """Returns the executor of one call or batch of ``module`` with its resolved options.
+
+        The manager is the one shared by equal configurations on this loop; it
+        records tapes when the module is in training mode or the call records.
+        """
+        from plait.resources import ResourceManager  # resource layer; loads aiohttp lazily
+
+        manager = ResourceManager.shared(resources)
+        remember_for_shutdown(manager)
+        training = module.training or RECORD.get()
+        return cls(manager, options["max_concurrent"], options["timeout"], training)
+
+    async def run_program(
+        self,
+        graph: InferenceGraph,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        index: int | None = None,
+    ) -> Any:
+        """Runs a program's graph as one module call for the callbacks; returns its output.
+
+        The output is in the structure ``forward`` returned; in training mode it
+        is a Value carrying the tape of this run (``index`` is the batch item's
+        position, None for a single call). A program that is itself a leaf (an
+        LLMInference, a Predict) is its graph's only node, which is observed as
+        that call already.
+        """
+        module = graph.root
+
+        def execute() -> Any:
+            return execute_graph(graph, self, args, kwargs, index)
+
+        if is_leaf_module(module):
+            output, results = await execute()
+        else:
+            output, results = await observed(
+                module, args, kwargs, execute, reported=lambda done: done[0]
+            )
+        return self._taped(graph, output, results, index)
+
+    def _taped(
+        self, graph: InferenceGraph, output: Any, results: dict[str, Any], index: int | None
+    ) -> Any:
+        """Returns ``output`` as it is, or — in training mode — as a Value carrying its tape."""
+        if not self.training:
+            return output
+        tape = Tape(
+            new_tape_id(),
+            graph,
+            results,
+            self.parameter_table(graph),
+            index=index,
+            manager=self.manager,
+        )
+        kind = ValueKind.TEXT if isinstance(output, str) else ValueKind.STRUCTURED
+        value = output if isinstance(output, Value) else valueify(output, kind=kind)
+        attach_tape(value, tape)
+        return value
 
     def parameter_table(self, graph: InferenceGraph) -> dict[str, Any]:
         """Returns ``param:<name>`` → Parameter for the graph's root module."""
@@ -137,7 +172,7 @@ class Runner:
     ) -> Response:
         """Makes one raw call within the global limit; used by `generate` in async leaves.
 
-        The runner's timeout and the context's rollout id fill in what the
+        The executor's timeout and the context's rollout id fill in what the
         request leaves unset; ``accept`` and ``on_text`` go to `ResourceManager.complete`.
         """
         rollout = _context.ROLLOUT.get()
