@@ -188,9 +188,9 @@ class Module:
         session = _context.current_trace()
         if session is not None:
             return session.record_call(self, args, kwargs)
-        runner = _context.current_run()
-        if runner is not None:
-            return runner.call_module(self, args, kwargs)
+        executor = _context.current_run()
+        if executor is not None:
+            return executor.call_module(self, args, kwargs)
         if _context.setting("resources") is not None or bound_resources(self) is not None:
             from plait.execution.run import call_bound  # upper layer, loaded on first use
 

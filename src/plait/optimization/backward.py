@@ -98,8 +98,8 @@ async def backward(
         text = _as_text(grad if grad is not None else value)
         jobs.extend((get_tape(tape_id), text) for tape_id in tape_ids)
     report = BackwardReport()
-    runner = await _runner_for(resources, jobs)
-    token = _context.RUN.set(runner) if runner is not None else None
+    executor = await _executor_for(resources, jobs)
+    token = _context.RUN.set(executor) if executor is not None else None
     try:
         await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
     finally:
@@ -113,7 +113,7 @@ async def backward(
     return report
 
 
-async def _runner_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
+async def _executor_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
     from plait.execution.executor import Executor
 
     resources = find_resources(resources)

@@ -65,7 +65,6 @@ from pathlib import Path
 from typing import Any
 
 from plait import _files
-from plait.errors import PlaitError
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import resources_of
 from plait.module import Module

@@ -309,7 +309,7 @@ class Profiler:
 
     def timed_slot(self, slots: asyncio.Semaphore) -> _TimedSlot:
         """Returns ``slots`` to hold with ``async with``, the wait counted for the running
-        nodes (the run's own limit on LLM calls in flight, called by its runner)."""
+        nodes (the run's own limit on LLM calls in flight, called by its executor)."""
         return _TimedSlot(slots, self.now)
 
     def record(
