@@ -18,6 +18,7 @@ from plait import (
 )
 from plait.execution.graph_cache import _GRAPHS
 from plait.optimization import LabeledFewShot
+from plait.testing import server_in_thread
 from seed_programs import MultiPerspectiveAnalysis, SummarizeAndAnalyze
 
 from .support import (
@@ -25,7 +26,6 @@ from .support import (
     config_for,
     label_prompts,
     path_of,
-    server_in_thread,
     system_of,
     user_of,
 )
