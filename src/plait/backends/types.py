@@ -57,8 +57,8 @@ class Message:
     name: str | None = None
     """For a ``tool`` turn: the tool's name (some providers require it)."""
 
-    # A message also reads as its OpenAI-style dict (udspy keeps conversations as
-    # such dicts): message["role"], message.get("tool_calls"), dict(message), and
+    # A message also reads as its OpenAI-style dict (code that keeps conversations
+    # as such dicts keeps working): message["role"], message.get("tool_calls"), dict(message), and
     # it equals the dict that `message_to_dict` makes of it.
     def __getitem__(self, key: str) -> Any:
         return message_to_dict(self)[key]

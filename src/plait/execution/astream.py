@@ -47,8 +47,8 @@ async def stream_events(
             "inside ExecutionSettings(streaming=True)"
         )
     if "stream" not in kwargs and takes_keyword(type(module).forward, "stream"):
-        # udspy's astream runs aexecute(stream=True): a forward written from it
-        # passes the flag on to the children it wants streamed.
+        # A forward that takes ``stream`` is told it is being streamed, so it can
+        # pass the flag on to the children it wants streamed.
         kwargs = {**kwargs, "stream": True}
     work = execute_bound(module, args, kwargs)
     stream = EventStream()

@@ -51,7 +51,7 @@ async def run(
             or ``ExecutionSettings`` resources).
         max_concurrent: most LLM calls in flight at once.
         checkpoint_dir: directory that makes a batch resumable.
-        record: also return the forward record (seed 001): the call runs as in
+        record: also return the forward record (for a backward pass): the call runs as in
             training mode for this once, whatever ``module.training`` is, and
             returns ``(output, tape)`` — the output a Value carrying its tape id
             (``meta["_tape_ids"]``) for ``await Value.backward(output, grad=...)``,
