@@ -51,8 +51,17 @@ def test_system_messages_cannot_land_mid_conversation() -> None:
         history.add(Message("system", "late"))
     with pytest.raises(ValueError, match="system prompt twice"):
         History("a", messages=[Message("system", "b")])
-    with pytest.raises(TypeError, match="takes a Message"):
-        history.add({"role": "user", "content": "x"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"set history.system_prompt"):
+        history.add({"role": "system", "content": "late"})
+
+
+def test_a_turn_is_a_message_or_its_dict_with_one_rule_everywhere() -> None:
+    history = History()
+    history.add({"role": "user", "content": "x"})
+    assert history.messages[-1] == Message("user", "x")
+    expected = r"is int; expected a Message or \{'role': ..., 'content': ...\}"
+    with pytest.raises(TypeError, match="the turn given to History.add\\(\\) " + expected):
+        history.add(3)  # type: ignore[arg-type]
 
 
 def test_round_trips_through_openai_format() -> None:

@@ -30,6 +30,7 @@ from typing import Any
 from plait.backends.types import (
     Message,
     ToolCall,
+    as_message,
     message_from_dict,
     message_to_dict,
     tool_call_from_dict,
@@ -113,14 +114,14 @@ class History:
         self._sent_system = text
 
     # ----------------------------------------------------------------- turns
-    def add(self, message: Message) -> None:
-        """Appends one turn (a user, assistant or tool message).
+    def add(self, message: Message | Mapping[str, Any]) -> None:
+        """Appends one turn (a user, assistant or tool message, or its OpenAI-style dict).
 
         Raises:
+            TypeError: ``message`` is neither a Message nor a dict.
             ValueError: ``message`` is a system message; set ``system_prompt`` instead.
         """
-        if not isinstance(message, Message):
-            raise TypeError(f"History.add() takes a Message, got {type(message).__name__}")
+        message = as_message(message, "the turn given to History.add()")
         if message.role == "system":
             raise ValueError(
                 "History keeps its system prompt first: set history.system_prompt = ... "

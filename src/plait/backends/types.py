@@ -234,6 +234,21 @@ def message_to_dict(message: Message) -> dict[str, Any]:
     return out
 
 
+def as_message(turn: Any, where: str) -> Message:
+    """Returns ``turn`` as a `Message`: a Message as it is, an OpenAI-style dict read.
+
+    The one rule for a turn that a user hands plait (a history item, a prompt
+    item): anything else is a TypeError that names ``where`` and says what fits.
+    """
+    if isinstance(turn, Message):
+        return turn
+    if isinstance(turn, Mapping):
+        return message_from_dict(turn, where)
+    raise TypeError(
+        f"{where} is {type(turn).__name__}; expected a Message or {{'role': ..., 'content': ...}}"
+    )
+
+
 def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Message:
     """Returns the `Message` an OpenAI-style dict describes (the inverse of `message_to_dict`).
 

@@ -23,7 +23,7 @@ from plait.backends.types import (
     Response,
     SamplingOptions,
     Usage,
-    message_from_dict,
+    as_message,
 )
 from plait.errors import PlaitError
 from plait.execution.structured import ask_structured, output_type_for
@@ -60,22 +60,11 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
     if turns_of is not None and not isinstance(prompt, Mapping):
         prompt = turns_of
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
-        turns = [_message_of(turn, i) for i, turn in enumerate(prompt)]
+        turns = [as_message(turn, f"prompt item {i}") for i, turn in enumerate(prompt)]
         if head and turns and turns[0].role == "system":
             head = ()  # an explicit system turn wins over the module's
         return (*head, *turns)
     return (*head, Message("user", str(prompt)))
-
-
-def _message_of(turn: Any, index: int) -> Message:
-    if isinstance(turn, Message):
-        return turn
-    if isinstance(turn, Mapping):
-        return message_from_dict(turn, f"prompt message {index}")
-    raise TypeError(
-        f"prompt item {index} is {type(turn).__name__}; expected a Message or "
-        "{'role': ..., 'content': ...}"
-    )
 
 
 def build_request(module: LLMInference, prompt: Any, timeout: float | None = None) -> Request:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
-from plait.backends.types import Message, Request, Response, SamplingOptions, message_from_dict
+from plait.backends.types import Message, Request, Response, SamplingOptions, as_message
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import PlaitError, StructuredOutputError
 from plait.execution.llm_call import generate
@@ -489,18 +489,7 @@ def history_messages(history: Any) -> tuple[Message, ...]:
             "history must be a sequence of Message (or role dicts), or an object with "
             f".messages such as plait.History; got {type(history).__name__}"
         )
-    return tuple(_as_message(item, i) for i, item in enumerate(items))
-
-
-def _as_message(item: Any, index: int) -> Message:
-    if isinstance(item, Message):
-        return item
-    if isinstance(item, Mapping):
-        return message_from_dict(item, f"history item {index}")
-    raise TypeError(
-        f"history item {index} is {type(item).__name__}; expected a Message or "
-        "{'role': ..., 'content': ...}"
-    )
+    return tuple(as_message(item, f"history item {i}") for i, item in enumerate(items))
 
 
 def _extend_history(history: Any, sent: tuple[Message, ...], reply: str) -> None:
