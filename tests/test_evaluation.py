@@ -64,6 +64,17 @@ def test_metrics_and_examples_are_checked() -> None:
         examples_of([("a", "b"), {"question": "a"}])
 
 
+def test_exact_match_compares_a_typed_output_field_by_field_with_a_row_of_labels() -> None:
+    # a Predict of several outputs against a dataset row of labels: the fields the row names
+    triaged = plait.Prediction(queue="Billing", urgent=True)
+    assert exact_match(triaged, {"queue": "billing", "urgent": True})
+    assert not exact_match(triaged, {"queue": "bug", "urgent": True})
+    assert exact_match(triaged, {"queue": "billing"})  # a row may label some fields only
+    assert not exact_match(triaged, {"queue": "billing", "priority": "high"})  # not answered
+    assert exact_match(plait.Prediction(reasoning="2 + 2", answer="4"), {"answer": 4})
+    assert exact_match({"a": {"b": "X"}}, {"a": {"b": "x"}})  # nested rows alike
+
+
 async def test_an_empty_dataset_is_an_error(manager: ResourceManager) -> None:
     with pytest.raises(ValueError, match="empty dataset"):
         await plait.evaluate(LLMInference("task"), [], resources=manager)

@@ -110,8 +110,13 @@ def exact_match(output: Any, target: Any) -> bool:
 
     An output with exactly one field (a `Prediction` of a one-output
     signature, a one-key dict) is compared by that field's value, unless the
-    target is itself such a mapping.
+    target is itself a mapping. A mapping target (a dataset row of labels) is
+    compared field by field with the output's fields of the same names, so a
+    typed output with more fields (``reasoning``, fields left unlabelled)
+    matches when every labelled field does.
     """
+    if isinstance(output, Mapping) and isinstance(target, Mapping) and target:
+        return all(key in output and exact_match(output[key], target[key]) for key in target)
     output, target = _sole_value(output, target), _sole_value(target, output)
     return str(output).strip().lower() == str(target).strip().lower()
 
