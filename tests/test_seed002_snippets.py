@@ -214,6 +214,9 @@ async def test_optimize_grid_snippet() -> None:
     assert mod.temperature == 0 and mod.is_compiled()
     assert len(mod.state.trials) == 4  # "Records all trials in state$trials"
     assert mod.state.best_params == {"temperature": 0} and report.best.score == 1.0
+    # mod$state$best_score, best_trial; trials as a table
+    assert mod.state.best_score == 1.0 and mod.state.best_trial == report.best.number
+    assert len(mod.state.trials_table()) == 4
 
 
 async def test_optimize_grid_short_form_and_is_compiled_snippet() -> None:

@@ -141,6 +141,19 @@ async def test_a_dict_positional_input_carries_every_field_so_batches_work():
     ]
 
 
+async def test_a_dict_of_the_only_input_by_name_is_that_input_not_its_value():
+    # A dataset of ({"question": ...}, target) pairs, as a DSPy port writes it, must ask the
+    # question, not send the dict as the question's text.
+    async with scripted(replying('{"answer": 4}')) as (server, manager):
+        predict = Predict("question -> answer: int").bind(manager)
+        preds = await predict([{"question": "What is 2 + 2?"}, "What is 1 + 3?"])
+    assert [p.answer for p in preds] == [4, 4]
+    assert sorted(last_user(b) for b in bodies(server)) == [
+        "question: What is 1 + 3?",
+        "question: What is 2 + 2?",
+    ]
+
+
 # ----------------------------------------------------------------- re-asks
 async def test_a_bad_reply_is_reasked_once_with_the_error():
     good = json.dumps(PROFILE_REPLY)

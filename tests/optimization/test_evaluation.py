@@ -64,6 +64,17 @@ def test_metrics_and_examples_are_checked() -> None:
         examples_of([("a", "b"), {"question": "a"}])
 
 
+def test_exact_match_compares_a_typed_output_field_by_field_with_a_row_of_labels() -> None:
+    # a Predict of several outputs against a dataset row of labels: the fields the row names
+    triaged = plait.Prediction(queue="Billing", urgent=True)
+    assert exact_match(triaged, {"queue": "billing", "urgent": True})
+    assert not exact_match(triaged, {"queue": "bug", "urgent": True})
+    assert exact_match(triaged, {"queue": "billing"})  # a row may label some fields only
+    assert not exact_match(triaged, {"queue": "billing", "priority": "high"})  # not answered
+    assert exact_match(plait.Prediction(reasoning="2 + 2", answer="4"), {"answer": 4})
+    assert exact_match({"a": {"b": "X"}}, {"a": {"b": "x"}})  # nested rows alike
+
+
 async def test_an_empty_dataset_is_an_error(manager: ResourceManager) -> None:
     with pytest.raises(ValueError, match="empty dataset"):
         await plait.evaluate(LLMInference("task"), [], resources=manager)
@@ -151,3 +162,54 @@ async def test_run_dataset_gives_outputs_alone(manager: ResourceManager) -> None
     assert runs.outputs == ["one", "two", None]
     assert runs.rows[1].target == "two" and runs.rows[1].score is None
     assert runs.failed == 1 and runs.calls == 2
+
+
+# ------------------------------------------------------------ DSPy's metric order
+def validate_answer(example: Any, pred: Any, trace: Any = None) -> bool:
+    """A metric as DSPy writes it: the example (its labels) first, then the prediction."""
+    return example.answer.lower() == pred.answer.lower()
+
+
+def gold_first(gold: Any, prediction: Any) -> float:
+    """DSPy's other spelling of the same order."""
+    return float(gold["answer"] == prediction.answer)
+
+
+def json_answer(body: dict[str, Any]) -> str:
+    """Answers a ``question -> answer`` Predict with the part of the question after ':'."""
+    text = [m for m in body["messages"] if m["role"] == "user"][-1]["content"]
+    return json.dumps({"answer": text.rsplit(":", 1)[1].strip()})
+
+
+async def test_a_metric_written_for_dspy_gets_the_example_first_and_reads_its_labels() -> None:
+    qa = plait.Predict("question -> answer")
+    data = [({"question": "a:yes"}, {"answer": "YES"}), ({"question": "b:no"}, {"answer": "yes"})]
+    async with ScriptedServer(responder=json_answer) as server:
+        config = ResourceConfig({"*": server.endpoint(max_retries=0)})
+        for metric in (validate_answer, gold_first):
+            result = await plait.evaluate(qa, data, metric, resources=config)
+            assert [row.score for row in result.rows] == [float(metric is validate_answer), 0.0]
+            assert result.rows[0].target == {"answer": "YES"}  # the row keeps the target as given
+
+
+def test_dspy_order_is_recognised_by_parameter_names_wherever_a_metric_is_called() -> None:
+    from plait.optimization import VerifierLoss
+
+    pred = plait.Prediction(answer="Paris")
+    assert score_of(validate_answer, pred, {"answer": "paris"}) == 1.0
+    assert score_of(validate_answer, pred, plait.Prediction(answer="Rome")) == 0.0
+    assert VerifierLoss(validate_answer)(pred, {"answer": "Rome"}).score == 0.0
+    assert VerifierLoss(validate_answer)(pred, {"answer": "PARIS"}).score == 1.0
+
+
+def test_only_dspy_names_turn_a_metric_around_and_only_once() -> None:
+    from plait.evaluation import as_metric
+
+    def plait_order(prediction: Any, example: Any) -> bool:  # output first: left alone
+        return prediction.answer == example
+
+    assert as_metric(plait_order) is plait_order and as_metric(exact_match) is exact_match
+    assert as_metric(len) is len  # a builtin: plait's order
+    turned = as_metric(validate_answer)
+    assert as_metric(turned) is turned  # turned around once, never twice
+    assert turned.__name__ == "validate_answer"  # errors and reports name the user's metric

@@ -380,6 +380,17 @@ async def test_a_program_that_answers_one_label_is_kept_and_the_report_says_why(
     assert any(report.reason in record.getMessage() for record in caplog.records)
 
 
+async def test_the_one_label_is_named_by_its_value_when_targets_are_rows_of_fields(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    server.responder = model(lambda body: False)
+    rows = [({"number": n}, {"parity": parity}) for n, parity in VAL]  # a DSPy port's rows
+    report = await LabeledFewShot(exact, k=4).compile(program(), rows, rows, resources=config)
+    assert report.reason.startswith(
+        "the program predicts one label for every example ('even', 10 of 10)"
+    )  # not the text of a Prediction
+
+
 async def test_a_candidate_that_loses_more_than_it_wins_is_not_kept(
     server: ScriptedServer, config: ResourceConfig
 ) -> None:

@@ -234,7 +234,9 @@ class Predict(Module):
 
         Inputs are keyword arguments named like the input fields. One
         positional argument is accepted too: the value of the only input
-        field, or a dict of all inputs by name (what a batch item can be).
+        field, or a dict of all inputs by name (what a batch item or a
+        dataset row can be; a dict whose keys are exactly the input fields
+        is always taken by name).
         ``history=`` adds earlier turns; when it is a `plait.History`, the new
         user and assistant turns are appended to it. With ``tools=``, the
         tool loop runs unless ``auto_execute_tools=False`` (see the class).
@@ -288,7 +290,10 @@ class Predict(Module):
         """Returns the inputs by field name, in the signature's order; raises TypeError if wrong."""
         expected = list(self.signature.input_fields)
         if args:
-            if len(args) == 1 and not inputs and len(expected) == 1:
+            # A mapping keyed by exactly the input fields is the inputs by name, even
+            # for one field: ``{"question": q}`` asks q (a dataset row), as demos read it.
+            by_name = isinstance(args[0], Mapping) and set(args[0]) == set(expected)
+            if len(args) == 1 and not inputs and len(expected) == 1 and not by_name:
                 inputs = {expected[0]: args[0]}
             elif len(args) == 1 and not inputs and isinstance(args[0], Mapping):
                 inputs = args[0]

@@ -40,6 +40,7 @@ __all__ = [
     "EvaluationResult",
     "ExampleRow",
     "RunResult",
+    "as_metric",
     "evaluate",
     "exact_match",
     "examples_of",
@@ -52,14 +53,70 @@ logger = logging.getLogger("plait.evaluation")
 Metric = Callable[[Any, Any], Any]
 """``metric(output, target)`` → bool, number or `Feedback` (or an awaitable of one)."""
 
+_DSPY_EXAMPLE_NAMES = frozenset({"example", "gold"})
+_DSPY_PREDICTION_NAMES = frozenset({"pred", "prediction"})
+
+
+def as_metric(metric: Metric) -> Metric:
+    """Returns ``metric`` as plait calls metrics: ``metric(output, target)``.
+
+    A metric written for DSPy takes the example first, ``metric(example, pred,
+    trace=None)``. One whose first two parameters are named so (``example`` or
+    ``gold``, then ``pred`` or ``prediction``) is turned around; names are the
+    evidence because a plait metric never starts with the example. Its
+    ``example`` is the target; a mapping target is given as a `Prediction`,
+    so ``example.answer`` reads it as in DSPy (the inputs are not part of
+    it). ``trace`` is never passed. Any other metric is returned as it is.
+    """
+    if isinstance(metric, _ExampleFirst) or not _names_the_example_first(metric):
+        return metric
+    return _ExampleFirst(metric)
+
+
+def _names_the_example_first(metric: Metric) -> bool:
+    try:
+        names = list(inspect.signature(metric).parameters)[:2]
+    except (TypeError, ValueError):  # no signature to read (some builtins)
+        return False
+    return (
+        len(names) == 2 and names[0] in _DSPY_EXAMPLE_NAMES and names[1] in _DSPY_PREDICTION_NAMES
+    )
+
+
+class _ExampleFirst:
+    """A DSPy-order metric called as ``metric(output, target)`` (see `as_metric`)."""
+
+    def __init__(self, metric: Metric) -> None:
+        self.metric = metric
+        self.__name__ = getattr(metric, "__name__", type(metric).__name__)
+
+    def __call__(self, output: Any, target: Any) -> Any:
+        return self.metric(_as_example(target), output)
+
+    def __repr__(self) -> str:
+        return f"as_metric({self.metric!r})"
+
+
+def _as_example(target: Any) -> Any:
+    from plait.modules.prediction import Prediction  # programs layer, loaded on first use
+
+    if isinstance(target, Mapping) and not isinstance(target, Prediction):
+        return Prediction(target)
+    return target
+
 
 def exact_match(output: Any, target: Any) -> bool:
     """Whether ``output`` and ``target`` are the same text, ignoring case and outer spaces.
 
     An output with exactly one field (a `Prediction` of a one-output
     signature, a one-key dict) is compared by that field's value, unless the
-    target is itself such a mapping.
+    target is itself a mapping. A mapping target (a dataset row of labels) is
+    compared field by field with the output's fields of the same names, so a
+    typed output with more fields (``reasoning``, fields left unlabelled)
+    matches when every labelled field does.
     """
+    if isinstance(output, Mapping) and isinstance(target, Mapping) and target:
+        return all(key in output and exact_match(output[key], target[key]) for key in target)
     output, target = _sole_value(output, target), _sole_value(target, output)
     return str(output).strip().lower() == str(target).strip().lower()
 
@@ -94,9 +151,12 @@ def examples_of(dataset: Iterable[Any]) -> list[tuple[Any, Any]]:
 def score_of(metric: Metric, output: Any, target: Any) -> float:
     """Returns ``metric(output, target)`` as a float: True/False count 1/0, a `Feedback` its score.
 
+    A DSPy-order metric is called in its own order (`as_metric`).
+
     Raises:
         TypeError: the metric returned something that is not a score.
     """
+    metric = as_metric(metric)
     return _as_score(metric, metric(output, target))[0]
 
 
@@ -476,7 +536,9 @@ def evaluate(
         module: the program.
         dataset: ``(input, target)`` pairs or mappings with ``input``/``target``.
         metric: ``metric(output, target)`` → bool, number or `Feedback`, or an
-            awaitable of one; default `exact_match`.
+            awaitable of one; default `exact_match`. A DSPy metric,
+            ``metric(example, pred, trace=None)``, is recognised by its
+            parameter names and called in its own order (`as_metric`).
         resources: ResourceConfig / ResourceManager / mapping (default: the
             module's bound resources, or those of ``ExecutionSettings``).
         max_concurrent: most LLM calls in flight at once.
@@ -519,8 +581,9 @@ async def _evaluate(
         raise ValueError("evaluate() got an empty dataset")
     metric = metric or exact_match
     inputs = {"devset": pairs, "metric": metric}
+    scorer = as_metric(metric)
     with ReportedCall("evaluate", module, inputs, callbacks_for(module)) as call:
-        call.outputs = await _scored(module, pairs, metric, resources, max_concurrent, progress)
+        call.outputs = await _scored(module, pairs, scorer, resources, max_concurrent, progress)
     return call.outputs
 
 

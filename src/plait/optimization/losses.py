@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, create_model
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.containers import ModuleList
 from plait.errors import StructuredOutputError
+from plait.evaluation import as_metric
 from plait.execution.llm_call import generate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
@@ -77,7 +78,8 @@ class VerifierLoss(Loss):
     Args:
         check: ``check(output, target)`` returning a bool (right/wrong), a float
             score in [0, 1], a message string (a complaint; empty means fine),
-            or a `Feedback`.
+            or a `Feedback`; a DSPy metric ``check(example, pred, trace=None)``
+            is called in its own order (`plait.evaluation.as_metric`).
         name: how the check is named in feedback.
 
     Example::
@@ -87,7 +89,7 @@ class VerifierLoss(Loss):
 
     def __init__(self, check: Callable[[Any, Any], Any], name: str | None = None) -> None:
         super().__init__()
-        self.check = check
+        self.check = as_metric(check)
         self.check_name = name or getattr(check, "__name__", "check")
 
     def forward(self, output: Any, target: Any = None) -> Feedback:

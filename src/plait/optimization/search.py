@@ -178,6 +178,9 @@ def balanced_score(result: EvaluationResult) -> float:
 
 
 def _label(target: Any) -> str:
+    """Returns a target as a label: text as it is, a row of one field by its value, else JSON."""
+    if isinstance(target, Mapping) and len(target) == 1:
+        target = next(iter(target.values()))
     if isinstance(target, str):
         return target
     return json.dumps(target, sort_keys=True, default=str)
@@ -510,9 +513,16 @@ def _one_label(trial: Trial) -> tuple[str, int] | None:
 def _answer_counts(result: EvaluationResult) -> dict[str, int]:
     """Returns how often each label was answered (an output read as its target is)."""
     answers = Counter(
-        _label(_sole_value(row.output, row.target)) for row in result.rows if row.error is None
+        _label(_read_as_target(row.output, row.target)) for row in result.rows if row.error is None
     )
     return dict(answers.most_common())
+
+
+def _read_as_target(output: Any, target: Any) -> Any:
+    """Returns the part of ``output`` its target holds: a row's fields, or a sole value."""
+    if isinstance(output, Mapping) and isinstance(target, Mapping):
+        return {key: output.get(key) for key in target}
+    return _sole_value(output, target)
 
 
 def _unchanged(program: Module, candidate: Candidate) -> bool:
