@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from execution.support import server_in_thread
 from plait import Predict
+from plait.testing import server_in_thread
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "port_from_dspy.py"

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, create_model
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.containers import ModuleList
 from plait.errors import StructuredOutputError
-from plait.evaluation import as_metric
+from plait.optimization.evaluation import as_metric
 from plait.execution.llm_call import generate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
