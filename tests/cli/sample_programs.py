@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 from typing import Any
 
@@ -135,3 +136,22 @@ class Shapes(Module):
         if kind == "prediction":
             return Prediction(customer=customer, items=items)
         return types.MappingProxyType({"customer": customer, "items": items})
+
+
+class CountsItsTraces(Module):
+    """Appends a line to the file named by PLAIT_TEST_TRACE_LOG each time it is traced.
+
+    Tracing changes a plain setting, so every lookup in the module-wide graph
+    cache misses: the log counts the lookups a run makes.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.summary = LLMInference("llm", "Summarize.")
+        self.traced = 0
+
+    def forward(self, text: str) -> str:
+        self.traced += 1
+        with open(os.environ["PLAIT_TEST_TRACE_LOG"], "a") as log:
+            log.write("traced\n")
+        return self.summary(text)

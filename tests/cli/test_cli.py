@@ -52,6 +52,23 @@ def test_run_streams_outputs_in_input_order_and_writes_a_report(server, resource
     assert report["aliases"]["llm"]["calls"] == 7
 
 
+def test_a_file_run_traces_its_program_once_across_chunks_and_report(
+    server, resources, tmp_path, monkeypatch
+):
+    log = tmp_path / "traces.log"
+    monkeypatch.setenv("PLAIT_TEST_TRACE_LOG", str(log))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": f"row {i}"} for i in range(7)])
+
+    done = plait_cli(
+        "run", program("CountsItsTraces"), "-i", str(source), "-o", str(tmp_path / "out.jsonl"),
+        "-r", str(resources), "--chunk-size", "3",
+    )  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert log.read_text().splitlines() == ["traced"]
+    assert json.loads((tmp_path / "out.run.json").read_text())["graph"]
+
+
 def test_a_failed_row_is_its_error_column_and_exit_code_1(server, resources, tmp_path):
     server.responder = fail_marked
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "ok"}, {"text": "FAIL"}, {"text": "ok"}])

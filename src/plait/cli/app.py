@@ -203,7 +203,8 @@ def _check_first_row(run: Any) -> None:
             f"{run.input}: row {number} has no column {target!r} to score against; its "
             f"columns: {', '.join(row)}. Name the right one with --target COLUMN"
         )
-    trace_program(run.mapper.module, run.mapper.item(number, row, str(run.input)))
+    item = run.mapper.item(number, row, str(run.input))
+    trace_program(run.mapper.module, (item,), graphs=run.graphs)
 
 
 def _handled(work: Any, on_stop: str) -> Any:
@@ -481,7 +482,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")
         calls = [("the program", name) for name in aliases] + [("the optimizer", alias)]
         _check_aliases(kwargs["resources"], resources, calls)
-        graph = trace_program(mapper.module, train[0][0])
+        graph = trace_program(mapper.module, (train[0][0],))
     trainer = _trainer(mapper, train, val, metric, resources, alias, kwargs)
     report = _handled(_train(trainer, program_spec, graph, kwargs), _training_resume_hint(kwargs))
     program.save(save)
@@ -586,7 +587,7 @@ def graph_command(program_spec: str, fmt: str, input_path: Path | None,
         else:
             row = {mapper.column(name): f"<{name}>" for name in mapper.names}
         arguments = {n: row[mapper.column(n)] for n in mapper.names if mapper.column(n) in row}
-        graph = trace_program(program, **arguments)
+        graph = trace_program(program, kwargs=arguments)
     text = graph.to_mermaid() if fmt == "mermaid" else graph.to_dot()
     if output_path is None:
         click.echo(text)

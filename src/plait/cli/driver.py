@@ -51,6 +51,14 @@ class FileRun:
     metric: Callable[[Any, Any], Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """More execution options (``timeout``, ``deadline``, ``cache``)."""
+    graphs: Any = field(default=None, init=False)
+    """The `RunGraphs` of the whole file run: the first row's check before any call and
+    every chunk look each input shape up once, so a program is traced once per shape."""
+
+    def __post_init__(self) -> None:
+        from plait.execution.graph_cache import RunGraphs
+
+        self.graphs = RunGraphs(self.mapper.module)
 
     @property
     def own_columns(self) -> tuple[str, ...]:
@@ -67,7 +75,13 @@ class RunOutcome:
     failed: int = 0
     score_total: float = 0.0
     first_failures: list[str] = field(default_factory=list)
-    graph: Any = None
+    graphs: Any = None
+    """The file run's `RunGraphs` (`FileRun.graphs`)."""
+
+    @property
+    def graph(self) -> Any:
+        """The graph of the first row run, which the run report draws (None before one ran)."""
+        return self.graphs.first if self.graphs is not None else None
 
     @property
     def score(self) -> float | None:
@@ -132,7 +146,7 @@ async def run_file(run: FileRun) -> RunOutcome:
 
     source = str(run.input)
     total = count_rows(run.input, run.input_format)
-    outcome = RunOutcome(scored=run.metric is not None)
+    outcome = RunOutcome(scored=run.metric is not None, graphs=run.graphs)
     if run.checkpoint_dir is not None:
         _check_state(run.checkpoint_dir, run)
     writer = open_writer(run.output, run.output_format)
@@ -155,7 +169,6 @@ async def _run_chunk(
     progress: Any,
     outcome: RunOutcome,
 ) -> None:
-    from plait.execution.graph_cache import trace_cached
     from plait.execution.run import execute_bound
 
     items: list[Any] = []
@@ -170,8 +183,6 @@ async def _run_chunk(
             mapping_errors[position] = str(exc)
             continue
         positions.append(position)
-    if outcome.graph is None and items:
-        outcome.graph = trace_cached(run.mapper.module, (items[0],), {})
     options = {
         **run.options,
         "resources": run.resources,
@@ -200,7 +211,7 @@ async def _run_chunk(
             next_position += 1
 
     if items:
-        stream = execute_bound(run.mapper.module, (items,), options)
+        stream = execute_bound(run.mapper.module, (items,), options, run.graphs)
         async for result in stream:
             results[positions[result.index]] = result
             flush()

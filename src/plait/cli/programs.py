@@ -247,8 +247,17 @@ def one_line(message: str) -> str:
     return joined
 
 
-def trace_program(module: Module, *args: Any, **kwargs: Any) -> Any:
+def trace_program(
+    module: Module,
+    args: tuple[Any, ...] = (),
+    kwargs: dict[str, Any] | None = None,
+    *,
+    graphs: Any = None,
+) -> Any:
     """Returns the graph of ``module`` traced with these arguments (cached for the run).
+
+    ``graphs`` is the `RunGraphs` of a run that will call the program on
+    inputs of this shape, so the run finds this graph instead of tracing again.
 
     Raises:
         ProgramError: ``forward`` cannot be traced, or fails while it is; names the
@@ -257,7 +266,9 @@ def trace_program(module: Module, *args: Any, **kwargs: Any) -> Any:
     from plait.execution.graph_cache import trace_cached
 
     try:
-        return trace_cached(module, args, kwargs)
+        if graphs is not None:
+            return graphs.graph_for(args, kwargs or {})
+        return trace_cached(module, args, kwargs or {})
     except TracingError as exc:  # its next line quotes the code its first line places
         raise ProgramError(str(exc).splitlines()[0]) from None
     except Exception as exc:  # the user's forward failed on traced values

@@ -28,11 +28,11 @@ from pydantic import BaseModel, Field, create_model
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.containers import ModuleList
 from plait.errors import StructuredOutputError
-from plait.optimization.evaluation import as_metric
 from plait.execution.llm_call import generate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.module import Module
+from plait.optimization.evaluation import as_metric
 
 __all__ = [
     "CompositeLoss",
