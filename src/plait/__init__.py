@@ -7,9 +7,9 @@ provider SDKs, load on first use so ``import plait`` stays fast.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait import _lazy
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from plait.errors import ExecutionError, PlaitError, TracingError
 from plait.feedback import BackwardContext, BackwardResult, Feedback
@@ -216,18 +216,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "settings":  # the module itself: plait.settings.configure(...)
-        value = importlib.import_module("plait.settings")
-        globals()[name] = value
-        return value
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'plait' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = _lazy.exports(
+    "plait", _LAZY, globals(), __all__, modules={"settings": "plait.settings"}
+)

@@ -8,9 +8,9 @@ the submodule of the same name would otherwise shadow the function once loaded.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from plait import _lazy
 from plait.optimization.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
@@ -125,14 +125,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'plait.optimization' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.exports("plait.optimization", _HOMES, globals(), __all__)

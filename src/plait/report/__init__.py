@@ -20,8 +20,9 @@ self-contained page; that needs the ``report`` extra (plotly), loaded only then.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from plait import _lazy
 
 if TYPE_CHECKING:
     from plait.report.run_report import RunReport, RunReportError, graph_data
@@ -44,14 +45,4 @@ def write_html(report: RunReport, path: str) -> None:
     write(report, path)
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'plait.report' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.exports("plait.report", _HOMES, globals(), __all__)

@@ -26,8 +26,9 @@ until `app` or `serve` is used.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from plait import _lazy
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -82,14 +83,4 @@ def app(programs: Any, resources: Any = None, **options: Any) -> FastAPI:
     return build_app(programs, resources, ServeOptions(**options))
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'plait.serve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = _lazy.exports("plait.serve", _HOMES, globals(), __all__)
