@@ -70,7 +70,8 @@ def load_llama(
     path: Path,
     *,
     n_ctx: int,
-    n_threads: int | None,
+    n_threads: int,
+    n_threads_batch: int,
     chat_format: str | None,
     verbose: bool,
 ) -> HookedLlama:
@@ -79,6 +80,7 @@ def load_llama(
         model_path=str(path),
         n_ctx=n_ctx,
         n_threads=n_threads,
+        n_threads_batch=n_threads_batch,
         chat_format=chat_format,
         verbose=verbose,
     )

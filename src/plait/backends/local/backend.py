@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import logging
+import os
 import random
 import threading
 import time
@@ -61,7 +62,7 @@ from plait.errors import BackendError, BackendTimeout, ConfigError
 if TYPE_CHECKING:
     from plait.backends.local._llama import HookedLlama
 
-__all__ = ["LocalBackend", "default_model_path"]
+__all__ = ["LocalBackend", "default_model_path", "default_threads"]
 
 logger = logging.getLogger("plait.backends")
 
@@ -70,6 +71,20 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _DONE = object()
 """Marks the end of a streamed reply on the thread-to-loop queue."""
+
+
+def default_threads() -> int:
+    """Half the CPUs this process may run on, at least one: the model's default threads.
+
+    The CPUs are the ones the process is allowed to use (its affinity, which a
+    container or ``taskset`` narrows), not every CPU of the machine; half, so
+    the event loop and the program's other work keep a core.
+    """
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count() or 1
+    return max(1, usable // 2)
 
 
 def default_model_path() -> Path:
@@ -118,7 +133,8 @@ class GenerationProbe:
 class _ModelKey:
     path: Path
     n_ctx: int
-    n_threads: int | None
+    n_threads: int
+    n_threads_batch: int
     chat_format: str | None
     verbose: bool
 
@@ -195,6 +211,7 @@ class _ModelSlot:
                 key.path,
                 n_ctx=key.n_ctx,
                 n_threads=key.n_threads,
+                n_threads_batch=key.n_threads_batch,
                 chat_format=key.chat_format,
                 verbose=key.verbose,
             )
@@ -254,7 +271,12 @@ class LocalBackend(Backend):
     Args:
         model_path: a ``.gguf`` file; None uses `default_model_path`.
         n_ctx: context window in tokens; prompt plus reply must fit.
-        n_threads: CPU threads for generation; None lets llama.cpp choose.
+        n_threads: CPU threads for generation; None uses half the CPUs this
+            process may run on (at least one), as `default_threads` says.
+        n_threads_batch: CPU threads for reading the prompt; None uses the same
+            number. (llama.cpp's own default is every CPU of the machine, whose
+            threads spin while they wait: beside other work on a small machine a
+            call then takes several times longer.)
         seed: base sampling seed. A call without its own seed uses this seed
             mixed with the request's ``rollout_id``: runs of a program sample
             alike and deliberate rollouts differ. (Replies are not bit-exact:
@@ -276,6 +298,7 @@ class LocalBackend(Backend):
         *,
         n_ctx: int = 2048,
         n_threads: int | None = None,
+        n_threads_batch: int | None = None,
         seed: int | None = 0,
         chat_format: str | None = None,
         verbose: bool = False,
@@ -289,7 +312,13 @@ class LocalBackend(Backend):
         self.model_path = path
         self.model_name = path.name.removesuffix(".gguf")
         self.seed = seed
-        self._key = _ModelKey(path.resolve(), n_ctx, n_threads, chat_format, verbose)
+        self.n_threads = n_threads if n_threads is not None else default_threads()
+        """CPU threads for generation."""
+        self.n_threads_batch = n_threads_batch if n_threads_batch is not None else self.n_threads
+        """CPU threads for reading the prompt."""
+        self._key = _ModelKey(
+            path.resolve(), n_ctx, self.n_threads, self.n_threads_batch, chat_format, verbose
+        )
         self._slot: _ModelSlot | None = None
 
     def __repr__(self) -> str:
