@@ -39,6 +39,7 @@ from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
 from plait.resources.model_strings import entry_for
 from plait.resources.usage import Price, price_for
+from plait.resources.validation import suggestion as _suggest
 
 __all__ = [
     "PROVIDERS",
@@ -226,13 +227,6 @@ _PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
 
 def _quote_list(names: list[str] | tuple[str, ...]) -> str:
     return ", ".join(repr(n) for n in names)
-
-
-def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    import difflib  # only needed to explain an error
-
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _check_key(

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from plait.resources.validation import suggestion
+
 __all__ = ["PROVIDER_SPELLINGS", "entry_for", "names_provider"]
 
 PROVIDER_SPELLINGS: dict[str, str] = {
@@ -47,17 +49,18 @@ def entry_for(text: str, registered: Collection[str] = ()) -> tuple[str | None, 
     provider = known.get(prefix)
     if provider is None:
         listing = ", ".join(repr(name) for name in sorted(known))
+        hint = suggestion(prefix, known)
         return (
-            f"model string {text!r} does not start with a known provider; write "
+            f"model string {text!r} does not start with a known provider{hint}; write "
             f"'<provider>:<model>' or '<provider>/<model>' with one of {listing} "
             '(e.g. "openai:gpt-4o-mini"), or an entry like {"provider": ..., "model": ...}'
         ), {}
-    if provider == "local":
+    if provider == "local":  # what follows "local:" is a GGUF file, not a model name
         return None, {"provider": "local"} if model is None else {
             "provider": "local",
             "model_path": model,
         }
-    if model is None and provider in ("openai", "anthropic"):
+    if model is None and provider in _EXAMPLES:
         return (
             f"model string {text!r} names no model; write '{prefix}:<model>', "
             f'e.g. "{prefix}:{_EXAMPLES[provider]}"'
