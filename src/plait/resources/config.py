@@ -507,7 +507,10 @@ class ResourceConfig:
 
     Args:
         mapping: ``{alias: {"provider": ..., "model": ..., <options>}}``. The
-            alias ``"*"`` serves every alias not listed.
+            alias ``"*"`` serves every alias not listed. An entry may be a
+            model string (``"openai:gpt-4o-mini"``, ``"local"``; see
+            `plait.resources.model_strings`) or a fallback chain of other
+            aliases' endpoints (``{"fallback": ["primary", "backup"]}``).
         source: the file the mapping was read from (`from_file` sets it).
             Errors name it, and it is trusted less than code: its
             ``api_key_env`` may only name a variable that looks like a
@@ -527,7 +530,9 @@ class ResourceConfig:
     Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
     ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
     ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
-    ``backend_options`` (checked against the backend's constructor); for
+    ``circuit_failures``, ``circuit_cooldown`` (used when a fallback chain
+    lists the endpoint), ``backend_options`` (checked against the backend's
+    constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
     ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
     ``max_event_bytes``; for ``anthropic``
