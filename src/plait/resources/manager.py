@@ -361,11 +361,8 @@ class ResourceManager:
         skipped: list[tuple[str, str]] = []
         last: BackendError | None = None
         for member in route.fallbacks or ():
-            circuit = member.endpoint.circuit
-            assert circuit is not None  # every endpoint of a chain has one
-            probe = circuit.admit()
+            circuit, probe = _admitted(member, skipped)
             if probe is None:
-                skipped.append((member.endpoint.name, _open_text(circuit)))
                 continue
             try:
                 response = await self._reported(
@@ -637,11 +634,8 @@ class ResourceManager:
         skipped: list[tuple[str, str]] = []
         last: BackendError | None = None
         for member in route.fallbacks:
-            circuit = member.endpoint.circuit
-            assert circuit is not None  # every endpoint of a chain has one
-            probe = circuit.admit()
+            circuit, probe = _admitted(member, skipped)
             if probe is None:
-                skipped.append((member.endpoint.name, _open_text(circuit)))
                 continue
             yielded = False
             try:
@@ -923,11 +917,21 @@ def _passed_on(circuit: Circuit, probe: bool, error: BackendError) -> bool:
     return True
 
 
-def _open_text(circuit: Circuit) -> str:
-    return (
-        f"skipped: circuit open after {circuit.consecutive} failed calls in a row "
-        f"(probed again in {circuit.retry_in():.0f} s)"
-    )
+def _admitted(member: _Route, skipped: list[tuple[str, str]]) -> tuple[Circuit, bool | None]:
+    """Asks the circuit of a chain's endpoint whether a call may go (`Circuit.admit`).
+
+    Returns the circuit and its answer; a skip is noted in ``skipped`` with why.
+    """
+    circuit = member.endpoint.circuit
+    assert circuit is not None  # every endpoint a chain lists has one (_route)
+    probe = circuit.admit()
+    if probe is None:
+        why = (
+            f"skipped: circuit open after {circuit.consecutive} failed calls in a row "
+            f"(probed again in {circuit.retry_in():.0f} s)"
+        )
+        skipped.append((member.endpoint.name, why))
+    return circuit, probe
 
 
 def _chain_failed(
@@ -939,7 +943,8 @@ def _chain_failed(
     match on), its message naming what happened on every endpoint; or, when
     every endpoint was skipped, a `CircuitOpenError`.
     """
-    story = "; ".join(f"{name!r}: {why}" for name, why in skipped)
+    own = f"alias {alias!r}: "  # each endpoint's error already names the alias
+    story = "; ".join(f"{name!r}: {why.removeprefix(own)}" for name, why in skipped)
     message = f"alias {alias!r}: no endpoint of its fallback chain answered: {story}"
     if last is None:
         return CircuitOpenError(message, alias=alias, attempts=0)
