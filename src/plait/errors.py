@@ -11,7 +11,9 @@ catch the whole family with one clause and still tell the cases apart::
     │   ├── BackendTimeout        no answer within the timeout
     │   ├── BackendConnectionError  the connection dropped or was refused
     │   ├── RateLimitError        429; carries retry_after when the provider sent one
-    │   └── BudgetExceededError   the run's cost budget is spent
+    │   ├── BudgetExceededError   the run's cost budget is spent
+    │   └── CircuitOpenError      every endpoint of a fallback chain is skipped for a
+    │                             cool-down after failing again and again
     ├── StructuredOutputError a reply could not be parsed into the requested type
     ├── ExecutionError        a node failed while running; names node, path and input index
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
@@ -54,6 +56,7 @@ __all__ = [
     "BackendError",
     "BackendTimeout",
     "BudgetExceededError",
+    "CircuitOpenError",
     "ConfigError",
     "ConfirmationRejected",
     "DeadlineExceededError",
@@ -162,6 +165,15 @@ class RateLimitError(BackendError):
 
 class BudgetExceededError(BackendError):
     """The configured cost budget of a run has been spent; no further calls are made."""
+
+
+class CircuitOpenError(BackendError):
+    """No endpoint of a fallback chain was tried: each one's circuit is open.
+
+    An endpoint that failed ``circuit_failures`` calls in a row is skipped for
+    ``circuit_cooldown`` seconds; the message names each one and when it will be
+    probed again. Nothing was sent.
+    """
 
 
 class StructuredOutputError(PlaitError, ValueError):

@@ -110,7 +110,8 @@ def _resources_for_lm(lm: Any) -> Any:
             'lm=OpenAILM(client, model="gpt-4o-mini") (from plait.porting), or '
             'lm={"provider": "openai", "model": ..., "base_url": ..., "api_key_env": ...}'
         )
-    endpoint = dict(lm) if isinstance(lm, dict) else {"provider": lm}
+    # A string is a model string ("openai:gpt-4o-mini", "local"), read by ResourceConfig.
+    endpoint = dict(lm) if isinstance(lm, dict) else lm if isinstance(lm, str) else {"provider": lm}
     return ResourceConfig({"*": endpoint})
 
 

@@ -96,7 +96,10 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
         ({**OPENAI, "model_path": "m.gguf"}, "key 'model_path' does not apply to provider"),
         ({"provider": "local", "base_url": "http://x"}, "key 'base_url' does not apply"),
         ({"model": "gpt-4o"}, "missing key 'provider'; one of 'anthropic', 'local', 'openai'"),
-        ("openai", "expected a mapping like"),
+        (["openai"], "expected a mapping like"),
+        ("openai", "model string 'openai' names no model"),
+        ({**OPENAI, "circuit_failures": 0}, "key 'circuit_failures' must be a positive integer"),
+        ({**OPENAI, "circuit_cooldown": -1}, "key 'circuit_cooldown' must be a finite number > 0"),
     ],
 )
 def test_each_bad_value_is_named(entry: object, expected: str) -> None:

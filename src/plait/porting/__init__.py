@@ -69,8 +69,10 @@ def LM(
     ``UDSPY_LM_MODEL``, the server from ``UDSPY_LM_BASE_URL`` (else OpenAI's),
     and the key, read when the endpoint is built (never copied into the
     settings), from ``OPENAI_API_KEY``, else ``UDSPY_LM_API_KEY``. The model
-    name is sent as it is; for another provider's OpenAI-compatible API, give
-    its ``base_url``.
+    name is sent as it is, unless it starts with a provider as DSPy and
+    pydantic-ai write it (``"openai/gpt-4o-mini"``, ``"anthropic:claude-…"``;
+    see `plait.resources.model_strings`); for another provider's
+    OpenAI-compatible API, give its ``base_url``.
 
     Args:
         model: the model name.
@@ -87,7 +89,7 @@ def LM(
         raise ConfigError(
             f"LM() needs a model: pass LM(model='gpt-4o-mini', ...) or set {MODEL_ENV}"
         )
-    settings: dict[str, Any] = {"provider": "openai", "model": model}
+    settings = _model_entry(model)
     base_url = base_url or os.environ.get(BASE_URL_ENV)
     if base_url:
         settings["base_url"] = base_url
@@ -96,6 +98,15 @@ def LM(
     elif os.environ.get(API_KEY_ENV) and not os.environ.get("OPENAI_API_KEY"):
         settings["api_key_env"] = API_KEY_ENV
     return {**settings, **endpoint}
+
+
+def _model_entry(model: str) -> dict[str, Any]:
+    """Returns the endpoint a model name stands for: a provider's it names, else OpenAI's."""
+    from plait.resources.model_strings import entry_for, names_provider
+
+    if not names_provider(model):
+        return {"provider": "openai", "model": model}
+    return entry_for(model)[1]  # a known provider and a model: nothing to refuse
 
 
 def OpenAILM(

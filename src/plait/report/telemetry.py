@@ -8,7 +8,9 @@ runs: Jaeger, Honeycomb, Langfuse, Opik, MLflow …
 
 Attributes follow the OpenTelemetry GenAI conventions: ``gen_ai.operation.name``
 (``chat``, ``execute_tool``), ``gen_ai.provider.name``, ``gen_ai.request.model``,
-the request's sampling options, ``gen_ai.response.model``,
+the request's sampling options, ``plait.alias`` and ``plait.endpoint`` (the alias the
+program used and the endpoint that was called: after a fallback, one span per
+endpoint tried), ``gen_ai.response.model``,
 ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` /
 ``output_tokens``, ``gen_ai.tool.name`` / ``gen_ai.tool.call.id``, and
 ``error.type`` (with ``http.response.status_code`` for a provider's HTTP
@@ -92,6 +94,7 @@ class OpenTelemetryCallback(BaseCallback):
             "gen_ai.provider.name": inputs.get("provider", ""),
             "gen_ai.request.model": model,
             "plait.alias": inputs.get("alias", ""),
+            "plait.endpoint": inputs.get("endpoint", ""),
         }
         for option, attribute in _OPTION_ATTRIBUTES.items():
             if inputs.get(option) is not None:

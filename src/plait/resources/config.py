@@ -15,6 +15,11 @@ Example::
     })
     config.resolve("fast").max_concurrent   # 10
     config.resolve("summarise").provider    # 'local' (through "*")
+
+An entry may also be a model string (``"fast": "openai:gpt-4o-mini"``, see
+`plait.resources.model_strings`), or a fallback chain of other aliases
+(``"smart": {"fallback": ["primary", "backup"]}``): a call that fails on one
+endpoint of the chain after its retries goes to the next (`ResourceManager`).
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONS
 from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
+from plait.resources.model_strings import entry_for
 from plait.resources.usage import Price, price_for
+from plait.resources.validation import suggestion as _suggest
 
 __all__ = [
     "PROVIDERS",
@@ -117,6 +124,12 @@ class EndpointConfig:
     its Batch API result files (64 MiB); a larger one fails its call, not retried."""
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
     """The most data one event of an ``openai`` endpoint's stream may hold (16 MiB)."""
+    circuit_failures: int = 5
+    """Consecutive failed calls after which a fallback chain skips this endpoint
+    for ``circuit_cooldown`` seconds (its circuit opens); only chains keep it."""
+    circuit_cooldown: float = 30.0
+    """Seconds an open circuit skips the endpoint; then one call probes it, and
+    its success closes the circuit (a failure opens it for another cool-down)."""
     model_path: str | None = None
     """GGUF file for the ``local`` provider; None uses the embedded model."""
     n_ctx: int | None = None
@@ -179,6 +192,8 @@ _COMMON: dict[str, check.Checker] = {
     "budget": check.non_negative_number,
     "cache": check.cache,
     "backend_options": check.options,
+    "circuit_failures": check.positive_int,
+    "circuit_cooldown": check.positive_number,
 }
 _REMOTE: dict[str, check.Checker] = {
     "base_url": check.base_url,
@@ -214,13 +229,6 @@ def _quote_list(names: list[str] | tuple[str, ...]) -> str:
     return ", ".join(repr(n) for n in names)
 
 
-def _suggest(word: str, choices: list[str] | tuple[str, ...]) -> str:
-    import difflib  # only needed to explain an error
-
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
 def _check_key(
     where: str,
     key: str,
@@ -242,10 +250,15 @@ def _validate_entry(
 ) -> EndpointConfig | None:
     """Checks one alias entry, appending a line per problem; returns it when valid."""
     where = f"alias {alias!r}"
+    if isinstance(entry, str):
+        error, entry = entry_for(entry, _REGISTERED)
+        if error is not None:
+            problems.append(f"{where}: {error}")
+            return None
     if not isinstance(entry, Mapping):
         problems.append(
-            f'{where}: expected a mapping like {{"provider": "openai", "model": ...}}, '
-            f"got {type(entry).__name__}"
+            f'{where}: expected a mapping like {{"provider": "openai", "model": ...}} '
+            f'or a model string like "openai:gpt-4o-mini", got {type(entry).__name__}'
         )
         return None
     provider = entry.get("provider")
@@ -494,7 +507,10 @@ class ResourceConfig:
 
     Args:
         mapping: ``{alias: {"provider": ..., "model": ..., <options>}}``. The
-            alias ``"*"`` serves every alias not listed.
+            alias ``"*"`` serves every alias not listed. An entry may be a
+            model string (``"openai:gpt-4o-mini"``, ``"local"``; see
+            `plait.resources.model_strings`) or a fallback chain of other
+            aliases' endpoints (``{"fallback": ["primary", "backup"]}``).
         source: the file the mapping was read from (`from_file` sets it).
             Errors name it, and it is trusted less than code: its
             ``api_key_env`` may only name a variable that looks like a
@@ -514,7 +530,9 @@ class ResourceConfig:
     Options of every endpoint: ``model``, ``max_concurrent``, ``rpm``, ``tpm``,
     ``timeout``, ``max_retries``, ``retry_base_delay``, ``retry_max_delay``,
     ``max_retry_after``, ``adaptive``, ``price``, ``budget``, ``cache``,
-    ``backend_options`` (checked against the backend's constructor); for
+    ``circuit_failures``, ``circuit_cooldown`` (used when a fallback chain
+    lists the endpoint), ``backend_options`` (checked against the backend's
+    constructor); for
     ``openai`` also ``base_url``, ``api_key``, ``api_key_env``, ``transport``,
     ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
     ``max_event_bytes``; for ``anthropic``
@@ -531,19 +549,25 @@ class ResourceConfig:
             )
         problems: list[str] = []
         endpoints: dict[str, EndpointConfig] = {}
+        chains: dict[str, Any] = {}
         for alias, entry in mapping.items():
             if not isinstance(alias, str) or not alias:
                 problems.append(f"alias {alias!r}: aliases must be non-empty strings")
-                continue
-            endpoint = _validate_entry(alias, entry, problems, from_file=source is not None)
-            if endpoint is not None:
-                endpoints[alias] = endpoint
+            elif isinstance(entry, Mapping) and _CHAIN_KEY in entry:
+                chains[alias] = entry
+            else:
+                endpoint = _validate_entry(alias, entry, problems, from_file=source is not None)
+                if endpoint is not None:
+                    endpoints[alias] = endpoint
+        valid_chains = _validate_chains(chains, mapping, endpoints, problems)
         if not mapping:
             problems.append('no aliases; add at least one, e.g. {"*": {"provider": "local"}}')
         if problems:
             raise _config_error(problems, prefix)
         self._endpoints = endpoints
-        self._wildcard = endpoints.get(WILDCARD)
+        self._chains = valid_chains
+        self._order = [alias for alias in mapping if alias in endpoints or alias in valid_chains]
+        self._wildcard = endpoints.get(WILDCARD) or valid_chains.get(WILDCARD)
         self.source = source
         """The file the configuration was read from, if any."""
         # ResourceManager.shared() keeps one manager per running loop here, so
@@ -594,46 +618,150 @@ class ResourceConfig:
         and limits instead of leaking a new one each time.
         """
         if self._identity is None:
-            self._identity = tuple(
+            endpoints = tuple(
                 (alias, tuple((f.name, _frozen(getattr(e, f.name))) for f in fields(e)))
                 for alias, e in sorted(self._endpoints.items())
             )
+            chains = tuple(
+                (alias, tuple(e.name for e in chain))
+                for alias, chain in sorted(self._chains.items())
+            )
+            self._identity = (endpoints, chains)
         return self._identity
 
     def resolve(self, alias: str) -> EndpointConfig:
         """Returns the endpoint that serves ``alias`` (its own entry, else ``"*"``).
 
+        For an alias that names a fallback chain, that is the chain's first
+        endpoint (what a provider Batch API or a checkpoint's fingerprint
+        uses); `fallbacks` gives the whole chain.
+
         Raises:
             UnknownAliasError: no entry and no ``"*"``; names the known aliases.
         """
-        endpoint = self._endpoints.get(alias, self._wildcard)
-        if endpoint is None:
-            raise UnknownAliasError(alias, list(self._endpoints))
-        return endpoint
+        return self.fallbacks(alias)[0]
 
     __getitem__ = resolve
 
+    def fallbacks(self, alias: str) -> tuple[EndpointConfig, ...]:
+        """Returns the endpoints that serve ``alias``, in the order a call tries them.
+
+        One endpoint for an ordinary alias; the members of its chain for an
+        alias whose entry is ``{"fallback": [...]}``.
+
+        Raises:
+            UnknownAliasError: no entry and no ``"*"``; names the known aliases.
+        """
+        served = self._endpoints.get(alias) or self._chains.get(alias) or self._wildcard
+        if served is None:
+            raise UnknownAliasError(alias, self.aliases())
+        return served if isinstance(served, tuple) else (served,)
+
     def aliases(self) -> list[str]:
         """Returns the aliases listed in the configuration, in order (with ``"*"`` if set)."""
-        return list(self._endpoints)
+        return list(self._order)
 
     def endpoints(self) -> list[EndpointConfig]:
-        """Returns every listed endpoint, in order."""
+        """Returns every listed endpoint, in order (fallback chains are not endpoints)."""
         return list(self._endpoints.values())
 
     def __contains__(self, alias: object) -> bool:
         """Whether `resolve(alias)` succeeds (always true when ``"*"`` is listed)."""
-        return self._wildcard is not None or alias in self._endpoints
+        return self._wildcard is not None or alias in self._endpoints or alias in self._chains
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._endpoints)
+        return iter(self._order)
 
     def __len__(self) -> int:
-        return len(self._endpoints)
+        return len(self._order)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{a!r}: {e.describe()}" for a, e in self._endpoints.items())
+        inner = ", ".join(f"{a!r}: {self._described(a)}" for a in self._order)
         return f"ResourceConfig({{{inner}}})"
+
+    def _described(self, alias: str) -> str:
+        chain = self._chains.get(alias)
+        if chain is None:
+            return self._endpoints[alias].describe()
+        return "fallback " + " -> ".join(endpoint.name for endpoint in chain)
+
+
+# -- fallback chains ---------------------------------------------------------------------
+
+_CHAIN_KEY = "fallback"
+
+
+def _validate_chains(
+    chains: Mapping[str, Mapping[str, Any]],
+    mapping: Mapping[str, Any],
+    endpoints: Mapping[str, EndpointConfig],
+    problems: list[str],
+) -> dict[str, tuple[EndpointConfig, ...]]:
+    """Checks every ``{"fallback": [...]}`` entry; returns each valid chain's endpoints."""
+    valid = {}
+    for alias, entry in chains.items():
+        before = len(problems)
+        members = _chain_members(alias, entry, problems)
+        for member in members:
+            problem = _member_problem(alias, member, chains, mapping)
+            if problem is not None:
+                problems.append(f"alias {alias!r}: key 'fallback' {problem}")
+        if len(problems) == before and all(m in endpoints for m in members):
+            valid[alias] = tuple(endpoints[m] for m in members)
+    return valid
+
+
+def _chain_members(alias: str, entry: Mapping[str, Any], problems: list[str]) -> list[str]:
+    """Returns the aliases a chain lists, after noting a problem with its shape."""
+    where = f"alias {alias!r}"
+    others = sorted(str(key) for key in entry if key != _CHAIN_KEY)
+    if others:
+        problems.append(
+            f"{where}: a fallback chain takes only the key 'fallback', not "
+            f"{_quote_list(others)}; settings belong in the entries of the endpoints it lists"
+        )
+    members = entry[_CHAIN_KEY]
+    if not isinstance(members, list | tuple) or not all(isinstance(m, str) and m for m in members):
+        problems.append(
+            f"{where}: key 'fallback' must be a list of aliases, e.g. "
+            f'["primary", "backup"], got {members!r}'
+        )
+        return []
+    if len(members) < 2:
+        problems.append(
+            f"{where}: key 'fallback' lists {len(members)} alias(es); a chain needs at least "
+            "two (for one endpoint, write its entry under this alias instead)"
+        )
+    repeated = sorted({m for m in members if members.count(m) > 1})
+    if repeated:
+        problems.append(f"{where}: key 'fallback' lists {_quote_list(repeated)} more than once")
+    return list(members)
+
+
+def _member_problem(
+    alias: str, member: str, chains: Mapping[str, Any], mapping: Mapping[str, Any]
+) -> str | None:
+    """Returns why ``member`` cannot be in ``alias``'s chain, or None when it can."""
+    if member == alias:
+        return f"names {alias!r} itself: a chain that contains itself is a cycle"
+    if member in chains:
+        inner = chains[member].get(_CHAIN_KEY)
+        if isinstance(inner, list | tuple) and alias in inner:
+            return (
+                f"names {member!r}, whose own chain names {alias!r} back: a cycle; "
+                "list endpoints, not chains"
+            )
+        return (
+            f"names {member!r}, which is itself a fallback chain; chains do not nest, "
+            f"so list its endpoints here instead"
+        )
+    if member not in mapping:
+        known = [a for a in mapping if isinstance(a, str) and a not in chains]
+        return (
+            f"names {member!r}, which is not an alias of this configuration"
+            f"{_suggest(member, known)}; known endpoints: {_quote_list(known) or 'none'}"
+        )
+    return None  # an endpoint (if its own entry is invalid, that is reported there)
 
 
 def _frozen(value: Any) -> Any:

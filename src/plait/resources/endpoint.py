@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, Usage
+from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Limiter
 from plait.resources.retry import RetryPolicy
@@ -165,6 +166,9 @@ class EndpointStats:
     """Seconds left of a Retry-After pause."""
     usage: Usage
     """Tokens and cost of this endpoint so far."""
+    circuit: str | None = None
+    """``"closed"``, ``"open"`` or ``"half-open"`` for an endpoint of a fallback chain;
+    None for one that no chain lists (it keeps no circuit)."""
 
 
 class Endpoint:
@@ -179,6 +183,7 @@ class Endpoint:
         "budget",
         "cache",
         "cache_hits",
+        "circuit",
         "config",
         "failures",
         "limiter",
@@ -223,6 +228,8 @@ class Endpoint:
         self.budget = config.budget
         self.backend: Backend | None = None
         self.cache: ResponseCache | None = None
+        # Set when a fallback chain lists this endpoint (plait.resources.circuit).
+        self.circuit: Circuit | None = None
         self.totals = UsageTotals()
         self.requests = 0
         self.retries = 0
@@ -257,4 +264,5 @@ class Endpoint:
             effective_max_concurrent=limiter.effective_max_concurrent,
             paused_for=limiter.paused_for,
             usage=self.totals.snapshot(),
+            circuit=None if self.circuit is None else self.circuit.state,
         )

@@ -15,6 +15,17 @@ The execution layer never talks to a backend directly. It calls
    accepted (finished normally, and the caller's ``accept`` said yes), and
    returns the `Response` with ``meta`` filled in.
 
+An alias whose entry is a fallback chain (``{"fallback": ["primary",
+"backup"]}``) is served by the first of its endpoints that answers: a call
+that fails on one after that endpoint's own retries (or whose budget is spent,
+or whose circuit is open, `plait.resources.circuit`) goes to the next. Only a
+request that would fail anywhere stops the chain: a 400 (which is also how
+providers refuse content by policy) or a 422. An auth error (401/403) or an
+unknown model (404) is one provider's problem and is passed on. Each endpoint
+keeps its own limits, usage, cost and response cache (a reply is cached under
+the endpoint that gave it), and the profiler, callbacks and ``meta["endpoint"]``
+name the endpoint that served.
+
 One manager holds one backend (one connection pool) and one limiter per
 endpoint. `ResourceManager.shared` returns the same manager for the same
 configuration object on the same event loop, so every call and every batch
@@ -24,6 +35,7 @@ item that uses a configuration shares its limits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import logging
@@ -37,7 +49,14 @@ from plait import _context
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage, message_to_dict
 from plait.callbacks import ReportedCall, active_callbacks
-from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
+from plait.errors import (
+    BackendError,
+    BackendTimeout,
+    BudgetExceededError,
+    CircuitOpenError,
+    ConfigError,
+)
+from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
 from plait.resources.retry import RetryPolicy, exhausted
@@ -85,15 +104,25 @@ def _default_cache_factory(config: EndpointConfig) -> ResponseCache:
     return cache
 
 
+_STOPS_A_CHAIN = frozenset({400, 422})
+"""Statuses that say the request itself is wrong, so another endpoint would refuse it too."""
+
+
 class _Route:
-    """An alias as the program names it, bound to the endpoint that serves it."""
+    """An alias as the program names it, bound to the endpoint that serves it.
 
-    __slots__ = ("alias", "endpoint", "totals")
+    An alias that names a fallback chain has one route per endpoint of the
+    chain in ``fallbacks`` (sharing the alias's totals); ``endpoint`` is then
+    the chain's first.
+    """
 
-    def __init__(self, alias: str, endpoint: Endpoint) -> None:
+    __slots__ = ("alias", "endpoint", "fallbacks", "totals")
+
+    def __init__(self, alias: str, endpoint: Endpoint, totals: UsageTotals | None = None) -> None:
         self.alias = alias
         self.endpoint = endpoint
-        self.totals = UsageTotals()
+        self.totals = totals or UsageTotals()
+        self.fallbacks: tuple[_Route, ...] | None = None
 
 
 class ResourceManager:
@@ -205,7 +234,18 @@ class ResourceManager:
         """Resolves an alias seen for the first time (the hot path hits `_routes`)."""
         if self._closed:
             raise RuntimeError("this ResourceManager is closed; create a new one")
-        config = self.config.resolve(alias)  # raises UnknownAliasError
+        configs = self.config.fallbacks(alias)  # raises UnknownAliasError
+        route = _Route(alias, self._endpoint(configs[0]))
+        if len(configs) > 1:
+            route.fallbacks = tuple(
+                _Route(alias, self._endpoint(config, in_chain=True), route.totals)
+                for config in configs
+            )
+        self._routes[alias] = route
+        return route
+
+    def _endpoint(self, config: EndpointConfig, *, in_chain: bool = False) -> Endpoint:
+        """Returns the endpoint of a configuration entry, creating it on first use."""
         endpoint = self._endpoints.get(config.name)
         if endpoint is None:
             limiter = None if self._limiter_factory is None else self._limiter_factory(config)
@@ -215,9 +255,11 @@ class ResourceManager:
             if config.cache:
                 endpoint.cache = self._cache_factory(config)
             self._endpoints[config.name] = endpoint
-        route = _Route(alias, endpoint)
-        self._routes[alias] = route
-        return route
+        if in_chain and endpoint.circuit is None:
+            endpoint.circuit = Circuit(
+                config.circuit_failures, config.circuit_cooldown, self._clock
+            )
+        return endpoint
 
     async def complete(
         self,
@@ -252,20 +294,44 @@ class ResourceManager:
 
         Returns:
             The response, with ``usage.cost`` set when the price is known and
-            ``meta`` holding ``alias``, ``attempts``, ``latency`` (seconds of
-            the whole call, waits and retries included) and ``wait_time``
-            (seconds of it spent waiting for limits and backoff); a cache hit
-            has ``meta["cached"] = True`` and costs nothing.
+            ``meta`` holding ``alias``, ``endpoint`` (the configuration entry
+            that answered), ``attempts`` (on that endpoint), ``latency``
+            (seconds of the whole call on it, waits and retries included) and
+            ``wait_time`` (seconds of it spent waiting for limits and
+            backoff); a cache hit has ``meta["cached"] = True`` and costs
+            nothing. After a fallback, ``meta["fell_back_from"]`` lists the
+            endpoints of the chain that failed or were skipped first.
 
         Raises:
             UnknownAliasError: no endpoint serves ``alias``.
             BudgetExceededError: a budget is spent; nothing was sent.
             BackendError: the call failed and will not be retried, or retries
                 ran out; ``alias`` and ``attempts`` are set and the message
-                says both and the last status.
+                says both and the last status. For a fallback chain: the last
+                endpoint's error, its message naming every endpoint's failure,
+                or the 400/422 that stopped the chain.
+            CircuitOpenError: every endpoint of the alias's chain is skipped
+                by its open circuit; nothing was sent.
         """
         route = self._routes.get(alias) or self._route(alias)
+        if route.fallbacks is not None:
+            return await self._fall_back(route, request, cache, max_retries, accept, on_text)
         callbacks = active_callbacks()
+        if not callbacks:
+            return await self._cached_or_fresh(route, request, cache, max_retries, accept, on_text)
+        return await self._reported(route, request, cache, max_retries, accept, on_text, callbacks)
+
+    async def _reported(
+        self,
+        route: _Route,
+        request: Request,
+        cache: bool,
+        max_retries: int | None,
+        accept: Accept | None,
+        on_text: TextSink | None,
+        callbacks: tuple[Any, ...],
+    ) -> Response:
+        """Makes the call on ``route``'s endpoint, told to ``callbacks`` as one LM call."""
         if not callbacks:
             return await self._cached_or_fresh(route, request, cache, max_retries, accept, on_text)
         inputs = _lm_inputs(route, request)
@@ -274,6 +340,56 @@ class ResourceManager:
                 route, request, cache, max_retries, accept, on_text
             )
         return call.outputs
+
+    async def _fall_back(
+        self,
+        route: _Route,
+        request: Request,
+        cache: bool,
+        max_retries: int | None,
+        accept: Accept | None,
+        on_text: TextSink | None,
+    ) -> Response:
+        """Makes the call on the first endpoint of ``route``'s chain that answers.
+
+        Each endpoint is a call of its own, told to callbacks and the profiler
+        under its own name. A streaming caller that already received text from
+        a failed endpoint is told to discard it (``on_text.restart``), as for
+        a retry.
+        """
+        callbacks = active_callbacks()
+        skipped: list[tuple[str, str]] = []
+        last: BackendError | None = None
+        for member in route.fallbacks or ():
+            circuit, probe = _admitted(member, skipped)
+            if probe is None:
+                continue
+            try:
+                response = await self._reported(
+                    member, request, cache, max_retries, accept, on_text, callbacks
+                )
+            except BackendError as error:
+                if not _passed_on(circuit, probe, error):
+                    raise
+                skipped.append((member.endpoint.name, str(error)))
+                last = error
+                if on_text is not None and on_text.started:
+                    await on_text.restart(f"fell back from {member.endpoint.name!r}: {error}")
+                continue
+            except BaseException:
+                circuit.abandoned(probe)
+                raise
+            circuit.succeeded()
+            if skipped:
+                response.meta["fell_back_from"] = [name for name, _ in skipped]
+                logger.info(
+                    "alias %r: answered by %r after %s",
+                    route.alias,
+                    member.endpoint.name,
+                    "; ".join(f"{name!r}: {why}" for name, why in skipped),
+                )
+            return response
+        raise _chain_failed(route.alias, skipped, last)
 
     async def _cached_or_fresh(
         self,
@@ -429,6 +545,7 @@ class ResourceManager:
                     )  # fmt: skip
                 meta = response.meta
                 meta["alias"] = route.alias
+                meta["endpoint"] = route.endpoint.name
                 meta["attempts"] = attempts
                 meta["latency"] = time.perf_counter() - started
                 meta["wait_time"] = waited
@@ -501,10 +618,54 @@ class ResourceManager:
         usage gets its cost, and is added to the totals. Streams never use
         the response cache.
 
+        An alias that names a fallback chain goes to the next endpoint only
+        while nothing was yielded: once a chunk of one endpoint's reply has
+        reached the caller, that endpoint's failure is raised.
+
         Raises:
             The same errors as `complete`.
         """
         route = self._routes.get(alias) or self._route(alias)
+        if route.fallbacks is None:
+            async with contextlib.aclosing(self._stream_from(route, request, max_retries)) as one:
+                async for chunk in one:
+                    yield chunk
+            return
+        skipped: list[tuple[str, str]] = []
+        last: BackendError | None = None
+        for member in route.fallbacks:
+            circuit, probe = _admitted(member, skipped)
+            if probe is None:
+                continue
+            yielded = False
+            try:
+                async with contextlib.aclosing(
+                    self._stream_from(member, request, max_retries)
+                ) as chunks:
+                    async for chunk in chunks:
+                        yielded = True
+                        yield chunk
+            except BackendError as error:
+                if yielded:  # the caller has part of this endpoint's reply: no other may follow
+                    circuit.failed(probe)
+                    raise
+                if not _passed_on(circuit, probe, error):
+                    raise
+                skipped.append((member.endpoint.name, str(error)))
+                last = error
+                continue
+            except BaseException:
+                circuit.abandoned(probe)
+                raise
+            circuit.succeeded()
+            return
+        raise _chain_failed(route.alias, skipped, last)
+
+    async def _stream_from(
+        self, route: _Route, request: Request, max_retries: int | None
+    ) -> AsyncIterator[StreamChunk]:
+        """Streams one call from ``route``'s endpoint, retrying before the first chunk."""
+        alias = route.alias
         endpoint = route.endpoint
         backend, policy, timeout, reserved = self._plan(route, request, max_retries)
         attempts = 0
@@ -614,6 +775,7 @@ class ResourceManager:
         meta = response.meta
         meta["cached"] = True
         meta["alias"] = route.alias
+        meta["endpoint"] = route.endpoint.name
         meta["attempts"] = 0
         meta["latency"] = 0.0
         meta["wait_time"] = 0.0
@@ -738,11 +900,64 @@ async def _streamed(
     )
 
 
+def _passed_on(circuit: Circuit, probe: bool, error: BackendError) -> bool:
+    """Notes an endpoint's failure on its circuit; returns whether its chain goes on.
+
+    A 400 or 422 stops the chain (any endpoint would refuse the request), and
+    proves the endpoint is up. A spent budget passes the call on without
+    counting against the endpoint; anything else counts as a failed call.
+    """
+    if error.status in _STOPS_A_CHAIN:
+        circuit.succeeded()
+        return False
+    if isinstance(error, BudgetExceededError):
+        circuit.abandoned(probe)
+    else:
+        circuit.failed(probe)
+    return True
+
+
+def _admitted(member: _Route, skipped: list[tuple[str, str]]) -> tuple[Circuit, bool | None]:
+    """Asks the circuit of a chain's endpoint whether a call may go (`Circuit.admit`).
+
+    Returns the circuit and its answer; a skip is noted in ``skipped`` with why.
+    """
+    circuit = member.endpoint.circuit
+    assert circuit is not None  # every endpoint a chain lists has one (_route)
+    probe = circuit.admit()
+    if probe is None:
+        why = (
+            f"skipped: circuit open after {circuit.consecutive} failed calls in a row "
+            f"(probed again in {circuit.retry_in():.0f} s)"
+        )
+        skipped.append((member.endpoint.name, why))
+    return circuit, probe
+
+
+def _chain_failed(
+    alias: str, skipped: list[tuple[str, str]], last: BackendError | None
+) -> BackendError:
+    """Returns the error of a call that no endpoint of its chain answered.
+
+    That is the last endpoint's own error (its type and status are what callers
+    match on), its message naming what happened on every endpoint; or, when
+    every endpoint was skipped, a `CircuitOpenError`.
+    """
+    own = f"alias {alias!r}: "  # each endpoint's error already names the alias
+    story = "; ".join(f"{name!r}: {why.removeprefix(own)}" for name, why in skipped)
+    message = f"alias {alias!r}: no endpoint of its fallback chain answered: {story}"
+    if last is None:
+        return CircuitOpenError(message, alias=alias, attempts=0)
+    last.args = (message, *last.args[1:])
+    return last
+
+
 def _lm_inputs(route: _Route, request: Request) -> dict[str, Any]:
     """Returns what an ``on_lm_start`` callback is told about a request (only when one listens)."""
     config = route.endpoint.config
     inputs: dict[str, Any] = {
         "alias": route.alias,
+        "endpoint": config.name,
         "provider": config.provider,
         "model": request.model or config.model,
         "messages": [message_to_dict(m) for m in request.messages],

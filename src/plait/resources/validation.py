@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "positive_number",
     "price",
     "secret",
+    "suggestion",
     "text",
     "transport",
 ]
@@ -55,6 +56,14 @@ def _finite(value: Any) -> float | None:
     except OverflowError:
         return None
     return number if math.isfinite(number) else None
+
+
+def suggestion(word: str, choices: Collection[str]) -> str:
+    """Returns "; did you mean 'x'?" for the choice closest to a mistyped ``word``, or ""."""
+    import difflib  # only needed to explain an error
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _got(value: Any) -> str:
