@@ -75,8 +75,8 @@ class MCPImage:
 class MCPToolOutput:
     """What a tool returned when its result carries images.
 
-    A result of text alone is returned as that text (a `str`), and one with
-    structured content and no images as that content; this holds the rest.
+    A result without images is returned as its text (a `str`), or as its
+    structured content when it has no text; this holds the rest.
     """
 
     text: str
@@ -389,7 +389,7 @@ class MCPTool(Tool):
     gave (`parameters`), not by a Python signature. Calling it (``await
     tool(**arguments)``, or `Tool.call` from an agent) sends ``tools/call``
     to the server and returns the result: its text (a `str`), its structured
-    content, or an `MCPToolOutput` when it carries images.
+    content when it has no text, or an `MCPToolOutput` when it carries images.
 
     Attributes:
         server_name: the tool's name on the server (``name`` is the plait name:
@@ -566,7 +566,9 @@ def _validator_of(schema: dict[str, Any], server: str, tool: str) -> Any:
 
 
 def _output_of(result: Any, where: str) -> Any:
-    """Returns a tool result as plait gives it: text, structured content, or an `MCPToolOutput`."""
+    """Returns a tool result as plait gives it: its text; its structured content when it has
+    no text (servers usually send both, the text being the content as JSON); or an
+    `MCPToolOutput` when it carries images."""
     texts: list[str] = []
     images: list[MCPImage] = []
     for block in result.content:
@@ -588,9 +590,9 @@ def _output_of(result: Any, where: str) -> Any:
         raise MCPError(f"{where}: the tool failed: {text or '(no message)'}")
     if images:
         return MCPToolOutput(text, tuple(images), result.structured_content)
-    if result.structured_content is not None:
-        return result.structured_content
-    return text
+    if texts or result.structured_content is None:
+        return text
+    return result.structured_content  # data with no text rendering of it
 
 
 def _decoded(data: str, where: str) -> bytes:
