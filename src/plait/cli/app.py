@@ -417,12 +417,21 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
 
 @cli.command("mcp", epilog=_RESOURCES_HELP)
 @click.argument("program_specs", metavar="PROGRAM...", nargs=-1, required=True)
-@click.option("--transport", type=click.Choice(["stdio", "http"]), default="stdio",
-              show_default=True, help="stdio for Claude Desktop and IDEs; http: streamable HTTP.")
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio for Claude Desktop and IDEs; http: streamable HTTP.",
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve HTTP on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("-r", "--resources", type=click.Path(path_type=Path),
-              help="Endpoints file (.toml, .yaml, .json) for the programs' LLM calls.")
+@click.option(
+    "-r",
+    "--resources",
+    type=click.Path(path_type=Path),
+    help="Endpoints file (.toml, .yaml, .json) for the programs' LLM calls.",
+)
 @click.option("--name", default="plait", show_default=True, help="The server's name.")
 def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port: int,
                 resources: Path | None, name: str) -> None:  # fmt: skip
@@ -437,6 +446,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     with _usage_errors():
         from plait.mcp.serving import load_served, server
         from plait.tools import Tool
+
         served = load_served(program_specs)
         config = None
         if resources is not None:
