@@ -25,6 +25,8 @@ catch the whole family with one clause and still tell the cases apart::
     │                         agent or given other inputs (also ValueError); never wrapped
     ├── ConfirmationRejected  a person declined a call that cannot go on without it; never
     │                         wrapped
+    ├── MCPError              an MCP server did not start, crashed, timed out or answered
+    │                         something that is not MCP; names the server and the tool
     │
     │   defined where they are raised:
     ├── SignatureSyntaxError      a string signature does not parse (also ValueError);
@@ -63,6 +65,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionInterrupt",
     "FileError",
+    "MCPError",
     "PlaitError",
     "RateLimitError",
     "ResumeRefusedError",
@@ -287,3 +290,11 @@ class ConfirmationRejected(PlaitError):
         self.message = message
         self.confirmation_id = confirmation_id
         self.tool_call = tool_call
+
+
+class MCPError(PlaitError):
+    """An MCP server could not be used: it did not start, its connection ended (a crash),
+    a call outlived its timeout, or it answered something that is not MCP.
+
+    The message names the server and, for a call, the tool, and says what to do.
+    """

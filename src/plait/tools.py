@@ -281,7 +281,7 @@ class Tool:
         data, problem = _decode_arguments(arguments)
         kwargs: dict[str, Any] = {}
         if data is not None:
-            kwargs, problem = self._validate(data)
+            kwargs, problem = self.validate_arguments(data)
         if problem is not None:
             return self._invalid(problem, call_id)
         if not self.require_confirmation:
@@ -290,7 +290,7 @@ class Tool:
         shown = json.dumps(data, ensure_ascii=False, default=str)
         decided = confirm_call(call_id, self.name, data, f"Run the tool {self.name} with {shown}?")
         if decided is not data:  # the person changed the arguments: check theirs as well
-            kwargs, problem = self._validate(decided)
+            kwargs, problem = self.validate_arguments(decided)
             if problem is not None:
                 return self._invalid(problem, call_id)
         # The call is cleared: a confirm_first function inside runs without asking again.
@@ -333,7 +333,7 @@ class Tool:
                 self.name, content, ok=False, error=kind, exception=exc, call_id=call_id
             )
         try:
-            text = _render(value)
+            text = self.render_result(value)
         except Exception as exc:  # bytes that are not UTF-8, a cycle, a __str__ that raises
             content = (
                 f"Error: tool '{self.name}' returned a value of type {type(value).__name__} "
@@ -352,7 +352,12 @@ class Tool:
             text = f"{text[: self.max_result_chars]}\n[... {cut} more characters cut]"
         return ToolResult(self.name, text, value=value, call_id=call_id)
 
-    def _validate(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    def validate_arguments(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """Returns (the keyword arguments to call with, None), or ({}, what is wrong).
+
+        Checked against the function's signature; a tool whose schema comes from
+        elsewhere (an MCP server's) overrides this to check against that schema.
+        """
         from pydantic import ValidationError
 
         try:
@@ -360,6 +365,14 @@ class Tool:
         except ValidationError as exc:
             return {}, _describe_errors(exc, self.parameters)
         return {name: getattr(model, field) for field, name in self._params.items()}, None
+
+    def render_result(self, value: Any) -> str:
+        """Returns a return value as the text the model reads: a string as it is, data as JSON.
+
+        A tool whose values carry their own text for the model (an MCP tool's
+        result with images) overrides this.
+        """
+        return _render(value)
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
         if self.in_thread and not self._is_async:

@@ -416,6 +416,58 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     return pairs
 
 
+@cli.command("mcp", epilog=_RESOURCES_HELP)
+@click.argument("program_specs", metavar="PROGRAM...", nargs=-1, required=True)
+@click.option(
+    "--transport",
+    type=click.Choice(["stdio", "http"]),
+    default="stdio",
+    show_default=True,
+    help="stdio for Claude Desktop and IDEs; http: streamable HTTP.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve HTTP on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option(
+    "-r",
+    "--resources",
+    type=click.Path(path_type=Path),
+    help="Endpoints file (.toml, .yaml, .json) for the programs' LLM calls.",
+)
+@click.option("--name", default="plait", show_default=True, help="The server's name.")
+def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port: int,
+                resources: Path | None, name: str) -> None:  # fmt: skip
+    """Serve each PROGRAM as an MCP tool, so other agents and apps can call it.
+
+    A PROGRAM is a Module (class, instance or builder), a plait Tool, or a list
+    of them. A program's arguments are forward's parameters or its signature's
+    input fields; its result comes back as text and structured content.
+    Serves stdio until the client leaves, or HTTP at http://HOST:PORT/mcp
+    until stopped. Needs the mcp extra: pip install 'plait[mcp]'.
+    """
+    with _usage_errors():
+        from plait.mcp.serving import load_served, server
+        from plait.tools import Tool
+
+        served = load_served(program_specs)
+        config = None
+        if resources is not None:
+            from plait.resources import ResourceConfig
+
+            config = ResourceConfig.from_file(resources)
+            programs = [item for item in served if not isinstance(item, Tool)]
+            calls = [(type(p).__name__, alias) for p in programs for alias in _aliases(p)]
+            _check_aliases(resources, config, calls)
+        try:
+            mcp_server = server(served, config, name=name)
+        except (ValueError, TypeError, ImportError) as exc:
+            raise ProgramError(str(exc)) from None
+    if transport == "http":
+        click.echo(f"plait: serving {', '.join(mcp_server.entries)} over MCP at "
+                   f"http://{host}:{port}/mcp", err=True)  # fmt: skip
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a served program stops
+        mcp_server.run(transport, host=host, port=port)
+
+
 @cli.command("train", epilog=_RESOURCES_HELP)
 @click.argument("program_spec", metavar="PROGRAM")
 @click.option(

@@ -31,6 +31,7 @@ __all__ = [
     "load_object",
     "load_program",
     "one_line",
+    "program_of",
     "trace_program",
 ]
 
@@ -139,7 +140,15 @@ def load_program(spec: str) -> Module:
         ProgramError: as `load_object`, or it is none of those, needs arguments,
             or fails while it is built.
     """
-    obj = load_object(spec)
+    return program_of(load_object(spec), spec)
+
+
+def program_of(obj: Any, spec: str) -> Module:
+    """Returns the `Module` that ``obj``, found at ``spec``, gives: itself, or what it builds.
+
+    Raises:
+        ProgramError: as `load_program`.
+    """
     if isinstance(obj, Module):
         return obj
     if callable(obj):

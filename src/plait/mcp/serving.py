@@ -1,0 +1,322 @@
+"""Serving plait programs and tools over MCP, so other agents and apps can call them.
+
+`server(...)` makes a `ProgramServer`: one MCP tool per program (named after
+its class; arguments from ``forward``'s parameters, or from the input fields
+of the `Signature` that drives it, with their types and descriptions) and one
+per plait `Tool` (its own schema). A program's result comes back as text (a
+string as it is, anything else as JSON) and, when it is data, as structured
+content too. A failure (bad arguments, an error in the program) is a tool
+result marked as an error whose text says what went wrong, which the calling
+model can read; the server goes on serving.
+
+It runs over stdio (what Claude Desktop and IDEs start) or streamable HTTP;
+``plait mcp prog.py:Prog`` does the same from the command line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from plait.cli.programs import inputs_of, load_object, one_line, program_of
+from plait.mcp.client import require_sdk
+from plait.module import Module
+from plait.tools import Tool
+
+__all__ = ["ProgramServer", "load_served", "server"]
+
+logger = logging.getLogger("plait.mcp")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One MCP tool the server offers: how it is described and how it runs."""
+
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    target: Module | Tool
+    arguments: Any = None
+    """The pydantic model that checks a program's arguments (None for a `Tool`)."""
+
+
+class ProgramServer:
+    """An MCP server offering plait programs and tools; see `server`.
+
+    Attributes:
+        sdk_server: the SDK's low-level ``mcp.server.Server``, for running it
+            your own way (e.g. mounting its ``streamable_http_app()``).
+    """
+
+    def __init__(self, entries: list[_Entry], name: str) -> None:
+        require_sdk()
+        from mcp.server import Server
+
+        from plait import __version__
+
+        self.name = name
+        self.entries = {entry.name: entry for entry in entries}
+        self.sdk_server = Server(
+            name,
+            version=__version__,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    # ------------------------------------------------------------------ serving
+    async def serve_stdio(self) -> None:
+        """Serves one client on this process's stdin and stdout until it closes them."""
+        from mcp.server.stdio import stdio_server
+
+        async with stdio_server() as (read_stream, write_stream):
+            await self.sdk_server.run(
+                read_stream, write_stream, self.sdk_server.create_initialization_options()
+            )
+
+    async def serve_http(self, host: str = "127.0.0.1", port: int = 8000) -> None:
+        """Serves streamable HTTP at ``http://host:port/mcp`` until cancelled (or Ctrl-C)."""
+        import uvicorn
+
+        app = self.sdk_server.streamable_http_app(host=host)
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        await uvicorn.Server(config).serve()
+
+    def run(self, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000) -> None:
+        """Serves until the client leaves (stdio) or the process is stopped (http).
+
+        Raises:
+            ValueError: ``transport`` is neither ``"stdio"`` nor ``"http"``.
+        """
+        import anyio
+
+        if transport == "stdio":
+            anyio.run(self.serve_stdio)
+        elif transport == "http":
+            anyio.run(lambda: self.serve_http(host, port))
+        else:
+            raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
+
+    # ----------------------------------------------------------------- handlers
+    async def _list_tools(self, ctx: Any, params: Any) -> Any:
+        from mcp.types import ListToolsResult
+        from mcp.types import Tool as ToolInfo
+
+        tools = [
+            ToolInfo(name=e.name, description=e.description, input_schema=e.input_schema)
+            for e in self.entries.values()
+        ]
+        return ListToolsResult(tools=tools)
+
+    async def _call_tool(self, ctx: Any, params: Any) -> Any:
+        from mcp.shared.exceptions import MCPError as SDKError
+        from mcp.types import INVALID_PARAMS
+
+        entry = self.entries.get(params.name)
+        if entry is None:
+            known = ", ".join(self.entries) or "none"
+            raise SDKError(INVALID_PARAMS, f"no tool named {params.name!r}; the tools: {known}")
+        arguments = dict(params.arguments or {})
+        if isinstance(entry.target, Tool):
+            return await _call_plait_tool(entry.target, arguments)
+        return await _call_program(entry, arguments)
+
+    def __repr__(self) -> str:
+        return f"ProgramServer({self.name!r}, tools=[{', '.join(self.entries)}])"
+
+
+def server(
+    programs: Module | Tool | Iterable[Module | Tool],
+    resources: Any = None,
+    *,
+    name: str = "plait",
+) -> ProgramServer:
+    """Returns an MCP server offering programs and tools, ready to ``run()``.
+
+    Args:
+        programs: a `Module`, a `Tool`, or several of them; each becomes one
+            MCP tool. A program is named after its class, a tool keeps its name.
+        resources: what the programs' LLM calls use (a ``ResourceConfig``, a
+            mapping, or a manager), bound to every program; None leaves each
+            program as it is (bound already, or making no LLM calls).
+        name: the server's name, as clients show it.
+
+    Raises:
+        TypeError: something given is neither a Module nor a Tool.
+        ValueError: two of them would have one tool name.
+
+    Example::
+
+        plait.mcp.server(Summarize(), ResourceConfig.from_file("res.toml")).run()
+    """
+    items = [programs] if isinstance(programs, Module | Tool) else list(programs)
+    entries: list[_Entry] = []
+    for item in items:
+        entry = _entry_of(item, resources)
+        if any(other.name == entry.name for other in entries):
+            raise ValueError(
+                f"two programs or tools would both be the MCP tool {entry.name!r}; "
+                "give a tool another name (Tool(fn, name=...)) or serve one program per server"
+            )
+        entries.append(entry)
+    return ProgramServer(entries, name)
+
+
+def load_served(specs: Iterable[str]) -> list[Module | Tool]:
+    """Returns what ``plait mcp`` serves: for each ``pkg.module:Name`` (or ``file.py:Name``),
+    a program (a Module, a Module class or a function building one), a `Tool`, or a
+    list of those.
+
+    Raises:
+        ProgramError: a spec names nothing servable, on one line (as `load_program`).
+    """
+    served: list[Module | Tool] = []
+    for spec in specs:
+        obj = load_object(spec)
+        items = obj if isinstance(obj, list | tuple) else [obj]
+        for item in items:
+            served.append(item if isinstance(item, Tool) else program_of(item, spec))
+    return served
+
+
+# ------------------------------------------------------------------ entries
+def _entry_of(item: Any, resources: Any) -> _Entry:
+    if isinstance(item, Tool):
+        return _Entry(item.name, item.description, dict(item.parameters), item)
+    if not isinstance(item, Module):
+        raise TypeError(
+            f"plait.mcp.server serves Modules and Tools, got {type(item).__name__}; wrap a "
+            "function with plait.tool"
+        )
+    if resources is not None:
+        item.bind(resources)
+    model = _arguments_model(item)
+    schema = _without_titles(model.model_json_schema())
+    return _Entry(type(item).__name__, _description_of(item), schema, item, model)
+
+
+def _arguments_model(program: Module) -> Any:
+    """Returns a pydantic model of the program's inputs: names, types, defaults, descriptions."""
+    from pydantic import ConfigDict, Field, create_model
+
+    names, required, _ = inputs_of(program)
+    signature = getattr(program, "signature", None)
+    fields_of_signature = getattr(signature, "input_fields", None)
+    declared = (
+        dict(fields_of_signature)
+        if isinstance(fields_of_signature, Mapping) and list(fields_of_signature) == names
+        else None
+    )
+    parameters = inspect.signature(program.forward).parameters
+    hints = _hints_of(program.forward)
+    fields: dict[str, Any] = {}
+    for name in names:
+        if declared is not None:
+            spec = declared[name]
+            fields[name] = (spec.annotation, Field(description=spec.description or None))
+            continue
+        default = ... if name in required else parameters[name].default
+        fields[name] = (hints.get(name, Any), Field(default))
+    config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    return create_model(f"{type(program).__name__}_inputs", __config__=config, **fields)
+
+
+def _hints_of(function: Any) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(function)
+    except Exception:  # a hint that cannot be resolved: that input takes any JSON value
+        return {}
+
+
+def _description_of(program: Module) -> str:
+    doc = inspect.getdoc(type(program))
+    if doc and type(program).__module__.split(".")[0] != "plait":
+        return doc.split("\n\n")[0].strip()
+    signature = getattr(program, "signature", None)
+    text = getattr(signature, "signature_text", None)
+    instructions = getattr(signature, "instructions", None)
+    parts = [str(instructions)] if isinstance(instructions, str) and instructions else []
+    if callable(text):
+        parts.append(f"({text()})")
+    return " ".join(parts) or f"Runs the plait program {type(program).__name__}."
+
+
+def _without_titles(schema: Any) -> Any:
+    """Returns the schema without pydantic's generated ``title`` keys (a property named
+    ``title`` stays)."""
+    if isinstance(schema, list):
+        return [_without_titles(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "title" and isinstance(value, str):
+            continue
+        if key in ("properties", "$defs"):
+            out[key] = {name: _without_titles(sub) for name, sub in value.items()}
+        else:
+            out[key] = _without_titles(value)
+    return out
+
+
+# ------------------------------------------------------------------ calling
+async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
+    from pydantic import ValidationError
+
+    try:
+        checked = entry.arguments.model_validate(arguments)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"argument '{'.'.join(map(str, e['loc'])) or '(arguments)'}': {e['msg']}"
+            for e in exc.errors()
+        )
+        return _error_result(f"invalid arguments for {entry.name}: {problems}")
+    kwargs = {name: getattr(checked, name) for name in type(checked).model_fields}
+    try:
+        output = entry.target(**kwargs)
+        if inspect.isawaitable(output):
+            output = await output
+    except Exception as exc:  # the program's failure goes back to the caller, not up the server
+        message = f"{entry.name} failed: {type(exc).__name__}: {one_line(str(exc))}"
+        logger.warning("%s", message)
+        return _error_result(message)
+    return _result_of(output)
+
+
+async def _call_plait_tool(tool: Tool, arguments: dict[str, Any]) -> Any:
+    result = await tool.call(arguments)
+    if not result.ok:
+        return _error_result(result.content.removeprefix("Error: "))
+    return _result_of(result.value, text=result.content)
+
+
+def _result_of(output: Any, text: str | None = None) -> Any:
+    """Returns a ``CallToolResult``: the output as text, and as structured content when it
+    is data (an object; anything else is wrapped as ``{"result": ...}``)."""
+    from mcp.types import CallToolResult, TextContent
+    from pydantic_core import to_jsonable_python
+
+    if hasattr(output, "to_dict") and callable(output.to_dict):  # a Prediction
+        output = output.to_dict()
+    data = to_jsonable_python(output, fallback=str)
+    if text is None:
+        text = output if isinstance(output, str) else _json_text(data)
+    structured = None
+    if not isinstance(output, str):
+        structured = data if isinstance(data, dict) else {"result": data}
+    return CallToolResult(content=[TextContent(text=text)], structured_content=structured)
+
+
+def _json_text(data: Any) -> str:
+    import json
+
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _error_result(message: str) -> Any:
+    from mcp.types import CallToolResult, TextContent
+
+    return CallToolResult(content=[TextContent(text=message)], is_error=True)

@@ -1,0 +1,101 @@
+"""plait programs and tools served over MCP, called by the SDK's own client.
+
+``plait mcp`` runs as a process (over stdio, and over streamable HTTP on
+loopback); ``plait.mcp.server`` is also checked in-process with a program
+whose model is the scripted server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from mcp import Client, StdioServerParameters
+
+from plait import ResourceConfig
+from plait.mcp import server
+from plait.testing import ScriptedServer
+
+from .served_programs import answerer
+from .support import SRC, free_port, http_process
+
+HERE = Path(__file__).parent
+PLAIT_MCP = [sys.executable, "-m", "plait", "mcp"]
+
+
+def stdio_params(*args: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=PLAIT_MCP[0], args=[*PLAIT_MCP[1:], *args], env={"PYTHONPATH": SRC}, cwd=HERE
+    )
+
+
+async def check_served_tools(client: Client) -> None:
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert list(tools) == ["Shout", "Mirror", "add"]
+    assert tools["Shout"].description == "Shouts the text back, a number of times."
+    assert tools["Shout"].input_schema["properties"] == {
+        "text": {"type": "string"},
+        "times": {"default": 1, "type": "integer"},
+    }
+    assert tools["Shout"].input_schema["required"] == ["text"]
+    assert tools["Mirror"].input_schema["properties"]["point"] == {"$ref": "#/$defs/Point"}
+
+    shouted = await client.call_tool("Shout", {"text": "hi", "times": 2})
+    assert (shouted.is_error, shouted.content[0].text) == (False, "HI HI")
+    mirrored = await client.call_tool("Mirror", {"point": {"x": 1, "y": 2}})
+    assert mirrored.structured_content == {"x": 2, "y": 1}
+    assert json.loads(mirrored.content[0].text) == {"x": 2, "y": 1}
+    added = await client.call_tool("add", {"a": 2, "b": 3})
+    assert (added.content[0].text, added.structured_content) == ("5", {"result": 5})
+
+    failed = await client.call_tool("Mirror", {"point": {"x": -1, "y": 2}})
+    assert failed.is_error
+    assert failed.content[0].text == "Mirror failed: ValueError: x must not be negative"
+    invalid = await client.call_tool("Shout", {"times": "many"})
+    assert invalid.is_error and "argument 'text': Field required" in invalid.content[0].text
+
+
+async def test_plait_mcp_over_stdio() -> None:
+    async with Client(stdio_params("served_programs.py:ALL")) as client:
+        await check_served_tools(client)
+
+
+async def test_plait_mcp_over_streamable_http() -> None:
+    port = free_port()
+    command = [*PLAIT_MCP, str(HERE / "served_programs.py:ALL"), "--transport", "http",
+               "--port", str(port)]  # fmt: skip
+    with http_process(command, port) as url:
+        async with Client(url) as client:
+            await check_served_tools(client)
+
+
+async def test_a_served_predict_takes_its_signature_inputs_and_uses_the_resources() -> None:
+    async with ScriptedServer(responder=lambda body: '{"answer": "Paris"}') as llm:
+        resources = ResourceConfig({"*": llm.endpoint(max_retries=0)})
+        mcp_server = server(answerer(), resources)
+        async with Client(mcp_server.sdk_server) as client:
+            (info,) = (await client.list_tools()).tools
+            assert info.name == "Predict"
+            assert info.input_schema["required"] == ["question"]
+            result = await client.call_tool("Predict", {"question": "Capital of France?"})
+    assert not result.is_error
+    assert result.structured_content == {"answer": "Paris"}
+    assert "Capital of France?" in json.dumps(llm.stats.log[0].body)
+
+
+def test_plait_mcp_names_a_bad_program_on_one_line() -> None:
+    done = subprocess.run(
+        [*PLAIT_MCP, "served_programs.py:Nothing"],
+        cwd=HERE,
+        env={**os.environ, "PYTHONPATH": SRC},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("plait: error: program 'served_programs.py:Nothing': ")
+    assert "has no 'Nothing'" in line
