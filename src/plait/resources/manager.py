@@ -37,7 +37,13 @@ from plait import _context
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk, Usage, message_to_dict
 from plait.callbacks import ReportedCall, active_callbacks
-from plait.errors import BackendError, BackendTimeout, BudgetExceededError, ConfigError
+from plait.errors import (
+    BackendError,
+    BackendTimeout,
+    BudgetExceededError,
+    ConfigError,
+    MediaError,
+)
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
 from plait.resources.retry import RetryPolicy, exhausted
@@ -417,6 +423,9 @@ class ResourceManager:
                 error.__cause__ = exc
             except BackendError as exc:
                 error = exc
+            except MediaError as exc:  # the endpoint cannot take an input: say which alias
+                route.endpoint.limiter.release(reserved, 0)
+                raise MediaError(f"alias {route.alias!r}: {exc}") from None
             except BaseException:
                 route.endpoint.limiter.release(reserved, 0)
                 raise
@@ -531,6 +540,9 @@ class ResourceManager:
                 error.__cause__ = exc
             except BackendError as exc:
                 error = exc
+            except MediaError as exc:
+                endpoint.limiter.release(reserved, 0)
+                raise MediaError(f"alias {alias!r}: {exc}") from None
             except BaseException:
                 endpoint.limiter.release(reserved, 0)
                 raise
