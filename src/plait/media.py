@@ -88,8 +88,19 @@ def _size(count: int) -> str:
     return f"{count} B"
 
 
+class _Content:
+    """Holds the bytes outside the dataclass fields.
+
+    Anything that serialises a dataclass by its fields (pydantic for reports,
+    run rows and input hashes; ``dataclasses.asdict``) then sees the media
+    type, URL and hash, never the bytes.
+    """
+
+    __slots__ = ("_data",)
+
+
 @dataclass(frozen=True, slots=True, repr=False, init=False)
-class Media:
+class Media(_Content):
     """What `Image`, `Audio` and `File` share: bytes (or a URL), media type and hash.
 
     Equal items are equal by content: the same bytes read from two paths are
@@ -101,8 +112,6 @@ class Media:
     accepts: ClassVar[str] = ""
     """The formats this kind takes, for error messages."""
 
-    data: bytes | None = field(compare=False)
-    """The content; None for a URL the provider fetches."""
     media_type: str | None
     """The MIME type read from the bytes (``image/png``); for a URL, the one given, if any."""
     url: str | None
@@ -147,14 +156,14 @@ class Media:
                 f"{type(self).__name__} from {origin} is {_size(len(data))}, over the cap of "
                 f"{_size(cap)} per item; shrink it, or pass max_bytes= to allow more"
             )
-        object.__setattr__(self, "data", data)
+        object.__setattr__(self, "_data", data)
         object.__setattr__(self, "media_type", self._detect(data, origin, media_type))
         object.__setattr__(self, "url", None)
         object.__setattr__(self, "sha256", hashlib.sha256(data).hexdigest())
         object.__setattr__(self, "name", name)
 
     def _set_url(self, url: str, media_type: str | None, name: str | None) -> None:
-        object.__setattr__(self, "data", None)
+        object.__setattr__(self, "_data", None)
         object.__setattr__(self, "media_type", media_type)
         object.__setattr__(self, "url", url)
         object.__setattr__(self, "sha256", hashlib.sha256(url.encode()).hexdigest())
@@ -173,6 +182,11 @@ class Media:
     @staticmethod
     def _sniff(data: bytes) -> str | None:  # pragma: no cover - each kind defines it
         raise NotImplementedError
+
+    @property
+    def data(self) -> bytes | None:
+        """The content; None for a URL the provider fetches."""
+        return self._data
 
     @property
     def size(self) -> int | None:
@@ -222,7 +236,7 @@ class Media:
 
     def _state(self) -> dict[str, Any]:
         return {
-            "data": self.data,
+            "_data": self._data,
             "media_type": self.media_type,
             "url": self.url,
             "sha256": self.sha256,
