@@ -142,7 +142,8 @@ def _content_part(part: Part, role: str) -> dict[str, Any]:
             "input_audio": {"data": part.base64(), "format": part.format},
         }
     if isinstance(part, File):
-        return {"type": "file", "file": {"filename": part.filename, "file_data": part.data_uri()}}
+        data = f"data:{part.media_type};base64,{part.base64()}"  # the API takes no file URL
+        return {"type": "file", "file": {"filename": part.filename, "file_data": data}}
     raise MediaError(f"{part!r} is not an input the chat-completions API takes")
 
 
