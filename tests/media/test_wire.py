@@ -196,7 +196,7 @@ async def test_anthropic_passes_images_inside_a_tool_result(anthropic):
 
 async def test_anthropic_refuses_audio_before_sending(anthropic):
     backend, stub = anthropic
-    with pytest.raises(MediaError, match="takes images and documents .* not audio"):
+    with pytest.raises(MediaError, match=r"takes images and documents .* not audio"):
         await backend.complete(Request(messages=(Message("user", ["hear", Audio(WAV)]),)))
     with pytest.raises(MediaError, match="system prompt is text only"):
         await backend.complete(Request(messages=(Message("system", ["x", Image(PNG)]),)))
