@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from plait.execution import BatchResult, ExecutionSettings, run
     from plait.history import History
+    from plait.media import Audio, File, Image
     from plait.modules import (
         BestOfN,
         ChainOfThought,
@@ -85,6 +86,9 @@ _LAZY = {
     "ResourceConfig": "plait.resources",
     "ResourceManager": "plait.resources",
     "History": "plait.history",
+    "Audio": "plait.media",
+    "File": "plait.media",
+    "Image": "plait.media",
     "Tool": "plait.tools",
     "tool": "plait.tools",
     "BestOfN": "plait.modules",
@@ -137,6 +141,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "Audio",
     "BackwardContext",
     "BackwardResult",
     "BaseCallback",
@@ -150,8 +155,10 @@ __all__ = [
     "ExecutionError",
     "ExecutionSettings",
     "Feedback",
+    "File",
     "History",
     "HumanFeedbackLoss",
+    "Image",
     "InputField",
     "LLMInference",
     "LLMJudge",

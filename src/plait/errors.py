@@ -19,6 +19,9 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
     ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
     │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
+    ├── MediaError            an Image, Audio or File input cannot be used: unreadable,
+    │                         over its size cap, of the wrong format, or not sendable to the
+    │                         provider (also ValueError)
     ├── FileError             a file plait writes (or reads back) is a symbolic link, not a
     │                         regular file, or unusable; names the path (also OSError)
     ├── ResumeRefusedError    a resume state was changed, forged, replayed, made by another
@@ -66,6 +69,7 @@ __all__ = [
     "ExecutionInterrupt",
     "FileError",
     "MCPError",
+    "MediaError",
     "PlaitError",
     "RateLimitError",
     "ResumeRefusedError",
@@ -203,6 +207,16 @@ class FileError(PlaitError, OSError):
     written, or whose contents are not what plait wrote there (too large, not JSON, nested
     too deeply). The message names the path and what to do. It is also an `OSError`, as the
     failed ``open`` it replaces was.
+    """
+
+
+class MediaError(PlaitError, ValueError):
+    """An `Image`, `Audio` or `File` input cannot be used.
+
+    Raised when one is built (the path cannot be read, the item is over its
+    size cap, the bytes are not of the kind's formats) and when a call cannot
+    carry it (a provider or model that takes no such input, a URL where the
+    provider needs the bytes). The message names the input and what to do.
     """
 
 

@@ -8,12 +8,15 @@ cache key and shared between concurrent calls without copying.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from plait.media import Media
+
 __all__ = [
     "Message",
+    "Part",
     "Request",
     "Response",
     "ResponseSchema",
@@ -28,6 +31,9 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+Part = str | Media
+"""One piece of a turn: text, or an `Image`, `Audio` or `File` (plait.media)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,18 +50,48 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """One turn of a conversation."""
+    """One turn of a conversation.
+
+    A turn that shows the model images, audio or documents is built from
+    parts, in the order the model should see them::
+
+        Message("user", ["What is the total of this invoice?", Image("invoice.png")])
+
+    The list is kept in `parts`, and `content` holds the text of the parts
+    joined, so code that reads only text keeps working. A text-only turn has
+    no parts.
+    """
 
     role: Role
     """Who speaks: ``system``, ``user``, ``assistant`` or ``tool``."""
     content: str = ""
-    """The text of the turn."""
+    """The text of the turn (for a turn with parts, their text joined by blank lines)."""
     tool_calls: tuple[ToolCall, ...] = ()
     """Calls an assistant turn made (empty for other roles)."""
     tool_call_id: str | None = None
     """For a ``tool`` turn: the id of the call it answers."""
     name: str | None = None
     """For a ``tool`` turn: the tool's name (some providers require it)."""
+    parts: tuple[Part, ...] = ()
+    """Text and media in order, when the turn holds media; empty for a text-only turn."""
+
+    def __post_init__(self) -> None:
+        if type(self.content) is not str:  # a list of parts given as the content
+            object.__setattr__(self, "parts", _parts_of(self.content))
+            object.__setattr__(self, "content", "")
+        if self.parts:
+            parts = self.parts if type(self.parts) is tuple else _parts_of(self.parts)
+            if not self.content:
+                text = [part for part in parts if isinstance(part, str)]
+                object.__setattr__(self, "content", "\n\n".join(text))
+            if not any(isinstance(part, Media) for part in parts):
+                parts = ()  # text alone is plain content
+            object.__setattr__(self, "parts", parts)
+
+    @property
+    def media(self) -> tuple[Media, ...]:
+        """The images, audio and documents of the turn, in order."""
+        return tuple(part for part in self.parts if isinstance(part, Media))
 
     # A message also reads as its OpenAI-style dict (code that keeps conversations
     # as such dicts keeps working): message["role"], message.get("tool_calls"), dict(message), and
@@ -82,10 +118,33 @@ class Message:
                 and self.tool_calls == other.tool_calls
                 and self.tool_call_id == other.tool_call_id
                 and self.name == other.name
+                and self.parts == other.parts
             )
         if isinstance(other, Mapping):
             return message_to_dict(self) == dict(other)
         return NotImplemented
+
+
+def _parts_of(content: Any) -> tuple[Part, ...]:
+    """Returns the parts of a list of text and media (text parts may be OpenAI dicts)."""
+    if isinstance(content, Media):
+        return (content,)
+    if not isinstance(content, Sequence) or isinstance(content, bytes):
+        raise TypeError(
+            f"a message's content is text or a list of text and media, not {type(content).__name__}"
+        )
+    parts: list[Part] = []
+    for index, part in enumerate(content):
+        if isinstance(part, str | Media):
+            parts.append(part)
+        elif isinstance(part, Mapping) and part.get("type") == "text":
+            parts.append(str(part.get("text", "")))
+        else:
+            raise TypeError(
+                f"part {index} of a message is {type(part).__name__}; expected text, "
+                "an Image, Audio or File, or {'type': 'text', 'text': ...}"
+            )
+    return tuple(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +275,18 @@ _ROLES = ("system", "user", "assistant", "tool")
 
 
 def message_to_dict(message: Message) -> dict[str, Any]:
-    """Returns a message as an OpenAI-style dict with only the parts that are set."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    """Returns a message as an OpenAI-style dict with only the parts that are set.
+
+    A turn with media has as content a list of ``{"type": "text", "text": ...}``
+    parts and the media values themselves (each provider spells those its own way).
+    """
+    content: Any = message.content
+    if message.parts:
+        content = [
+            {"type": "text", "text": part} if isinstance(part, str) else part
+            for part in message.parts
+        ]
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
         out["tool_calls"] = [
             {
@@ -253,7 +322,8 @@ def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Messag
     """Returns the `Message` an OpenAI-style dict describes (the inverse of `message_to_dict`).
 
     Content may be text, None (a turn that only called tools) or a list of
-    text parts (``[{"type": "text", "text": ...}]``); tool calls may be nested
+    text parts (``[{"type": "text", "text": ...}]``) and media values
+    (`plait.Image`, `Audio`, `File`); tool calls may be nested
     (``{"function": {"name", "arguments"}}``) or flat (``{"name", "arguments"}``).
 
     Raises:
@@ -267,9 +337,16 @@ def message_from_dict(item: Mapping[str, Any], where: str = "message") -> Messag
         tool_call_from_dict(call, f"{where} tool call {i}")
         for i, call in enumerate(item.get("tool_calls") or ())
     )
+    content = item.get("content")
+    if isinstance(content, list) and any(isinstance(part, Media) for part in content):
+        try:
+            parts = _parts_of(content)
+        except TypeError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        return Message(role, "", tool_calls=calls, parts=parts)
     return Message(
         role,
-        _content_text(item.get("content"), where),
+        _content_text(content, where),
         tool_calls=calls,
         tool_call_id=item.get("tool_call_id"),
         name=item.get("name"),

@@ -1,6 +1,8 @@
 """Checkpoints: finished batch items on disk, so an interrupted batch resumes.
 
-A checkpoint directory holds two files:
+A checkpoint directory holds two files (and ``blobs/``, the bytes of any
+image, audio or document among the outputs, each stored once under its
+SHA-256; see `plait.execution.checkpoint_codec`):
 
 * ``manifest.json`` — which program and which inputs the checkpoint belongs
   to: the program's *identity* (the shape of its graph, every parameter value,
@@ -36,7 +38,7 @@ from typing import IO, Any
 
 from plait import _files
 from plait import _jsontext as jsontext
-from plait.execution.checkpoint_codec import CheckpointError, OutputCodec
+from plait.execution.checkpoint_codec import CheckpointError, MediaBlobs, OutputCodec
 
 __all__ = [
     "Checkpoint",
@@ -49,6 +51,7 @@ __all__ = [
 
 _MANIFEST = "manifest.json"
 _ITEMS = "items.jsonl"
+_BLOBS = "blobs"
 _FORMAT = 2
 _MAX_LINE = 8 * 1024 * 1024
 """The longest line a checkpoint writes or reads back (bytes, newline included)."""
@@ -232,6 +235,7 @@ class Checkpoint:
         self.directory = Path(directory)
         self.identity = identity
         self.codec = codec
+        codec.blobs = MediaBlobs(self.directory / _BLOBS)
         self.item_hashes = [input_hash(item) for item in inputs]
         self.inputs_hash = hashlib.sha256("".join(self.item_hashes).encode()).hexdigest()
         self.done: dict[int, Any] = {}

@@ -24,26 +24,73 @@ Shapes (JSON)::
     {"dict": {key: shape}}             a dict with non-plain values (only those keys)
     {"type": "module:Qualname"}        a declared model, dataclass or enum, validated back
     {"mapping": "module:Qualname", "items": {key: shape}}   a declared Mapping class
+    {"media": "image" | "audio" | "file"}                   a plait.Image, Audio or File
+
+An image, audio clip or document is plait's own value, so it needs no
+declaration: its line holds the media type, name and SHA-256, and the bytes
+go once into ``blobs/<sha256>`` beside the lines (`MediaBlobs`), never into
+every line as base64. The blob's name is only ever a validated hex digest, so
+a line cannot make plait read a path outside the folder, and the bytes read
+back must hash to that digest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import hashlib
 import types
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from plait.errors import PlaitError
+from plait import _files
+from plait.errors import MediaError, PlaitError
+from plait.media import Audio, File, Image, Media, is_media_key
 
-__all__ = ["CheckpointError", "OutputCodec"]
+__all__ = ["CheckpointError", "MediaBlobs", "OutputCodec"]
+
+_MEDIA_KINDS: dict[str, type[Media]] = {"image": Image, "audio": Audio, "file": File}
+_MAX_BLOB = 1024 * 1024 * 1024
+"""The largest blob read back (1 GiB): past any provider's limit, short of a junk file's size."""
 
 _SCALARS = (str, int, float, bool, type(None))
 
 
 class CheckpointError(PlaitError):
     """A checkpoint directory or file cannot be used: unsafe, unreadable, or not restorable."""
+
+
+class MediaBlobs:
+    """The ``blobs/`` folder of a checkpoint: media bytes stored once, named by their SHA-256."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def put(self, item: Media) -> None:
+        """Stores the bytes of ``item`` unless a blob of that hash is already there."""
+        path = self.directory / item.sha256
+        if path.is_file():
+            return
+        self.directory.mkdir(exist_ok=True)
+        _files.write_atomically(path, item.data or b"", error=CheckpointError)
+
+    def get(self, digest: str) -> bytes:
+        """Returns the bytes stored under ``digest`` (a hex SHA-256), checked against it.
+
+        Raises:
+            ValueError: the blob is missing, too large or changed since it was written.
+        """
+        path = self.directory / digest
+        file = _files.open_for_reading(path, error=CheckpointError)
+        if file is None:
+            raise ValueError(f"its media blob {path} is missing")
+        with file:
+            data = file.read(_MAX_BLOB + 1)
+        if len(data) > _MAX_BLOB or hashlib.sha256(data).hexdigest() != digest:
+            raise ValueError(f"its media blob {path} was changed since it was written")
+        return data
 
 
 class OutputCodec:
@@ -67,6 +114,8 @@ class OutputCodec:
     def __init__(self, declared: Iterable[Any], output_type: Any = None) -> None:
         self._classes: dict[str, type] = {}
         self.output_type = output_type
+        self.blobs: MediaBlobs | None = None
+        """Where media bytes go; None (no checkpoint folder) refuses media outputs."""
         seen: set[int] = set()
         for annotation in (*declared, output_type):
             self._collect(annotation, seen)
@@ -130,6 +179,8 @@ class OutputCodec:
             return data, shape if shape is not None else {"tuple": [None] * len(value)}
         if type(value) is dict:
             return self._encode_dict(value, where)
+        if isinstance(value, Media):
+            return self._encode_media(value, where)
         name = _name_of(type(value))
         if self._classes.get(name) is not type(value):
             raise CheckpointError(_undeclared(value, where, self.class_names))
@@ -160,6 +211,45 @@ class OutputCodec:
                 shapes[key] = shape
         return data, ({"dict": shapes} if shapes else None)
 
+    def _encode_media(self, item: Media, where: str) -> tuple[Any, Any]:
+        data: dict[str, Any] = {
+            "sha256": item.sha256,
+            "media_type": item.media_type,
+            "url": item.url,
+            "name": item.name,
+        }
+        if isinstance(item, Image):
+            data["detail"] = item.detail
+        if item.url is None:
+            if self.blobs is None:
+                raise CheckpointError(f"{where} is {item!r}, and there is no folder for its bytes")
+            self.blobs.put(item)
+        return data, {"media": item.kind}
+
+    def _decode_media(self, data: Any, kind: Any) -> Media:
+        cls = _MEDIA_KINDS.get(kind) if isinstance(kind, str) else None
+        if cls is None or not isinstance(data, dict):
+            raise ValueError(f"malformed media shape {_preview(kind)}")
+        digest, url = data.get("sha256"), data.get("url")
+        options: dict[str, Any] = {"media_type": data.get("media_type"), "name": data.get("name")}
+        if cls is Image:
+            options["detail"] = data.get("detail")
+        if not all(v is None or isinstance(v, str) for v in (*options.values(), url)):
+            raise ValueError(f"a {kind} record holds a field that is not text")
+        if url is not None:
+            source: str | bytes = url
+        elif not is_media_key(digest):
+            raise ValueError(f"a {kind} names the blob {_preview(digest)}, not a hex SHA-256")
+        elif self.blobs is None:
+            raise ValueError(f"a {kind} needs the checkpoint's blobs folder")
+        else:
+            source = self.blobs.get(digest)
+            options["max_bytes"] = len(source)
+        try:
+            return cls(source, **options)
+        except MediaError as exc:
+            raise ValueError(str(exc)) from None
+
     # ------------------------------------------------------------------ decode
     def decode(self, data: Any, shape: Any) -> Any:
         """Returns the output that ``(data, shape)`` stands for.
@@ -179,6 +269,8 @@ class OutputCodec:
             return items if kind == "list" else tuple(items)
         if "dict" in shape:
             return self._decode_dict(data, shape["dict"])
+        if "media" in shape:
+            return self._decode_media(data, shape["media"])
         if "mapping" in shape:
             cls = self._declared(shape["mapping"])
             return cls(self._decode_dict(data, shape.get("items", {})))

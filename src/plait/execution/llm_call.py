@@ -27,6 +27,7 @@ from plait.backends.types import (
 )
 from plait.errors import PlaitError
 from plait.execution.structured import ask_structured, output_type_for
+from plait.media import Media
 from plait.module import LLMInference
 from plait.streaming import FieldStreamer, is_streaming, json_fields, whole_text
 from plait.values import Value, ValueKind
@@ -48,18 +49,24 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
 
     A prompt is text (one user turn), a `Message`, a conversation (a list of
     Messages or ``{"role", "content"}`` dicts), or an object with ``.messages``
-    such as `plait.History`. The module's system prompt goes first, unless the
-    conversation starts with its own system turn.
+    such as `plait.History`. An `Image`, `Audio` or `File`, or a list of text
+    and such media, is one user turn showing them in that order. The module's
+    system prompt goes first, unless the conversation starts with its own
+    system turn.
     """
     head = (Message("system", system),) if system else ()
     if isinstance(prompt, str):
         return (*head, Message("user", prompt))
     if isinstance(prompt, Message):
         return (*head, prompt)
+    if isinstance(prompt, Media):
+        return (*head, Message("user", (prompt,)))
     turns_of = getattr(prompt, "messages", None)
     if turns_of is not None and not isinstance(prompt, Mapping):
         prompt = turns_of
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
+        if any(isinstance(item, Media) for item in prompt):
+            return (*head, Message("user", tuple(prompt)))
         turns = [as_message(turn, f"prompt item {i}") for i, turn in enumerate(prompt)]
         if head and turns and turns[0].role == "system":
             head = ()  # an explicit system turn wins over the module's

@@ -24,6 +24,7 @@ from plait.execution.observe import resolve_callbacks
 from plait.execution.settings import OPTION_NAMES, effective_options, resources_of
 from plait.execution.sync_bridge import run_to_completion
 from plait.execution.tape import Tape
+from plait.media import Media
 from plait.module import Module
 from plait.values import Value
 
@@ -164,12 +165,20 @@ def is_batch(first: Any) -> bool:
 
     A list whose every item is a chat message (a `Message`, or a mapping with a
     ``role``) is one conversation, the input of a single call; a batch of
-    conversations is a list of such lists. Any other list is a batch. An empty
-    list is an empty batch.
+    conversations is a list of such lists. So is a list of text and media
+    (``["What is this?", Image(...)]``, one user turn), while a list of media
+    alone is a batch of them. Any other list is a batch. An empty list is an
+    empty batch.
     """
     if not isinstance(first, list):
         return False
-    return not first or not all(_is_message(item) for item in first)
+    return not first or not (all(_is_message(item) for item in first) or _is_turn(first))
+
+
+def _is_turn(items: list[Any]) -> bool:
+    """Whether ``items`` are the parts of one turn: text and media, some of each."""
+    media = [isinstance(item, Media) for item in items if not isinstance(item, str)]
+    return all(media) and 0 < len(media) < len(items)
 
 
 def _is_message(item: Any) -> bool:

@@ -53,7 +53,7 @@ from typing import Any
 import orjson
 
 from plait import _files
-from plait.backends.types import Request, Response, ToolCall, Usage
+from plait.backends.types import Message, Request, Response, ToolCall, Usage
 from plait.resources.config import EndpointConfig
 
 __all__ = [
@@ -108,13 +108,15 @@ def cache_key(endpoint: EndpointConfig, request: Request) -> str:
     when set, ``rollout_id``. Never credentials, headers, base URLs or
     timeouts. Messages, tools and the schema are serialised field by field
     (orjson encodes the dataclasses whole), so a field added to them later
-    changes the key instead of being ignored.
+    changes the key instead of being ignored. An image, audio clip or document
+    in a message counts by its `Media.key` (kind and SHA-256, computed once
+    when it was built), never by its bytes.
     """
     payload: dict[str, Any] = {
         "format": _KEY_FORMAT,
         "provider": endpoint.provider,
         "model": request.model or endpoint.model,
-        "messages": request.messages,
+        "messages": _keyed_messages(request.messages),
         "options": request.options.as_dict(),
         "tools": request.tools,
         "tool_choice": request.tool_choice,
@@ -130,6 +132,20 @@ def cache_key(endpoint: EndpointConfig, request: Request) -> str:
             payload[name] = value
     canonical = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     return hashlib.sha256(canonical).hexdigest()
+
+
+def _keyed_messages(messages: tuple[Message, ...]) -> Any:
+    """Returns the messages as the key sees them: media by their hash, not their bytes."""
+    if not any(message.parts for message in messages):
+        return messages  # text only: orjson encodes the dataclasses directly
+    return [
+        {name: getattr(message, name) for name in _MESSAGE_FIELDS if name != "parts"}
+        | {"parts": [part if isinstance(part, str) else part.key for part in message.parts]}
+        for message in messages
+    ]
+
+
+_MESSAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Message))
 
 
 # -- values -----------------------------------------------------------------------------

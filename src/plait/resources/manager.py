@@ -55,6 +55,7 @@ from plait.errors import (
     BudgetExceededError,
     CircuitOpenError,
     ConfigError,
+    MediaError,
 )
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig, ResourceConfig
@@ -533,6 +534,9 @@ class ResourceManager:
                 error.__cause__ = exc
             except BackendError as exc:
                 error = exc
+            except MediaError as exc:  # the endpoint cannot take an input: say which alias
+                route.endpoint.limiter.release(reserved, 0)
+                raise MediaError(f"alias {route.alias!r}: {exc}") from None
             except BaseException:
                 route.endpoint.limiter.release(reserved, 0)
                 raise
@@ -692,6 +696,9 @@ class ResourceManager:
                 error.__cause__ = exc
             except BackendError as exc:
                 error = exc
+            except MediaError as exc:
+                endpoint.limiter.release(reserved, 0)
+                raise MediaError(f"alias {alias!r}: {exc}") from None
             except BaseException:
                 endpoint.limiter.release(reserved, 0)
                 raise

@@ -15,6 +15,12 @@ Two ship with plait:
 Both parse with pydantic through the signature's output model and raise
 `StructuredOutputError` naming the field that is wrong, which `Predict` shows
 to the model in its one re-ask.
+
+An input field holding an `Image`, `Audio` or `File` (or a list of them) is
+not written as text: the adapter leaves a slot where its value would stand,
+and the user turn becomes parts, the media in their slots (`with_media`), so
+every adapter words the turn as usual and the backend sends the media in the
+provider's form.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from plait._jsontext import loads
 from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
+from plait.media import Media
 from plait.signatures.signature import FieldSpec, Signature, type_label
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "PlainAdapter",
     "format_value",
     "validate_outputs",
+    "with_media",
 ]
 
 
@@ -70,10 +78,22 @@ class Adapter(Protocol):
 
 
 # ------------------------------------------------------------------ values
+# Private-use characters around a media item's key mark where it stands in a turn's text.
+_SLOT_OPEN, _SLOT_CLOSE = "\ue000", "\ue001"
+_SLOT = re.compile(f"{_SLOT_OPEN}([^{_SLOT_CLOSE}]*){_SLOT_CLOSE}")
+
+
 def format_value(value: Any) -> str:
-    """Returns how a value is shown to a model: text as is, anything else as compact JSON."""
+    """Returns how a value is shown to a model: text as is, anything else as compact JSON.
+
+    Media (and lists of media) become slots that `with_media` fills with the items.
+    """
     if isinstance(value, str):
         return value
+    if isinstance(value, Media):
+        return f"{_SLOT_OPEN}{value.key}{_SLOT_CLOSE}"
+    if isinstance(value, list | tuple) and value and all(isinstance(v, Media) for v in value):
+        return "\n".join(format_value(item) for item in value)
     if isinstance(value, enum.Enum):
         return format_value(value.value)
     from pydantic_core import to_jsonable_python
@@ -202,6 +222,20 @@ def _without_task(text: str, task: str) -> str:
     return text
 
 
+def with_media(role: Literal["user", "assistant"], text: str, inputs: Mapping[str, Any]) -> Message:
+    """Returns the turn of ``text``, its media slots filled with the media among ``inputs``."""
+    if _SLOT_OPEN not in text:
+        return Message(role, text)
+    media: dict[str, Media] = {}
+    for value in inputs.values():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, Media):
+                media[item.key] = item
+    pieces = _SLOT.split(text)  # text, key, text, key, ..., text
+    parts = [media[piece] if i % 2 else piece for i, piece in enumerate(pieces)]
+    return Message(role, [part for part in parts if part != ""])
+
+
 # --------------------------------------------------------------- base class
 class _MessageAdapter:
     """Shared assembly: system turn, demo pairs, history turns, the inputs turn."""
@@ -219,7 +253,7 @@ class _MessageAdapter:
             if pair is not None:
                 messages.extend(pair)
         messages.extend(m for m in history if m.role != "system")
-        messages.append(Message("user", self.format_inputs(signature, inputs, final=True)))
+        messages.append(with_media("user", self.format_inputs(signature, inputs, True), inputs))
         return tuple(messages)
 
     def _system_turn(self, signature: type[Signature], history: Sequence[Message]) -> str:
@@ -244,7 +278,7 @@ class _MessageAdapter:
             return None  # a demo without an answer teaches nothing
         inputs = {k: demo[k] for k in signature.input_fields if k in demo}
         return (
-            Message("user", self.format_inputs(signature, inputs, final=False)),
+            with_media("user", self.format_inputs(signature, inputs, final=False), inputs),
             Message("assistant", self.format_outputs(signature, outputs)),
         )
 

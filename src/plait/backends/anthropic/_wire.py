@@ -23,7 +23,17 @@ from typing import Any
 
 from plait._jsontext import loads
 from plait.backends._shapes import MalformedReply, expect, kind_of, optional_text, token_count
-from plait.backends.types import Message, Request, Response, StreamChunk, ToolCall, Usage
+from plait.backends.types import (
+    Message,
+    Part,
+    Request,
+    Response,
+    StreamChunk,
+    ToolCall,
+    Usage,
+)
+from plait.errors import MediaError
+from plait.media import File, Image, Media
 
 __all__ = ["StreamAssembler", "WirePlan", "build_body", "read_message"]
 
@@ -141,6 +151,11 @@ def _map_messages(messages: tuple[Message, ...]) -> tuple[str, list[dict[str, An
     turns: list[tuple[str, list[dict[str, Any]]]] = []
     for index, message in enumerate(messages):
         if message.role == "system":
+            if message.parts:
+                raise MediaError(
+                    f"messages[{index}] is a system turn with {message.media[0]!r}; the "
+                    "system prompt is text only: put media in a user turn"
+                )
             # The API has no mid-conversation system turn; every system text joins `system`.
             system.append(message.content)
             continue
@@ -163,21 +178,63 @@ def _map_messages(messages: tuple[Message, ...]) -> tuple[str, list[dict[str, An
 
 def _blocks(message: Message, index: int) -> list[dict[str, Any]]:
     if message.role == "tool":
+        result: Any = message.content
+        if message.parts:  # a tool that returned images: the API takes them inside the result
+            result = [_part_block(part, index) for part in message.parts]
         return [
             {
                 "type": "tool_result",
                 "tool_use_id": message.tool_call_id or "",
-                "content": message.content,
+                "content": result,
             }
         ]
     blocks: list[dict[str, Any]] = []
-    if message.content:
+    if message.parts:
+        if message.role != "user":
+            raise MediaError(
+                f"messages[{index}] is a {message.role} turn with {message.media[0]!r}; "
+                "images and documents go in user turns"
+            )
+        blocks.extend(_part_block(part, index) for part in message.parts)
+    elif message.content:
         blocks.append({"type": "text", "text": message.content})
     for call in message.tool_calls:
         blocks.append(
             {"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call, index)}
         )
     return blocks
+
+
+def _part_block(part: Part, index: int) -> dict[str, Any]:
+    """Returns the content block of one part: text, ``image`` or ``document``.
+
+    Raises:
+        MediaError: audio, which the Messages API does not take.
+    """
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if isinstance(part, Image):
+        return {"type": "image", "source": _source(part)}
+    if isinstance(part, File):
+        block = {"type": "document", "source": _source(part)}
+        if part.name:
+            block["title"] = part.name
+        return block
+    raise MediaError(
+        f"messages[{index}] holds {part!r}; the Anthropic Messages API takes images and "
+        "documents (PDF, text), not audio: transcribe it first, or use a provider that "
+        "takes audio"
+    )
+
+
+def _source(part: Media) -> dict[str, Any]:
+    if part.url is not None:
+        return {"type": "url", "url": part.url}
+    if part.media_type == "application/pdf" or isinstance(part, Image):
+        return {"type": "base64", "media_type": part.media_type, "data": part.base64()}
+    # A text document travels as its text (the API's "plain text" source).
+    assert part.data is not None
+    return {"type": "text", "media_type": "text/plain", "data": part.data.decode("utf-8")}
 
 
 def _input(call: ToolCall, index: int) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from plait.backends.local._prompt import (
     build_plan,
 )
 from plait.backends.types import Request, Response, StreamChunk, ToolCall, Usage
-from plait.errors import BackendError, BackendTimeout, ConfigError
+from plait.errors import BackendError, BackendTimeout, ConfigError, MediaError
 
 if TYPE_CHECKING:
     from plait.backends.local._llama import HookedLlama
@@ -415,6 +415,12 @@ class LocalBackend(Backend):
         return self._slot
 
     def _plan(self, request: Request) -> ChatPlan:
+        for message in request.messages:
+            if message.parts:  # refused before the model is loaded
+                raise MediaError(
+                    f"{self!r} is a text-only model and cannot take {message.media[0]!r}; "
+                    "send images, audio and documents to an endpoint whose model reads them"
+                )
         try:
             return build_plan(request, seed=self._call_seed(request))
         except ValueError as exc:

@@ -28,6 +28,8 @@ import orjson
 
 from plait.backends._shapes import MalformedReply, expect, optional_text, preview, token_count
 from plait.backends.types import (
+    Message,
+    Part,
     Request,
     Response,
     ResponseSchema,
@@ -36,7 +38,8 @@ from plait.backends.types import (
     Usage,
     message_to_dict,
 )
-from plait.errors import BackendError
+from plait.errors import BackendError, MediaError
+from plait.media import Audio, File, Image
 
 __all__ = [
     "GENERIC",
@@ -80,7 +83,7 @@ def build_body(
     """
     body: dict[str, Any] = {
         "model": request.model or default_model,
-        "messages": [message_to_dict(m) for m in request.messages],
+        "messages": [_message_body(m) for m in request.messages],
     }
     options = request.options.as_dict()
     if options:
@@ -107,6 +110,41 @@ def build_body(
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def _message_body(message: Message) -> dict[str, Any]:
+    out = message_to_dict(message)
+    if message.parts:
+        out["content"] = [_content_part(part, message.role) for part in message.parts]
+    return out
+
+
+def _content_part(part: Part, role: str) -> dict[str, Any]:
+    """Returns one chat-completions content part: text, ``image_url``, ``input_audio`` or ``file``.
+
+    Raises:
+        MediaError: the part cannot be sent in this API: media in a turn that
+            is not the user's, or audio or a document given as a URL (the API
+            takes those only as data).
+    """
+    if isinstance(part, str):
+        return {"type": "text", "text": part}
+    if role != "user":
+        raise MediaError(f"{part!r} is in a {role} turn; images, audio and files go in user turns")
+    if isinstance(part, Image):
+        image: dict[str, Any] = {"url": part.data_uri()}
+        if part.detail is not None:
+            image["detail"] = part.detail
+        return {"type": "image_url", "image_url": image}
+    if isinstance(part, Audio):
+        return {
+            "type": "input_audio",
+            "input_audio": {"data": part.base64(), "format": part.format},
+        }
+    if isinstance(part, File):
+        data = f"data:{part.media_type};base64,{part.base64()}"  # the API takes no file URL
+        return {"type": "file", "file": {"filename": part.filename, "file_data": data}}
+    raise MediaError(f"{part!r} is not an input the chat-completions API takes")
 
 
 def _map_tool_choice(choice: str) -> Any:
