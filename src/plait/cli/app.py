@@ -712,6 +712,12 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     help="Processes; each opens its own resources (limits hold per worker).",
 )
 @click.option(
+    "--ray-replicas",
+    type=click.IntRange(min=1),
+    help="Serve from N Ray Serve replicas (a local Ray, or RAY_ADDRESS's cluster); "
+    "endpoint limits hold across all of them.",
+)
+@click.option(
     "--grace",
     type=click.FloatRange(min=0, min_open=True),
     default=30.0,
@@ -769,8 +775,8 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     help="Seconds one request may run (504 beyond).",
 )
 def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: str, port: int,
-                  workers: int, api_key_envs: tuple[str, ...], api_key_files: tuple[Path, ...],
-                  **options: Any) -> None:  # fmt: skip
+                  workers: int, ray_replicas: int | None, api_key_envs: tuple[str, ...],
+                  api_key_files: tuple[Path, ...], **options: Any) -> None:  # fmt: skip
     """Serve PROGRAM(s) over HTTP: typed runs, SSE, OpenAI-compatible chat, metrics.
 
     Each PROGRAM is pkg.module:Name or file.py:Name, served under its name, or
@@ -786,6 +792,8 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             api_keys=tuple(keys), cors_origins=tuple(options.pop("cors_origins")), **options
         )
         check_exposure(host, serve_options)
+        if ray_replicas is not None and workers > 1:
+            _fail("--ray-replicas and --workers both run copies of the server; choose one")
         if workers > 1:
             from plait.serve.server import serve_workers
 
@@ -800,10 +808,28 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         config = _resources(resources, next(iter(programs.values())))
         for name, program in programs.items():
             _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
+        if ray_replicas is not None:
+            _serve_on_ray(named, config, ray_replicas, host, port, serve_options)
+            return
         from plait.serve import app, serve
 
         served = app(programs, config, **vars(serve_options))
     serve(served, host=host, port=port, options=serve_options)
+
+
+def _serve_on_ray(
+    named: list[tuple[str, str]],
+    config: Any,
+    replicas: int,
+    host: str,
+    port: int,
+    options: Any,
+) -> None:
+    """Serves the programs from Ray Serve replicas (each loads them) until SIGTERM/Ctrl-C."""
+    from plait.serve.ray_serve import programs_loader, run
+
+    loader = programs_loader(named)
+    run(loader, config, replicas=replicas, host=host, port=port, blocking=True, **vars(options))
 
 
 def _served_name(spec: str) -> tuple[str, str]:

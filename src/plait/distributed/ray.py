@@ -39,7 +39,15 @@ from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import Limiter
 
-__all__ = ["EndpointLimits", "PlaitMapper", "RemoteLimiter", "map_dataset"]
+__all__ = [
+    "EndpointLimits",
+    "PlaitMapper",
+    "RemoteLimiter",
+    "build_config",
+    "cluster_limiters",
+    "config_spec",
+    "map_dataset",
+]
 
 Limits = str
 """``"cluster"`` (one actor per endpoint), ``"shares"`` or ``"local"``."""
@@ -218,8 +226,13 @@ class RemoteLimiter:
     paused_for = property(lambda self: 0.0)
 
 
-def _config_mapping(resources: Any) -> dict[str, Any] | str:
-    """Returns what a worker rebuilds the configuration from: a mapping, or a file path."""
+def config_spec(resources: Any) -> dict[str, Any] | str:
+    """Returns what a worker rebuilds the configuration from: a mapping, or a file path.
+
+    Raises:
+        TypeError: a `ResourceConfig` built in code (it has no file to read again), or
+            something that is neither a mapping nor a path.
+    """
     if isinstance(resources, str | os.PathLike):
         return str(Path(resources).resolve())
     if isinstance(resources, ResourceConfig):
@@ -238,7 +251,8 @@ def _config_mapping(resources: Any) -> dict[str, Any] | str:
     )
 
 
-def _build_config(spec: dict[str, Any] | str) -> ResourceConfig:
+def build_config(spec: dict[str, Any] | str) -> ResourceConfig:
+    """Returns the configuration a worker rebuilds from `config_spec`'s answer."""
     return ResourceConfig.from_file(spec) if isinstance(spec, str) else ResourceConfig(spec)
 
 
@@ -246,18 +260,30 @@ def _actor_name(namespace: str, endpoint: str) -> str:
     return f"plait-limits:{namespace}:{endpoint}"
 
 
-def endpoint_actor(namespace: str, config: EndpointConfig) -> Any:
-    """Returns the limits actor of an endpoint, creating it on first use (any worker may)."""
+def endpoint_actor(namespace: str, config: EndpointConfig, lifetime: str | None = None) -> Any:
+    """Returns the limits actor of an endpoint, creating it on first use (any worker may).
+
+    Args:
+        lifetime: Ray's actor lifetime: None ties the actor to the worker that created
+            it (it goes with the job); ``"detached"`` keeps it while the cluster runs, for
+            workers that come and go, such as Ray Serve replicas.
+    """
     return EndpointLimits.options(
-        name=_actor_name(namespace, config.name), get_if_exists=True, lifetime=None
+        name=_actor_name(namespace, config.name), get_if_exists=True, lifetime=lifetime
     ).remote(config.max_concurrent, config.rpm, config.tpm)
+
+
+def cluster_limiters(namespace: str, lifetime: str | None = None) -> Callable:
+    """Returns a ``limiter_factory`` for `ResourceManager` whose limiters ask the endpoint
+    actors of ``namespace``, so each endpoint's limits hold across every worker using it."""
+    return lambda config: RemoteLimiter(endpoint_actor(namespace, config, lifetime), config)
 
 
 def _limiter_factory(limits: Limits, namespace: str, workers: int) -> Callable | None:
     if limits == "local":
         return None
     if limits == "cluster":
-        return lambda config: RemoteLimiter(endpoint_actor(namespace, config), config)
+        return cluster_limiters(namespace)
     if limits == "shares":
 
         def share(config: EndpointConfig) -> Limiter:
@@ -315,7 +341,7 @@ class PlaitMapper:
         self.program = program if isinstance(program, Module) else program()
         self.program.eval()
         self.mapper = RowMapper(self.program, columns)
-        self.config = _build_config(resources)
+        self.config = build_config(resources)
         self.max_concurrent = max_concurrent
         self._factory = _limiter_factory(limits, namespace, workers)
         self._loop = asyncio.new_event_loop()
@@ -416,7 +442,7 @@ def map_dataset(
         PlaitMapper,
         fn_constructor_kwargs={
             "program": program,
-            "resources": _config_mapping(resources),
+            "resources": config_spec(resources),
             "limits": limits,
             "workers": concurrency,
             "namespace": namespace,

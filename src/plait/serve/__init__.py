@@ -18,7 +18,8 @@ Layout: ``programs.py`` (request and response schemas from what a program declar
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
 access log, API keys, body limit), ``metrics.py`` (Prometheus), ``responses.py`` (answers
 cancelled when their client leaves), ``errors.py`` (JSON errors, error ids), ``options.py``,
-``server.py`` (uvicorn, draining on SIGTERM).
+``server.py`` (uvicorn, draining on SIGTERM), ``ray_serve.py`` (the same app as Ray Serve
+replicas whose endpoint limits hold across the cluster; the ``serve-ray`` extra).
 
 Nothing here is imported by ``import plait``; ``import plait.serve`` itself stays light
 until `app` or `serve` is used.

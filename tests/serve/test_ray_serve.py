@@ -1,0 +1,121 @@
+"""The served app on Ray Serve: two replicas on a local Ray, clients through Serve's proxy.
+
+The scripted upstream counts what reached it, so its peak is the test of whether the
+endpoint's ``max_concurrent`` held across both replicas' processes; the program answers
+with its process id, which tells which replica served each request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from plait.errors import ConfigError
+from plait.testing import ScriptedServer, server_in_thread
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+
+from ray import serve  # noqa: E402
+
+from plait.serve.ray_serve import deployment, run  # noqa: E402
+from serve.ray_programs import WhoAnswers  # noqa: E402
+from serve.support import sse_events, upstream  # noqa: E402
+
+TESTS = Path(__file__).resolve().parents[1]
+LIMIT = 3
+
+
+@pytest.fixture(scope="module")
+def upstream_server() -> Iterator[ScriptedServer]:
+    with server_in_thread(latency=0.05) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def served(upstream_server: ScriptedServer) -> Iterator[str]:
+    """Two replicas of the app on a local Ray; yields the base URL of Serve's proxy."""
+    path = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    port = _free_port()
+    try:
+        run(
+            {"who": WhoAnswers()},
+            upstream(upstream_server, max_concurrent=LIMIT),
+            replicas=2,
+            port=port,
+            ray_options={"ray_actor_options": {"num_cpus": 0}},
+        )
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=len(bodies))
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        return await asyncio.gather(*(client.post(url, json=body) for body in bodies))
+
+
+def test_two_replicas_keep_the_endpoint_limit_and_both_serve(served, upstream_server):
+    upstream_server.stats.reset()
+    bodies = [{"text": f"q{i}"} for i in range(120)]
+
+    answers = asyncio.run(_post_all(f"{served}/programs/who/run", bodies))
+
+    assert [a.status_code for a in answers] == [200] * len(bodies)
+    outputs = [a.json()["output"] for a in answers]
+    assert [o["reply"] for o in outputs] == [f"echo: q{i}" for i in range(len(bodies))]
+    assert len({o["pid"] for o in outputs}) == 2, "both replicas serve requests"
+    assert upstream_server.stats.requests == len(bodies)
+    assert 1 <= upstream_server.stats.peak_concurrency <= LIMIT
+
+
+def test_events_and_the_openai_route_pass_through_the_proxy(served):
+    async def both() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            streamed = await client.post(
+                f"{served}/programs/who/run?stream=true", json={"text": "hello"}
+            )
+            chat = await client.post(
+                f"{served}/v1/chat/completions",
+                json={"model": "who", "messages": [{"role": "user", "content": "hi there"}]},
+            )
+            return streamed, chat
+
+    streamed, chat = asyncio.run(both())
+
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    name, data = sse_events(streamed.text)[-1]
+    assert name == "output" and data["output"]["reply"] == "echo: hello"
+    assert chat.status_code == 200
+    content = json.loads(chat.json()["choices"][0]["message"]["content"])
+    assert content["reply"] == "echo: hi there"
+
+
+def test_resources_built_in_code_are_refused_with_what_to_pass_instead():
+    from plait.resources import ResourceConfig
+
+    built = ResourceConfig({"*": {"provider": "openai", "model": "m", "api_key": "k"}})
+
+    with pytest.raises(ConfigError, match=r"cannot get these resources.*ResourceConfig\.from_file"):
+        deployment(WhoAnswers(), built)
