@@ -121,7 +121,16 @@ def stall_after_some_items(base_url: str, checkpoint: Path, child: Child) -> int
         finished = len(checkpoint_indices(checkpoint))
         return stats["in_flight"] == MAX_CONCURRENT and finished == len(answered_texts(base_url))
 
-    wait_until(stalled, "stall with every slot hanging", child)
+    def stalled_for_good() -> bool:
+        # A request sent just before the fault was set still gets its ordinary
+        # answer (0.2 s): the stall holds only once it lasts longer than that.
+        if not stalled():
+            return False
+        before = len(answered_texts(base_url))
+        time.sleep(0.6)
+        return stalled() and len(answered_texts(base_url)) == before
+
+    wait_until(stalled_for_good, "stall with every slot hanging", child)
     return len(answered_texts(base_url))
 
 
