@@ -123,6 +123,10 @@ class ToolResult:
     """The exception the tool raised, for the program (the model only sees ``content``)."""
     call_id: str | None = None
     """The id of the model's tool call this answers, when known."""
+    media: tuple[Any, ...] = ()
+    """Images, audio or documents the value carries (`plait.Image` …): an agent shows them
+    to the model as inputs in the turn after the tool results, since providers take
+    media only in a user's turn."""
 
     def to_message(self) -> Message:
         """Returns the ``tool`` turn that answers the call."""
@@ -350,7 +354,8 @@ class Tool:
         if len(text) > self.max_result_chars:
             cut = len(text) - self.max_result_chars
             text = f"{text[: self.max_result_chars]}\n[... {cut} more characters cut]"
-        return ToolResult(self.name, text, value=value, call_id=call_id)
+        media = self.result_media(value)
+        return ToolResult(self.name, text, value=value, call_id=call_id, media=media)
 
     def validate_arguments(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """Returns (the keyword arguments to call with, None), or ({}, what is wrong).
@@ -367,12 +372,28 @@ class Tool:
         return {name: getattr(model, field) for field, name in self._params.items()}, None
 
     def render_result(self, value: Any) -> str:
-        """Returns a return value as the text the model reads: a string as it is, data as JSON.
+        """Returns a return value as the text the model reads: a string as it is, data as JSON,
+        an image, audio or document as its short description (the model is shown the
+        item itself, `result_media`).
 
         A tool whose values carry their own text for the model (an MCP tool's
         result with images) overrides this.
         """
+        from plait.media import Media
+
+        if isinstance(value, Media):
+            return f"[{value.describe()}]"
         return _render(value)
+
+    def result_media(self, value: Any) -> tuple[Any, ...]:
+        """Returns the images, audio or documents in a return value, to show the model.
+
+        A `plait.Image` (or `Audio`, `File`) returned by the function is one; a
+        tool whose values hold media elsewhere (an MCP tool's result) overrides this.
+        """
+        from plait.media import Media
+
+        return (value,) if isinstance(value, Media) else ()
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
         if self.in_thread and not self._is_async:

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from plait import ConfirmationRequired, Predict, ReAct, ResourceConfig
+from plait import ConfirmationRequired, Image, Predict, ReAct, ResourceConfig, ResumeState
 from plait.errors import MCPError
-from plait.mcp import MCPImage, MCPToolOutput, MCPToolset, WithServers
+from plait.mcp import MCPToolOutput, MCPToolset, WithServers
 from plait.testing import ScriptedServer
 
 from .support import NONSENSE_SERVER, TOOLS_SERVER, free_port, http_process, is_running
@@ -179,7 +179,7 @@ async def test_a_server_that_does_not_start_is_an_mcp_error() -> None:
             pass
 
 
-async def test_images_in_a_result_are_kept_as_bytes(pid_file: Path) -> None:
+async def test_images_in_a_result_are_plait_images(pid_file: Path) -> None:
     async with tools_server(pid_file) as toolset:
         picture = next(tool for tool in toolset if tool.name == "picture")
         output = await picture()
@@ -187,9 +187,61 @@ async def test_images_in_a_result_are_kept_as_bytes(pid_file: Path) -> None:
     assert isinstance(output, MCPToolOutput)
     assert output.text == "a red dot"
     (image,) = output.images
-    assert isinstance(image, MCPImage) and image.mime_type == "image/png"
-    assert image.data.startswith(b"\x89PNG")
-    assert result.content == f"a red dot\n[image: image/png, {len(image.data)} bytes]"
+    assert isinstance(image, Image) and image.media_type == "image/png"
+    assert image.data is not None and image.data.startswith(b"\x89PNG")
+    assert result.content == f"a red dot\n[{image.describe()}]"
+    assert result.media == (image,)
+
+
+async def test_an_image_a_tool_returns_reaches_the_model_as_an_image_input(
+    pid_file: Path,
+) -> None:
+    responder = call_then_answer({"id": "call_pic", "name": "picture", "arguments": {}})
+    async with ScriptedServer(responder=responder) as llm, tools_server(pid_file) as toolset:
+        agent = ReAct("request -> answer", tools=toolset.tools)
+        await agent.bind(ResourceConfig({"*": llm.endpoint(max_retries=0)}))(request="draw")
+
+    after_the_tool = llm.stats.log[1].body["messages"]
+    roles = [message["role"] for message in after_the_tool]
+    assert roles[-2:] == ["tool", "user"]  # the tool's answer, then its image as a user turn
+    parts = after_the_tool[-1]["content"]
+    assert parts[0] == {"type": "text", "text": "The image returned by tool 'picture':"}
+    assert parts[1]["type"] == "image_url"
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
+
+
+async def test_an_image_shown_before_a_pause_is_still_shown_after_the_resume(
+    tmp_path: Path,
+) -> None:
+    steps = [
+        {"tool_calls": [{"id": "call_pic", "name": "picture", "arguments": {}}]},
+        {"tool_calls": [{"id": "call_del", "name": "files_delete", "arguments": {"path": "a"}}]},
+        json.dumps({"answer": "done"}),
+    ]
+
+    def responder(body: dict[str, Any]) -> Any:
+        return steps[len(tool_messages(body))]
+
+    toolset = MCPToolset(
+        TOOLS_SERVER,
+        env={"DELETE_LOG": str(tmp_path / "deleted.txt")},
+        require_confirmation={"files.delete"},
+    )
+    async with ScriptedServer(responder=responder) as llm, toolset:
+        agent = ReAct("request -> answer", tools=toolset.tools)
+        agent.bind(ResourceConfig({"*": llm.endpoint(max_retries=0)}))
+        with pytest.raises(ConfirmationRequired) as paused:
+            await agent(request="draw, then tidy up")
+        stored = ResumeState(paused.value, "yes").to_json()  # kept by the application
+        result = await agent(
+            request="draw, then tidy up", resume_state=ResumeState.from_json(stored)
+        )
+
+    assert result.answer == "done"
+    after_resume = llm.stats.log[-1].body["messages"]
+    shown = [m for m in after_resume if m["role"] == "user" and isinstance(m["content"], list)]
+    (image_turn,) = shown
+    assert image_turn["content"][1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
 
 
 async def test_cancelling_the_user_ends_the_server_process(pid_file: Path) -> None:

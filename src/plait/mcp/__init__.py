@@ -16,7 +16,6 @@ from typing import Any
 
 from plait.mcp.client import (
     DEFAULT_CONNECT_TIMEOUT,
-    MCPImage,
     MCPTool,
     MCPToolOutput,
     MCPToolset,
@@ -25,7 +24,6 @@ from plait.mcp.client import (
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
-    "MCPImage",
     "MCPTool",
     "MCPToolOutput",
     "MCPToolset",

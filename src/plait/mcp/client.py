@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from plait.errors import MCPError
+from plait.errors import MCPError, MediaError
+from plait.media import Image
 from plait.module import Module
 from plait.tools import DEFAULT_TIMEOUT, Tool
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT",
-    "MCPImage",
     "MCPTool",
     "MCPToolOutput",
     "MCPToolset",
@@ -58,20 +58,6 @@ _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 @dataclass(frozen=True, slots=True)
-class MCPImage:
-    """An image a tool returned: its bytes and the MIME type the server gave.
-
-    `MCPToolOutput.images` holds these, ready to be passed on as an image input.
-    """
-
-    data: bytes
-    mime_type: str
-
-    def __repr__(self) -> str:
-        return f"MCPImage({self.mime_type}, {len(self.data)} bytes)"
-
-
-@dataclass(frozen=True, slots=True)
 class MCPToolOutput:
     """What a tool returned when its result carries images.
 
@@ -81,13 +67,13 @@ class MCPToolOutput:
 
     text: str
     """The result's text blocks, joined by newlines."""
-    images: tuple[MCPImage, ...] = ()
-    """The images, in the order the server sent them."""
+    images: tuple[Image, ...] = ()
+    """The images, in the order the server sent them; an agent shows them to the model."""
     structured: Any = None
     """The structured content, when the server sent one."""
 
     def __str__(self) -> str:
-        notes = [f"[image: {image.mime_type}, {len(image.data)} bytes]" for image in self.images]
+        notes = [f"[{image.describe()}]" for image in self.images]
         return "\n".join(part for part in (self.text, *notes) if part)
 
 
@@ -431,6 +417,11 @@ class MCPTool(Tool):
             return str(value)
         return super().render_result(value)
 
+    def result_media(self, value: Any) -> tuple[Any, ...]:
+        if isinstance(value, MCPToolOutput):
+            return value.images
+        return super().result_media(value)
+
     async def _call_server(self, **arguments: Any) -> Any:
         """Sends one ``tools/call`` and returns its output.
 
@@ -570,13 +561,13 @@ def _output_of(result: Any, where: str) -> Any:
     no text (servers usually send both, the text being the content as JSON); or an
     `MCPToolOutput` when it carries images."""
     texts: list[str] = []
-    images: list[MCPImage] = []
+    images: list[Image] = []
     for block in result.content:
         kind = block.type
         if kind == "text":
             texts.append(block.text)
         elif kind == "image":
-            images.append(MCPImage(_decoded(block.data, where), block.mime_type))
+            images.append(_image(_decoded(block.data, where), where))
         elif kind == "audio":
             texts.append(f"[audio: {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
         elif kind == "resource_link":
@@ -593,6 +584,14 @@ def _output_of(result: Any, where: str) -> Any:
     if texts or result.structured_content is None:
         return text
     return result.structured_content  # data with no text rendering of it
+
+
+def _image(data: bytes, where: str) -> Image:
+    """Returns an image a server sent, its format read from its bytes (not the type it named)."""
+    try:
+        return Image(data)
+    except MediaError as exc:
+        raise MCPError(f"{where}: the tool sent an image plait cannot read: {exc}") from None
 
 
 def _decoded(data: str, where: str) -> bytes:

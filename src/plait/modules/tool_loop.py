@@ -260,6 +260,9 @@ class ToolLoop:
             result = turn.results[call.id]
             run.trajectory.append(_step(turn.thought, call, result, run.turn))
             run.messages.append(result.to_message())
+        shown = _media_turn([turn.results[call.id] for call in turn.calls])
+        if shown is not None:
+            run.messages.append(shown)
         run.pending = None
 
     async def _pause(self, run: ToolRun, path: str, pause: ConfirmationRequired) -> None:
@@ -393,7 +396,7 @@ class ToolRun:
         return {
             "module": path,
             "inputs": as_json_data(self.values),
-            "messages": [message_to_dict(m) for m in self.messages],
+            "messages": [_paused_message_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
             "usage": {
@@ -421,10 +424,13 @@ class ToolRun:
                 calls = tuple(
                     ToolCall(c["id"], c["name"], c["arguments"]) for c in pending["calls"]
                 )
-                results = {k: ToolResult(**r) for k, r in pending["results"].items()}
+                results = {
+                    k: ToolResult(**{**r, "media": _media_of(r.get("media", ()))})
+                    for k, r in pending["results"].items()
+                }
                 turn = _Turn(pending["thought"], calls, results)
             return cls(
-                messages=[message_from_dict(m, "paused message") for m in data["messages"]],
+                messages=[_paused_message(m) for m in data["messages"]],
                 first_new=int(data["first_new"]),
                 trajectory=[ReActStep(**step) for step in data["trajectory"]],
                 usage=Usage(**data["usage"]),
@@ -556,4 +562,64 @@ def _result_dict(result: ToolResult) -> dict[str, Any]:
         "ok": result.ok,
         "error": result.error,
         "call_id": result.call_id,
+        "media": [_media_dict(item) for item in result.media],
     }
+
+
+def _media_turn(results: list[ToolResult]) -> Message | None:
+    """The user turn that shows the model the media its tools returned (None without any).
+
+    Providers take images, audio and documents only in a user's turn, so the
+    tool answers name them and this turn, right after, carries them.
+    """
+    parts: list[Any] = []
+    for result in results:
+        if result.media:
+            kinds = {item.kind for item in result.media}
+            what = next(iter(kinds)) if len(kinds) == 1 else "item"
+            what = what if len(result.media) == 1 else f"{what}s"
+            parts.append(f"The {what} returned by tool {result.name!r}:")
+            parts.extend(result.media)
+    return Message("user", tuple(parts)) if parts else None
+
+
+def _media_dict(item: Any) -> dict[str, Any]:
+    """A medium as JSON inside a paused state: its kind and its bytes as a data URI."""
+    return {"type": "media", "kind": item.kind, "uri": item.data_uri()}
+
+
+def _media_of(data: Any) -> tuple[Any, ...]:
+    """The media a paused state holds, read back (their formats read from the bytes again)."""
+    from plait.media import Audio, File, Image
+
+    kinds = {"image": Image, "audio": Audio, "file": File}
+    items = []
+    for item in data:
+        kind = kinds.get(item.get("kind")) if isinstance(item, dict) else None
+        if kind is None or not isinstance(item.get("uri"), str):
+            raise ValueError(f"a paused medium must be {{'kind', 'uri'}}, got {item!r:.80}")
+        items.append(kind(item["uri"]))
+    return tuple(items)
+
+
+def _paused_message_dict(message: Message) -> dict[str, Any]:
+    data = message_to_dict(message)
+    if message.parts:
+        data["content"] = [
+            {"type": "text", "text": part} if isinstance(part, str) else _media_dict(part)
+            for part in message.parts
+        ]
+    return data
+
+
+def _paused_message(data: Any) -> Message:
+    content = data.get("content") if isinstance(data, dict) else None
+    if isinstance(content, list) and any(
+        isinstance(part, dict) and part.get("type") == "media" for part in content
+    ):
+        parts = tuple(
+            _media_of([part])[0] if part.get("type") == "media" else str(part.get("text", ""))
+            for part in content
+        )
+        return Message(str(data.get("role")), parts)
+    return message_from_dict(data, "paused message")
