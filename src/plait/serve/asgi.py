@@ -77,6 +77,10 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     from plait.serve.openai_api import add_openai_routes
 
     add_openai_routes(app, service)
+    if any(program.chat_form is not None for program in served.values()):
+        from plait.serve.page import add_chat_page
+
+        add_chat_page(app)
     # add_middleware puts each in front of the last: LimitBody sits innermost.
     app.add_middleware(LimitBody, max_bytes=options.max_body_bytes)
     if options.api_keys:
@@ -156,7 +160,8 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
             {
                 "name": p.name,
                 "run": f"/programs/{p.name}/run",
-                "chat": p.chat_form is not None,
+                "chat": p.chat_form,
+                "chat_input": next(iter(p.input_model.model_fields)) if p.chat_form else None,
                 "input_schema": p.input_model.model_json_schema(),
             }
             for p in service.programs.values()
