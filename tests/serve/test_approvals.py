@@ -268,3 +268,15 @@ def test_the_store_refuses_planted_links_and_hands_a_run_out_once(tmp_path: Path
         thread.join(60)
     assert [found.inputs for found in got if found is not None] == [{"request": "x"}]
     assert asyncio.run(stores[0].gone("r1")) == "resumed"
+
+
+async def test_a_durable_store_without_an_approval_key_is_told_at_start_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLAIT_APPROVAL_KEY", raising=False)
+    db = str(tmp_path / "pending.sqlite")
+    async with session({"agent": agent(tmp_path / "ran.txt")}, pending_db=db):
+        pass
+    assert any(
+        "cannot be resumed after a restart" in record.getMessage() for record in caplog.records
+    )

@@ -48,11 +48,21 @@ def files(tmp_path: Path, base_url: str) -> tuple[Path, Path]:
 
 def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
     program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    planted = tmp_path / "pending.sqlite"
+    planted.symlink_to(tmp_path / "elsewhere.sqlite")
     cases = [
         ([f"{program}:make", "-r", str(resources), "--host", "0.0.0.0"], "without API keys"),
         ([f"{program}:nothing", "-r", str(resources)], "has no 'nothing'"),
         ([f"{program}:make", "--api-key-env", "PLAIT_TEST_UNSET_KEY"], "PLAIT_TEST_UNSET_KEY"),
         ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml"),
+        (
+            [f"{program}:make", "-r", str(resources), "--approval-key-env", "PLAIT_TEST_UNSET"],
+            "--approval-key-env PLAIT_TEST_UNSET",
+        ),
+        (
+            [f"{program}:make", "-r", str(resources), "--pending-db", str(planted)],
+            "is a symbolic link",
+        ),
     ]
     for args, expected in cases:
         done = subprocess.run(
@@ -63,6 +73,7 @@ def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("plait: error: "), done.stderr
         assert expected in lines[0]
+    assert not (tmp_path / "elsewhere.sqlite").exists()
 
 
 async def test_sigterm_drains_the_runs_in_flight_and_readiness_goes_false(tmp_path: Path) -> None:
