@@ -374,10 +374,10 @@ class RunService:
 
 def _pending_store(options: ServeOptions) -> PendingStore:
     """Returns the store the options name: the file ``pending_db``, or memory."""
-    bounds = {"ttl": options.pending_ttl, "max_state_bytes": options.max_pending_bytes}
+    ttl, size = options.pending_ttl, options.max_pending_bytes
     if options.pending_db is not None:
-        return SQLitePendingStore(options.pending_db, **bounds)
-    return MemoryPendingStore(**bounds)
+        return SQLitePendingStore(options.pending_db, ttl=ttl, max_state_bytes=size)
+    return MemoryPendingStore(ttl=ttl, max_state_bytes=size)
 
 
 def rejected_body(run_id: str, rejected: ConfirmationRejected, usage: UsageMeter) -> dict[str, Any]:
