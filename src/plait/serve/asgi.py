@@ -340,8 +340,8 @@ def _describe(served: ServedProgram) -> str:
     return (
         f"{first}\n\nAnswers the run's output and usage (200), or its pending tool calls when it "
         "waits for a person's approval (202). With `?stream=true` or `Accept: "
-        "text/event-stream`, Server-Sent Events of the run, ending with `output`, `paused` or "
-        "`error`."
+        "text/event-stream`, Server-Sent Events of the run, ending with `output`, `paused`, "
+        "`rejected` or `error`."
     )
 
 
