@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -21,18 +22,41 @@ from plait.testing import ScriptedServer
 @contextlib.asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[str]:
     """Serves ``app`` with uvicorn on 127.0.0.1; yields its base URL; stops it afterwards."""
+    server, thread = _start(app)
+    await until(lambda: server.started or not thread.is_alive(), "uvicorn to start")
+    try:
+        yield _url(server)
+    finally:
+        server.should_exit = True
+        await asyncio.to_thread(thread.join, 60)
+
+
+@contextlib.contextmanager
+def serving_in_thread(app: Any) -> Iterator[str]:
+    """`serving` for a test without an event loop (one driving a browser, say)."""
+    server, thread = _start(app)
+    for _ in range(3000):
+        if server.started or not thread.is_alive():
+            break
+        time.sleep(0.01)
+    try:
+        yield _url(server)
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+def _start(app: Any) -> tuple[uvicorn.Server, threading.Thread]:
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    await until(lambda: server.started or not thread.is_alive(), "uvicorn to start")
+    return server, thread
+
+
+def _url(server: uvicorn.Server) -> str:
     assert server.started, "uvicorn did not start"
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await asyncio.to_thread(thread.join, 60)
+    return f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
 
 
 async def until(condition: Callable[[], bool], what: str, limit: float = 30.0) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -46,11 +48,21 @@ def files(tmp_path: Path, base_url: str) -> tuple[Path, Path]:
 
 def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
     program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    planted = tmp_path / "pending.sqlite"
+    planted.symlink_to(tmp_path / "elsewhere.sqlite")
     cases = [
         ([f"{program}:make", "-r", str(resources), "--host", "0.0.0.0"], "without API keys"),
         ([f"{program}:nothing", "-r", str(resources)], "has no 'nothing'"),
         ([f"{program}:make", "--api-key-env", "PLAIT_TEST_UNSET_KEY"], "PLAIT_TEST_UNSET_KEY"),
         ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml"),
+        (
+            [f"{program}:make", "-r", str(resources), "--approval-key-env", "PLAIT_TEST_UNSET"],
+            "--approval-key-env PLAIT_TEST_UNSET",
+        ),
+        (
+            [f"{program}:make", "-r", str(resources), "--pending-db", str(planted)],
+            "is a symbolic link",
+        ),
     ]
     for args, expected in cases:
         done = subprocess.run(
@@ -61,6 +73,7 @@ def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("plait: error: "), done.stderr
         assert expected in lines[0]
+    assert not (tmp_path / "elsewhere.sqlite").exists()
 
 
 async def test_sigterm_drains_the_runs_in_flight_and_readiness_goes_false(tmp_path: Path) -> None:
@@ -119,3 +132,76 @@ def test_import_plait_and_plait_serve_load_no_web_stack() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=environment(), timeout=60
     )
     assert done.stdout.strip() == "[]", done.stderr
+
+
+AGENT = """
+from plait import ReAct, tool
+
+@tool(require_confirmation=True)
+def delete_file(path: str) -> str:
+    \"\"\"Deletes a file.\"\"\"
+    with open({log!r}, "a") as file:
+        file.write(path + "\\n")
+    return "deleted " + path
+
+def make():
+    return ReAct("request -> reply", tools=[delete_file], max_iters=3)
+"""
+
+
+def call_then_answer(body: dict) -> object:
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        call = {"id": "call_1", "name": "delete_file", "arguments": {"path": "/tmp/x"}}
+        return {"tool_calls": [call]}
+    return json.dumps({"reply": " / ".join(results)})
+
+
+async def test_a_paused_run_survives_a_restart_and_is_resumed_once(tmp_path: Path) -> None:
+    log = tmp_path / "ran.txt"
+    program = tmp_path / "agent.py"
+    program.write_text(AGENT.format(log=str(log)))
+    env = {**environment(), "SERVE_TEST_APPROVAL_KEY": "k" * 40}
+    db = tmp_path / "state" / "pending.sqlite"
+    async with ScriptedServer(responder=call_then_answer) as server:
+        _, resources = files(tmp_path, server.base_url)
+        command = plait_command(
+            "serve", f"agent={program}:make", "-r", str(resources), "--port", "0",
+            "--pending-db", str(db), "--approval-key-env", "SERVE_TEST_APPROVAL_KEY",
+        )  # fmt: skip
+
+        async def start() -> tuple[asyncio.subprocess.Process, str]:
+            process = await asyncio.create_subprocess_exec(
+                *command, env=env, stderr=asyncio.subprocess.PIPE
+            )
+            return process, await _listening_url(process)
+
+        async def stop(process: asyncio.subprocess.Process) -> int:
+            process.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(process.wait(), 60)
+
+        answers = {"answers": {"call_1": "yes"}}
+        async with httpx.AsyncClient(timeout=60) as client:
+            process, url = await start()
+            paused = await client.post(f"{url}/programs/agent/run", json={"request": "clean"})
+            run_id = paused.json()["run_id"]
+            assert await stop(process) == 0
+            kept = sqlite3.connect(db).execute("SELECT * FROM pending_runs").fetchall()
+
+            process, url = await start()  # a new process, the same file and key
+            resume = f"{url}/programs/agent/runs/{run_id}/resume"
+            resumed = await client.post(resume, json=answers)
+            again = await client.post(resume, json=answers)
+            assert await stop(process) == 0
+
+            with sqlite3.connect(db) as restore:  # a backup of the paused run, put back
+                restore.execute("INSERT INTO pending_runs VALUES (?, ?, ?, ?, ?)", kept[0])
+            process, url = await start()
+            replayed = await client.post(f"{url}/programs/agent/runs/{run_id}/resume", json=answers)
+            assert await stop(process) == 0
+    assert paused.status_code == 202, paused.text
+    assert resumed.status_code == 200, resumed.text
+    assert resumed.json()["output"] == {"reply": "deleted /tmp/x"}
+    assert again.status_code == 409
+    assert replayed.status_code == 409 and "already used" in replayed.json()["error"]["message"]
+    assert log.read_text().splitlines() == ["/tmp/x"]

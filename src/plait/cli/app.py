@@ -689,6 +689,15 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     click.echo(f"wrote {output_path}", err=True)
 
 
+PENDING_DB_NAME = "plait-pending.sqlite"
+
+
+def _default_pending_db(resources: Path | None) -> Path:
+    """Returns where paused runs are kept unless ``--pending-db`` says: beside the resources
+    file (a deployment's own directory), else in the current directory."""
+    return (resources.parent if resources is not None else Path()) / PENDING_DB_NAME
+
+
 @cli.command("serve", epilog=_RESOURCES_HELP)
 @click.argument("program_specs", metavar="PROGRAM...", nargs=-1, required=True)
 @click.option(
@@ -774,14 +783,43 @@ def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -
     show_default=True,
     help="Seconds one request may run (504 beyond).",
 )
+@click.option(
+    "--pending-db",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="SQLite file of runs waiting for approval and of used approvals "
+    f"[default: {PENDING_DB_NAME} beside --resources, else in the current directory].",
+)
+@click.option(
+    "--pending-ttl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=86_400.0,
+    show_default=True,
+    help="Seconds a paused run waits for its answer (410 beyond).",
+)
+@click.option(
+    "--max-pending-bytes",
+    type=click.IntRange(min=1),
+    default=4 * 1_048_576,
+    show_default=True,
+    help="Largest stored state of one paused run (507 beyond).",
+)
+@click.option(
+    "--approval-key-env",
+    metavar="NAME",
+    help="Environment variable holding the approval key (32+ bytes) that seals pauses, so "
+    "paused runs can be resumed after a restart [default: PLAIT_APPROVAL_KEY].",
+)
 def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: str, port: int,
                   workers: int, ray_replicas: int | None, api_key_envs: tuple[str, ...],
-                  api_key_files: tuple[Path, ...], **options: Any) -> None:  # fmt: skip
-    """Serve PROGRAM(s) over HTTP: typed runs, SSE, OpenAI-compatible chat, metrics.
+                  api_key_files: tuple[Path, ...], pending_db: Path | None,
+                  **options: Any) -> None:  # fmt: skip
+    """Serve PROGRAM(s) over HTTP: typed runs, SSE, OpenAI-compatible chat, approvals, a
+    chat page, metrics.
 
     Each PROGRAM is pkg.module:Name or file.py:Name, served under its name, or
-    NAME=PROGRAM to choose the name. Routes: POST /programs/NAME/run,
-    POST /v1/chat/completions, GET /openapi.json, /healthz, /readyz, /metrics.
+    NAME=PROGRAM to choose the name. Routes: GET / (the chat page), POST /programs/NAME/run,
+    POST /programs/NAME/runs/ID/resume, POST /v1/chat/completions, GET /openapi.json,
+    /healthz, /readyz, /metrics.
     """
     from plait.serve.options import ServeOptions, check_exposure, read_api_keys
 
@@ -789,7 +827,10 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         named = [_served_name(spec) for spec in program_specs]
         keys = read_api_keys(api_key_envs, api_key_files)
         serve_options = ServeOptions(
-            api_keys=tuple(keys), cors_origins=tuple(options.pop("cors_origins")), **options
+            api_keys=tuple(keys),
+            cors_origins=tuple(options.pop("cors_origins")),
+            pending_db=str(pending_db or _default_pending_db(resources)),
+            **options,
         )
         check_exposure(host, serve_options)
         if ray_replicas is not None and workers > 1:
@@ -813,7 +854,10 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             return
         from plait.serve import app, serve
 
-        served = app(programs, config, **vars(serve_options))
+        try:
+            served = app(programs, config, **vars(serve_options))
+        except FileError as exc:  # the pending runs file is a link, or not a store
+            _fail(str(exc))
     serve(served, host=host, port=port, options=serve_options)
 
 

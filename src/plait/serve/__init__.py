@@ -12,8 +12,9 @@ sharing one `ResourceManager`, so endpoint limits, cache, retries and budgets ho
 every request. The routes, JSON shapes and options are in ``docs/serving.md``.
 
 Layout: ``programs.py`` (request and response schemas from what a program declares),
-``runs.py`` (the shared resources, admission, per-request usage, pauses), ``pending.py``
-(where paused runs wait: the `PendingStore` interface and its in-memory store),
+``runs.py`` (the shared resources, admission, per-request usage, pauses and their resumes),
+``pending.py`` (where paused runs wait: the `PendingStore` interface, its SQLite and
+in-memory stores), ``page.py`` (the browser chat page at ``/``),
 ``events.py`` (stream events as SSE), ``asgi.py`` (the app and its typed routes),
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
 access log, API keys, body limit), ``metrics.py`` (Prometheus), ``responses.py`` (answers
@@ -35,13 +36,19 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from plait.serve.options import ServeOptions
-    from plait.serve.pending import MemoryPendingStore, PendingRun, PendingStore
+    from plait.serve.pending import (
+        MemoryPendingStore,
+        PendingRun,
+        PendingStore,
+        SQLitePendingStore,
+    )
     from plait.serve.server import serve
 
 __all__ = [
     "MemoryPendingStore",
     "PendingRun",
     "PendingStore",
+    "SQLitePendingStore",
     "ServeOptions",
     "app",
     "serve",
@@ -51,6 +58,7 @@ _HOMES = {
     "MemoryPendingStore": "plait.serve.pending",
     "PendingRun": "plait.serve.pending",
     "PendingStore": "plait.serve.pending",
+    "SQLitePendingStore": "plait.serve.pending",
     "ServeOptions": "plait.serve.options",
     "serve": "plait.serve.server",
 }

@@ -2,9 +2,9 @@
 
 Routes: ``POST /programs/{name}/run`` (one per program, typed; ``?stream=true`` or
 ``Accept: text/event-stream`` for SSE), ``GET /programs/{name}/runs/{run_id}`` (a paused run),
-``GET /programs``, the OpenAI-compatible ``/v1`` routes (`plait.serve.openai_api`), and
-``/healthz``, ``/readyz``, ``/metrics``. Later parts (approvals, the chat page) add their
-routes to the app this returns, with the `RunService` it keeps in ``app.state.runs``.
+``POST /programs/{name}/runs/{run_id}/resume`` (the person's answers; JSON or SSE like a run),
+``GET /programs``, the OpenAI-compatible ``/v1`` routes (`plait.serve.openai_api`), the chat
+page at ``/`` (`plait.serve.page`), and ``/healthz``, ``/readyz``, ``/metrics``.
 """
 
 from __future__ import annotations
@@ -18,20 +18,22 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
 
-from plait.errors import BudgetExceededError, DeadlineExceededError
+from plait.confirmation import ResumeState
+from plait.errors import BudgetExceededError, DeadlineExceededError, ResumeRefusedError
 from plait.serve.errors import error_response, failure_id, failure_response
 from plait.serve.events import sse
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
 from plait.serve.middleware import LimitBody, ObservedRequests, RequireApiKey
 from plait.serve.options import ServeOptions
+from plait.serve.pending import PendingRunTooLarge
 from plait.serve.programs import ServedProgram, served_programs
 from plait.serve.responses import ClientLeft, EventStreamResponse, until_disconnected
-from plait.serve.runs import Draining, Overloaded, RunService
+from plait.serve.runs import Draining, NotResumable, Overloaded, RunService
 
 __all__ = ["admitted_stream", "build_app", "run_failure"]
 
@@ -75,6 +77,10 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     from plait.serve.openai_api import add_openai_routes
 
     add_openai_routes(app, service)
+    if any(program.chat_form is not None for program in served.values()):
+        from plait.serve.page import add_chat_page
+
+        add_chat_page(app)
     # add_middleware puts each in front of the last: LimitBody sits innermost.
     app.add_middleware(LimitBody, max_bytes=options.max_body_bytes)
     if options.api_keys:
@@ -154,7 +160,8 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
             {
                 "name": p.name,
                 "run": f"/programs/{p.name}/run",
-                "chat": p.chat_form is not None,
+                "chat": p.chat_form,
+                "chat_input": next(iter(p.input_model.model_fields)) if p.chat_form else None,
                 "input_schema": p.input_model.model_json_schema(),
             }
             for p in service.programs.values()
@@ -177,6 +184,12 @@ def run_failure(exc: BaseException, scope: dict[str, Any], retry_after: int) -> 
     if isinstance(exc, DeadlineExceededError):
         message = f"the run did not finish within this server's deadline of {exc.deadline:g} s"
         return error_response(504, "deadline_exceeded", message, scope)
+    if isinstance(exc, NotResumable):
+        return error_response(exc.status, exc.kind, exc.message, scope)
+    if isinstance(exc, ResumeRefusedError):  # its message names the approval, never a secret
+        return error_response(409, "resume_refused", str(exc), scope)
+    if isinstance(exc, PendingRunTooLarge):
+        return error_response(507, "pause_too_large", str(exc), scope)
     if isinstance(exc, BudgetExceededError):
         error_id = failure_id(exc, scope, "run")
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"
@@ -195,17 +208,7 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
         arguments = served.arguments(body)
         if wants_stream(request, stream):
             return await _stream_response(request, service, served, arguments)
-        try:
-            async with service.admitted():
-                outcome = await until_disconnected(request.receive, service.run(served, arguments))
-                if outcome.pause is not None:
-                    paused = await service.paused_body(served, arguments, outcome.pause, outcome)
-                    return JSONResponse(paused, status_code=202)
-                return JSONResponse(service.result_body(outcome))
-        except ClientLeft:
-            return Response(status_code=499)
-        except Exception as exc:
-            return run_failure(exc, request.scope, service.options.retry_after)
+        return await _answer(request, service, served, arguments)
 
     positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
     run_program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -262,6 +265,74 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
         operation_id=f"paused_run_{served.name}",
     )
 
+    async def resume_run(
+        request: Request, run_id: str, body: ResumeRequest, stream: bool = False
+    ) -> Any:
+        try:
+            arguments, resume = await service.claim(served, run_id, body.answers)
+        except Exception as exc:
+            return run_failure(exc, request.scope, service.options.retry_after)
+        if wants_stream(request, stream):
+            return await _stream_response(request, service, served, arguments, resume)
+        return await _answer(request, service, served, arguments, resume)
+
+    app.add_api_route(
+        f"/programs/{served.name}/runs/{{run_id}}/resume",
+        resume_run,
+        methods=["POST"],
+        tags=["programs"],
+        summary=f"Resume a paused run of {served.name} with the person's answers",
+        description=(
+            'Answers each pending call (by its `call_id`) with `"yes"`, `"no"` (or the '
+            "person's reason, which the model is told) or an object of edited arguments, and "
+            "continues the run where it paused, with the inputs it paused on. A run is resumed "
+            "once: 409 after that, 410 once it expired, 404 for an unknown run, 422 for "
+            "answers that do not fit its pending calls. Answers like a run (200, 202 when it "
+            "pauses again, SSE with `?stream=true`)."
+        ),
+        operation_id=f"resume_{served.name}",
+        response_class=JSONResponse,
+        responses={
+            200: {"model": served.result_model, "description": "The run finished."},
+            202: {"model": served.paused_model, "description": "It waits for approval again."},
+        },
+    )
+
+
+class ResumeRequest(BaseModel):
+    """The person's answers to a paused run's pending calls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    answers: dict[str, str | dict[str, Any]] = Field(
+        description=(
+            'One answer per pending call, by its call_id: "yes" (run it as shown), "no" '
+            "or any other text (do not run it; the text is the reason the model is told), or "
+            "an object of the arguments to run it with instead."
+        ),
+        examples=[{"call_1": "yes"}, {"call_1": "no"}, {"call_1": {"path": "/tmp/y"}}],
+    )
+
+
+async def _answer(
+    request: Request,
+    service: RunService,
+    served: ServedProgram,
+    arguments: dict[str, Any],
+    resume: ResumeState | None = None,
+) -> Response:
+    """Runs once and answers with its JSON body: 200 finished or rejected, 202 paused."""
+    try:
+        async with service.admitted():
+            work = service.run(served, arguments, resume)
+            outcome = await until_disconnected(request.receive, work)
+            name, body = await service.finish(served, arguments, outcome)
+    except ClientLeft:
+        return Response(status_code=499)
+    except Exception as exc:
+        return run_failure(exc, request.scope, service.options.retry_after)
+    return JSONResponse(body, status_code=202 if name == "paused" else 200)
+
 
 def _describe(served: ServedProgram) -> str:
     doc = inspect.getdoc(type(served.module)) or ""
@@ -269,16 +340,20 @@ def _describe(served: ServedProgram) -> str:
     return (
         f"{first}\n\nAnswers the run's output and usage (200), or its pending tool calls when it "
         "waits for a person's approval (202). With `?stream=true` or `Accept: "
-        "text/event-stream`, Server-Sent Events of the run, ending with `output`, `paused` or "
-        "`error`."
+        "text/event-stream`, Server-Sent Events of the run, ending with `output`, `paused`, "
+        "`rejected` or `error`."
     )
 
 
 async def _stream_response(
-    request: Request, service: RunService, served: ServedProgram, arguments: dict[str, Any]
+    request: Request,
+    service: RunService,
+    served: ServedProgram,
+    arguments: dict[str, Any],
+    resume: ResumeState | None = None,
 ) -> Any:
     async def events() -> AsyncIterator[bytes]:
-        async for name, data, _ in service.stream(served, arguments):
+        async for name, data, _ in service.stream(served, arguments, resume):
             yield sse(name, data)
 
     return await admitted_stream(request, service, events(), lambda error: sse("error", error))

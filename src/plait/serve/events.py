@@ -11,11 +11,12 @@ plait event               SSE ``event:``  ``data:``
 your own `StreamEvent`    ``event``       ``{type, module, data}`` (its fields as JSON)
 the program's output      ``output``      ``{run_id, status, output, usage}``
 a pause for approval      ``paused``      ``{run_id, status, program, pending, usage}``
+the person's "no" stops   ``rejected``    ``{run_id, status, message, call_id, usage}``
 a failure                 ``error``       ``{error: {type, message, request_id[, error_id]}}``
 ========================  ==============  ================================================
 
 ``module`` is the dotted path of the module call that made the event ("" for the program).
-A stream ends with exactly one of ``output``, ``paused`` or ``error``.
+A stream ends with exactly one of ``output``, ``paused``, ``rejected`` or ``error``.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ access_logger = logging.getLogger("plait.serve.access")
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 """A client's X-Request-ID is kept when it looks like an id (so it cannot forge log lines)."""
 
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
-"""Paths that answer without an API key: an orchestrator's probes carry none."""
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+"""Paths that answer without an API key: an orchestrator's probes carry none, and a browser
+opening the chat page cannot send one (the page holds no data; it asks for the key)."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

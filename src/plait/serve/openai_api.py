@@ -79,15 +79,13 @@ def add_openai_routes(app: FastAPI, service: RunService) -> None:
         try:
             async with service.admitted():
                 outcome = await until_disconnected(request.receive, service.run(served, arguments))
-                paused = None
-                if outcome.pause is not None:
-                    paused = await service.paused_body(served, arguments, outcome.pause, outcome)
+                name, data = await service.finish(served, arguments, outcome)
         except ClientLeft:
             return Response(status_code=499)
         except Exception as exc:
             failure = run_failure(exc, request.scope, service.options.retry_after)
             return _as_openai_error(failure)
-        return JSONResponse(reply.completion(outcome.output, outcome.usage.as_dict(), paused))
+        return JSONResponse(reply.completion(name, data))
 
 
 class _Reply:
@@ -99,19 +97,18 @@ class _Reply:
         self.created = int(time.time())
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
 
-    def completion(
-        self, output: Any, usage: dict[str, Any], paused: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        text = _pause_text(paused) if paused else self.served.reply_text(output)
+    def completion(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
+        """Returns the completion of a run that ended as ``name`` with the body ``data``."""
+        paused = data if name == "paused" else None
         body = self._envelope("chat.completion")
         body["choices"] = [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": {"role": "assistant", "content": self._final_text(name, data)},
                 "finish_reason": "stop",
             }
         ]
-        body["usage"] = _usage(usage)
+        body["usage"] = _usage(data["usage"])
         if paused:
             body["plait"] = paused
         return body
@@ -131,12 +128,8 @@ class _Reply:
                     sent += data["delta"]
                     if data["delta"]:
                         yield self._chunk({"content": data["delta"]}, None)
-                elif name in ("output", "paused"):
-                    final = (
-                        _pause_text(data)
-                        if name == "paused"
-                        else self.served.reply_text(data["output"])
-                    )
+                elif name in ("output", "paused", "rejected"):
+                    final = self._final_text(name, data)
                     rest = final[len(sent) :] if final.startswith(sent) else ""
                     if rest:
                         yield self._chunk({"content": rest}, None)
@@ -150,6 +143,15 @@ class _Reply:
             yield b"data: [DONE]\n\n"
         finally:
             await events.aclose()  # type: ignore[attr-defined]
+
+    def _final_text(self, name: str, data: dict[str, Any]) -> str:
+        """The reply of a run's last event: the output as text, the question of a pause, or
+        what a rejection stopped."""
+        if name == "paused":
+            return _pause_text(data)
+        if name == "rejected":
+            return str(data["message"])
+        return self.served.reply_text(data["output"])
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, **extra: Any) -> bytes:
         body = self._envelope("chat.completion.chunk")

@@ -43,22 +43,35 @@ class ServeOptions:
     access_log: bool = True
     """Log one structured line per request (logger ``plait.serve.access``)."""
     pending_store: Any = None
-    """Where paused runs wait (a `PendingStore`); None: in memory."""
+    """Where paused runs wait (a `PendingStore`); None: the file ``pending_db``, or memory."""
+    pending_db: str | None = None
+    """The SQLite file of paused runs and used approvals (`SQLitePendingStore`); None: keep
+    them in memory (lost when the server stops)."""
+    pending_ttl: float = 86_400.0
+    """Seconds a paused run waits for its answer; then it expires (a resume answers 410)."""
+    max_pending_bytes: int = 4 * 1_048_576
+    """Largest stored state of one paused run (its inputs and pause as JSON)."""
+    approval_key_env: str | None = None
+    """The environment variable holding the approval key that seals pauses; None: the
+    ``PLAIT_APPROVAL_KEY`` variable when set, else a random key of this process (so a paused
+    run cannot be resumed after the server restarts)."""
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
     """Room for later parts of the server (chat page, approvals) to carry their settings."""
 
     def __post_init__(self) -> None:
-        for name in ("max_active", "max_queued", "max_body_bytes"):
+        for name in ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes"):
             if getattr(self, name) < (0 if name == "max_queued" else 1):
                 raise ConfigError(
                     f"serve option {name} must be positive, got {getattr(self, name)}"
                 )
-        for name in ("deadline", "grace"):
+        for name in ("deadline", "grace", "pending_ttl"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"serve option {name} must be > 0 seconds, got {value}")
         if self.retry_after < 0:
             raise ConfigError(f"serve option retry_after must be >= 0, got {self.retry_after}")
+        if self.approval_key_env is not None:
+            self.approval_key()  # an unset variable or a short key is found now, not on a pause
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
         for key in self.api_keys:
@@ -67,6 +80,26 @@ class ServeOptions:
                     "an API key must be text of at least 8 printable characters without spaces; "
                     "check the keys given to the server"
                 )
+
+    def approval_key(self) -> str | None:
+        """Returns the approval key from ``approval_key_env``, or None when none is named.
+
+        Raises:
+            ConfigError: the variable is unset, or holds fewer than 32 bytes.
+        """
+        if self.approval_key_env is None:
+            return None
+        from plait.confirmation import MIN_KEY_BYTES
+
+        key = os.environ.get(self.approval_key_env, "")
+        if len(key.encode()) < MIN_KEY_BYTES:
+            state = "is unset or empty" if not key else f"holds {len(key.encode())} bytes"
+            raise ConfigError(
+                f"--approval-key-env {self.approval_key_env}: the environment variable "
+                f"{state}; it needs an approval key of at least {MIN_KEY_BYTES} bytes, made "
+                "with python -c 'import secrets; print(secrets.token_hex(32))'"
+            )
+        return key
 
 
 def read_api_keys(env_names: Iterable[str] = (), files: Iterable[str | Path] = ()) -> list[str]:

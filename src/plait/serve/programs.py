@@ -207,9 +207,9 @@ def served_programs(programs: Any) -> list[ServedProgram]:
 
 
 def json_data(value: Any) -> Any:
-    """Returns a value as JSON data: a `Prediction` or mapping as an object, a `History` as
-    its messages, a pydantic model or dataclass as its fields, anything else JSON cannot hold
-    as its text."""
+    """Returns a value as JSON data: a `Prediction` or mapping as an object, a `History` (also
+    inside a mapping or list) as its messages, a pydantic model or dataclass as its fields,
+    anything else JSON cannot hold as its text."""
     from pydantic_core import to_jsonable_python
 
     if isinstance(value, History):
@@ -219,7 +219,15 @@ def json_data(value: Any) -> Any:
         value = to_dict()
     elif isinstance(value, Mapping):
         value = dict(value)
-    return to_jsonable_python(value, fallback=str)
+    return to_jsonable_python(value, fallback=_json_fallback)
+
+
+def _json_fallback(value: Any) -> Any:
+    """A `History` inside other data as its messages (so a stored request can be read back
+    as one); any other value JSON cannot hold as its text."""
+    if isinstance(value, History):
+        return value.to_list()
+    return str(value)
 
 
 def _input_fields(module: Module) -> tuple[dict[str, Any], list[str]]:

@@ -5,28 +5,41 @@ starts, so every request shares the endpoints' limits, cache, retries and budget
 closes it when the app stops. Each run is admitted first (`Admission`: a bounded number run
 at once, a bounded number wait, the rest are refused), is metered on its own (the usage of
 that request alone), and either finishes with an output or pauses for approval, in which
-case the pause is kept in the pending store and the client gets its run id.
+case the pause is kept in the pending store and the client gets its run id. A paused run is
+resumed once (`RunService.claim` takes it from the store, checks its seal and pairs it with
+the person's answer) and then runs like any other, with the inputs it paused on; it may
+pause again, or end ``rejected`` when the person's "no" stops it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from plait.confirmation import ConfirmationRequired
+from plait.confirmation import ConfirmationRequired, ResumeState
+from plait.errors import ConfirmationRejected
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import event_data
 from plait.serve.options import ServeOptions
-from plait.serve.pending import MemoryPendingStore, PendingRun, PendingStore
+from plait.serve.pending import (
+    MemoryPendingStore,
+    PendingRun,
+    PendingStore,
+    SQLitePendingStore,
+)
 from plait.serve.programs import ServedProgram, json_data
 from plait.streaming import StreamEvent
 
-__all__ = ["Admission", "Draining", "Outcome", "Overloaded", "RunService"]
+__all__ = ["Admission", "Draining", "NotResumable", "Outcome", "Overloaded", "RunService"]
+
+logger = logging.getLogger("plait.serve")
 
 
 class Overloaded(Exception):
@@ -35,6 +48,23 @@ class Overloaded(Exception):
 
 class Draining(Exception):
     """The server is stopping: it finishes the runs it has and takes no new ones (503)."""
+
+
+class NotResumable(Exception):
+    """A resume the server refuses before running anything, with the status it answers.
+
+    Attributes:
+        status: 404 (no such paused run), 409 (resumed already), 410 (expired) or 422 (the
+            answers do not fit its pending calls).
+        kind: the error's ``type``.
+        message: what is wrong and what to do.
+    """
+
+    def __init__(self, status: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
 
 
 class Admission:
@@ -84,12 +114,14 @@ class Admission:
 
 @dataclass
 class Outcome:
-    """How one run ended: with an output, or paused for approval (``pause`` set)."""
+    """How one run ended: with an output, paused for approval (``pause`` set), or stopped
+    by the person's "no" (``rejected`` set)."""
 
     run_id: str
     usage: UsageMeter
     output: Any = None
     pause: ConfirmationRequired | None = None
+    rejected: ConfirmationRejected | None = None
 
 
 class RunService:
@@ -109,14 +141,18 @@ class RunService:
         self.options = options
         self.resources = resources
         self.manager: ResourceManager | None = None
-        self.pending: PendingStore = options.pending_store or MemoryPendingStore()
+        self.pending: PendingStore = (
+            _pending_store(options) if options.pending_store is None else options.pending_store
+        )  # not `or`: an empty store has no length, and is still the one given
         self.admission = Admission(options.max_active, options.max_queued)
         self.draining = False
 
     # -- lifetime -----------------------------------------------------------------------
 
     async def open(self) -> None:
-        """Opens the resources for the app's lifetime (inside the server's event loop)."""
+        """Opens the resources for the app's lifetime (inside the server's event loop), and
+        sets the process's approval key and ledger for the pauses it serves."""
+        self._approvals_open()
         if isinstance(self.resources, ResourceManager):
             self.manager = self.resources
         else:
@@ -132,6 +168,34 @@ class RunService:
         if manager is not None and manager is not self.resources:
             await manager.aclose()
         await self.pending.aclose()
+        self._approvals_close()
+
+    def _approvals_open(self) -> None:
+        """Seals pauses with the configured key, and records used approvals in the store
+        when it can (`SQLitePendingStore`), so a replay is refused after a restart too."""
+        from plait.confirmation import APPROVAL_KEY_ENV, set_approval_key, set_approval_ledger
+
+        key = self.options.approval_key()
+        if key is not None:
+            set_approval_key(key)
+        elif not os.environ.get(APPROVAL_KEY_ENV) and self.options.pending_db is not None:
+            logger.warning(
+                "plait serve: no approval key is configured, so pauses are sealed with a key "
+                "of this process: paused runs kept in %s cannot be resumed after a restart; "
+                "set %s or --approval-key-env NAME",
+                self.options.pending_db,
+                APPROVAL_KEY_ENV,
+            )
+        if callable(getattr(self.pending, "use", None)):
+            set_approval_ledger(self.pending)  # type: ignore[arg-type]
+
+    def _approvals_close(self) -> None:
+        from plait.confirmation import set_approval_key, set_approval_ledger
+
+        if self.options.approval_key_env is not None:
+            set_approval_key(None)
+        if callable(getattr(self.pending, "use", None)):
+            set_approval_ledger(None)
 
     @property
     def is_ready(self) -> bool:
@@ -154,32 +218,41 @@ class RunService:
         async with self.admission.place():
             yield
 
-    def _call_options(self) -> dict[str, Any]:
+    def _call_options(self, resume: ResumeState | None) -> dict[str, Any]:
         options: dict[str, Any] = {"resources": self.manager}
         if self.options.deadline is not None:
             options["deadline"] = self.options.deadline
+        if resume is not None:
+            options["resume_state"] = resume
         return options
 
-    async def run(self, served: ServedProgram, arguments: dict[str, Any]) -> Outcome:
-        """Runs ``served`` once with ``arguments``; returns its output or its pause.
+    async def run(
+        self, served: ServedProgram, arguments: dict[str, Any], resume: ResumeState | None = None
+    ) -> Outcome:
+        """Runs ``served`` once with ``arguments`` (resuming ``resume``, if given); returns
+        its output, its pause or the person's rejection.
 
         Raises:
-            PlaitError: the program failed (``DeadlineExceededError`` past the deadline).
+            PlaitError: the program failed (``DeadlineExceededError`` past the deadline,
+                ``ResumeRefusedError`` for a resume the approval rules refuse).
         """
         from plait.execution import run
 
         outcome = Outcome(uuid.uuid4().hex, UsageMeter())
         with metered(outcome.usage):
             try:
-                outcome.output = await run(served.module, **self._call_options(), **arguments)
+                outcome.output = await run(served.module, **self._call_options(resume), **arguments)
             except ConfirmationRequired as pause:
                 outcome.pause = pause
+            except ConfirmationRejected as rejected:
+                outcome.rejected = rejected
         return outcome
 
     async def stream(
-        self, served: ServedProgram, arguments: dict[str, Any]
+        self, served: ServedProgram, arguments: dict[str, Any], resume: ResumeState | None = None
     ) -> AsyncIterator[tuple[str, Any, bool]]:
-        """Yields ``(name, data, own)`` of each event of one run, then ``output`` or ``paused``.
+        """Yields ``(name, data, own)`` of each event of one run, then its last event:
+        ``output``, ``paused`` or ``rejected`` (see `finish`).
 
         ``own`` tells an event the program's own call made (not one of its children).
         Stopping the iteration (the client left) cancels the run and its requests.
@@ -189,7 +262,7 @@ class RunService:
         """
         outcome = Outcome(uuid.uuid4().hex, UsageMeter())
         with metered(outcome.usage):
-            events = served.module.astream(**self._call_options(), **arguments)
+            events = served.module.astream(**self._call_options(resume), **arguments)
             try:
                 async for item in events:
                     if getattr(item, "confirmation", None) is not None:
@@ -201,14 +274,74 @@ class RunService:
                         outcome.output = item
             except ConfirmationRequired as pause:
                 outcome.pause = pause
+            except ConfirmationRejected as rejected:
+                outcome.rejected = rejected
             finally:
                 await events.aclose()
-        if outcome.pause is not None:
-            yield "paused", await self.paused_body(served, arguments, outcome.pause, outcome), True
-        else:
-            yield "output", self.result_body(outcome), True
+        name, body = await self.finish(served, arguments, outcome)
+        yield name, body, True
+
+    async def claim(
+        self, served: ServedProgram, run_id: str, answers: dict[str, Any]
+    ) -> tuple[dict[str, Any], ResumeState]:
+        """Takes the paused run ``run_id`` from the store for the person's ``answers``;
+        returns the arguments it paused with and its resume state.
+
+        The answers are checked against the run's pending calls before it is taken, so a
+        mistaken request leaves the run waiting; once taken, no other request gets it, and
+        a stored pause whose seal fails is refused (and gone).
+
+        Raises:
+            NotResumable: no such run (404), taken already (409), expired (410), answers
+                that do not fit its pending calls (422).
+            ResumeRefusedError: the stored pause was changed, or sealed with another key.
+        """
+        waiting = await self.pending.get(run_id)
+        if waiting is None or waiting.program != served.name:
+            raise await self._not_waiting(served, run_id)
+        _check_answers(waiting, answers)
+        taken = await self.pending.take(run_id)
+        if taken is None:  # another request took it since
+            raise await self._not_waiting(served, run_id)
+        pause = ConfirmationRequired.from_dict(taken.pause)
+        arguments = served.arguments(served.input_model.model_validate(taken.inputs))
+        return arguments, ResumeState(pause, answers[pause.confirmation_id])
+
+    async def _not_waiting(self, served: ServedProgram, run_id: str) -> NotResumable:
+        why = await self.pending.gone(run_id)
+        if why == "resumed":
+            message = f"run {run_id!r} was resumed already; a paused run is resumed once"
+            return NotResumable(409, "already_resumed", message)
+        if why == "expired":
+            message = (
+                f"run {run_id!r} waited longer than this server keeps paused runs "
+                f"({self.pending_ttl:g} s) and expired; run the program again"
+            )
+            return NotResumable(410, "expired", message)
+        message = f"no run {run_id!r} of {served.name} waits for approval"
+        return NotResumable(404, "not_found", message)
+
+    @property
+    def pending_ttl(self) -> float:
+        """Seconds a paused run waits in the store before it expires."""
+        return float(getattr(self.pending, "ttl", self.options.pending_ttl))
 
     # -- bodies -------------------------------------------------------------------------
+
+    async def finish(
+        self, served: ServedProgram, arguments: dict[str, Any], outcome: Outcome
+    ) -> tuple[str, dict[str, Any]]:
+        """Returns how a run ended (``output``, ``paused`` or ``rejected``) and its JSON body;
+        a paused run is kept in the pending store first.
+
+        Raises:
+            PendingRunTooLarge: the paused run's state is over the store's limit.
+        """
+        if outcome.pause is not None:
+            return "paused", await self.paused_body(served, arguments, outcome.pause, outcome)
+        if outcome.rejected is not None:
+            return "rejected", rejected_body(outcome.run_id, outcome.rejected, outcome.usage)
+        return "output", self.result_body(outcome)
 
     def result_body(self, outcome: Outcome) -> dict[str, Any]:
         """Returns the JSON body of a finished run."""
@@ -237,6 +370,48 @@ class RunService:
             "pending": [pending_call(pause)],
             "usage": outcome.usage.as_dict(),
         }
+
+
+def _pending_store(options: ServeOptions) -> PendingStore:
+    """Returns the store the options name: the file ``pending_db``, or memory."""
+    ttl, size = options.pending_ttl, options.max_pending_bytes
+    if options.pending_db is not None:
+        return SQLitePendingStore(options.pending_db, ttl=ttl, max_state_bytes=size)
+    return MemoryPendingStore(ttl=ttl, max_state_bytes=size)
+
+
+def rejected_body(run_id: str, rejected: ConfirmationRejected, usage: UsageMeter) -> dict[str, Any]:
+    """Returns the JSON body of a run the person's "no" stopped."""
+    return {
+        "run_id": run_id,
+        "status": "rejected",
+        "message": rejected.message,
+        "call_id": rejected.confirmation_id,
+        "usage": usage.as_dict(),
+    }
+
+
+def _check_answers(run: PendingRun, answers: dict[str, Any]) -> None:
+    """Refuses answers for calls that are not pending, or missing the pending call's.
+
+    Raises:
+        NotResumable: 422, naming the calls.
+    """
+    pending = {str(run.pause.get("confirmation_id"))}
+    unknown = sorted(set(answers) - pending)
+    missing = sorted(pending - set(answers))
+    if unknown:
+        message = (
+            f"answers.{unknown[0]}: not a pending call of run {run.run_id!r} (answered but "
+            f"not pending: {', '.join(unknown)}; pending: {', '.join(sorted(pending))})"
+        )
+        raise NotResumable(422, "invalid_input", message)
+    if missing:
+        message = (
+            f"answers: no answer for the pending call(s) {', '.join(missing)} of run "
+            f'{run.run_id!r}; answer each with "yes", "no" (or a reason) or edited arguments'
+        )
+        raise NotResumable(422, "invalid_input", message)
 
 
 def pending_call(pause: ConfirmationRequired) -> dict[str, Any]:

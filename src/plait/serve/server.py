@@ -113,6 +113,10 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "cors_origins": list(options.cors_origins),
         "grace": options.grace,
         "access_log": options.access_log,
+        "pending_db": options.pending_db,
+        "pending_ttl": options.pending_ttl,
+        "max_pending_bytes": options.max_pending_bytes,
+        "approval_key_env": options.approval_key_env,
     }
 
 

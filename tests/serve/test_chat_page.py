@@ -1,0 +1,194 @@
+"""The chat page at ``/`` in a real headless Chromium: streamed text, approve, reject.
+
+The scripted model answers over loopback HTTP: the ``chat`` program drafts a reply (streamed
+into the page) and then polishes it, a call the test holds until it has seen the draft, so
+the page is shown to render text before the run ends. The ``notes`` agent asks for a
+``save_note`` call that needs approval; its tool appends to a file, so the test checks what
+really ran. With ``PLAIT_UPDATE_SCREENSHOT=1`` the run also writes ``docs/serve_chat.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait import History, LLMInference, Module, ReAct, tool
+from plait.serve import app
+from plait.testing import server_in_thread
+from serve.support import serving_in_thread, upstream
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "serve_chat.png"
+
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason=f"needs Chromium ({CHROMIUM}) and chromedriver ({CHROMEDRIVER}): apt-get install "
+    "chromium chromium-driver",
+)
+
+DRAFT = "Hello there! A first draft of the answer"
+
+
+class Drafted(Module):
+    """Drafts a reply to the conversation, then polishes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = LLMInference("llm", "Draft a reply.")
+        self.polish = LLMInference("llm", "Polish the reply.")
+
+    def forward(self, history: History) -> str:
+        return self.polish(self.draft(history))
+
+
+def notes_agent(notes: Path) -> ReAct:
+    @tool(require_confirmation=True)
+    def save_note(text: str) -> str:
+        """Saves a note for the user."""
+        with notes.open("a", encoding="utf-8") as file:
+            file.write(text + "\n")
+        return f"Saved the note: {text}"
+
+    # one text input: the page sends it the last message of the conversation
+    return ReAct("request -> reply", tools=[save_note], max_iters=3, on_decline="raise")
+
+
+class Model:
+    """The scripted model: drafts, polishes when allowed, and asks to save notes."""
+
+    def __init__(self) -> None:
+        self.polish_allowed = threading.Event()
+
+    async def __call__(self, body: dict[str, Any]) -> Any:
+        messages = body["messages"]
+        if body.get("tools"):
+            results = [m["content"] for m in messages if m["role"] == "tool"]
+            if results:
+                return json.dumps({"reply": "Done. " + " / ".join(results)})
+            asked = [m["content"] for m in messages if m["role"] == "user"][-1]
+            text = asked.rpartition("note:")[2].strip()
+            return {
+                "tool_calls": [{"id": "call_1", "name": "save_note", "arguments": {"text": text}}]
+            }
+        if "Polish" in str(messages[0]["content"]):
+            await asyncio.to_thread(self.polish_allowed.wait, 60)
+            return "Polished: " + DRAFT + ", ready."
+        return DRAFT
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=900,900")
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def test_the_page_streams_text_and_runs_a_tool_call_only_once_approved(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    notes = tmp_path / "notes.txt"
+    model = Model()
+    wait = WebDriverWait(browser, 60)
+
+    def say(message: str) -> None:
+        box = browser.find_element(By.ID, "text")
+        wait.until(lambda _: box.is_enabled())
+        box.send_keys(message, Keys.ENTER)
+
+    def texts(selector: str) -> list[str]:
+        return [node.text for node in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+    with server_in_thread(responder=model, stream_pieces=4) as server:
+        programs = {"chat": Drafted(), "notes": notes_agent(notes)}
+        with serving_in_thread(app(programs, upstream(server))) as url:
+            browser.get(url + "/")
+            picker = Select(wait.until(lambda b: b.find_element(By.ID, "program")))
+            wait.until(lambda _: len(picker.options) == 2)
+            picker.select_by_value("chat")
+            say("Hi!")
+            # the draft is on the page while the run still waits for the polish
+            wait.until(lambda _: DRAFT in " ".join(texts(".msg.assistant.live")))
+            assert not texts(".msg.assistant:not(.live)")
+            model.polish_allowed.set()
+            wait.until(lambda _: texts(".msg.assistant:not(.live)"))
+            assert texts(".msg.assistant:not(.live)") == [f"Polished: {DRAFT}, ready."]
+
+            picker.select_by_value("notes")
+            say("note: buy <b>milk</b>")
+            approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
+            shown = approval.find_element(By.TAG_NAME, "pre")
+            assert json.loads(shown.text) == {"text": "buy <b>milk</b>"}
+            assert "&lt;b&gt;milk" in shown.get_attribute("innerHTML")  # text, never markup
+            assert not notes.exists()  # nothing runs before the person says yes
+            approval.find_element(By.CSS_SELECTOR, "button.approve").click()
+            wait.until(lambda _: texts(".msg.assistant:not(.live)"))
+            assert texts(".msg.assistant") == ["Done. Saved the note: buy <b>milk</b>"]
+            assert any("Tool result: Saved the note" in note for note in texts(".note"))
+            browser.save_screenshot(str(tmp_path / "serve_chat.png"))
+
+            say("note: call mum")
+            wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".approval")) == 2)
+            second = browser.find_elements(By.CSS_SELECTOR, ".approval")[1]
+            second.find_element(By.CSS_SELECTOR, "button.reject").click()
+            wait.until(lambda _: any(n.startswith("Rejected:") for n in texts(".note")))
+            calls = [n for n in texts(".note") if n.startswith("Tool call:")]
+            assert len(calls) == 2 and "call mum" in calls[1]  # each call shown once
+    rejected = next(n for n in texts(".note") if n.startswith("Rejected:"))
+    assert "declined to run save_note" in rejected
+    assert notes.read_text(encoding="utf-8").splitlines() == ["buy <b>milk</b>"]
+    if os.environ.get("PLAIT_UPDATE_SCREENSHOT") == "1":
+        shutil.copyfile(tmp_path / "serve_chat.png", SCREENSHOT)
+
+
+def test_with_api_keys_the_page_asks_for_the_key_once_and_sends_it(
+    browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    model = Model()
+    model.polish_allowed.set()
+    wait = WebDriverWait(browser, 60)
+    with server_in_thread(responder=model) as server:
+        served = app({"chat": Drafted()}, upstream(server), api_keys=("page-test-key",))
+        with serving_in_thread(served) as url:
+            browser.get(url + "/")
+            key = wait.until(lambda b: b.find_element(By.ID, "key"))
+            wait.until(lambda _: key.is_displayed())
+            key.send_keys("page-test-key", Keys.ENTER)
+            box = browser.find_element(By.ID, "text")
+            wait.until(lambda _: box.is_enabled())
+            box.send_keys("Hi!", Keys.ENTER)
+            reply = wait.until(
+                lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)")
+            )
+            assert reply[0].text == f"Polished: {DRAFT}, ready."
+            browser.refresh()  # the key is kept for the tab: not asked again
+            box = wait.until(lambda b: b.find_element(By.ID, "text"))
+            wait.until(lambda _: box.is_enabled())
+            assert not browser.find_element(By.ID, "key").is_displayed()
