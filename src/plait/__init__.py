@@ -26,7 +26,8 @@ if TYPE_CHECKING:
         ResumeState,
         confirm_first,
     )
-    from plait.execution import BatchResult, ExecutionSettings, run
+    from plait.execution import BatchResult, ExecutionSettings
+    from plait.execution.run import run
     from plait.history import History
     from plait.media import Audio, File, Image
     from plait.modules import (

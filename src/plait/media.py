@@ -97,6 +97,7 @@ class _Content:
     """
 
     __slots__ = ("_data",)
+    _data: bytes | None
 
 
 @dataclass(frozen=True, slots=True, repr=False, init=False)

@@ -28,7 +28,7 @@ import functools
 import inspect
 import typing
 import weakref
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Any, Self
 
 from plait import _context
@@ -305,7 +305,7 @@ class Module:
         object.__setattr__(self, "_bound_config", {"max_concurrent": max_concurrent, **kwargs})
         return self
 
-    async def astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+    async def astream(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
         """Runs the module on one input, yielding events as they happen, then the output.
 
         ``async for event in program.astream(x)``: `plait.streaming` events

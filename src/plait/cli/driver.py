@@ -17,13 +17,16 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from plait import _files
 from plait.cli.datasets import count_rows, open_writer, read_rows
 from plait.cli.programs import ProgramError, RowMapper
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
+
+if TYPE_CHECKING:
+    from plait.execution.batch import BatchStream
 
 __all__ = ["FileRun", "RunOutcome", "default_report_path", "output_columns", "run_file"]
 
@@ -211,7 +214,10 @@ async def _run_chunk(
             next_position += 1
 
     if items:
-        stream = execute_bound(run.mapper.module, (items,), options, run.graphs)
+        # A batch run with streaming=True is a BatchStream, never a coroutine.
+        stream = cast(
+            "BatchStream", execute_bound(run.mapper.module, (items,), options, run.graphs)
+        )
         async for result in stream:
             results[positions[result.index]] = result
             flush()
@@ -277,7 +283,8 @@ def _score(run: FileRun, output: Any, row: dict, error: str | None) -> tuple[flo
     if error is not None:
         return 0.0, error
     try:
-        score = score_of(run.metric, output, row.get(run.target_column))
+        metric = cast(Callable[[Any, Any], Any], run.metric)  # rows are scored only with one
+        score = score_of(metric, output, row.get(run.target_column))
     except Exception as exc:  # a metric that fails on one row fails that row
         return 0.0, f"metric failed: {type(exc).__name__}: {exc}"
     if not math.isfinite(score):

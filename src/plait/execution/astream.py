@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from plait import _context
@@ -28,7 +28,7 @@ __all__ = ["stream_events"]
 
 async def stream_events(
     module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """Yields the `StreamEvent`s of one call of ``module``, then its output (the last item).
 
     A ``forward`` that declares a ``stream`` parameter is called with

@@ -113,7 +113,7 @@ class BatchStream:
 
     def __init__(
         self,
-        start: Callable[[Callable[[BatchResult], None]], Awaitable[None]],
+        start: Callable[[Callable[[BatchResult], Awaitable[None]]], Awaitable[None]],
         total: int,
         preserve_order: bool,
     ) -> None:

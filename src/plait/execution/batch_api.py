@@ -200,7 +200,7 @@ class BatchJob:
                     await self._round(manager, calls, collector)
                 results = await asyncio.gather(*tasks, return_exceptions=True)
         except TimeoutError:
-            if not scope.expired():
+            if deadline is None or not scope.expired():
                 raise
             results = self._late(tasks, deadline)
         finally:

@@ -125,7 +125,7 @@ def _setting_text(value: Any) -> str | None:
 def _type_text(cls: type) -> str:
     if hasattr(cls, "signature_text") and hasattr(cls, "output_model"):  # a Signature
         schema = cls.output_model().model_json_schema()
-        return f"{cls.signature_text()}|{cls.instructions}|{_json_text(schema)}"
+        return f"{cls.signature_text()}|{getattr(cls, 'instructions', '')}|{_json_text(schema)}"
     try:
         from plait.execution.structured import output_type_for
 
@@ -158,7 +158,8 @@ def _changes(old: Any, new: dict[str, Any]) -> list[str]:
     if old.get("graph") != new["graph"]:
         lines.append("the structure of the program (the graph its forward traces to)")
     lines += _named_changes("parameter", old.get("parameters"), new["parameters"])
-    old_settings = old.get("settings") if isinstance(old.get("settings"), dict) else {}
+    given = old.get("settings")
+    old_settings: dict[str, Any] = given if isinstance(given, dict) else {}
     for path in sorted(set(old_settings) | set(new["settings"])):
         before, after = old_settings.get(path), new["settings"].get(path)
         if before != after:
@@ -168,7 +169,8 @@ def _changes(old: Any, new: dict[str, Any]) -> list[str]:
                 if (before or {}).get(k) != (after or {}).get(k)
             )
             lines.append(f"the settings of module {path!r}: {', '.join(keys)}")
-    old_models = old.get("models") if isinstance(old.get("models"), dict) else {}
+    given = old.get("models")
+    old_models: dict[str, Any] = given if isinstance(given, dict) else {}
     for alias, model in new["models"].items():
         if old_models.get(alias) not in (None, model):
             lines.append(f"the model of alias {alias!r}: {old_models[alias]} then, {model} now")

@@ -238,7 +238,7 @@ class OutputCodec:
             raise ValueError(f"a {kind} record holds a field that is not text")
         if url is not None:
             source: str | bytes = url
-        elif not is_media_key(digest):
+        elif not isinstance(digest, str) or not is_media_key(digest):
             raise ValueError(f"a {kind} names the blob {_preview(digest)}, not a hex SHA-256")
         elif self.blobs is None:
             raise ValueError(f"a {kind} needs the checkpoint's blobs folder")

@@ -60,13 +60,13 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
     if isinstance(prompt, Message):
         return (*head, prompt)
     if isinstance(prompt, Media):
-        return (*head, Message("user", (prompt,)))
+        return (*head, Message("user", parts=(prompt,)))
     turns_of = getattr(prompt, "messages", None)
     if turns_of is not None and not isinstance(prompt, Mapping):
         prompt = turns_of
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes):
         if any(isinstance(item, Media) for item in prompt):
-            return (*head, Message("user", tuple(prompt)))
+            return (*head, Message("user", parts=tuple(prompt)))
         turns = [as_message(turn, f"prompt item {i}") for i, turn in enumerate(prompt)]
         if head and turns and turns[0].role == "system":
             head = ()  # an explicit system turn wins over the module's

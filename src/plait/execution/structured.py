@@ -109,7 +109,8 @@ def type_adapter(target: Any) -> Any:
 def _wrapper(target: Any) -> Any:
     from pydantic import create_model
 
-    return create_model("Wrapped", **{_WRAP_KEY: (target, ...)})
+    fields: dict[str, Any] = {_WRAP_KEY: (target, ...)}
+    return create_model("Wrapped", **fields)
 
 
 @functools.cache

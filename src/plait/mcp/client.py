@@ -31,6 +31,7 @@ import re
 import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -141,7 +142,7 @@ class MCPToolset:
             raise ValueError("headers= are for a URL, not a command")
         self.name = name or _default_name(self.url, self.command)
         self.env = dict(env) if env is not None else None
-        self.cwd = cwd
+        self.cwd = None if cwd is None else Path(cwd)
         self.headers = dict(headers) if headers is not None else None
         self.timeout = timeout
         self.connect_timeout = connect_timeout

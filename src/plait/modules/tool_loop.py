@@ -580,7 +580,7 @@ def _media_turn(results: list[ToolResult]) -> Message | None:
             what = what if len(result.media) == 1 else f"{what}s"
             parts.append(f"The {what} returned by tool {result.name!r}:")
             parts.extend(result.media)
-    return Message("user", tuple(parts)) if parts else None
+    return Message("user", parts=tuple(parts)) if parts else None
 
 
 def _media_dict(item: Any) -> dict[str, Any]:
@@ -590,9 +590,9 @@ def _media_dict(item: Any) -> dict[str, Any]:
 
 def _media_of(data: Any) -> tuple[Any, ...]:
     """The media a paused state holds, read back (their formats read from the bytes again)."""
-    from plait.media import Audio, File, Image
+    from plait.media import Audio, File, Image, Media
 
-    kinds = {"image": Image, "audio": Audio, "file": File}
+    kinds: dict[Any, type[Media]] = {"image": Image, "audio": Audio, "file": File}
     items = []
     for item in data:
         kind = kinds.get(item.get("kind")) if isinstance(item, dict) else None
@@ -621,5 +621,7 @@ def _paused_message(data: Any) -> Message:
             _media_of([part])[0] if part.get("type") == "media" else str(part.get("text", ""))
             for part in content
         )
-        return Message(str(data.get("role")), parts)
+        if data.get("role") != "user":  # a run's media are shown in a user's turn only
+            raise ValueError(f"a paused {data.get('role')!r} turn cannot hold media")
+        return Message("user", parts=parts)
     return message_from_dict(data, "paused message")

@@ -245,7 +245,7 @@ class _Timeline:
         self.step *= 2
         for name in ("busy", "waiting", "requests", "rate_limited", "errors"):
             old = getattr(self, name)
-            merged = defaultdict(old.default_factory)
+            merged: defaultdict[int, Any] = defaultdict(old.default_factory)
             for bucket, value in old.items():
                 merged[bucket // 2] += value
             setattr(self, name, merged)

@@ -41,7 +41,7 @@ import importlib
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -610,7 +610,7 @@ class ResourceManager:
 
     async def stream(
         self, alias: str, request: Request, *, max_retries: int | None = None
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Streams one model call on the endpoint serving ``alias``, within its limits.
 
         The endpoint's slot is held until the stream ends or is closed; close
@@ -667,7 +667,7 @@ class ResourceManager:
 
     async def _stream_from(
         self, route: _Route, request: Request, max_retries: int | None
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncGenerator[StreamChunk, None]:
         """Streams one call from ``route``'s endpoint, retrying before the first chunk."""
         alias = route.alias
         endpoint = route.endpoint
@@ -852,7 +852,7 @@ def _accepts(accept: Accept | None, response: Response) -> bool:
 
 async def _within(
     stream: AsyncIterator[StreamChunk], timeout: float | None
-) -> AsyncIterator[StreamChunk]:
+) -> AsyncGenerator[StreamChunk, None]:
     """Yields a backend's chunks, each wait for the backend guarded by one ``timeout``.
 
     The deadline guards the waits for the backend, never a yield: a timeout

@@ -217,7 +217,7 @@ def price(value: Any) -> tuple[str | None, Any]:
         value = {"input": value.input, "output": value.output}
     if not isinstance(value, Mapping) or set(value) != {"input", "output"}:
         return f"{expected}, {_got(value)}", None
-    numbers = {key: _finite(number) for key, number in value.items()}
-    if not all(number is not None and number >= 0 for number in numbers.values()):
+    given, taken = _finite(value["input"]), _finite(value["output"])
+    if given is None or taken is None or given < 0 or taken < 0:
         return f"{expected} with finite numbers >= 0, {_got(value)}", None
-    return None, Price(numbers["input"], numbers["output"])
+    return None, Price(given, taken)

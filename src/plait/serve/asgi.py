@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import JSONResponse, Response
+from starlette.types import Scope
 
 from plait.confirmation import ResumeState
 from plait.errors import BudgetExceededError, DeadlineExceededError, ResumeRefusedError
@@ -168,7 +169,7 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
         ]
 
 
-def run_failure(exc: BaseException, scope: dict[str, Any], retry_after: int) -> JSONResponse:
+def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JSONResponse:
     """Returns the JSON error of a run that did not finish: refused, too slow or failed.
 
     Args:

@@ -13,13 +13,14 @@ import uuid
 from typing import Any
 
 from starlette.responses import JSONResponse
+from starlette.types import Scope
 
 __all__ = ["error_response", "failure_id", "failure_response", "request_id_of"]
 
 logger = logging.getLogger("plait.serve")
 
 
-def request_id_of(scope: dict[str, Any]) -> str:
+def request_id_of(scope: Scope) -> str:
     """Returns the id of the request being answered (set by the request-id middleware)."""
     return str(scope.get("state", {}).get("request_id", ""))
 
@@ -28,7 +29,7 @@ def error_response(
     status: int,
     kind: str,
     message: str,
-    scope: dict[str, Any],
+    scope: Scope,
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
@@ -37,7 +38,7 @@ def error_response(
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def failure_id(exc: BaseException, scope: dict[str, Any], what: str) -> str:
+def failure_id(exc: BaseException, scope: Scope, what: str) -> str:
     """Logs an unexpected failure with its traceback under a new error id; returns the id."""
     error_id = uuid.uuid4().hex[:16]
     logger.error(
@@ -52,7 +53,7 @@ def failure_id(exc: BaseException, scope: dict[str, Any], what: str) -> str:
     return error_id
 
 
-def failure_response(exc: BaseException, scope: dict[str, Any], what: str = "request") -> Any:
+def failure_response(exc: BaseException, scope: Scope, what: str = "request") -> Any:
     """Returns the 500 of an unexpected failure: a fixed message and the error id to quote."""
     error_id = failure_id(exc, scope, what)
     return error_response(

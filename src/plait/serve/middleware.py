@@ -11,18 +11,14 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from typing import Any
+
+from starlette.types import ASGIApp as App
+from starlette.types import Message, Receive, Scope, Send
 
 from plait.serve.errors import error_response, failure_response
 
 __all__ = ["LimitBody", "ObservedRequests", "RequireApiKey"]
-
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 access_logger = logging.getLogger("plait.serve.access")
 

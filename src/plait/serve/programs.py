@@ -56,6 +56,23 @@ class PendingCall(BaseModel):
     question: str = Field(description="What to ask the person.")
 
 
+class _Completed(BaseModel):
+    """What every finished run answers besides its output; each program's result extends it."""
+
+    run_id: str
+    status: Literal["completed"]
+
+
+class _Paused(BaseModel):
+    """A run waiting for a person's approval; each program's paused answer is named for it."""
+
+    run_id: str
+    status: Literal["paused"]
+    program: str
+    pending: list[PendingCall]
+    usage: RunUsage
+
+
 class ChatMessage(BaseModel):
     """One turn of a conversation, OpenAI-style."""
 
@@ -116,19 +133,11 @@ class ServedProgram:
         output_type = _describable(_output_type(module))
         result_model = create_model(
             f"{prefix}Result",
-            run_id=(str, ...),
-            status=(Literal["completed"], ...),
+            __base__=_Completed,
             output=(output_type, ...),
             usage=(RunUsage, ...),
         )
-        paused_model = create_model(
-            f"{prefix}Paused",
-            run_id=(str, ...),
-            status=(Literal["paused"], ...),
-            program=(str, ...),
-            pending=(list[PendingCall], ...),
-            usage=(RunUsage, ...),
-        )
+        paused_model = create_model(f"{prefix}Paused", __base__=_Paused)
         return cls(
             name,
             module,

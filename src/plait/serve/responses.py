@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 from starlette.responses import Response
+from starlette.types import Receive
 
 __all__ = ["ClientLeft", "EventStreamResponse", "until_disconnected"]
 
@@ -21,13 +22,13 @@ class ClientLeft(Exception):
     """The client hung up before its answer was ready; its work was cancelled."""
 
 
-async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 
 
 async def until_disconnected(
-    receive: Callable[[], Awaitable[dict[str, Any]]], work: Coroutine[Any, Any, Any]
+    receive: Receive, work: Coroutine[Any, Any, Any]
 ) -> Any:
     """Returns the result of ``work``, cancelling it if the client disconnects first.
 

@@ -41,7 +41,7 @@ def serve(
     Raises:
         ConfigError: ``host`` is not loopback and no API key is set.
     """
-    options = options or getattr(app.state, "options", ServeOptions())
+    options = options or getattr(app.state, "options", None) or ServeOptions()
     check_exposure(host, options)
     config = uvicorn.Config(
         app,

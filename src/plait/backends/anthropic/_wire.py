@@ -92,7 +92,7 @@ def build_body(
     }
     if extra:
         body["extra_body"] = extra
-    tools = [
+    tools: list[dict[str, Any]] = [
         {"name": t.name, "description": t.description, "input_schema": t.parameters}
         for t in request.tools
     ]

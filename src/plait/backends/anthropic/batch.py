@@ -112,14 +112,15 @@ class AnthropicBatchClient:
 
     def _reply(self, custom_id: str, data: dict[str, Any], where: str) -> BatchReply:
         """Reads one results line (``{"custom_id", "result": {"type", ...}}``)."""
-        result = data.get("result")
-        kind = result.get("type") if isinstance(result, dict) else None
+        given = data.get("result")
+        result: dict[str, Any] = given if isinstance(given, dict) else {}
+        kind = result.get("type")
         if kind == "succeeded":
             return self._succeeded(custom_id, result.get("message"), where)
         if not isinstance(kind, str):
             error = BackendError(
                 f"{where}: the result line of request {custom_id} has no result type: "
-                f"{str(result)[:200]!r}"
+                f"{str(given)[:200]!r}"
             )
             return BatchReply(custom_id, error=error)
         outer = result.get("error")

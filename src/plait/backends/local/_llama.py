@@ -58,7 +58,8 @@ class HookedLlama(Llama):
             [is_stopped, *(kwargs.pop("stopping_criteria", None) or [])]
         )
         vocab = self._model.vocab
-        for token in super().generate(tokens, *args, stopping_criteria=criteria, **kwargs):
+        kwargs["stopping_criteria"] = criteria
+        for token in super().generate(tokens, *args, **kwargs):
             # The end-of-turn token is not part of the reply; llama-cpp-python's own
             # usage (non-streamed) leaves it out too.
             if not llama_cpp.llama_vocab_is_eog(vocab, token):
