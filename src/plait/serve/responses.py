@@ -27,9 +27,7 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def until_disconnected(
-    receive: Receive, work: Coroutine[Any, Any, Any]
-) -> Any:
+async def until_disconnected(receive: Receive, work: Coroutine[Any, Any, Any]) -> Any:
     """Returns the result of ``work``, cancelling it if the client disconnects first.
 
     Raises:
