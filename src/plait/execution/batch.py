@@ -7,9 +7,9 @@ deadline cut short. At most ``window`` items are in flight at once (by
 default the LLM-call limit), so a batch of 100,000 inputs never holds 100,000
 tasks; as every item in flight keeps a call running or waiting, that many
 items keep every LLM-call slot busy, and the executor's slots serve the oldest
-item's calls first (see `plait.execution.slots`). Results come back as a list in input order (`batch_to_list`), or —
-streaming — as `BatchResult`s in completion order (or input order with
-``preserve_order``).
+item's calls first (see `plait.execution.slots`). Results come back as a
+list in input order (`batch_to_list`), or — streaming — as `BatchResult`s
+in completion order (or input order with ``preserve_order``).
 """
 
 from __future__ import annotations
