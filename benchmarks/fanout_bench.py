@@ -2,10 +2,17 @@
 
 Each input goes through two extraction calls run in parallel ("extract the people",
 "extract the places", on the same text) and then one comparison call that reads both
-results: 3 LLM calls in two sequential rounds. A batch of ``--inputs`` texts (default
-200) runs with ``--concurrency`` inputs in flight (default 32) against a scripted
-OpenAI-compatible server in its own process (default 100 ms per answer), so the ideal
-is 2 × latency × ⌈inputs / concurrency⌉. For each framework the script prints wall
+results: 3 LLM calls in two sequential rounds, against a scripted OpenAI-compatible
+server in its own process (default 100 ms per answer). A batch of ``--inputs`` texts
+(default 200) runs in two forms (``--form``, default both):
+
+* **slots**: the LLM-call limit is the only limit (``--slots``, default 64 calls in
+  flight; plait's ``max_concurrent``), so the ideal is 3 × inputs / slots × latency
+  (0.94 s by default): every slot busy from the first call to the last. The only
+  peer is the floor, raw aiohttp with every input gathered at once under a semaphore
+  on calls (unbounded memory, outputs only at the end).
+* **peers'**: ``--concurrency`` inputs in flight (default 32), so the ideal is
+  2 × latency × ⌈inputs / concurrency⌉. For each framework the script prints wall
 time, its ratio to the ideal, client CPU per LLM call, the number of requests the
 server saw (caches and retries are off everywhere, so it must be 3 × inputs) and the
 server's peak of requests in flight; then plait's speed relative to each peer.
@@ -34,7 +41,7 @@ The peers live in their own venv, so the project's dev venv stays clean::
     python3 -m venv /work/peers_venv
     /work/peers_venv/bin/pip install -e /work/main -r /work/main/benchmarks/requirements-peers.txt
     /work/peers_venv/bin/python benchmarks/fanout_bench.py [--inputs 200] [--concurrency 32] \\
-        [--latency 0.1] [--only plait,dspy,langgraph,pydantic-ai]
+        [--slots 64] [--latency 0.1] [--form both] [--only plait,dspy,langgraph,pydantic-ai]
 
 The server answers with `respond` below (imported by the server process): a fixed
 short text, wrapped in DSPy's ``[[ ## field ## ]]`` markers when a request asks for
@@ -108,6 +115,12 @@ def _limited(one: Callable[[str], Awaitable[str]], concurrency: int) -> Batch:
 
 
 async def setup_plait(base_url: str, concurrency: int) -> tuple[Batch, Close]:
+    """The peers' form: ``concurrency`` inputs' worth of calls (2 each) in flight."""
+    return await plait_batch(base_url, 2 * concurrency)
+
+
+async def plait_batch(base_url: str, max_concurrent: int) -> tuple[Batch, Close]:
+    """plait's batch runner, at most ``max_concurrent`` LLM calls in flight."""
     import plait
     from plait import LLMInference, Module, ResourceConfig
     from plait.resources import ResourceManager
@@ -130,13 +143,43 @@ async def setup_plait(base_url: str, concurrency: int) -> tuple[Batch, Close]:
 
     async def batch(texts: list[str]) -> list[str]:
         return await plait.run(
-            module, texts, resources=config, max_concurrent=2 * concurrency, progress=False
+            module, texts, resources=config, max_concurrent=max_concurrent, progress=False
         )
 
     async def close() -> None:
         await ResourceManager.shared(config).aclose()
 
     return batch, close
+
+
+async def aiohttp_floor(base_url: str, max_concurrent: int) -> tuple[Batch, Close]:
+    """The floor of the slots form: raw aiohttp, every input gathered at once, a
+    semaphore of ``max_concurrent`` around each request (outputs come back only at
+    the end, and memory grows with the batch: what plait must not do)."""
+    import aiohttp
+    import orjson
+
+    limit = asyncio.Semaphore(max_concurrent)
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=max_concurrent))
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer k"}
+
+    async def ask(system: str, user: str) -> str:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        body = orjson.dumps({"model": "bench", "messages": messages})
+        async with (
+            limit,
+            session.post(f"{base_url}/chat/completions", data=body, headers=headers) as answer,
+        ):
+            return orjson.loads(await answer.read())["choices"][0]["message"]["content"]
+
+    async def one(text: str) -> str:
+        people, places = await asyncio.gather(ask(PEOPLE_PROMPT, text), ask(PLACES_PROMPT, text))
+        return await ask(COMPARE_PROMPT, comparison_input(people, places))
+
+    async def batch(texts: list[str]) -> list[str]:
+        return list(await asyncio.gather(*(one(t) for t in texts)))
+
+    return batch, session.close
 
 
 async def setup_dspy(base_url: str, concurrency: int) -> tuple[Batch, Close]:
@@ -329,20 +372,55 @@ def _let_server_import_this_file() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, old) if p)
 
 
+SLOTS_FORM = {
+    "plait": Framework("plait", plait_batch, None),
+    "aiohttp": Framework("aiohttp floor", aiohttp_floor, "aiohttp"),
+}
+"""The slots form: the LLM-call limit is the only limit (its ``concurrency`` is the slots)."""
+
+
+def run_form(
+    frameworks: list[Framework],
+    base_url: str,
+    texts: list[str],
+    warmup: list[str],
+    concurrency: int,
+    ideal: float,
+) -> dict[str, Result]:
+    """Measures each framework in its own loop, printing one row each; returns the results."""
+    timeout = max(60.0, 50 * ideal)
+    results: dict[str, Result] = {}
+    for framework in frameworks:
+        label = f"{framework.name} {_version(framework.distribution)}".strip()
+        try:
+            result = asyncio.run(measure(framework, base_url, texts, warmup, concurrency, timeout))
+        except Exception as exc:
+            print(f"  {label:<20} skipped: {_reason(exc)}")
+            continue
+        results[framework.name] = result
+        print(
+            f"  {label:<20} {result.wall:6.2f} s  {result.wall / ideal:5.2f} × ideal  "
+            f"client CPU {result.cpu_ms_per_call:5.2f} ms/call  "
+            f"{result.requests} requests (expected {3 * len(texts)}), "
+            f"peak {result.peak} in flight"
+        )
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--inputs", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, default=32, help="peers' form: inputs")
+    parser.add_argument("--slots", type=int, default=64, help="slots form: LLM calls")
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--warmup", type=int, default=32, help="inputs run before timing")
+    parser.add_argument("--form", choices=["slots", "peers", "both"], default="both")
     parser.add_argument(
         "--only", default=",".join(FRAMEWORKS), help=f"comma-separated: {','.join(FRAMEWORKS)}"
     )
     args = parser.parse_args()
     chosen = [FRAMEWORKS[key.strip()] for key in args.only.split(",") if key.strip()]
 
-    ideal = 2 * args.latency * math.ceil(args.inputs / args.concurrency)
-    timeout = max(60.0, 50 * ideal)
     texts = [
         f"Item {i}: Ada Lovelace wrote to Charles Babbage from London before they met in Paris."
         for i in range(args.inputs)
@@ -350,31 +428,25 @@ def main() -> None:
     warmup = [f"Warm-up {i}: Alan Turing worked in Manchester." for i in range(args.warmup)]
     print(
         f"fan-out pipeline: {args.inputs} inputs × 3 calls (2 parallel extractions, then a "
-        f"comparison), {args.concurrency} inputs in flight, {args.latency * 1000:.0f} ms "
-        f"latency; ideal {ideal:.2f} s; Python {sys.version.split()[0]}"
+        f"comparison), {args.latency * 1000:.0f} ms latency; Python {sys.version.split()[0]}"
     )
-    results: dict[str, Result] = {}
     _let_server_import_this_file()
     with start_server_process(latency=args.latency, responder="fanout_bench:respond") as (
         _server,
         base_url,
     ):
-        for framework in chosen:
-            label = f"{framework.name} {_version(framework.distribution)}".strip()
-            try:
-                result = asyncio.run(
-                    measure(framework, base_url, texts, warmup, args.concurrency, timeout)
-                )
-            except Exception as exc:
-                print(f"  {label:<20} skipped: {_reason(exc)}")
-                continue
-            results[framework.name] = result
-            print(
-                f"  {label:<20} {result.wall:6.2f} s  {result.wall / ideal:5.2f} × ideal  "
-                f"client CPU {result.cpu_ms_per_call:5.2f} ms/call  "
-                f"{result.requests} requests (expected {3 * args.inputs}), "
-                f"peak {result.peak} in flight"
-            )
+        if args.form in ("slots", "both"):
+            ideal = 3 * args.inputs / args.slots * args.latency
+            print(f"slots form: {args.slots} LLM calls in flight; ideal {ideal:.2f} s")
+            run_form(list(SLOTS_FORM.values()), base_url, texts, warmup, args.slots, ideal)
+        if args.form in ("peers", "both"):
+            ideal = 2 * args.latency * math.ceil(args.inputs / args.concurrency)
+            print(f"peers' form: {args.concurrency} inputs in flight; ideal {ideal:.2f} s")
+            results = run_form(chosen, base_url, texts, warmup, args.concurrency, ideal)
+            _compare(results)
+
+
+def _compare(results: dict[str, Result]) -> None:
     mine = results.get("plait")
     if mine is None:
         return

@@ -5,16 +5,18 @@ and the LLM-call limit hold across the batch), restores the items a checkpoint
 already holds, writes each finished one to it, and fails what the batch's
 deadline cut short. At most ``window`` items are in flight at once (by
 default the LLM-call limit), so a batch of 100,000 inputs never holds 100,000
-tasks. Results come back as a list in input order (`batch_to_list`), or —
-streaming — as `BatchResult`s in completion order (or input order with
-``preserve_order``).
+tasks; as every item in flight keeps a call running or waiting, that many
+items keep every LLM-call slot busy, and the executor's slots serve the oldest
+item's calls first (see `plait.execution.slots`). Results come back as a
+list in input order (`batch_to_list`), or — streaming — as `BatchResult`s
+in completion order (or input order with ``preserve_order``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,14 +73,16 @@ async def run_items(
     window: int,
     on_result: Callable[[BatchResult], Awaitable[None] | None],
     skip: Callable[[int], bool] = lambda index: False,
+    last_admitted: Callable[[], None] = lambda: None,
 ) -> None:
     """Runs every item not skipped, at most ``window`` at once, reporting each result.
 
     Exceptions of an item become its `BatchResult.error`; ``on_result`` may
     return an awaitable (backpressure: the worker waits for it before its next
-    item) and     raise to stop the whole batch (remaining items are cancelled).
+    item) and raise to stop the whole batch (remaining items are cancelled).
+    ``last_admitted`` is called as the last item starts.
     """
-    pending = (i for i in range(len(items)) if not skip(i))
+    pending = _admitted(len(items), skip, last_admitted)
 
     async def worker() -> None:
         for index in pending:
@@ -101,6 +105,19 @@ async def run_items(
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+
+
+def _admitted(
+    total: int, skip: Callable[[int], bool], last_admitted: Callable[[], None]
+) -> Iterator[int]:
+    """Yields the indices to run, calling ``last_admitted`` just before the last one."""
+    todo = (index for index in range(total) if not skip(index))
+    following = next(todo, None)
+    while following is not None:
+        index, following = following, next(todo, None)
+        if following is None:
+            last_admitted()
+        yield index
 
 
 class BatchStream:
@@ -227,7 +244,14 @@ async def run_batch(
             deadline = options["deadline"]
             try:
                 async with asyncio.timeout(deadline) as scope:
-                    await run_items(items, run_item, executor.max_concurrent, on_result, skip)
+                    await run_items(
+                        items,
+                        run_item,
+                        executor.max_concurrent,
+                        on_result,
+                        skip,
+                        executor.last_item_admitted,
+                    )
             except TimeoutError:
                 if not scope.expired():
                     raise

@@ -13,7 +13,6 @@ runs it on these same resources.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,6 +24,7 @@ from plait.execution.graph_cache import trace_cached
 from plait.execution.llm_call import USE_CACHE, call_llm
 from plait.execution.observe import observed
 from plait.execution.scheduler import NODE_SCOPE, execute_graph, scoped
+from plait.execution.slots import CallSlots, Rank
 from plait.execution.sync_bridge import remember_for_shutdown
 from plait.execution.tape import INNER_CALLS, Tape, attach_tape, new_tape_id
 from plait.module import LLMInference, Module, call_forward, is_async_module
@@ -58,7 +58,7 @@ class Executor:
         self.training = training
         """Record tapes: outputs carry ``_tape_ids`` and async leaves note their inner calls."""
         self.max_concurrent = max_concurrent
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = CallSlots(max_concurrent)
         self._params: dict[int, dict[str, Any]] = {}
 
     @classmethod
@@ -136,10 +136,13 @@ class Executor:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         path: str = "",
+        rank: Rank | None = None,
     ) -> Value:
         """Makes one LLM call within the global limit (endpoint limits apply inside).
 
-        ``path`` names the call in streamed events (the node's module path).
+        ``path`` names the call in streamed events (the node's module path);
+        ``rank`` orders it among calls waiting for a slot (see `CallSlots`; by
+        default, its item's, with no work after it).
         """
         if kwargs:
             prompt = kwargs.get("prompt", next(iter(kwargs.values())))
@@ -147,7 +150,7 @@ class Executor:
             prompt = args[0]
         else:
             raise TypeError(f"LLMInference (alias {module.alias!r}) was called without a prompt")
-        async with self._slot():
+        async with self._slot(rank):
             value = await call_llm(module, prompt, self.manager, self.timeout, path)
         calls = INNER_CALLS.get()
         if calls is not None:
@@ -180,7 +183,7 @@ class Executor:
             request = replace(request, timeout=self.timeout)
         if request.rollout_id is None and rollout is not None:
             request = replace(request, rollout_id=rollout)
-        async with self._slot():
+        async with self._slot(None):
             response = await self.manager.complete(
                 alias, request, cache=USE_CACHE.get(), accept=accept, on_text=on_text
             )
@@ -191,11 +194,19 @@ class Executor:
             )
         return response
 
-    def _slot(self) -> Any:
-        """Returns the run's LLM-call slots to hold for one call (timed when profiling:
-        waiting for them is waiting for a slot, like waiting for an endpoint's)."""
+    def last_item_admitted(self) -> None:
+        """Tells the LLM-call slots that the batch admits no more items (see `CallSlots`)."""
+        self._slots.last_admitted()
+
+    def _slot(self, rank: Rank | None) -> Any:
+        """Returns one of the run's LLM-call slots to hold for one call at ``rank`` (None:
+        the running item's, with no work after it); timed when profiling: waiting for them is
+        waiting for a slot, like waiting for an endpoint's."""
+        if rank is None:
+            rank = (NODE_SCOPE.get()[1] or 0, 1)
+        slot = self._slots.hold(rank)
         profiler = _context.PROFILE.get()
-        return self._slots if profiler is None else profiler.timed_slot(self._slots)
+        return slot if profiler is None else profiler.timed_slot(slot)
 
     async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
         """Runs any module on real inputs with these resources and returns raw output.

@@ -140,6 +140,7 @@ class _GraphRun:
         self.results = results
         self.params = params
         self.index = index
+        self.heights = graph.heights
         self.waiting = {
             node.id: sum(dep not in results for dep in node.dependencies)
             for node in graph.nodes.values()
@@ -252,7 +253,11 @@ class _GraphRun:
                     call_args,
                     call_kwargs,
                     lambda: self.executor.call_llm(
-                        node.module, call_args, call_kwargs, scoped(node.module_path or node.id)
+                        node.module,
+                        call_args,
+                        call_kwargs,
+                        scoped(node.module_path or node.id),
+                        (self.index or 0, self.heights[node.id]),
                     ),
                     scoped(node.module_path or node.id),
                 )

@@ -22,7 +22,6 @@ profiling a run of any length holds bounded memory.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import itertools
 import os
@@ -163,7 +162,7 @@ class _TimedSlot:
 
     __slots__ = ("_now", "_slots")
 
-    def __init__(self, slots: asyncio.Semaphore, now: Callable[[], float]) -> None:
+    def __init__(self, slots: Any, now: Callable[[], float]) -> None:
         self._slots = slots
         self._now = now
 
@@ -307,9 +306,10 @@ class Profiler:
         """Starts timing a node (called by the scheduler); `stop` the clock when it ends."""
         return NodeClock(self.now())
 
-    def timed_slot(self, slots: asyncio.Semaphore) -> _TimedSlot:
-        """Returns ``slots`` to hold with ``async with``, the wait counted for the running
-        nodes (the run's own limit on LLM calls in flight, called by its executor)."""
+    def timed_slot(self, slots: Any) -> _TimedSlot:
+        """Returns ``slots`` (anything with ``acquire``/``release``, such as one of the
+        run's LLM-call slots, called by its executor) to hold with ``async with``, the
+        wait counted for the running nodes."""
         return _TimedSlot(slots, self.now)
 
     def record(

@@ -210,6 +210,7 @@ class InferenceGraph:
         self.root = root
         self.scopes = scopes
         self._dependents: dict[str, list[str]] | None = None
+        self._heights: dict[str, int] | None = None
         self._hash: str | None = None
 
     def __len__(self) -> int:
@@ -235,6 +236,19 @@ class InferenceGraph:
                     dependents[dep].append(node.id)
             self._dependents = dependents
         return self._dependents
+
+    @property
+    def heights(self) -> dict[str, int]:
+        """Returns id → the number of nodes on the longest path from it to a node
+        nothing reads (those 1; computed once): the work still to come once it runs.
+        The executor runs the calls with the most work after them first."""
+        if self._heights is None:
+            heights: dict[str, int] = {}
+            for node_id in reversed(self.nodes):  # recording order is topological
+                after = (heights[d] for d in self.dependents[node_id])
+                heights[node_id] = 1 + max(after, default=0)
+            self._heights = heights
+        return self._heights
 
     def topological_order(self) -> list[str]:
         """Returns node ids so that every node comes after its dependencies.
