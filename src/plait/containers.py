@@ -21,7 +21,7 @@ import itertools
 import operator
 import reprlib
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Any, ClassVar, Generic, Self, TypeVar, overload
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
 
 from plait.module import Module, adopt
 from plait.parameter import Parameter
@@ -120,7 +120,8 @@ class _Container(Module, Generic[T]):
     def __setattr__(self, name: str, value: Any) -> None:
         store = self.__dict__.get(self._registry)
         if store is not None and isinstance(value, self._item_type):
-            self._set_entry(_check_key(name, type(self).__name__), value)
+            # An instance of the entry type, just checked: an entry.
+            self._set_entry(_check_key(name, type(self).__name__), cast(T, value))
         elif store is not None and name in store:
             raise TypeError(
                 f"cannot assign {type(value).__name__} to entry {name!r} of "
@@ -365,7 +366,7 @@ class _DictContainer(_Container[T]):
         if key not in self._store():
             if default is _MISSING:
                 raise self._missing(key)
-            return default  # type: ignore[no-any-return]
+            return default
         return self._store().pop(key)
 
     def clear(self) -> None:
