@@ -429,7 +429,7 @@ class _TypeParser:
             self._next()
             values.append(self._literal_value())
         self._expect("]", "to close Literal[...]")
-        return Literal[tuple(values)]  # type: ignore[valid-type]
+        return Literal[tuple(values)]
 
     def _enum(self, token: _Token) -> Any:
         """Returns dsprrr's ``enum('a', 'b')`` (or ``enum['a', 'b']``) as ``Literal['a', 'b']``."""
@@ -442,7 +442,7 @@ class _TypeParser:
             self._next()
             values.append(self._literal_value())
         self._expect(_CLOSING[opening.text], "to close enum(...)")
-        return Literal[tuple(values)]  # type: ignore[valid-type]
+        return Literal[tuple(values)]
 
     def _literal_value(self) -> Any:
         token = self._next()

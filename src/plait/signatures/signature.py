@@ -31,7 +31,10 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "FieldSpec",
@@ -410,7 +413,7 @@ class Signature(metaclass=SignatureMeta):
         return cls._derived([f for f in _specs(cls) if f.name != name])
 
     @classmethod
-    def output_model(cls) -> type[Any]:
+    def output_model(cls) -> type[BaseModel]:
         """Returns a pydantic model of the output fields (cached; equal outputs share it).
 
         The model ignores extra keys and accepts numbers for ``str`` fields,
@@ -421,7 +424,7 @@ class Signature(metaclass=SignatureMeta):
         return output_model_for(cls.__name__, cls._outputs)
 
     @classmethod
-    def demo_model(cls) -> type[Any]:
+    def demo_model(cls) -> type[BaseModel]:
         """Returns a pydantic model of one few-shot demo: every input and output field (cached).
 
         What an optimizer asks for when it proposes demos, so the reply is a
@@ -538,10 +541,10 @@ def as_signature(signature: Any, instructions: str | None = None) -> type[Signat
         TypeError: it is neither.
         SignatureSyntaxError: the string is malformed.
     """
-    if isinstance(signature, SignatureMeta):
+    if isinstance(signature, type) and issubclass(signature, Signature):
         if instructions is not None:
             return signature.with_instructions(instructions)
-        return signature  # type: ignore[return-value]
+        return signature
     if isinstance(signature, str):
         return Signature.from_string(signature, instructions=instructions)
     raise TypeError(
