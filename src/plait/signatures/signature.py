@@ -62,18 +62,31 @@ class _FieldMarker:
     kind: ClassVar[FieldKind]
 
 
-@dataclass(frozen=True, slots=True)
+# ``answer: int = OutputField()`` annotates the field's type, not the marker's
+# (the class keeps no attribute of that name), so to a type checker a marker
+# stands for a value of any type, as pydantic's ``Field()`` does. The markers
+# are not dataclasses themselves: a checker would then read their own
+# ``__init__`` instead of this ``__new__``.
 class InputField(_FieldMarker):
     """Marks a signature attribute as an input: ``question: str = InputField("The question")``."""
 
+    __slots__ = ()
     kind: ClassVar[FieldKind] = "input"
 
+    if TYPE_CHECKING:
 
-@dataclass(frozen=True, slots=True)
+        def __new__(cls, description: str = "") -> Any: ...
+
+
 class OutputField(_FieldMarker):
     """Marks a signature attribute as an output: ``answer: int = OutputField("The count")``."""
 
+    __slots__ = ()
     kind: ClassVar[FieldKind] = "output"
+
+    if TYPE_CHECKING:
+
+        def __new__(cls, description: str = "") -> Any: ...
 
 
 @dataclass(frozen=True, slots=True, eq=True)
