@@ -16,6 +16,7 @@ as ReAct (`plait.modules.tool_loop`), approvals included.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -427,10 +428,12 @@ async def ask_step(
     )
     if sink is not None:
         await sink.finish()
-    common = {"usage": reply.usage, "raw": reply.response.text, "messages": reply.request.messages}
+    prediction = functools.partial(
+        Prediction, usage=reply.usage, raw=reply.response.text, messages=reply.request.messages
+    )
     if isinstance(reply.value, tuple):  # tool calls: one step of an agent
-        return Prediction(native_tool_calls=reply.value, is_final=False, **common)
-    return Prediction(reply.value, **common)
+        return prediction(native_tool_calls=reply.value, is_final=False)
+    return prediction(reply.value)
 
 
 # ------------------------------------------------------------------ helpers
