@@ -31,7 +31,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
@@ -39,13 +39,17 @@ from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import Limiter
 
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
+
 __all__ = ["EndpointLimits", "PlaitMapper", "RemoteLimiter", "map_dataset"]
 
 Limits = str
 """``"cluster"`` (one actor per endpoint), ``"shares"`` or ``"local"``."""
 
 
-@ray.remote(num_cpus=0, max_concurrency=100_000)
+# ray's typed overloads of remote() leave out max_concurrency, an actor option it documents.
+@ray.remote(num_cpus=0, max_concurrency=100_000)  # type: ignore[call-overload]
 class EndpointLimits:
     """A Ray actor holding one endpoint's `Limiter` for every worker of the cluster.
 
@@ -248,7 +252,9 @@ def _actor_name(namespace: str, endpoint: str) -> str:
 
 def endpoint_actor(namespace: str, config: EndpointConfig) -> Any:
     """Returns the limits actor of an endpoint, creating it on first use (any worker may)."""
-    return EndpointLimits.options(
+    # ray.remote made the class an actor class; a type checker does not apply class decorators.
+    actor_class = cast("ActorClass[EndpointLimits]", EndpointLimits)
+    return actor_class.options(
         name=_actor_name(namespace, config.name), get_if_exists=True, lifetime=None
     ).remote(config.max_concurrent, config.rpm, config.tpm)
 
@@ -342,7 +348,8 @@ class PlaitMapper:
         names = list(batch)
         size = len(batch[names[0]]) if names else 0
         rows = [{name: _plain(batch[name][i]) for name in names} for i in range(size)]
-        items, positions, errors = [], [], [None] * size
+        items, positions = [], []
+        errors: list[str | None] = [None] * size
         for i, row in enumerate(rows):
             try:
                 items.append(self.mapper.item(i, row, "batch"))
