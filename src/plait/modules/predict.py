@@ -17,6 +17,7 @@ as ReAct (`plait.modules.tool_loop`), approvals included.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -447,7 +448,7 @@ def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _demo_type(sig: type[Signature]) -> Any:
     """Returns ``list[<signature>Demo]``, or None when a field type has no JSON schema."""
     try:
-        return list[sig.demo_model()]  # type: ignore[misc]
+        return types.GenericAlias(list, sig.demo_model())
     except TypeError:
         return None
 
