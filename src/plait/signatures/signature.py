@@ -31,7 +31,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -512,7 +512,8 @@ def make_signature(
         "__module__": __name__,
         "__qualname__": name,
     }
-    return SignatureMeta(name, (Signature,), namespace)  # type: ignore[return-value]
+    # The metaclass called with Signature as the only base makes a Signature subclass.
+    return cast(type[Signature], SignatureMeta(name, (Signature,), namespace))
 
 
 def _specs_of_mapping(given: Mapping[str, Any] | None, kind: FieldKind) -> tuple[FieldSpec, ...]:
