@@ -21,14 +21,14 @@ import itertools
 import operator
 import reprlib
 from collections.abc import ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
-from typing import Any, ClassVar, Generic, Self, TypeVar, overload
+from typing import Any, ClassVar, Generic, Self, TypeVar, cast, overload
 
 from plait.module import Module, adopt
 from plait.parameter import Parameter
 
 __all__ = ["ModuleDict", "ModuleList", "ParameterDict", "ParameterList", "Sequential"]
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Module | Parameter)
 M = TypeVar("M", bound=Module)
 
 _MISSING: Any = object()
@@ -87,7 +87,7 @@ class _Container(Module, Generic[T]):
     def _checked(self, item: Any, where: str) -> T:
         """Returns ``item`` if it has the entry type, else raises a TypeError naming ``where``."""
         if isinstance(item, self._item_type):
-            return item  # type: ignore[return-value]
+            return cast(T, item)  # an instance of the entry type, just checked
         hint = ""
         if self._item_type is Parameter and isinstance(item, str):
             hint = f"; wrap it: Parameter({reprlib.repr(item)}, description='...')"
@@ -100,7 +100,7 @@ class _Container(Module, Generic[T]):
         """Names ``item`` after its key, as Module.__setattr__ does for attributes."""
         if isinstance(item, Parameter) and item._name == old_key and item.is_owned_by(self):
             item._name = None  # re-numbered in this container: take the new key
-        adopt(self, key, item)  # type: ignore[arg-type]
+        adopt(self, key, item)
 
     def _set_entry(self, key: str, item: T) -> None:
         raise NotImplementedError
@@ -120,7 +120,8 @@ class _Container(Module, Generic[T]):
     def __setattr__(self, name: str, value: Any) -> None:
         store = self.__dict__.get(self._registry)
         if store is not None and isinstance(value, self._item_type):
-            self._set_entry(_check_key(name, type(self).__name__), value)
+            # An instance of the entry type, just checked: an entry.
+            self._set_entry(_check_key(name, type(self).__name__), cast(T, value))
         elif store is not None and name in store:
             raise TypeError(
                 f"cannot assign {type(value).__name__} to entry {name!r} of "
@@ -168,10 +169,9 @@ class _ListContainer(_Container[T]):
         store = self._store()
         store.clear()
         for position, (old_key, item) in enumerate(entries):
-            keep = old_key is not None and not _is_position(old_key)
-            key = old_key if keep else str(position)
-            store[key] = item  # type: ignore[index]
-            self._adopt(key, item, old_key)  # type: ignore[arg-type]
+            key = old_key if old_key is not None and not _is_position(old_key) else str(position)
+            store[key] = item
+            self._adopt(key, item, old_key)
 
     def _position(self, index: Any) -> int:
         """Returns ``index`` as a position in range, or raises IndexError/TypeError."""
@@ -365,7 +365,7 @@ class _DictContainer(_Container[T]):
         if key not in self._store():
             if default is _MISSING:
                 raise self._missing(key)
-            return default  # type: ignore[no-any-return]
+            return default
         return self._store().pop(key)
 
     def clear(self) -> None:

@@ -118,7 +118,12 @@ class BackwardResult:
             whatever produced that input.
         parameter_feedback: parameter name (an attribute of the module, or a
             dotted path below it) → feedback for that parameter.
+
+    Feedback is text, or anything that becomes text (a `Feedback`, a Value, or
+    an awaitable of one, awaited concurrently): an override may start its LLM
+    calls and return them unawaited. Backward makes every entry text before
+    sending it on.
     """
 
-    input_feedback: dict[str, str] = field(default_factory=dict)
-    parameter_feedback: dict[str, str] = field(default_factory=dict)
+    input_feedback: dict[str, Any] = field(default_factory=dict)
+    parameter_feedback: dict[str, Any] = field(default_factory=dict)

@@ -158,7 +158,7 @@ class _Ready:
     __slots__ = ()
 
     def __await__(self) -> Generator[Any, None, None]:
-        return iter(())  # type: ignore[return-value]
+        yield from ()
 
 
 _READY = _Ready()

@@ -206,7 +206,7 @@ class Tool:
         self._params = _keyword_parameters(func, self.name)
         self.args_model = _build_args_model(func, self.name, self._params)
         self.parameters = _schema_of(self.args_model, arg_docs)
-        functools.update_wrapper(self, func, updated=())  # type: ignore[arg-type]
+        functools.update_wrapper(self, func, updated=())
 
     @property
     def spec(self) -> ToolSpec:
@@ -227,7 +227,7 @@ class Tool:
             return self
         bound = Tool.__new__(Tool)
         bound.__dict__.update(self.__dict__)
-        bound.func = self.func.__get__(instance, owner)  # type: ignore[attr-defined]
+        bound.func = self.func.__get__(instance, owner)
         return bound
 
     async def call(
@@ -444,21 +444,16 @@ def tool(
         @tool(require_confirmation=True)      # a person approves each call
         def delete_file(path: str) -> str: ...
     """
-    options = {
-        "name": name,
-        "description": description,
-        "in_thread": in_thread,
-        "timeout": timeout,
-        "max_result_chars": max_result_chars,
-        "require_confirmation": require_confirmation,
-    }
-    if func is not None:
-        return Tool(func, **options)
-
-    def decorate(fn: Callable[..., Any]) -> Tool:
-        return Tool(fn, **options)
-
-    return decorate
+    make = functools.partial(
+        Tool,
+        name=name,
+        description=description,
+        in_thread=in_thread,
+        timeout=timeout,
+        max_result_chars=max_result_chars,
+        require_confirmation=require_confirmation,
+    )
+    return make(func) if func is not None else make
 
 
 # ------------------------------------------------------------------ schema
@@ -680,7 +675,7 @@ def _render(value: Any) -> str:
 def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:
     """Returns tools by name, wrapping plain functions in `Tool`; refuses two of one name."""
     if isinstance(tools, Tool) or callable(tools):
-        tools = [tools]  # type: ignore[list-item]
+        tools = [tools]
     table: dict[str, Tool] = {}
     for item in tools:
         wrapped = item if isinstance(item, Tool) else Tool(item)

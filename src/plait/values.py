@@ -158,7 +158,8 @@ class Value:
 
     # ``Value[str]`` annotates "a Value whose payload is a str"; like ``list[str]``
     # it is not checked at run time.
-    __class_getitem__ = classmethod(types.GenericAlias)
+    def __class_getitem__(cls, item: Any) -> types.GenericAlias:
+        return types.GenericAlias(cls, item)
 
     # ----------------------------------------------------------------- access
     @property
@@ -315,6 +316,13 @@ class TracedValue(Value, str):
     instead of silently working on the token.
     """
 
+    # Always set: the constructor refuses a traced value without its node's ref.
+    ref: str
+
+    # Indexing selects from the unknown payload (an F.select node, a Value), never
+    # a character of the placeholder token: str's contract is broken on purpose.
+    __getitem__ = Value.__getitem__  # type: ignore[assignment]
+
     def __new__(
         cls, kind: ValueKind, payload: Any = SYMBOLIC, ref: str | None = None, meta: Any = None
     ) -> TracedValue:
@@ -362,6 +370,8 @@ class _TextToken(str):
     """
 
     __slots__ = ("mode", "ref")
+    mode: str
+    ref: str
 
     def __new__(cls, ref: str, mode: str) -> _TextToken:
         token = str.__new__(cls, placeholder(ref, mode))

@@ -31,13 +31,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import Limiter
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
 
 __all__ = [
     "EndpointLimits",
@@ -53,7 +56,8 @@ Limits = str
 """``"cluster"`` (one actor per endpoint), ``"shares"`` or ``"local"``."""
 
 
-@ray.remote(num_cpus=0, max_concurrency=100_000)
+# ray's typed overloads of remote() leave out max_concurrency, an actor option it documents.
+@ray.remote(num_cpus=0, max_concurrency=100_000)  # type: ignore[call-overload]
 class EndpointLimits:
     """A Ray actor holding one endpoint's `Limiter` for every worker of the cluster.
 
@@ -268,7 +272,9 @@ def endpoint_actor(namespace: str, config: EndpointConfig, lifetime: str | None 
             it (it goes with the job); ``"detached"`` keeps it while the cluster runs, for
             workers that come and go, such as Ray Serve replicas.
     """
-    return EndpointLimits.options(
+    # ray.remote made the class an actor class; a type checker does not apply class decorators.
+    actor_class = cast("ActorClass[EndpointLimits]", EndpointLimits)
+    return actor_class.options(
         name=_actor_name(namespace, config.name), get_if_exists=True, lifetime=lifetime
     ).remote(config.max_concurrent, config.rpm, config.tpm)
 
@@ -368,7 +374,8 @@ class PlaitMapper:
         names = list(batch)
         size = len(batch[names[0]]) if names else 0
         rows = [{name: _plain(batch[name][i]) for name in names} for i in range(size)]
-        items, positions, errors = [], [], [None] * size
+        items, positions = [], []
+        errors: list[str | None] = [None] * size
         for i, row in enumerate(rows):
             try:
                 items.append(self.mapper.item(i, row, "batch"))

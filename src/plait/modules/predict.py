@@ -16,6 +16,8 @@ as ReAct (`plait.modules.tool_loop`), approvals included.
 
 from __future__ import annotations
 
+import functools
+import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -432,10 +434,12 @@ async def ask_step(
     )
     if sink is not None:
         await sink.finish()
-    common = {"usage": reply.usage, "raw": reply.response.text, "messages": reply.request.messages}
+    prediction = functools.partial(
+        Prediction, usage=reply.usage, raw=reply.response.text, messages=reply.request.messages
+    )
     if isinstance(reply.value, tuple):  # tool calls: one step of an agent
-        return Prediction(native_tool_calls=reply.value, is_final=False, **common)
-    return Prediction(reply.value, **common)
+        return prediction(native_tool_calls=reply.value, is_final=False)
+    return prediction(reply.value)
 
 
 # ------------------------------------------------------------------ helpers
@@ -449,7 +453,7 @@ def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _demo_type(sig: type[Signature]) -> Any:
     """Returns ``list[<signature>Demo]``, or None when a field type has no JSON schema."""
     try:
-        return list[sig.demo_model()]  # type: ignore[misc]
+        return types.GenericAlias(list, sig.demo_model())
     except TypeError:
         return None
 

@@ -201,11 +201,12 @@ class Requirements(Module):
         """Returns the report for ``output``; a judge call that fails raises its error."""
         context = to_text(inputs or {})
         checks = [self._check(req, output, context) for req in self.requirements]
-        results = await asyncio.gather(*checks, return_exceptions=True)
-        for result in results:
+        results: list[RequirementResult] = []
+        for result in await asyncio.gather(*checks, return_exceptions=True):
             if isinstance(result, BaseException):
                 raise result
-        return RequirementsReport(tuple(results))  # type: ignore[arg-type]
+            results.append(result)
+        return RequirementsReport(tuple(results))
 
     async def _check(
         self, requirement: Requirement, output: Any, context: str

@@ -63,7 +63,7 @@ def _as_text(grad: Any) -> str:
 
 
 async def backward(
-    outputs: Value | Sequence[Value],
+    outputs: Value | Sequence[Value] | Feedback,
     grad: Any = None,
     *,
     resources: Any = None,
@@ -72,7 +72,9 @@ async def backward(
     """Sends feedback backward through the tapes of ``outputs``.
 
     Args:
-        outputs: a training-mode output (or several) with ``meta["_tape_ids"]``.
+        outputs: a training-mode output (or several) with ``meta["_tape_ids"]``;
+            an eval-mode `Feedback` (``Feedback.backward``) is taken only to be
+            refused with the hint below.
         grad: the feedback to send; default: each output's own payload (a
             loss Value's `Feedback`).
         resources: resources for backward methods that call LLMs (default:
@@ -85,18 +87,19 @@ async def backward(
     """
     # Only a list or tuple means "several outputs": anything else (an eval-mode
     # Feedback, a plain string) is one output, refused below with the hint.
-    values = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    given = list(outputs) if isinstance(outputs, list | tuple) else [outputs]
+    values: list[Value] = []
     jobs: list[tuple[Tape, str]] = []
-    for position, value in enumerate(values):
-        tape_ids = value.meta.get("_tape_ids") if isinstance(value, Value) else None
-        if not tape_ids:
+    for position, value in enumerate(given):
+        if not isinstance(value, Value) or not value.meta.get("_tape_ids"):
             raise ValueError(
                 f"output {position} ({type(value).__name__}) has no tape ids: it was not "
                 "produced in training mode; "
                 "call module.train() (or TrainingStep(...).train()) before the forward pass"
             )
+        values.append(value)
         text = _as_text(grad if grad is not None else value)
-        jobs.extend((get_tape(tape_id), text) for tape_id in tape_ids)
+        jobs.extend((get_tape(tape_id), text) for tape_id in value.meta["_tape_ids"])
     report = BackwardReport()
     executor = await _executor_for(resources, jobs)
     token = _context.RUN.set(executor) if executor is not None else None

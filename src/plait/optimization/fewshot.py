@@ -191,9 +191,9 @@ def _with_demos(
     candidate = program.copy()
     modules = dict(candidate.named_modules())
     for path, demos in chosen.items():
-        modules[path].demos.value = list(demos)  # type: ignore[union-attr]
+        modules[path]._parameters["demos"].value = list(demos)
     for path, text in (instructions or {}).items():
-        modules[path].instructions.value = text  # type: ignore[union-attr]
+        modules[path]._parameters["instructions"].value = text
     return candidate
 
 
@@ -426,7 +426,7 @@ class RandomSearch(ProgramSearch):
         for note, chosen, instructions in plans[: self.num_candidates]:
             params: dict[str, Any] = _describe(chosen)
             for path, text in instructions.items():
-                if text != steps[path].instructions.value:  # type: ignore[union-attr]
+                if text != steps[path]._parameters["instructions"].value:
                     params[f"{path or 'program'}.instructions"] = text
             candidate = _with_demos(program, chosen, instructions)
             candidates.append(Candidate(candidate, params, note))
@@ -446,9 +446,10 @@ class RandomSearch(ProgramSearch):
         pools: dict[str, list[str]] = {}
         self.proposals = {}
         for path, module in steps.items():
-            if not isinstance(module._parameters.get("instructions"), Parameter):
+            learnable = module._parameters.get("instructions")
+            if not isinstance(learnable, Parameter):
                 continue  # a step without learnable instructions keeps what it has
-            current = str(module.instructions.value)  # type: ignore[union-attr]
+            current = str(learnable.value)
             pool = [current, *(t for t in self.instructions if t != current)]
             if self.propose:
                 proposed = await asyncio.gather(

@@ -62,7 +62,7 @@ class Loss(Module):
     judge could not give (score None from an unusable reply) sends nothing.
     """
 
-    def forward(self, output: Any, target: Any = None) -> Feedback:
+    def forward(self, output: Any, target: Any = None) -> Feedback | Awaitable[Feedback]:
         raise NotImplementedError(f"{type(self).__name__} must implement forward(output, target)")
 
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult:

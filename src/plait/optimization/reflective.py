@@ -80,7 +80,6 @@ from plait.optimization.losses import Loss, VerifierLoss
 from plait.optimization.optimizers import TextGradOptimizer
 from plait.optimization.search import Candidate, ProgramSearch, Trial, _label
 from plait.optimization.step import TrainingStep, on_examples
-from plait.parameter import Parameter
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -328,7 +327,7 @@ class ReflectiveSearch(ProgramSearch):
         """Swaps demos of one step for demos from the minibatch's good runs (or its labels)."""
         path = name.rpartition(".")[0]
         module = dict(program.named_modules())[path]
-        param: Parameter = module.demos  # type: ignore[assignment]
+        param = module._parameters["demos"]
         good: list[tuple[str, dict[str, Any]]] = []
         for record in module.__dict__.get("_traces", ()):
             index = record.index

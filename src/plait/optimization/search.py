@@ -615,7 +615,7 @@ class GridSearch(ProgramSearch):
         **options: Any,
     ) -> None:
         if isinstance(metric, Mapping):  # the older order: GridSearch(parameters, metric)
-            metric, parameters = parameters, metric  # type: ignore[assignment]
+            metric, parameters = parameters, metric
         super().__init__(metric, **options)
         self.default_grid = parameters is None
         if parameters is None:

@@ -320,10 +320,12 @@ def check_update(
     return value, None
 
 
+_KIND_NAMES: dict[type, str] = {dict: "JSON object", list: "JSON list", str: "string"}
+"""What a parameter's value is called in feedback, by its type (else the type's name)."""
+
+
 def kind_of(value: Any) -> str:
-    return {dict: "JSON object", list: "JSON list", str: "string"}.get(
-        type(value), type(value).__name__
-    )
+    return _KIND_NAMES.get(type(value), type(value).__name__)
 
 
 def as_text(value: Any) -> str:

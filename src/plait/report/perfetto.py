@@ -62,7 +62,9 @@ def _meta(pid: int, name: str, lanes: int, lane_label: str, sort: int) -> list[d
     return events
 
 
-def _span(name: str, cat: str, pid: int, tid: int, start: float, end: float, **args: Any):
+def _span(
+    name: str, cat: str, pid: int, tid: int, start: float, end: float, **args: Any
+) -> dict[str, Any]:
     return {
         "name": name,
         "cat": cat,

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.signatures.signature import FieldSpec
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["attribute_names", "output_model_for", "outputs_of"]
 
 _CACHE_SIZE = 512
-_cache: OrderedDict[tuple[str, tuple[FieldSpec, ...]], type[Any]] = OrderedDict()
+_cache: OrderedDict[tuple[str, tuple[FieldSpec, ...]], type[BaseModel]] = OrderedDict()
 """Models by (model name, field specs)."""
 _lock = threading.Lock()
 
@@ -41,7 +44,9 @@ def attribute_names(specs: tuple[FieldSpec, ...]) -> dict[str, str]:
     return names
 
 
-def output_model_for(name: str, specs: tuple[FieldSpec, ...], suffix: str = "Output") -> type[Any]:
+def output_model_for(
+    name: str, specs: tuple[FieldSpec, ...], suffix: str = "Output"
+) -> type[BaseModel]:
     """Returns the pydantic model ``<name><suffix>`` with one required field per spec (cached)."""
     key = (f"{name}{suffix}", specs)
     with _lock:
@@ -57,7 +62,7 @@ def output_model_for(name: str, specs: tuple[FieldSpec, ...], suffix: str = "Out
     return model
 
 
-def _build(name: str, specs: tuple[FieldSpec, ...]) -> type[Any]:
+def _build(name: str, specs: tuple[FieldSpec, ...]) -> type[BaseModel]:
     from pydantic import ConfigDict, Field, create_model
 
     attrs = attribute_names(specs)

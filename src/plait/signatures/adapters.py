@@ -397,7 +397,7 @@ class JSONAdapter(_MessageAdapter):
 
         return json_fields(text)
 
-    def response_schema(self, signature: type[Signature]) -> ResponseSchema:
+    def response_schema(self, signature: type[Signature]) -> ResponseSchema | None:
         """Returns the output model's JSON schema, named after the signature."""
         from plait.execution.structured import output_type_for
 
@@ -454,7 +454,7 @@ class PlainAdapter(JSONAdapter):
         return "\n\n".join([*preface, signature.instructions])
 
     def format_inputs(
-        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool
+        self, signature: type[Signature], inputs: Mapping[str, Any], final: bool = True
     ) -> str:
         if not _is_plain(signature):
             return super().format_inputs(signature, inputs, final)

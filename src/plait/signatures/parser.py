@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -411,11 +412,11 @@ class _TypeParser:
         if name == "list":
             if len(args) > 1:
                 self._fail(f"list takes one type argument (list[T]), got {len(args)}", token)
-            return list[args[0]] if args else list  # type: ignore[valid-type]
+            return types.GenericAlias(list, args[0]) if args else list
         if name == "dict":
             if len(args) not in (0, 2):
                 self._fail(f"dict takes two type arguments (dict[K, V]), got {len(args)}", token)
-            return dict[args[0], args[1]] if args else dict  # type: ignore[valid-type]
+            return types.GenericAlias(dict, (args[0], args[1])) if args else dict
         if len(args) != 1:
             self._fail("Optional takes one type argument: Optional[T]", token)
         return typing.Optional[args[0]]  # noqa: UP045 - built at run time
@@ -429,7 +430,7 @@ class _TypeParser:
             self._next()
             values.append(self._literal_value())
         self._expect("]", "to close Literal[...]")
-        return Literal[tuple(values)]  # type: ignore[valid-type]
+        return Literal[tuple(values)]
 
     def _enum(self, token: _Token) -> Any:
         """Returns ``enum('a', 'b')`` (or ``enum['a', 'b']``) as ``Literal['a', 'b']``."""
@@ -442,7 +443,7 @@ class _TypeParser:
             self._next()
             values.append(self._literal_value())
         self._expect(_CLOSING[opening.text], "to close enum(...)")
-        return Literal[tuple(values)]  # type: ignore[valid-type]
+        return Literal[tuple(values)]
 
     def _literal_value(self) -> Any:
         token = self._next()

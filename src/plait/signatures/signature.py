@@ -31,7 +31,10 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = [
     "FieldSpec",
@@ -59,18 +62,31 @@ class _FieldMarker:
     kind: ClassVar[FieldKind]
 
 
-@dataclass(frozen=True, slots=True)
+# ``answer: int = OutputField()`` annotates the field's type, not the marker's
+# (the class keeps no attribute of that name), so to a type checker a marker
+# stands for a value of any type, as pydantic's ``Field()`` does. The markers
+# are not dataclasses themselves: a checker would then read their own
+# ``__init__`` instead of this ``__new__``.
 class InputField(_FieldMarker):
     """Marks a signature attribute as an input: ``question: str = InputField("The question")``."""
 
+    __slots__ = ()
     kind: ClassVar[FieldKind] = "input"
 
+    if TYPE_CHECKING:
 
-@dataclass(frozen=True, slots=True)
+        def __new__(cls, description: str = "") -> Any: ...
+
+
 class OutputField(_FieldMarker):
     """Marks a signature attribute as an output: ``answer: int = OutputField("The count")``."""
 
+    __slots__ = ()
     kind: ClassVar[FieldKind] = "output"
+
+    if TYPE_CHECKING:
+
+        def __new__(cls, description: str = "") -> Any: ...
 
 
 @dataclass(frozen=True, slots=True, eq=True)
@@ -410,7 +426,7 @@ class Signature(metaclass=SignatureMeta):
         return cls._derived([f for f in _specs(cls) if f.name != name])
 
     @classmethod
-    def output_model(cls) -> type[Any]:
+    def output_model(cls) -> type[BaseModel]:
         """Returns a pydantic model of the output fields (cached; equal outputs share it).
 
         The model ignores extra keys and accepts numbers for ``str`` fields,
@@ -421,7 +437,7 @@ class Signature(metaclass=SignatureMeta):
         return output_model_for(cls.__name__, cls._outputs)
 
     @classmethod
-    def demo_model(cls) -> type[Any]:
+    def demo_model(cls) -> type[BaseModel]:
         """Returns a pydantic model of one few-shot demo: every input and output field (cached).
 
         What an optimizer asks for when it proposes demos, so the reply is a
@@ -496,7 +512,8 @@ def make_signature(
         "__module__": __name__,
         "__qualname__": name,
     }
-    return SignatureMeta(name, (Signature,), namespace)  # type: ignore[return-value]
+    # The metaclass called with Signature as the only base makes a Signature subclass.
+    return cast(type[Signature], SignatureMeta(name, (Signature,), namespace))
 
 
 def _specs_of_mapping(given: Mapping[str, Any] | None, kind: FieldKind) -> tuple[FieldSpec, ...]:
@@ -538,10 +555,10 @@ def as_signature(signature: Any, instructions: str | None = None) -> type[Signat
         TypeError: it is neither.
         SignatureSyntaxError: the string is malformed.
     """
-    if isinstance(signature, SignatureMeta):
+    if isinstance(signature, type) and issubclass(signature, Signature):
         if instructions is not None:
             return signature.with_instructions(instructions)
-        return signature  # type: ignore[return-value]
+        return signature
     if isinstance(signature, str):
         return Signature.from_string(signature, instructions=instructions)
     raise TypeError(

@@ -15,7 +15,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 
@@ -88,10 +88,12 @@ class BatchStore:
         self.log.append(f"{request.method} {request.raw_path}")
 
     async def _upload(self, request: web.Request) -> web.Response:
+        from aiohttp import web
+
         self._note(request)
         form = await request.post()
         upload = form.get("file")
-        if form.get("purpose") != "batch" or upload is None or isinstance(upload, str):
+        if form.get("purpose") != "batch" or not isinstance(upload, web.FileField):
             return self._json(error_payload(400, "send purpose=batch and a file"), 400)
         content = upload.file.read()
         file_id = f"file-{next(self._serial)}"
@@ -99,7 +101,7 @@ class BatchStore:
         info = {"id": file_id, "object": "file", "bytes": len(content), "purpose": "batch"}
         return self._json(info)
 
-    async def _content(self, request: web.Request) -> web.Response:
+    async def _content(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
         self._note(request)
@@ -116,10 +118,11 @@ class BatchStore:
         self._note(request)
         body = orjson.loads(await request.read())
         file_id = body.get("input_file_id")
-        if file_id not in self.files or body.get("endpoint") != "/v1/chat/completions":
+        content = self.files.get(file_id)
+        if not isinstance(content, bytes) or body.get("endpoint") != "/v1/chat/completions":
             return self._json(error_payload(400, "unknown input_file_id or endpoint"), 400)
         batch_id = self.batch_id_format.format(n=next(self._serial))
-        lines = [line for line in self.files[file_id].splitlines() if line.strip()]
+        lines = [line for line in content.splitlines() if line.strip()]
         self.batches[batch_id] = {
             "id": batch_id,
             "object": "batch",
@@ -149,14 +152,17 @@ class BatchStore:
         return self._json(batch)
 
     async def _finish(self, batch: dict[str, Any], server: ScriptedServer) -> None:
-        outputs, errors = [], []
-        for number, line in enumerate(self.files[batch["input_file_id"]].splitlines()):
+        outputs: list[dict[str, Any]] = []
+        errors: list[dict[str, Any]] = []
+        # An uploaded file, not a Flood: _create accepted only such an input file.
+        requests = cast(bytes, self.files[batch["input_file_id"]])
+        for number, line in enumerate(requests.splitlines()):
             if not line.strip():
                 continue
             item = orjson.loads(line)
             result = await self._answer(item, server, f"batch_req_{number}")
             (outputs if result["response"]["status_code"] == 200 else errors).append(result)
-        files = {"output_file_id": outputs, "error_file_id": errors}
+        files: dict[str, list[Any] | Flood] = {"output_file_id": outputs, "error_file_id": errors}
         if self.edit_results is not None:
             files = {"output_file_id": self.edit_results(outputs + errors)}
         for key, results in files.items():
@@ -167,12 +173,14 @@ class BatchStore:
         batch["request_counts"].update(completed=len(outputs), failed=len(errors))
         batch["status"] = "completed"
 
-    async def _answer(self, item: dict[str, Any], server: ScriptedServer, request_id: str):
+    async def _answer(
+        self, item: dict[str, Any], server: ScriptedServer, request_id: str
+    ) -> dict[str, Any]:
         body = item.get("body") or {}
         try:
             reply = await server._ask_responder(body)
-            if isinstance(reply, RawReply):
-                raise TypeError("a RawReply cannot answer a batch line")
+            if isinstance(reply, RawReply | Flood):
+                raise TypeError(f"a {type(reply).__name__} cannot answer a batch line")
         except Exception as exc:
             message = f"scripted server responder raised {type(exc).__name__}: {exc}"
             response = {"status_code": 500, "request_id": request_id,
@@ -235,7 +243,7 @@ class BatchStore:
             batch["results_url"] = f"{origin}/v1/messages/batches/{batch_id}/results"
         return self._json(batch)
 
-    async def _messages_results(self, request: web.Request) -> web.Response:
+    async def _messages_results(self, request: web.Request) -> web.StreamResponse:
         from aiohttp import web
 
         content = self._results.get(request.match_info["batch_id"])
@@ -259,11 +267,11 @@ class BatchStore:
         server = self._server
         try:
             reply = await server._ask_responder(body)
-            if isinstance(reply, RawReply):
-                raise TypeError("a RawReply cannot answer a batch request")
+            if isinstance(reply, RawReply | Flood):
+                raise TypeError(f"a {type(reply).__name__} cannot answer a batch request")
         except Exception as exc:
-            message = f"scripted server responder raised {type(exc).__name__}: {exc}"
-            error = _anthropic_error("api_error", message)
+            problem = f"scripted server responder raised {type(exc).__name__}: {exc}"
+            error = _anthropic_error("api_error", problem)
             return {"custom_id": entry.get("custom_id"), "result": {"type": "errored",
                                                                       "error": error}}  # fmt: skip
         choice = params.get("tool_choice") or {}

@@ -434,7 +434,7 @@ class ScriptedServer:
             answer = await answer
         if isinstance(answer, RawReply | Flood):
             return answer
-        limits = ("max_tokens",)
+        limits: tuple[str, ...] = ("max_tokens",)
         if self.dialect == "openai":  # llama.cpp's server ignores max_completion_tokens
             limits = ("max_tokens", "max_completion_tokens")
         return build_reply(
@@ -581,12 +581,12 @@ class ScriptedServer:
                 items = data if isinstance(data, list) else [data]
                 self.inject(*(Fault.from_dict(item) for item in items))
             except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
-                payload = error_payload(400, f"bad fault: {exc}")
+                problem = error_payload(400, f"bad fault: {exc}")
                 return web.Response(
-                    status=400, body=orjson.dumps(payload), content_type="application/json"
+                    status=400, body=orjson.dumps(problem), content_type="application/json"
                 )
-        payload = [{**f.as_dict(), "fired": f.fired} for f in self.faults]
-        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+        faults = [{**f.as_dict(), "fired": f.fired} for f in self.faults]
+        return web.Response(body=orjson.dumps(faults), content_type="application/json")
 
 
 async def send_flood(

@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import sysconfig
+from types import FrameType
 from typing import Any, NoReturn
 
 from plait import _context
@@ -461,7 +462,7 @@ class _TraceSession:
 
     def _call_site(self) -> str | None:
         """Returns ``file.py:line`` of the innermost frame outside plait (the user's call)."""
-        frame = sys._getframe(2)
+        frame: FrameType | None = sys._getframe(2)
         while frame is not None:
             code = frame.f_code
             key = (code.co_filename, frame.f_lineno)
@@ -471,7 +472,7 @@ class _TraceSession:
             if not code.co_filename.startswith(_PLAIT_DIR):
                 site = self._sites[key] = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
                 return site
-            frame = frame.f_back  # type: ignore[assignment]
+            frame = frame.f_back
         return None
 
 
@@ -482,7 +483,7 @@ def _user_site() -> tuple[str | None, str | None, str | None]:
     ``html.escape(traced)`` fails inside the ``html`` module; the user wants to see their
     own line and what it called, not ``__init__.py:19``.
     """
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     inside: str | None = None
     fallback: Any = None
     while frame is not None:
@@ -494,7 +495,7 @@ def _user_site() -> tuple[str | None, str | None, str | None]:
                 return f"{os.path.basename(filename)}:{frame.f_lineno}", line or None, inside
             module = frame.f_globals.get("__name__", "")
             inside = f"{module}.{frame.f_code.co_qualname}" if module else frame.f_code.co_name
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     if fallback is None:
         return None, None, None
     filename = fallback.f_code.co_filename
