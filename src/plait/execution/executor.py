@@ -208,7 +208,9 @@ class Executor:
         profiler = _context.PROFILE.get()
         return slot if profiler is None else profiler.timed_slot(slot)
 
-    async def run_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]):
+    async def run_module(
+        self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """Runs any module on real inputs with these resources and returns raw output.
 
         Called inside an ``async def forward`` leaf: the child is named (for

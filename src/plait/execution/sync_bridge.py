@@ -81,7 +81,7 @@ def _transfer(task: asyncio.Task[Any], result: concurrent.futures.Future[Any]) -
     if task.cancelled():
         result.cancel()
     elif task.exception() is not None:
-        result.set_exception(task.exception())  # type: ignore[arg-type]
+        result.set_exception(task.exception())
     else:
         result.set_result(task.result())
 

@@ -108,12 +108,12 @@ def _user_backend(config: EndpointConfig) -> Backend:
     """
     backend = config.backend
     if not isinstance(backend, type):
-        return backend  # type: ignore[no-any-return]
+        return backend
     kwargs: dict[str, Any] = {}
     if config.model is not None and "model" in inspect.signature(backend).parameters:
         kwargs["model"] = config.model
     kwargs.update(config.backend_options)
-    return backend(**kwargs)  # type: ignore[no-any-return]
+    return backend(**kwargs)
 
 
 def estimate_tokens(request: Request) -> int:

@@ -233,7 +233,7 @@ def with_media(role: Literal["user", "assistant"], text: str, inputs: Mapping[st
                 media[item.key] = item
     pieces = _SLOT.split(text)  # text, key, text, key, ..., text
     parts = [media[piece] if i % 2 else piece for i, piece in enumerate(pieces)]
-    return Message(role, [part for part in parts if part != ""])
+    return Message(role, parts=tuple(part for part in parts if part != ""))
 
 
 # --------------------------------------------------------------- base class

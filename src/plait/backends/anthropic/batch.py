@@ -73,7 +73,9 @@ class AnthropicBatchClient:
         entry = {"custom_id": custom_id, "params": params}
         return orjson.dumps(entry, option=orjson.OPT_SORT_KEYS)
 
-    async def submit(self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None):
+    async def submit(
+        self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Creates the batch; returns it as ``{"id", "status"}``."""
         requests = [orjson.loads(line) for line in lines]
         try:

@@ -40,7 +40,7 @@ class HookedLlama(Llama):
     render_only: bool = False
     """Set by `rendered_prompt`: hand the prompt back instead of evaluating it."""
 
-    def generate(  # type: ignore[override]
+    def generate(
         self, tokens: Sequence[int], *args: Any, **kwargs: Any
     ) -> Generator[int, Any, None]:
         if self.render_only:

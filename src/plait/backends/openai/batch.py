@@ -108,7 +108,9 @@ class OpenAIBatchClient:
         }
         return orjson.dumps(line, option=orjson.OPT_SORT_KEYS)
 
-    async def submit(self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None):
+    async def submit(
+        self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
         """Uploads the lines as a batch file and creates the batch; returns the batch object."""
         import aiohttp
 
