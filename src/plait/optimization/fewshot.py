@@ -40,13 +40,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from plait.backends.types import Message, Request, Response, SamplingOptions
-from plait.errors import StructuredOutputError
+from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update
 from plait.parameter import Parameter
+from plait.resources.usage import active_budgets
 
 __all__ = [
     "BootstrapFewShot",
@@ -529,4 +530,8 @@ async def propose_instruction(
         )
     except StructuredOutputError:
         return None
+    except BudgetExceededError:
+        if not any(budget.stopped for budget in active_budgets()):
+            raise  # an endpoint's own budget: the configuration's limit, not the search's
+        return None  # the search's budget is spent: no proposal, and the search winds down
     return reply.value
