@@ -113,9 +113,9 @@ async def test_max_cost_is_never_passed_with_prices_set(server: ScriptedServer) 
 async def test_max_cost_on_an_endpoint_without_a_price_is_refused_with_the_reason(
     server: ScriptedServer, config: ResourceConfig
 ) -> None:
-    report = await GridSearch(
-        parameters={"temperature": [0.0, 0.7]}, max_cost=1.0
-    ).compile(program(), valset=VAL, resources=config)
+    report = await GridSearch(parameters={"temperature": [0.0, 0.7]}, max_cost=1.0).compile(
+        program(), valset=VAL, resources=config
+    )
     assert server.stats.requests == 0
     assert report.stopped_by_budget and not report.improved
     assert "has no price; set 'price'" in report.left_undone
