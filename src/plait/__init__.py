@@ -54,6 +54,7 @@ if TYPE_CHECKING:
         TrainingStep,
         VerifierLoss,
     )
+    from plait.optimization.estimate import CostEstimate, estimate
     from plait.optimization.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.optimization.metrics import (
         metric_contains,
@@ -107,6 +108,8 @@ _LAZY = {
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
     "evaluate": "plait.optimization.evaluation",
+    "estimate": "plait.optimization.estimate",
+    "CostEstimate": "plait.optimization.estimate",
     "EvaluationResult": "plait.optimization.evaluation",
     "run_dataset": "plait.optimization.evaluation",
     "ReAct": "plait.modules",
@@ -146,6 +149,7 @@ __all__ = [
     "CompositeLoss",
     "ConfirmationRejected",
     "ConfirmationRequired",
+    "CostEstimate",
     "EvaluationResult",
     "ExecutionError",
     "ExecutionSettings",
@@ -198,6 +202,7 @@ __all__ = [
     "collect_refs",
     "confirm_first",
     "emit_event",
+    "estimate",
     "evaluate",
     "get_traces",
     "make_signature",

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,6 +72,7 @@ from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
+from plait.optimization.estimate import Phase, Range
 from plait.optimization.evaluation import Metric
 from plait.optimization.fewshot import (
     Example,
@@ -161,6 +163,23 @@ class ReflectiveSearch(ProgramSearch):
         self.seed = seed
         self.log: list[str] = []
         """What each proposal of the last search did, in words."""
+
+    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+        """Proposals until ``max_calls``: each runs a minibatch, rewrites one parameter, runs
+        the minibatch again and validates the child (the budget caps the totals)."""
+        m, n = min(self.minibatch, len(train)), len(val)
+        per_child = 2 * m + n
+        children = max(math.ceil((self.max_calls - n) / (per_child + 1)), 0)
+        runs = children * per_child
+        return [
+            Phase(
+                f"about {children} reflections until max_calls={self.max_calls}",
+                runs=Range(runs, runs, runs),
+                demos=self.max_demos / 4,  # demos are one kind of rewrite, filled over rounds
+                other=Range(children, children, 2 * children),
+                other_alias=self.alias,
+            )
+        ]
 
     async def _search(
         self,

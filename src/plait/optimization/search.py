@@ -351,6 +351,72 @@ class ProgramSearch:
         """Returns trial 0, the program as it was, evaluated (a checkpoint may already hold it)."""
         return await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
 
+    def estimate(
+        self,
+        program: Module,
+        trainset: Any = None,
+        valset: Any = None,
+        *,
+        resources: Any = None,
+        sample: int = 2,
+        train_set: Any = None,
+        val_set: Any = None,
+    ) -> Any:
+        """Estimates the calls, tokens and dollars `compile` would spend, before it runs.
+
+        From this search's schedule (its settings and the data sizes) and one run
+        of the program measured on ``sample`` validation examples, which run for
+        real (`plait.optimization.estimate`). Awaited inside a running event
+        loop, run to completion in a script, like `compile`.
+
+        Returns:
+            A `CostEstimate`: low / expected / high calls, tokens and cost per
+            phase; ``print(estimate)`` shows the table.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        train = _either("trainset", trainset, "train_set", train_set)
+        val = _either("valset", valset, "val_set", val_set)
+        return awaitable_or_result(self._estimate(program, train, val, resources, sample))
+
+    async def _estimate(
+        self, program: Module, train_set: Any, val_set: Any, resources: Any, sample: int
+    ) -> Any:
+        """The body of `estimate`."""
+        from plait.optimization import estimate
+        from plait.resources import ResourceManager
+        from plait.resources.usage import Budget
+
+        resources = resources_of(program, resources, who=type(self).__name__, takes="estimate()")
+        train = examples_of(train_set) if train_set is not None else []
+        val = examples_of(val_set) if val_set is not None else train
+        if not val:
+            raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
+        phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
+        demos = math.ceil(max(phase.demos for phase in phases))
+        size, spent = await estimate.measure(program, val, resources, sample, train, demos)
+        return estimate.from_schedule(
+            f"{type(self).__name__} on {len(train)} training / {len(val)} validation examples",
+            phases,
+            size,
+            ResourceManager.shared(resources),
+            sample_calls=spent,
+            budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
+        )
+
+    def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
+        """The schedule's first phase: trial 0 on the validation set."""
+        from plait.optimization.estimate import Phase, Range
+
+        n = len(val)
+        return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+
+    def _schedule(
+        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+    ) -> list[Any]:
+        """Returns the phases (`plait.optimization.estimate.Phase`) after trial 0. Override this."""
+        raise NotImplementedError(f"{type(self).__name__} has no estimate of its schedule")
+
     async def _search(
         self,
         program: Module,
@@ -741,6 +807,30 @@ class GridSearch(ProgramSearch):
         start = await super()._start(program, val, resources)
         start.settings = settings
         return start
+
+    def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
+        from plait.optimization.estimate import Phase, Range
+
+        saved = self._done(program, self._key(val)).get(_combo_key({}))
+        n = 0 if saved is not None and saved.parameters == program.state_dict() else len(val)
+        return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+
+    def _schedule(
+        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+    ) -> list[Any]:
+        from plait.optimization.estimate import Phase, Range
+
+        self._check_keys(program)
+        candidates = self._distinct(
+            program, [self._candidate(program, c) for c in self.combinations()]
+        )
+        done = self._done(program, self._key(val))
+        left = sum(_combo_key(c.params) not in done for c in candidates)
+        runs = left * len(val)
+        resumed = (
+            f", {len(candidates) - left} done in the checkpoint" if left < len(candidates) else ""
+        )
+        return [Phase(f"{left} grid trials{resumed}", runs=Range(runs, runs, runs))]
 
     def _current_settings(self, program: Module) -> dict[str, Any]:
         """Returns the program's values of the plain settings the grid varies, by path."""

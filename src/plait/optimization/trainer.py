@@ -213,6 +213,92 @@ class Trainer:
         )
         return float(result)
 
+    def estimate(self, sample: int = 2) -> Any:
+        """Estimates the calls, tokens and dollars `fit` would spend, before it runs.
+
+        From the schedule (validations, epochs of minibatches, one optimizer
+        step per minibatch: `Optimizer.calls_per_update` calls per learnable
+        parameter, and a call per example for an LLM-judged loss) and one run
+        of the program measured on ``sample`` validation examples, which run
+        for real (`plait.optimization.estimate`). A checkpoint to resume from
+        shortens the schedule. Awaited inside a running event loop, run to
+        completion in a script, like `fit`.
+
+        Returns:
+            A `CostEstimate`; ``print(estimate)`` shows the table.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        return awaitable_or_result(self._estimate(sample))
+
+    async def _estimate(self, sample: int) -> Any:
+        from plait.optimization import estimate
+        from plait.optimization.estimate import Phase, Range
+        from plait.resources import ResourceManager
+        from plait.resources.usage import Budget
+
+        size, spent = await estimate.measure(
+            self.module, self.val_set, self.resources, sample, self.train_set
+        )
+        resumed = self._position()
+        position = resumed or (0, 0)
+        batches = self._batches()
+        n, m = len(self.val_set), len(self.train_set)
+        left = [
+            min(self.batch_size, m - batch * self.batch_size)
+            for epoch in range(position[0], self.epochs)
+            for batch in range(position[1] if epoch == position[0] else 0, batches)
+        ]
+        steps_left, examples_left = len(left), sum(left)
+        learnable = sum(p.requires_grad for _, p in self.optimizer.named_parameters())
+        updates = steps_left * learnable * self.optimizer.calls_per_update
+        validations = self.epochs - position[0]
+        judge = getattr(self.step.loss, "alias", None)
+        phases = [
+            Phase("validation before training", runs=Range(*(0 if resumed else n,) * 3)),
+            Phase(f"{steps_left} training minibatches", runs=Range(*(examples_left,) * 3)),
+            Phase(
+                f"{steps_left} optimizer steps",
+                other=Range(0, updates, 2 * updates),
+                other_alias=self.optimizer.alias,
+            ),
+            Phase(f"{validations} validations after an epoch", runs=Range(*(validations * n,) * 3)),
+        ]
+        if isinstance(judge, str):
+            phases.append(
+                Phase(
+                    f"the loss's judge on {examples_left} examples",
+                    other=Range(*(examples_left,) * 3),
+                    other_alias=judge,
+                )
+            )
+        return estimate.from_schedule(
+            f"Trainer of {type(self.module).__name__}: {self.epochs} epoch(s) of {batches} "
+            f"minibatches, {n} validation examples",
+            phases,
+            size,
+            ResourceManager.shared(self.resources),
+            sample_calls=spent,
+            budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
+        )
+
+    def _position(self) -> tuple[int, int] | None:
+        """(epoch, minibatch) the checkpoint would resume from; None without one.
+
+        Read without restoring anything: `fit` checks the checkpoint in full.
+        """
+        if self.checkpoint_dir is None:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            return None
+        epoch, batch = data.get("epoch"), data.get("batch")
+        if not (isinstance(epoch, int) and isinstance(batch, int)):
+            return None
+        return (epoch, batch)
+
     def fit(self) -> Any:
         """Trains for the remaining epochs and leaves the program with its best parameters.
 
