@@ -54,7 +54,7 @@ if TYPE_CHECKING:
         TrainingStep,
         VerifierLoss,
     )
-    from plait.optimization.estimate import CostEstimate, estimate
+    from plait.optimization.costs import CostEstimate, estimate
     from plait.optimization.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.optimization.metrics import (
         metric_contains,
@@ -108,8 +108,8 @@ _LAZY = {
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
     "evaluate": "plait.optimization.evaluation",
-    "estimate": "plait.optimization.estimate",
-    "CostEstimate": "plait.optimization.estimate",
+    "estimate": "plait.optimization.costs",
+    "CostEstimate": "plait.optimization.costs",
     "EvaluationResult": "plait.optimization.evaluation",
     "run_dataset": "plait.optimization.evaluation",
     "ReAct": "plait.modules",

@@ -14,7 +14,7 @@ from plait import _lazy
 from plait.optimization.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
-    from plait.optimization.estimate import CostEstimate, estimate
+    from plait.optimization.costs import CostEstimate, estimate
     from plait.optimization.fewshot import (
         BootstrapFewShot,
         LabeledFewShot,
@@ -56,8 +56,8 @@ if TYPE_CHECKING:
 
 # name -> module that defines it; imported when first asked for.
 _HOMES = {
-    "CostEstimate": "plait.optimization.estimate",
-    "estimate": "plait.optimization.estimate",
+    "CostEstimate": "plait.optimization.costs",
+    "estimate": "plait.optimization.costs",
     "BootstrapFewShot": "plait.optimization.fewshot",
     "LabeledFewShot": "plait.optimization.fewshot",
     "RandomSearch": "plait.optimization.fewshot",

@@ -43,7 +43,7 @@ from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
-from plait.optimization.estimate import Phase, Range
+from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update

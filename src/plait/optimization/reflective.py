@@ -72,7 +72,7 @@ from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
-from plait.optimization.estimate import Phase, Range
+from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
 from plait.optimization.fewshot import (
     Example,

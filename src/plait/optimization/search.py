@@ -366,7 +366,7 @@ class ProgramSearch:
 
         From this search's schedule (its settings and the data sizes) and one run
         of the program measured on ``sample`` validation examples, which run for
-        real (`plait.optimization.estimate`). Awaited inside a running event
+        real (`plait.optimization.costs`). Awaited inside a running event
         loop, run to completion in a script, like `compile`.
 
         Returns:
@@ -383,7 +383,7 @@ class ProgramSearch:
         self, program: Module, train_set: Any, val_set: Any, resources: Any, sample: int
     ) -> Any:
         """The body of `estimate`."""
-        from plait.optimization import estimate
+        from plait.optimization import costs
         from plait.resources import ResourceManager
         from plait.resources.usage import Budget
 
@@ -394,8 +394,8 @@ class ProgramSearch:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
         phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
         demos = math.ceil(max(phase.demos for phase in phases))
-        size, spent = await estimate.measure(program, val, resources, sample, train, demos)
-        return estimate.from_schedule(
+        size, spent = await costs.measure(program, val, resources, sample, train, demos)
+        return costs.from_schedule(
             f"{type(self).__name__} on {len(train)} training / {len(val)} validation examples",
             phases,
             size,
@@ -406,7 +406,7 @@ class ProgramSearch:
 
     def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
         """The schedule's first phase: trial 0 on the validation set."""
-        from plait.optimization.estimate import Phase, Range
+        from plait.optimization.costs import Phase, Range
 
         n = len(val)
         return Phase("trial 0: the program as it was", runs=Range(n, n, n))
@@ -414,7 +414,7 @@ class ProgramSearch:
     def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
     ) -> list[Any]:
-        """Returns the phases (`plait.optimization.estimate.Phase`) after trial 0. Override this."""
+        """Returns the phases (`plait.optimization.costs.Phase`) after trial 0. Override this."""
         raise NotImplementedError(f"{type(self).__name__} has no estimate of its schedule")
 
     async def _search(
@@ -809,7 +809,7 @@ class GridSearch(ProgramSearch):
         return start
 
     def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
-        from plait.optimization.estimate import Phase, Range
+        from plait.optimization.costs import Phase, Range
 
         saved = self._done(program, self._key(val)).get(_combo_key({}))
         n = 0 if saved is not None and saved.parameters == program.state_dict() else len(val)
@@ -818,7 +818,7 @@ class GridSearch(ProgramSearch):
     def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
     ) -> list[Any]:
-        from plait.optimization.estimate import Phase, Range
+        from plait.optimization.costs import Phase, Range
 
         self._check_keys(program)
         candidates = self._distinct(

@@ -220,7 +220,7 @@ class Trainer:
         step per minibatch: `Optimizer.calls_per_update` calls per learnable
         parameter, and a call per example for an LLM-judged loss) and one run
         of the program measured on ``sample`` validation examples, which run
-        for real (`plait.optimization.estimate`). A checkpoint to resume from
+        for real (`plait.optimization.costs`). A checkpoint to resume from
         shortens the schedule. Awaited inside a running event loop, run to
         completion in a script, like `fit`.
 
@@ -232,12 +232,12 @@ class Trainer:
         return awaitable_or_result(self._estimate(sample))
 
     async def _estimate(self, sample: int) -> Any:
-        from plait.optimization import estimate
-        from plait.optimization.estimate import Phase, Range
+        from plait.optimization import costs
+        from plait.optimization.costs import Phase, Range
         from plait.resources import ResourceManager
         from plait.resources.usage import Budget
 
-        size, spent = await estimate.measure(
+        size, spent = await costs.measure(
             self.module, self.val_set, self.resources, sample, self.train_set
         )
         resumed = self._position()
@@ -272,7 +272,7 @@ class Trainer:
                     other_alias=judge,
                 )
             )
-        return estimate.from_schedule(
+        return costs.from_schedule(
             f"Trainer of {type(self.module).__name__}: {self.epochs} epoch(s) of {batches} "
             f"minibatches, {n} validation examples",
             phases,
@@ -322,7 +322,7 @@ class Trainer:
         with budgeted(budget):
             state = await self._train(report, budget)
         if budget is not None:
-            _tell_budget(report, budget, state, self._batches())
+            _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
         if state is None:
             report.reason = "kept the program as it was: nothing was validated"
         else:
@@ -529,7 +529,11 @@ def _cut_short(budget: Any) -> bool:
 
 
 def _tell_budget(
-    report: TrainReport, budget: Any, state: dict[str, Any] | None, batches: int
+    report: TrainReport,
+    budget: Any,
+    state: dict[str, Any] | None,
+    batches: int,
+    checkpointed: bool,
 ) -> None:
     """Notes on ``report`` what the budget let training spend and what it left undone."""
     report.spent = budget.spent()
@@ -542,9 +546,14 @@ def _tell_budget(
         where = f"epoch {state['epoch'] + 1}, minibatch {state['batch'] + 1} of {batches}"
     else:
         where = f"the validation after epoch {state['epoch'] + 1}"
+    rerun = (
+        "which a rerun on the same checkpoint_dir with a larger budget starts from"
+        if checkpointed
+        else "and nothing was checkpointed (give checkpoint_dir to make it resumable)"
+    )
     report.left_undone = (
         f"{budget.refused} call(s) refused ({budget.refusal}); training stopped at {where}, "
-        "which a rerun on the same checkpoint_dir with a larger budget starts from"
+        + rerun
     )
 
 
