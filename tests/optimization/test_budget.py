@@ -210,3 +210,31 @@ async def test_a_budgeted_trainer_stops_at_a_step_and_resumes_with_a_larger_budg
     assert again.system_prompt.value == whole.system_prompt.value
     # only the step the budget cut short is run again
     assert spent_first + server.stats.requests < needed + needed // 2
+
+
+# ------------------------------------------------------------ embedded model
+
+
+@pytest.mark.slow
+async def test_an_estimate_and_a_budgeted_search_on_the_embedded_model() -> None:
+    from .test_search import local_program
+
+    qa = local_program()
+    items = [
+        ("not True", "False"), ("True and False", "False"), ("True or False", "True"),
+        ("not False", "True"), ("False or False", "False"), ("True and True", "True"),
+    ]  # fmt: skip
+    config = ResourceConfig({"*": {"provider": "local", "n_ctx": 2048}})
+    async with ResourceManager(config) as manager:
+        search = BootstrapFewShot(max_demos=2, max_calls=9)
+        estimate = await search.estimate(
+            qa, trainset=items, valset=items, resources=manager, sample=1
+        )
+        # one sampled example, and that example once more with demos; local is free
+        assert estimate.sample_calls == 2 and estimate.cost is not None
+        assert estimate.calls.expected == 9  # capped: 6 + 6 + 6 calls would pass the budget
+        sent_before = sum(s.requests for s in manager.stats().values())
+        report = await search.compile(qa, trainset=items, valset=items, resources=manager)
+        sent = sum(s.requests for s in manager.stats().values()) - sent_before
+    assert sent <= 9 and report.stopped_by_budget
+    assert not report.improved and report.best is report.start  # the candidate was cut short
