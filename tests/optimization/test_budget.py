@@ -121,6 +121,21 @@ async def test_max_cost_on_an_endpoint_without_a_price_is_refused_with_the_reaso
     assert "has no price; set 'price'" in report.left_undone
 
 
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"max_calls": -1}, "max_calls must be a number >= 0 or None, got -1"),
+        ({"max_cost": "5"}, "max_cost must be a number >= 0 or None, got '5'"),
+        ({"max_tokens": float("nan")}, "max_tokens must be a number >= 0 or None, got nan"),
+    ],
+)
+def test_a_bad_budget_is_refused_when_the_search_is_made(
+    limits: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        BootstrapFewShot(**limits)
+
+
 # ------------------------------------------------------------------ searches
 
 

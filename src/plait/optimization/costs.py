@@ -207,7 +207,7 @@ async def measure(
         calls=Range(min(calls), sum(calls) / len(calls), max(calls)),
         prompt=_spread(prompts),
         reply=_spread(replies),
-        price=_price(manager, list(manager.usage()) or _aliases(program)),
+        price=_price(manager, _aliases(program)),
         demo_tokens=demo_tokens,
         measured=True,
     )
@@ -381,15 +381,15 @@ def from_schedule(
     unknown_price = size.price is None
     for phase in phases:
         calls, prompt, reply, cost = _phase(phase, size, manager)
-        unknown_price = unknown_price or (phase.other.high and cost is None)
+        unknown_price = unknown_price or cost is None
         tokens = prompt + reply
         rows.append({"phase": phase.name, "calls": calls, "tokens": tokens, "cost": cost})
         total_calls, total_tokens = total_calls + calls, total_tokens + tokens
         total_cost = total_cost + (cost or ZERO)
     if budget is not None:
-        total_calls = total_calls.capped(budget.max_calls)
-        total_tokens = total_tokens.capped(budget.max_tokens)
-        total_cost = total_cost.capped(budget.max_cost)
+        total_calls, total_tokens, total_cost = _within(
+            budget, total_calls, total_tokens, total_cost
+        )
     notes = [_sample_note(size, sample_calls)]
     if unknown_price:
         notes.append("an endpoint has no price: set 'price' in the resource configuration")
@@ -409,7 +409,8 @@ def from_schedule(
 def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range, Range | None]:
     """Returns a phase's calls, prompt tokens, reply tokens and cost (None: no price)."""
     run_calls = phase.runs * size.calls
-    prompt_per_call = size.prompt + Range(1, 1, 1) * (phase.demos * size.demo_tokens)
+    demo_tokens = phase.demos * size.demo_tokens
+    prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
     prompt = run_calls * prompt_per_call
     reply = run_calls * size.reply
     other_in, other_out = phase.other_tokens
@@ -422,6 +423,24 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
         if phase.other.high:
             cost = cost + _dollars(other_price, other_prompt, other_reply)
     return run_calls + phase.other, prompt + other_prompt, reply + other_reply, cost
+
+
+def _within(budget: Any, calls: Range, tokens: Range, cost: Range) -> tuple[Range, Range, Range]:
+    """Returns the totals a run stopped by ``budget`` would reach.
+
+    Once a limit stops the run, the other columns stop with it: each is scaled
+    by the share of the work done before the first limit is reached.
+    """
+    shares = []
+    for index in range(3):
+        share = 1.0
+        for total, limit in ((calls, budget.max_calls), (tokens, budget.max_tokens),
+                             (cost, budget.max_cost)):  # fmt: skip
+            if limit is not None and total[index] > limit:
+                share = min(share, limit / total[index])
+        shares.append(share)
+    scale = Range(*shares)
+    return calls * scale, tokens * scale, cost * scale
 
 
 def _dollars(price: Any, prompt: Range, reply: Range) -> Range:

@@ -225,7 +225,7 @@ class Budget:
     ) -> None:
         for name, value in (("max_calls", max_calls), ("max_tokens", max_tokens),
                             ("max_cost", max_cost)):  # fmt: skip
-            if value is not None and (isinstance(value, bool) or not value >= 0):
+            if value is not None and not _non_negative_number(value):
                 raise ValueError(f"{name} must be a number >= 0 or None, got {value!r}")
         self.max_calls = max_calls
         self.max_tokens = max_tokens
@@ -331,6 +331,10 @@ class Budget:
     def _settle(self, tokens: int, cost: float | None) -> None:
         self._held_tokens -= tokens
         self._held_cost -= cost or 0.0
+
+
+def _non_negative_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
 
 
 _BUDGETS: contextvars.ContextVar[tuple[Budget, ...]] = contextvars.ContextVar(
