@@ -56,6 +56,7 @@ if TYPE_CHECKING:
         TrainingStep,
         VerifierLoss,
     )
+    from plait.optimization.costs import CostEstimate, estimate
     from plait.optimization.evaluation import EvaluationResult, evaluate, run_dataset
     from plait.optimization.metrics import (
         metric_contains,
@@ -112,6 +113,8 @@ _LAZY = {
     "TextGradOptimizer": "plait.optimization",
     "Trainer": "plait.optimization",
     "evaluate": "plait.optimization.evaluation",
+    "estimate": "plait.optimization.costs",
+    "CostEstimate": "plait.optimization.costs",
     "EvaluationResult": "plait.optimization.evaluation",
     "run_dataset": "plait.optimization.evaluation",
     "ReAct": "plait.modules",
@@ -152,6 +155,7 @@ __all__ = [
     "CompositeLoss",
     "ConfirmationRejected",
     "ConfirmationRequired",
+    "CostEstimate",
     "EvaluationResult",
     "ExecutionError",
     "ExecutionSettings",
@@ -206,6 +210,7 @@ __all__ = [
     "collect_refs",
     "confirm_first",
     "emit_event",
+    "estimate",
     "evaluate",
     "get_traces",
     "make_signature",

@@ -355,3 +355,62 @@ def test_run_help_shows_a_resources_file_that_loads_and_is_the_readmes(tmp_path)
     assert config.resolve("judge").provider == "local"
     readme = (SRC.parent / "README.md").read_text()
     assert all(line in readme for line in example)
+
+
+def _training_files(tmp_path: Path) -> tuple[Path, Path]:
+    rows = [
+        {"text": f"{prefix}{i}:{'yes' if i % 2 else 'no'}", "target": "yes" if i % 2 else "no"}
+        for prefix in ("t", "v")
+        for i in range(4)
+    ]
+    train = write_jsonl(tmp_path / "train.jsonl", rows[:4])
+    val = write_jsonl(tmp_path / "val.jsonl", rows[4:])
+    return train, val
+
+
+def test_eval_estimate_prints_the_table_and_makes_only_the_sample_calls(
+    server, resources, tmp_path
+):
+    rows = [{"text": f"t{i}", "target": f"echo: t{i}"} for i in range(10)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "scored.jsonl"
+
+    done = plait_cli("eval", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources), "--estimate", "--sample", "1")  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert "low / expected / high" in done.stdout and "10 / 10 / 10" in done.stdout
+    assert "1 call(s) made" in done.stdout
+    assert server.stats.requests == 1 and not out.exists()
+
+
+def test_train_estimate_prints_the_table_and_saves_nothing(server, resources, tmp_path):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved),
+                     "--estimate")  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert "Estimate for Trainer" in done.stdout and "optimizer steps" in done.stdout
+    assert server.stats.requests == 2 and not saved.exists()
+
+
+def test_train_with_a_budget_stops_within_it_and_exits_3(server, resources, tmp_path):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved),
+                     "--max-calls", "7")  # fmt: skip
+
+    assert done.code == 3, done.stderr
+    assert server.stats.requests <= 7
+    assert "stopped by the budget" in done.stderr and saved.exists()

@@ -147,6 +147,5 @@ async def test_reflective_search_on_the_embedded_model_keeps_its_budget() -> Non
     report = await search.compile(qa, train, val, resources=ResourceConfig(LOCAL))
     assert report.best.score >= report.start.score
     assert qa.is_compiled() == (report.best is not report.start) and report.reason
-    # The last round may finish after the budget: at most one round's work beyond it.
-    assert report.calls <= 40 + 3 + 3 + 2 * 3 + len(val)
+    assert report.calls <= 40  # max_calls is a hard budget: never passed, even mid-round
     assert search.log  # every proposal says what became of it

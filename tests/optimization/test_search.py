@@ -436,7 +436,7 @@ async def test_a_grid_search_resumes_from_its_checkpoint(
     report = await GridSearch(grid, checkpoint=checkpoint).compile(
         again, None, VAL, resources=config
     )
-    assert server.stats.requests == len(VAL)  # only the start was evaluated again
+    assert server.stats.requests == 0  # every trial, the start's too, came from the checkpoint
     assert again.state.best_params == first.state.best_params
     assert again.temperature == 0.0 and again.instructions.value == BETTER
     assert len(report.trials) == 5
@@ -451,7 +451,8 @@ async def test_links_planted_at_the_grid_checkpoint_are_never_written_through(
     checkpoint = tmp_path / "grid.json"
     (tmp_path / "grid.tmp").symlink_to(victim)  # the temporary name plait once used
     await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=checkpoint)
-    assert not checkpoint.is_symlink() and len(json.loads(checkpoint.read_text())["trials"]) == 2
+    trials = json.loads(checkpoint.read_text())["trials"]
+    assert not checkpoint.is_symlink() and len(trials) == 3  # trial 0 and the two settings
 
     linked = tmp_path / "linked.json"
     linked.symlink_to(victim)

@@ -272,6 +272,17 @@ common_run_options = [
 ]  # fmt: skip
 
 
+_ESTIMATE_STOPPED = "nothing ran but the sample's calls"
+
+estimate_options = [
+    click.option("--estimate", is_flag=True,
+                 help="Print the calls, tokens and dollars it would spend (low / expected / "
+                      "high), measured on --sample rows run for real; nothing else runs."),
+    click.option("--sample", type=click.IntRange(min=0), default=2, show_default=True,
+                 help="Rows --estimate runs for real to measure one run (0: none)."),
+]  # fmt: skip
+
+
 def _with(options: list[Any]) -> Any:
     def decorate(function: Any) -> Any:
         for option in reversed(options):
@@ -387,13 +398,18 @@ def run_command(program_spec: str, **kwargs: Any) -> None:
     help="The column outputs are scored against.",
 )
 @click.option("--fail-under", type=float, help="Exit 4 when the mean score is below this.")
+@_with(estimate_options)
 def eval_command(program_spec: str, metric: str, target_column: str,
-                 fail_under: float | None, **kwargs: Any) -> None:  # fmt: skip
+                 fail_under: float | None, estimate: bool, sample: int,
+                 **kwargs: Any) -> None:  # fmt: skip
     """Run PROGRAM on every row of --input and score each output against --target.
 
     Writes outputs with a `score` column; a failed row scores 0. Prints the
-    mean score.
+    mean score. With --estimate, prints what the evaluation would spend
+    instead (calls, tokens, dollars) and writes nothing.
     """
+    if estimate:
+        _estimate_eval(program_spec, target_column, sample, kwargs)
     with _usage_errors():
         scorer = load_metric(metric)
         run = _file_run(program_spec, kwargs, target_column=target_column, metric=scorer)
@@ -403,6 +419,31 @@ def eval_command(program_spec: str, metric: str, target_column: str,
     if fail_under is not None and score < fail_under:
         sys.exit(EXIT_BELOW_THRESHOLD)
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
+
+
+def _estimate_eval(spec: str, target: str, sample: int, kwargs: dict[str, Any]) -> NoReturn:
+    """Prints the estimate of ``plait eval`` (only the sample's calls are made); exits 0."""
+    from plait.optimization.costs import estimate
+
+    with _usage_errors():
+        program, mapper = _prepare(spec, kwargs["load"], kwargs["columns"])
+        pairs = _pairs(kwargs["input_path"], kwargs["input_format"], mapper, target)
+        resources = _resources(kwargs["resources"], program)
+        _check_aliases(
+            kwargs["resources"], resources, [("the program", a) for a in _aliases(program)]
+        )
+    told = _handled(
+        _awaited(estimate, mapper.module, pairs, resources=resources, sample=sample),
+        _ESTIMATE_STOPPED,
+    )
+    click.echo(str(told))
+    sys.exit(EXIT_OK)
+
+
+async def _awaited(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Calls ``function`` on the command's loop and awaits what it returns (a public
+    entry point returns an awaitable only when called inside a running loop)."""
+    return await function(*args, **kwargs)
 
 
 def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[tuple[Any, Any]]:
@@ -513,11 +554,23 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     help="Default: beside --save, *.run.json.",
 )
 @click.option("--progress/--no-progress", default=None)
+@click.option("--max-calls", type=click.IntRange(min=0), help="Most model calls to send.")
+@click.option("--max-tokens", type=click.IntRange(min=0), help="Most tokens to spend.")
+@click.option(
+    "--max-cost",
+    type=click.FloatRange(min=0),
+    help="Most dollars to spend (every endpoint needs a price).",
+)
+@_with(estimate_options)
 def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     """Train PROGRAM's parameters on --train, keeping the best on --val.
 
     Each row's target column is checked with --metric (a VerifierLoss); the
     optimizer (SFA) rewrites the prompts; the best parameters are saved.
+    --max-calls, --max-tokens and --max-cost are a hard budget: training stops
+    before passing it, saves the best parameters so far and exits 3; rerunning
+    with --checkpoint-dir and a larger budget goes on. With --estimate, prints
+    what training would spend instead and saves nothing.
     """
     save = kwargs["save_path"]
     report_path = kwargs["report_path"] or save.with_name(save.name.split(".")[0] + ".run.json")
@@ -536,6 +589,9 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         _check_aliases(kwargs["resources"], resources, calls)
         graph = trace_program(mapper.module, (train[0][0],))
     trainer = _trainer(mapper, train, val, metric, resources, alias, kwargs)
+    if kwargs["estimate"]:
+        click.echo(str(_handled(_awaited(trainer.estimate, kwargs["sample"]), _ESTIMATE_STOPPED)))
+        sys.exit(EXIT_OK)
     report = _handled(_train(trainer, program_spec, graph, kwargs), _training_resume_hint(kwargs))
     program.save(save)
     report.save(report_path)
@@ -546,6 +602,9 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         f" (best epoch {training.get('best_epoch')}); saved {save}; report {report_path}"
     )
     click.echo(f"training {training.get('reason')}")
+    if training.get("stopped_by_budget"):
+        click.echo(f"plait: stopped by the budget: {training.get('left_undone')}", err=True)
+        sys.exit(EXIT_ABORTED)
     sys.exit(EXIT_OK)
 
 
@@ -585,6 +644,9 @@ def _trainer(
         checkpoint_dir=kwargs["checkpoint_dir"],
         progress=kwargs["progress"],
         max_concurrent=kwargs["max_concurrent"],
+        max_calls=kwargs["max_calls"],
+        max_tokens=kwargs["max_tokens"],
+        max_cost=kwargs["max_cost"],
     )
 
 

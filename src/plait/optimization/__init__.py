@@ -14,6 +14,7 @@ from plait import _lazy
 from plait.optimization.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
+    from plait.optimization.costs import CostEstimate, estimate
     from plait.optimization.fewshot import (
         BootstrapFewShot,
         LabeledFewShot,
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
 
 # name -> module that defines it; imported when first asked for.
 _HOMES = {
+    "CostEstimate": "plait.optimization.costs",
+    "estimate": "plait.optimization.costs",
     "BootstrapFewShot": "plait.optimization.fewshot",
     "LabeledFewShot": "plait.optimization.fewshot",
     "RandomSearch": "plait.optimization.fewshot",
@@ -92,6 +95,7 @@ __all__ = [
     "BackwardReport",
     "BootstrapFewShot",
     "CompositeLoss",
+    "CostEstimate",
     "GridSearch",
     "HumanFeedbackLoss",
     "LLMJudge",
@@ -119,6 +123,7 @@ __all__ = [
     "balanced_sample",
     "balanced_score",
     "demo_modules",
+    "estimate",
     "load_state",
     "optimize_grid",
     "sign_test",

@@ -194,6 +194,8 @@ class ExampleRow:
     """Model calls the example made (re-asks and inner calls included; cache hits not)."""
     cached: int = 0
     """Calls answered from a response cache."""
+    refused: int = 0
+    """Calls the run's budget refused: the example was left undone (and scored 0)."""
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
@@ -214,6 +216,16 @@ class _Rows:
     def failed(self) -> int:
         """Examples whose run failed."""
         return sum(row.error is not None for row in self.rows)
+
+    @property
+    def unevaluated(self) -> int:
+        """Examples the run's budget left undone (`stopped_by_budget`)."""
+        return sum(row.refused > 0 for row in self.rows)
+
+    @property
+    def stopped_by_budget(self) -> bool:
+        """Whether the budget (``max_calls``, ``max_tokens``, ``max_cost``) cut the run short."""
+        return any(row.refused for row in self.rows)
 
     @property
     def calls(self) -> int:
@@ -452,6 +464,7 @@ async def _run_rows(
                 error=error,
                 calls=usage.get("calls", 0),
                 cached=usage.get("cached", 0),
+                refused=usage.get("refused", 0),
                 input_tokens=usage.get("input_tokens", 0),
                 output_tokens=usage.get("output_tokens", 0),
                 cost=usage.get("cost", 0.0),
@@ -525,6 +538,9 @@ def evaluate(
     resources: Any = None,
     max_concurrent: int | None = None,
     progress: bool | None = None,
+    max_calls: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
 ) -> Any:
     """Runs ``module`` on every input (eval mode, concurrently) and scores each output.
 
@@ -543,11 +559,16 @@ def evaluate(
             module's bound resources, or those of ``ExecutionSettings``).
         max_concurrent: most LLM calls in flight at once.
         progress: show a progress bar (None: when stderr is a terminal).
+        max_calls, max_tokens, max_cost: a hard budget for the whole
+            evaluation (`plait.resources.usage.Budget`): requests are held
+            against it before they are sent, and those it has no room for
+            are not sent.
 
     Returns:
         An `EvaluationResult`: the mean score (it is a float) with every
         example's row. An example whose run failed scores 0, keeps its error
-        in its row, and is logged.
+        in its row, and is logged; one the budget left undone also counts in
+        ``unevaluated`` (and ``stopped_by_budget`` is true).
 
     Raises:
         ValueError: the dataset is empty or malformed.
@@ -558,9 +579,11 @@ def evaluate(
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
     from plait.execution.run import awaitable_or_result
+    from plait.resources.usage import Budget
 
+    budget = Budget.of(max_calls, max_tokens, max_cost)
     return awaitable_or_result(
-        _evaluate(module, dataset, metric, resources, max_concurrent, progress)
+        _evaluate(module, dataset, metric, resources, max_concurrent, progress, budget)
     )
 
 
@@ -571,10 +594,12 @@ async def _evaluate(
     resources: Any,
     max_concurrent: int | None,
     progress: bool | None,
+    budget: Any = None,
 ) -> EvaluationResult:
     """The body of `evaluate`: reports the call to callbacks around `_scored`."""
     from plait.callbacks import ReportedCall
     from plait.execution.observe import callbacks_for
+    from plait.resources.usage import budgeted
 
     pairs = examples_of(dataset)
     if not pairs:
@@ -582,8 +607,18 @@ async def _evaluate(
     metric = metric or exact_match
     inputs = {"devset": pairs, "metric": metric}
     scorer = as_metric(metric)
-    with ReportedCall("evaluate", module, inputs, callbacks_for(module)) as call:
+    with (
+        ReportedCall("evaluate", module, inputs, callbacks_for(module)) as call,
+        budgeted(budget),
+    ):
         call.outputs = await _scored(module, pairs, scorer, resources, max_concurrent, progress)
+    if call.outputs.stopped_by_budget:
+        logger.warning(
+            "evaluate: the budget left %d of %d examples undone (%s)",
+            call.outputs.unevaluated,
+            len(pairs),
+            budget.refusal if budget is not None else "an outer budget",
+        )
     return call.outputs
 
 

@@ -40,13 +40,15 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from plait.backends.types import Message, Request, Response, SamplingOptions
-from plait.errors import StructuredOutputError
+from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
+from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update
 from plait.parameter import Parameter
+from plait.resources.usage import active_budgets
 
 __all__ = [
     "BootstrapFewShot",
@@ -264,6 +266,12 @@ class LabeledFewShot(ProgramSearch):
         self.k = k
         self.seed = seed
 
+    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+        n = len(val)
+        return [
+            Phase(f"1 candidate with {self.k} labeled demos", runs=Range(n, n, n), demos=self.k)
+        ]
+
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any
     ) -> list[Candidate]:
@@ -314,6 +322,17 @@ class BootstrapFewShot(ProgramSearch):
         self.threshold = threshold
         self.fill_labeled = fill_labeled
         self.seed = seed
+
+    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+        n, m = len(val), len(train)
+        return [
+            Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m)),
+            Phase(
+                f"1 candidate with up to {self.max_demos} demos",
+                runs=Range(n, n, n),
+                demos=self.max_demos,
+            ),
+        ]
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any
@@ -391,6 +410,38 @@ class RandomSearch(ProgramSearch):
         self.seed = seed
         self.proposals: dict[str, list[str]] = {}
         """Instructions the model proposed in the last search, per step (kept or not)."""
+
+    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+        phases = []
+        if train and self.max_demos:
+            m = len(train)
+            phases.append(
+                Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m))
+            )
+        steps = sum(
+            isinstance(module._parameters.get("instructions"), Parameter)
+            for _, module in demo_modules(program)
+        )
+        asks = self.propose * steps
+        if asks:  # each may be asked again once when its reply is refused
+            shown = sum(len(as_text(x)[:300]) + len(as_text(t)[:100]) for x, t in train[:4])
+            phases.append(
+                Phase(
+                    f"{asks} instruction proposals",
+                    other=Range(asks, asks, 2 * asks),
+                    other_tokens=(200 + shown // 4, 150),
+                    other_alias=self.alias,
+                )
+            )
+        runs = self.num_candidates * len(val)
+        phases.append(
+            Phase(
+                f"{self.num_candidates} candidates",
+                runs=Range(runs, runs, runs),
+                demos=self.max_demos / 2,
+            )
+        )
+        return phases
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any
@@ -530,4 +581,8 @@ async def propose_instruction(
         )
     except StructuredOutputError:
         return None
+    except BudgetExceededError:
+        if not any(budget.stopped for budget in active_budgets()):
+            raise  # an endpoint's own budget: the configuration's limit, not the search's
+        return None  # the search's budget is spent: no proposal, and the search winds down
     return reply.value

@@ -119,6 +119,8 @@ class Optimizer:
     """Characters of one feedback item shown to the model."""
     temperature = 0.7
     """Sampling temperature of the optimizer's calls."""
+    calls_per_update = 1
+    """Model calls one parameter's update makes, before any re-ask (for cost estimates)."""
 
     def __init__(
         self,
@@ -618,6 +620,7 @@ class SFAOptimizer(Optimizer):
 
     max_changes = 5
     """Most changes the aggregation keeps."""
+    calls_per_update = 2  # the summary, then the rewrite
 
     async def _propose(
         self,

@@ -25,8 +25,11 @@ every validation example. Each round:
    descend from a common ancestor: each parameter is taken from whichever of
    the two changed it (from the better one when both did).
 
-It stops starting new work once ``max_calls`` model calls (the search's own:
-runs, backward, rewrites, evaluations) are spent; work in flight finishes.
+It stops starting new rounds once ``max_calls`` model calls (the search's
+own: runs, backward, rewrites, evaluations) are spent, and ``max_calls`` is
+also its hard budget (`ProgramSearch`): requests are held against it before
+they are sent, so the last round's work stops where the budget ends, and a
+child whose validation it left half-done does not join the pool.
 Proposals of one round, and every evaluation, run concurrently under the
 endpoints' limits. The pool's best (chosen as in `ProgramSearch`: never below
 the start on validation, balanced over labels) is applied to the program.
@@ -60,13 +63,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
+from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
 from plait.optimization.fewshot import (
     Example,
@@ -80,6 +86,7 @@ from plait.optimization.losses import Loss, VerifierLoss
 from plait.optimization.optimizers import TextGradOptimizer
 from plait.optimization.search import Candidate, ProgramSearch, Trial, _label
 from plait.optimization.step import TrainingStep, on_examples
+from plait.resources.usage import active_budgets
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -111,7 +118,8 @@ class ReflectiveSearch(ProgramSearch):
         metric: ``metric(output, target)`` for validation and for the default loss.
         loss: the training loss whose feedback drives reflection (default:
             ``VerifierLoss(metric)``); an LLM judge gives richer feedback.
-        max_calls: model calls the search may spend.
+        max_calls: model calls the search may spend: a hard budget (see the module docs).
+        max_tokens, max_cost: more of the hard budget, as in `ProgramSearch`.
         minibatch: training examples per reflection.
         proposals: children proposed concurrently per round.
         merge_every: rounds between merges (0: never merge).
@@ -137,14 +145,14 @@ class ReflectiveSearch(ProgramSearch):
         seed: int = 0,
         **options: Any,
     ) -> None:
-        super().__init__(metric, **options)
+        super().__init__(metric, max_calls=max_calls, **options)
         if max_calls < 1 or minibatch < 1 or proposals < 1 or merge_every < 0:
             raise ValueError(
                 "ReflectiveSearch needs max_calls, minibatch and proposals >= 1 and "
                 f"merge_every >= 0; got {max_calls}, {minibatch}, {proposals}, {merge_every}"
             )
         self.loss = loss
-        self.max_calls = max_calls
+        self.max_calls: int = max_calls  # always set here: it is also the stopping rule
         self.minibatch = minibatch
         self.proposals = proposals
         self.merge_every = merge_every
@@ -154,6 +162,23 @@ class ReflectiveSearch(ProgramSearch):
         self.seed = seed
         self.log: list[str] = []
         """What each proposal of the last search did, in words."""
+
+    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+        """Proposals until ``max_calls``: each runs a minibatch, rewrites one parameter, runs
+        the minibatch again and validates the child (the budget caps the totals)."""
+        m, n = min(self.minibatch, len(train)), len(val)
+        per_child = 2 * m + n
+        children = max(math.ceil((self.max_calls - n) / (per_child + 1)), 0)
+        runs = children * per_child
+        return [
+            Phase(
+                f"about {children} reflections until max_calls={self.max_calls}",
+                runs=Range(runs, runs, runs),
+                demos=self.max_demos / 4,  # demos are one kind of rewrite, filled over rounds
+                other=Range(children, children, 2 * children),
+                other_alias=self.alias,
+            )
+        ]
 
     async def _search(
         self,
@@ -178,7 +203,7 @@ class ReflectiveSearch(ProgramSearch):
         turn = 0
         with metered() as meter:
             round_number, seen = 0, -1
-            while start.calls + meter.calls < self.max_calls:
+            while start.calls + meter.calls < self.max_calls and not _budget_spent():
                 if meter.calls + meter.cached == seen:
                     break  # a round made no request at all (every reply cached): nothing new
                 seen = meter.calls + meter.cached
@@ -193,12 +218,12 @@ class ReflectiveSearch(ProgramSearch):
                         self._mutate(pool, parent, name, batch, val, resources, rng.random())
                     )
                 for child in await asyncio.gather(*jobs):
-                    if child is not None:
+                    if child is not None and not child.trial.unevaluated:
                         child.trial.number = len(pool)
                         pool.append(child)
                 if self.merge_every and round_number % self.merge_every == 0:
                     merged = await self._merge(pool, val, resources, rng)
-                    if merged is not None:
+                    if merged is not None and not merged.trial.unevaluated:
                         merged.trial.number = len(pool)
                         pool.append(merged)
         return [member.trial for member in pool[1:]]
@@ -231,6 +256,24 @@ class ReflectiveSearch(ProgramSearch):
 
     # ------------------------------------------------------------ mutation
     async def _mutate(
+        self,
+        pool: list[_Member],
+        parent_index: int,
+        name: str,
+        batch: list[Example],
+        val: list[Example],
+        resources: Any,
+        salt: float,
+    ) -> _Member | None:
+        try:
+            return await self._mutate_once(pool, parent_index, name, batch, val, resources, salt)
+        except BudgetExceededError:
+            if not _budget_spent():
+                raise  # an endpoint's own budget, not the search's
+            self.log.append(f"{name}: stopped, the search's budget is spent")
+            return None
+
+    async def _mutate_once(
         self,
         pool: list[_Member],
         parent_index: int,
@@ -390,6 +433,11 @@ class ReflectiveSearch(ProgramSearch):
             self.log.append(f"merge of {first.number} and {second.number}: {trial.score:.3g}")
             return _Member(program, trial, parent=a, other_parent=b)
         return None
+
+
+def _budget_spent() -> bool:
+    """Whether a budget open around the search has refused a call (it stops then)."""
+    return any(budget.stopped for budget in active_budgets())
 
 
 def _exact(output: Any, target: Any) -> bool:

@@ -120,6 +120,8 @@ class Trial:
     """Its score on each validation example, in order (a Pareto frontier needs them)."""
     answers: dict[str, int] = field(default_factory=dict, repr=False)
     """How often it answered each label, when the validation targets are labels."""
+    unevaluated: int = 0
+    """Validation examples the search's budget left undone; such a trial is never chosen."""
 
     def row(self) -> dict[str, Any]:
         """Returns the trial as one row of a trials table (no parameter values)."""
@@ -151,6 +153,13 @@ class SearchReport:
     seconds: float = 0.0
     reason: str = ""
     """Why ``best`` was kept, in words a user can act on (see `explain`)."""
+    stopped_by_budget: bool = False
+    """Whether the budget (``max_calls``, ``max_tokens``, ``max_cost``) cut the search
+    short; ``best`` is then the best of the trials evaluated in full."""
+    spent: dict[str, Any] = field(default_factory=dict)
+    """Calls, tokens and cost spent, when the search had a budget."""
+    left_undone: str = ""
+    """What the budget left undone, in words (empty when nothing was)."""
 
     @property
     def improved(self) -> bool:
@@ -216,6 +225,12 @@ class ProgramSearch:
         significance: the largest sign-test p-value at which a candidate may
             replace the program (None: any candidate at least as good may).
         max_concurrent: most LLM calls in flight per evaluation (endpoint limits apply too).
+        max_calls, max_tokens, max_cost: a hard budget for the whole search
+            (`plait.resources.usage.Budget`): every request is held against it
+            before it is sent, so the search never passes it. Once it is spent
+            the search stops; trials it left half-evaluated are never chosen,
+            and the report says what was spent and left undone
+            (``stopped_by_budget``, ``spent``, ``left_undone``).
     """
 
     def __init__(
@@ -225,7 +240,13 @@ class ProgramSearch:
         balance: bool | str = "auto",
         significance: float | None = 0.1,
         max_concurrent: int | None = None,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_cost: float | None = None,
     ) -> None:
+        from plait.resources.usage import Budget
+
+        Budget.of(max_calls, max_tokens, max_cost)  # checks the limits now, not when compiled
         if balance not in (True, False, "auto"):
             raise ValueError(f"balance must be True, False or 'auto', got {balance!r}")
         if significance is not None and not 0 < significance <= 1:
@@ -239,6 +260,9 @@ class ProgramSearch:
         self.balance = balance
         self.significance = significance
         self.max_concurrent = max_concurrent
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.max_cost = max_cost
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -283,7 +307,7 @@ class ProgramSearch:
         self, program: Module, train_set: Any, val_set: Any, resources: Any
     ) -> SearchReport:
         """The body of `compile`."""
-        from plait.resources.usage import metered
+        from plait.resources.usage import Budget, budgeted, metered
 
         resources = resources_of(program, resources, who=type(self).__name__, takes="compile()")
         train = examples_of(train_set) if train_set is not None else []
@@ -292,8 +316,9 @@ class ProgramSearch:
             name = type(self).__name__
             raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
-        with metered() as meter:
-            start = await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
+        budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
+        with metered() as meter, budgeted(budget):
+            start = await self._start(program, val, resources)
             trials = [start, *await self._search(program, train, val, resources, start)]
         best = self._choose(trials, start, self.significance)
         if best is not start:
@@ -307,6 +332,8 @@ class ProgramSearch:
             seconds=time.perf_counter() - started,
             reason=explain(trials, start, best, self.significance),
         )
+        if budget is not None:
+            _tell_budget(report, budget)
         _record(program, report)
         logger.info(
             "%s: %d trials, validation %.4g -> %.4g (trial %d), %d calls; %s",
@@ -319,6 +346,76 @@ class ProgramSearch:
             report.reason,
         )
         return report
+
+    async def _start(self, program: Module, val: list[tuple[Any, Any]], resources: Any) -> Trial:
+        """Returns trial 0, the program as it was, evaluated (a checkpoint may already hold it)."""
+        return await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
+
+    def estimate(
+        self,
+        program: Module,
+        trainset: Any = None,
+        valset: Any = None,
+        *,
+        resources: Any = None,
+        sample: int = 2,
+        train_set: Any = None,
+        val_set: Any = None,
+    ) -> Any:
+        """Estimates the calls, tokens and dollars `compile` would spend, before it runs.
+
+        From this search's schedule (its settings and the data sizes) and one run
+        of the program measured on ``sample`` validation examples, which run for
+        real (`plait.optimization.costs`). Awaited inside a running event
+        loop, run to completion in a script, like `compile`.
+
+        Returns:
+            A `CostEstimate`: low / expected / high calls, tokens and cost per
+            phase; ``print(estimate)`` shows the table.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        train = _either("trainset", trainset, "train_set", train_set)
+        val = _either("valset", valset, "val_set", val_set)
+        return awaitable_or_result(self._estimate(program, train, val, resources, sample))
+
+    async def _estimate(
+        self, program: Module, train_set: Any, val_set: Any, resources: Any, sample: int
+    ) -> Any:
+        """The body of `estimate`."""
+        from plait.optimization import costs
+        from plait.resources import ResourceManager
+        from plait.resources.usage import Budget
+
+        resources = resources_of(program, resources, who=type(self).__name__, takes="estimate()")
+        train = examples_of(train_set) if train_set is not None else []
+        val = examples_of(val_set) if val_set is not None else train
+        if not val:
+            raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
+        phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
+        demos = math.ceil(max(phase.demos for phase in phases))
+        size, spent = await costs.measure(program, val, resources, sample, train, demos)
+        return costs.from_schedule(
+            f"{type(self).__name__} on {len(train)} training / {len(val)} validation examples",
+            phases,
+            size,
+            ResourceManager.shared(resources),
+            sample_calls=spent,
+            budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
+        )
+
+    def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
+        """The schedule's first phase: trial 0 on the validation set."""
+        from plait.optimization.costs import Phase, Range
+
+        n = len(val)
+        return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+
+    def _schedule(
+        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+    ) -> list[Any]:
+        """Returns the phases (`plait.optimization.costs.Phase`) after trial 0. Override this."""
+        raise NotImplementedError(f"{type(self).__name__} has no estimate of its schedule")
 
     async def _search(
         self,
@@ -394,17 +491,21 @@ class ProgramSearch:
             settings=dict(candidate.settings),
             scores=result.scores,
             answers=_answer_counts(result) if labels else {},
+            unevaluated=result.unevaluated,
         )
 
     @staticmethod
     def _choose(trials: Sequence[Trial], start: Trial, significance: float | None = None) -> Trial:
         """Returns the trial to apply (see the module docs): the start, or a clear winner."""
+        if start.unevaluated:
+            return start  # no baseline to compare with: the program stays as it was
         eligible = [
             t
             for t in trials
             if t is start
             or (
-                t.score >= start.score - 1e-12
+                not t.unevaluated
+                and t.score >= start.score - 1e-12
                 and (significance is None or sign_test(t.scores, start.scores) <= significance)
             )
         ]
@@ -446,7 +547,12 @@ def explain(
             f"trial {best.number} won on {wins} and lost on {losses} of {n} validation examples "
             f"(sign test p = {p:.2g}); validation {start.score:.3g} -> {best.score:.3g}"
         )
-    candidates = [t for t in trials if t is not start]
+    if start.unevaluated:
+        return (
+            "the budget was spent before the program as it was (trial 0) was evaluated in "
+            "full: no baseline to compare candidates with"
+        )
+    candidates = [t for t in trials if t is not start and not t.unevaluated]
     if not candidates:
         return (
             "the search found no candidate that differs from the program as it is (trial 0): "
@@ -489,6 +595,21 @@ def explain(
         f"its score balanced across labels was not higher ({leader.selection:.3g} vs "
         f"{start.selection:.3g}): it gained on the most common label only"
     )
+
+
+def _tell_budget(report: SearchReport, budget: Any) -> None:
+    """Notes on ``report`` what the search spent and, if its budget stopped it, what it left."""
+    report.spent = budget.spent()
+    if not budget.stopped:
+        return
+    report.stopped_by_budget = True
+    partial = [t.number for t in report.trials if t.unevaluated]
+    report.left_undone = (
+        f"{budget.refused} call(s) refused ({budget.refusal}); "
+        f"{len(partial)} trial(s) not evaluated in full"
+        + (f" (trials {', '.join(map(str, partial))}), never chosen" if partial else "")
+    )
+    report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
 
 
 def _wins_losses(trial: Trial, start: Trial) -> tuple[int, int]:
@@ -583,8 +704,10 @@ class GridSearch(ProgramSearch):
     current settings) is trial 0, not evaluated twice. Without ``parameters``
     the grid is `DEFAULT_GRID` (temperature 0.0, 0.3, 0.7). With
     ``checkpoint`` (a JSON file) each finished trial is written at once
-    (atomically, never through a symbolic link), and a rerun with the same
-    file, dev set and grid skips the trials already done.
+    (atomically, never through a symbolic link), trial 0 included, and a rerun
+    with the same file, dev set and grid skips the trials already done; a
+    trial a budget cut short is not kept, so a rerun with a larger budget
+    finishes the rest.
 
     Example::
 
@@ -661,10 +784,65 @@ class GridSearch(ProgramSearch):
 
         async def run(index: int) -> None:
             trials[index] = await self._evaluate_one(index + 1, candidates[index], val, resources)
-            self._save(key, trials)
+            self._save(key, [start, *trials])
 
         await asyncio.gather(*(run(i) for i in todo))
+        self._save(key, [start, *trials])  # trial 0 too, when no candidate was left to run
         return [t for t in trials if t is not None]
+
+    async def _start(self, program: Module, val: list[tuple[Any, Any]], resources: Any) -> Trial:
+        """Returns trial 0 from the checkpoint when it holds this program's, else evaluates it.
+
+        The checkpoint's trial 0 is this program's when its parameters and the
+        settings the grid varies are the same.
+        """
+        self._check_keys(program)
+        settings = self._current_settings(program)
+        saved = self._done(program, self._key(val)).get(_combo_key({}))
+        if saved is not None and (saved.parameters, saved.settings) == (
+            program.state_dict(),
+            settings,
+        ):
+            return saved
+        start = await super()._start(program, val, resources)
+        start.settings = settings
+        return start
+
+    def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
+        from plait.optimization.costs import Phase, Range
+
+        saved = self._done(program, self._key(val)).get(_combo_key({}))
+        n = 0 if saved is not None and saved.parameters == program.state_dict() else len(val)
+        return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+
+    def _schedule(
+        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+    ) -> list[Any]:
+        from plait.optimization.costs import Phase, Range
+
+        self._check_keys(program)
+        candidates = self._distinct(
+            program, [self._candidate(program, c) for c in self.combinations()]
+        )
+        done = self._done(program, self._key(val))
+        left = sum(_combo_key(c.params) not in done for c in candidates)
+        runs = left * len(val)
+        resumed = (
+            f", {len(candidates) - left} done in the checkpoint" if left < len(candidates) else ""
+        )
+        return [Phase(f"{left} grid trials{resumed}", runs=Range(runs, runs, runs))]
+
+    def _current_settings(self, program: Module) -> dict[str, Any]:
+        """Returns the program's values of the plain settings the grid varies, by path."""
+        paths = {id(m): path for path, m in program.named_modules()}
+        current: dict[str, Any] = {}
+        for name in self.parameters:
+            for module, attribute in _targets(program, name):
+                value = module.__dict__[attribute]
+                if not isinstance(value, Parameter):
+                    path = paths[id(module)]
+                    current[f"{path}.{attribute}" if path else attribute] = value
+        return current
 
     def _check_keys(self, program: Module) -> None:
         """Raises ValueError for a grid key the program does not have (naming those it has)."""
@@ -714,13 +892,15 @@ class GridSearch(ProgramSearch):
             ) from None
 
     def _save(self, key: str, trials: list[Trial | None]) -> None:
+        """Writes the trials evaluated in full (trial 0 first); a rerun skips those.
+
+        A trial the budget cut short is left out, so a rerun with a larger
+        budget evaluates it again, and the checkpoint's other trials stay.
+        """
         if self.checkpoint is None:
             return
-        data = {
-            "format": _GRID,
-            "key": key,
-            "trials": [asdict(t) if t is not None else None for t in trials],
-        }
+        kept = [asdict(t) for t in trials if t is not None and not t.unevaluated]
+        data = {"format": _GRID, "key": key, "trials": kept}
         with _files.replacing(self.checkpoint, error=CheckpointError) as file:
             json.dump(data, file, default=str, indent=1)
 
@@ -801,6 +981,9 @@ def optimize_grid(
     balance: bool | str = "auto",
     significance: float | None = 0.1,
     max_concurrent: int | None = None,
+    max_calls: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
 ) -> Any:
     """Tries every combination of ``parameters`` on ``devset`` and keeps the best.
 
@@ -824,5 +1007,8 @@ def optimize_grid(
         balance=balance,
         significance=significance,
         max_concurrent=max_concurrent,
+        max_calls=max_calls,
+        max_tokens=max_tokens,
+        max_cost=max_cost,
     )
     return search.compile(module, valset=devset, resources=resources)

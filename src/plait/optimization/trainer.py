@@ -91,6 +91,14 @@ class TrainReport:
     minibatch's mean loss score, or None)."""
     reason: str = ""
     """Which parameters the program ends with, and why, in words (also logged)."""
+    stopped_by_budget: bool = False
+    """Whether the budget (``max_calls``, ``max_tokens``, ``max_cost``) stopped training
+    early; the program then holds the best parameters validated before it did."""
+    spent: dict[str, Any] = field(default_factory=dict)
+    """Calls, tokens and cost this call spent, when it had a budget."""
+    left_undone: str = ""
+    """What the budget left undone, in words: a rerun on the same ``checkpoint_dir``
+    with a larger budget starts there."""
 
 
 class Trainer:
@@ -113,6 +121,12 @@ class Trainer:
         shuffle: shuffle the training set each epoch (reproducibly, from ``seed``).
         seed: the shuffling seed.
         max_concurrent: most LLM calls in flight at once (None: the default).
+        max_calls, max_tokens, max_cost: a hard budget for each `fit` call
+            (`plait.resources.usage.Budget`): requests are held against it
+            before they are sent, so training never passes it. The minibatch
+            or validation it cuts short is dropped (not applied, not saved),
+            training stops, and the program ends with its best validated
+            parameters; the checkpoint resumes from the last finished step.
 
     Raises:
         ValueError: empty datasets, bad sizes, or both/neither of a step and a loss.
@@ -135,7 +149,13 @@ class Trainer:
         shuffle: bool = True,
         seed: int = 0,
         max_concurrent: int | None = None,
+        max_calls: int | None = None,
+        max_tokens: int | None = None,
+        max_cost: float | None = None,
     ) -> None:
+        from plait.resources.usage import Budget
+
+        Budget.of(max_calls, max_tokens, max_cost)  # checks the limits now, not in fit()
         if isinstance(step_or_module, TrainingStep):
             if loss_fn is not None:
                 raise ValueError(
@@ -171,6 +191,9 @@ class Trainer:
         self.shuffle = shuffle
         self.seed = seed
         self.max_concurrent = max_concurrent
+        self.max_calls = max_calls
+        self.max_tokens = max_tokens
+        self.max_cost = max_cost
         self._examples = on_examples(step)
 
     # ------------------------------------------------------------------ public
@@ -190,6 +213,92 @@ class Trainer:
         )
         return float(result)
 
+    def estimate(self, sample: int = 2) -> Any:
+        """Estimates the calls, tokens and dollars `fit` would spend, before it runs.
+
+        From the schedule (validations, epochs of minibatches, one optimizer
+        step per minibatch: `Optimizer.calls_per_update` calls per learnable
+        parameter, and a call per example for an LLM-judged loss) and one run
+        of the program measured on ``sample`` validation examples, which run
+        for real (`plait.optimization.costs`). A checkpoint to resume from
+        shortens the schedule. Awaited inside a running event loop, run to
+        completion in a script, like `fit`.
+
+        Returns:
+            A `CostEstimate`; ``print(estimate)`` shows the table.
+        """
+        from plait.execution.run import awaitable_or_result
+
+        return awaitable_or_result(self._estimate(sample))
+
+    async def _estimate(self, sample: int) -> Any:
+        from plait.optimization import costs
+        from plait.optimization.costs import Phase, Range
+        from plait.resources import ResourceManager
+        from plait.resources.usage import Budget
+
+        size, spent = await costs.measure(
+            self.module, self.val_set, self.resources, sample, self.train_set
+        )
+        resumed = self._position()
+        position = resumed or (0, 0)
+        batches = self._batches()
+        n, m = len(self.val_set), len(self.train_set)
+        left = [
+            min(self.batch_size, m - batch * self.batch_size)
+            for epoch in range(position[0], self.epochs)
+            for batch in range(position[1] if epoch == position[0] else 0, batches)
+        ]
+        steps_left, examples_left = len(left), sum(left)
+        learnable = sum(p.requires_grad for _, p in self.optimizer.named_parameters())
+        updates = steps_left * learnable * self.optimizer.calls_per_update
+        validations = self.epochs - position[0]
+        judge = getattr(self.step.loss, "alias", None)
+        phases = [
+            Phase("validation before training", runs=Range(*(0 if resumed else n,) * 3)),
+            Phase(f"{steps_left} training minibatches", runs=Range(*(examples_left,) * 3)),
+            Phase(
+                f"{steps_left} optimizer steps",
+                other=Range(0, updates, 2 * updates),
+                other_alias=self.optimizer.alias,
+            ),
+            Phase(f"{validations} validations after an epoch", runs=Range(*(validations * n,) * 3)),
+        ]
+        if isinstance(judge, str):
+            phases.append(
+                Phase(
+                    f"the loss's judge on {examples_left} examples",
+                    other=Range(*(examples_left,) * 3),
+                    other_alias=judge,
+                )
+            )
+        return costs.from_schedule(
+            f"Trainer of {type(self.module).__name__}: {self.epochs} epoch(s) of {batches} "
+            f"minibatches, {n} validation examples",
+            phases,
+            size,
+            ResourceManager.shared(self.resources),
+            sample_calls=spent,
+            budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
+        )
+
+    def _position(self) -> tuple[int, int] | None:
+        """(epoch, minibatch) the checkpoint would resume from; None without one.
+
+        Read without restoring anything: `fit` checks the checkpoint in full.
+        """
+        if self.checkpoint_dir is None:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            return None
+        epoch, batch = data.get("epoch"), data.get("batch")
+        if not (isinstance(epoch, int) and isinstance(batch, int)):
+            return None
+        return (epoch, batch)
+
     def fit(self) -> Any:
         """Trains for the remaining epochs and leaves the program with its best parameters.
 
@@ -202,14 +311,43 @@ class Trainer:
         return awaitable_or_result(self._fit())
 
     async def _fit(self) -> TrainReport:
-        """The body of `fit`."""
+        """The body of `fit`: the training loop within the budget, if there is one."""
+        from plait.resources.usage import Budget, budgeted
+
         profiler = _context.PROFILE.get()
         if profiler is not None:  # its report names the program's modules as validation does
             profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
+        budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
+        report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
+        with budgeted(budget):
+            state = await self._train(report, budget)
+        if budget is not None:
+            _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
+        if state is None:
+            report.reason = "kept the program as it was: nothing was validated"
+        else:
+            self.module.load_state_dict(state["best"]["parameters"])
+            _settle(report)
+        if report.stopped_by_budget:
+            report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
+        logger.info("Trainer: %s", report.reason)
+        return report
+
+    async def _train(self, report: TrainReport, budget: Any) -> dict[str, Any] | None:
+        """Runs the remaining epochs into ``report``; returns the state reached.
+
+        With a budget, a phase (the first validation, a minibatch, an epoch's
+        validation) that the budget cut short is dropped and training stops:
+        None when even the first validation was cut short.
+        """
+        from plait.errors import BudgetExceededError
+
         state = self._load()
         resumed = None
         if state is None:
             initial = await self.evaluate()
+            if _cut_short(budget):
+                return None
             logger.info("Trainer: validation score before training: %.4g", initial)
             state = {
                 "epoch": 0,
@@ -221,14 +359,10 @@ class Trainer:
             self._save(state)
         else:
             resumed = (state["epoch"], state["batch"])
-        report = TrainReport(
-            initial_score=state["initial_score"],
-            best_score=state["best"]["score"],
-            best_epoch=state["best"]["epoch"],
-            scores=state["scores"],
-            resumed_from=resumed,
-        )
-        batches = math.ceil(len(self.train_set) / self.batch_size)
+        report.initial_score = state["initial_score"]
+        report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
+        report.scores, report.resumed_from = state["scores"], resumed
+        batches = self._batches()
         with _Progress(self.progress, self.epochs * batches) as progress:
             progress.advance_to(state["epoch"] * batches + state["batch"], report)
             while state["epoch"] < self.epochs:
@@ -236,19 +370,30 @@ class Trainer:
                 while state["batch"] < batches:
                     start = state["batch"] * self.batch_size
                     batch = [self.train_set[i] for i in order[start : start + self.batch_size]]
-                    train_score = await self._train_batch(batch, report)
-                    report.history[-1]["epoch"] = state["epoch"] + 1
+                    try:
+                        step, train_score = await self._train_batch(batch)
+                    except BudgetExceededError:
+                        if not _cut_short(budget):
+                            raise  # an endpoint's own budget, not this run's
+                        return state
+                    if _cut_short(budget):
+                        return state
+                    _note_step(report, step, train_score, state["epoch"] + 1)
                     state["batch"] += 1
                     self._save(state)
                     progress.advance(report, train_score)
-                await self._end_epoch(state, report)
-        self.module.load_state_dict(state["best"]["parameters"])
-        _settle(report)
-        logger.info("Trainer: %s", report.reason)
-        return report
+                if not await self._end_epoch(state, report, budget):
+                    return state
+        return state
+
+    def _batches(self) -> int:
+        """Minibatches per epoch."""
+        return math.ceil(len(self.train_set) / self.batch_size)
 
     # ---------------------------------------------------------------- epochs
-    async def _train_batch(self, batch: list[tuple[Any, Any]], report: TrainReport) -> float | None:
+    async def _train_batch(self, batch: list[tuple[Any, Any]]) -> tuple[StepReport, float | None]:
+        """Runs one minibatch, its backward and one optimizer step; returns the step and the
+        minibatch's mean loss score (None when no loss gave a score)."""
         from plait.execution import run
 
         self._examples.train()
@@ -274,23 +419,18 @@ class Trainer:
         if taped:
             await backward(taped, resources=self.resources)
         step: StepReport = await self.optimizer.step()
-        applied = len(step.accepted)  # kept by the step; keep-best may still undo them
-        rejected = sum(r.status in ("rejected", "reverted") for r in step.updates)
-        report.steps += 1
-        report.rejected += rejected
         scores = [
             loss.payload.score
             for loss in taped
             if isinstance(loss.payload, Feedback) and loss.payload.score is not None
         ]
-        train_score = sum(scores) / len(scores) if scores else None
-        report.history.append(
-            {"applied": applied, "rejected": rejected, "train_score": train_score}
-        )
-        return train_score
+        return step, (sum(scores) / len(scores) if scores else None)
 
-    async def _end_epoch(self, state: dict[str, Any], report: TrainReport) -> None:
+    async def _end_epoch(self, state: dict[str, Any], report: TrainReport, budget: Any) -> bool:
+        """Validates the epoch's parameters; False when the budget cut validation short."""
         score = await self.evaluate()
+        if _cut_short(budget):
+            return False
         state["scores"].append(score)
         epoch = state["epoch"] + 1
         logger.info("Trainer: validation score after epoch %d: %.4g", epoch, score)
@@ -299,6 +439,7 @@ class Trainer:
         report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
         state["epoch"], state["batch"] = epoch, 0
         self._save(state)
+        return True
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.train_set)))
@@ -367,6 +508,53 @@ _PROGRESS_KEYS = ("epoch", "batch", "initial_score", "scores", "best")
 """Where a training run was, as its checkpoint keeps it."""
 _CHECKPOINT_KEYS = ("settings", "parameters", "optimizer", *_PROGRESS_KEYS)
 """What a Trainer checkpoint holds; a file without one of them cannot resume."""
+
+
+def _note_step(
+    report: TrainReport, step: StepReport, train_score: float | None, epoch: int
+) -> None:
+    """Adds one finished optimizer step to the report (its counts and a history entry)."""
+    applied = len(step.accepted)  # kept by the step; keep-best may still undo them
+    rejected = sum(r.status in ("rejected", "reverted") for r in step.updates)
+    report.steps += 1
+    report.rejected += rejected
+    report.history.append(
+        {"applied": applied, "rejected": rejected, "train_score": train_score, "epoch": epoch}
+    )
+
+
+def _cut_short(budget: Any) -> bool:
+    """Whether the run's budget has refused a call (the phase that ran is then incomplete)."""
+    return budget is not None and budget.stopped
+
+
+def _tell_budget(
+    report: TrainReport,
+    budget: Any,
+    state: dict[str, Any] | None,
+    batches: int,
+    checkpointed: bool,
+) -> None:
+    """Notes on ``report`` what the budget let training spend and what it left undone."""
+    report.spent = budget.spent()
+    if not budget.stopped:
+        return
+    report.stopped_by_budget = True
+    if state is None:
+        where = "the validation before training"
+    elif state["batch"] < batches:
+        where = f"epoch {state['epoch'] + 1}, minibatch {state['batch'] + 1} of {batches}"
+    else:
+        where = f"the validation after epoch {state['epoch'] + 1}"
+    rerun = (
+        "which a rerun on the same checkpoint_dir with a larger budget starts from"
+        if checkpointed
+        else "and nothing was checkpointed (give checkpoint_dir to make it resumable)"
+    )
+    report.left_undone = (
+        f"{budget.refused} call(s) refused ({budget.refusal}); training stopped at {where}, "
+        + rerun
+    )
 
 
 def _settle(report: TrainReport) -> None:

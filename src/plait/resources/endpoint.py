@@ -123,11 +123,17 @@ def estimate_tokens(request: Request) -> int:
     template, and the request's ``max_tokens`` (or 256) for the reply. It only
     has to be close: the tpm reservation is corrected from real usage.
     """
+    prompt, reply = estimate_prompt_and_reply(request)
+    return prompt + reply
+
+
+def estimate_prompt_and_reply(request: Request) -> tuple[int, int]:
+    """Returns `estimate_tokens` in its two parts: the prompt's tokens and the reply's bound."""
     chars = 0
     for message in request.messages:
         chars += len(message.content)
     reply = request.options.max_tokens or _DEFAULT_OUTPUT_ESTIMATE
-    return chars // 4 + 4 * len(request.messages) + reply
+    return chars // 4 + 4 * len(request.messages), reply
 
 
 @dataclass(frozen=True, slots=True)

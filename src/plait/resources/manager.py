@@ -59,9 +59,15 @@ from plait.errors import (
 )
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig, ResourceConfig
-from plait.resources.endpoint import Endpoint, EndpointStats, ResponseCache, estimate_tokens
+from plait.resources.endpoint import (
+    Endpoint,
+    EndpointStats,
+    ResponseCache,
+    estimate_prompt_and_reply,
+    estimate_tokens,
+)
 from plait.resources.retry import RetryPolicy, exhausted
-from plait.resources.usage import UsageTotals, active_meters
+from plait.resources.usage import Budget, UsageTotals, active_budgets, active_meters
 
 __all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
 
@@ -124,6 +130,51 @@ class _Route:
         self.endpoint = endpoint
         self.totals = totals or UsageTotals()
         self.fallbacks: tuple[_Route, ...] | None = None
+
+
+class _BudgetHold:
+    """The room one request holds in the run's budgets while it is in flight."""
+
+    __slots__ = ("budgets", "cost", "tokens")
+
+    def __init__(self, budgets: tuple[Budget, ...], tokens: int, cost: float | None) -> None:
+        self.budgets = budgets
+        self.tokens = tokens
+        self.cost = cost
+
+    @classmethod
+    def take(
+        cls, route: _Route, request: Request, budgets: tuple[Budget, ...], reserved: int
+    ) -> _BudgetHold:
+        """Holds room in every budget, or raises `BudgetExceededError` holding none.
+
+        Refused, the request frees its endpoint slot (``reserved`` tokens) and
+        counts as refused in the open meters; nothing is sent.
+        """
+        prompt, reply = estimate_prompt_and_reply(request)
+        price = route.endpoint.price
+        cost = price.cost(prompt, reply) if price is not None else None
+        for index, budget in enumerate(budgets):
+            why = budget.hold(prompt + reply, cost)
+            if why is None:
+                continue
+            for taken in budgets[:index]:
+                taken.release(prompt + reply, cost)
+            route.endpoint.limiter.release(reserved, 0)
+            for meter in active_meters():
+                meter.refused += 1
+            raise BudgetExceededError(
+                f"alias {route.alias!r}: the run's budget refused the call ({why}); "
+                "nothing was sent. Give a larger budget to continue.",
+                alias=route.alias,
+                attempts=0,
+            )
+        return cls(budgets, prompt + reply, cost)
+
+    def settle(self, usage: Usage | None) -> None:
+        """Replaces the hold by what the request spent (None: it failed, nothing billed)."""
+        for budget in self.budgets:
+            budget.settle(self.tokens, self.cost, usage)
 
 
 class ResourceManager:
@@ -470,26 +521,39 @@ class ResourceManager:
         reserved = 0 if endpoint.limiter.tpm is None else estimate_tokens(request)
         return endpoint.get_backend(), policy, timeout, reserved
 
-    async def _begin_attempt(self, route: _Route, reserved: int) -> float:
-        """Waits for the endpoint's limits and counts the request; returns the seconds waited.
+    async def _begin_attempt(
+        self, route: _Route, reserved: int, request: Request
+    ) -> tuple[float, _BudgetHold | None]:
+        """Waits for the endpoint's limits and counts the request.
 
         The budget is checked again once the slot is held, so calls that queued
-        while the last ones spent it are not sent.
+        while the last ones spent it are not sent; then the run's own budgets
+        (`plait.resources.usage.budgeted`), if any, hold room for the request.
+
+        Returns:
+            The seconds waited, and the budgets' hold (None without budgets),
+            which the attempt settles when it ends.
         """
         endpoint = route.endpoint
         waited = await endpoint.limiter.acquire(reserved)
         if endpoint.budget is not None or self.budget is not None:
             self._check_budget(route, holding=reserved)
+        budgets = active_budgets()
+        held = _BudgetHold.take(route, request, budgets, reserved) if budgets else None
         endpoint.requests += 1
-        return waited
+        return waited, held
 
-    def _end_attempt(self, route: _Route, reserved: int, usage: Usage) -> None:
+    def _end_attempt(
+        self, route: _Route, reserved: int, usage: Usage, held: _BudgetHold | None
+    ) -> None:
         """Frees a successful attempt's slot, corrects its token reservation, records usage."""
         limiter = route.endpoint.limiter
         used = usage.input_tokens + usage.output_tokens
         limiter.release(reserved, used or None)
         limiter.on_success()
         self._record(route, usage)
+        if held is not None:
+            held.settle(usage)
 
     async def _replay(
         self, route: _Route, response: Response, on_text: TextSink | None
@@ -519,7 +583,8 @@ class ResourceManager:
             if on_text is not None and on_text.started:
                 await on_text.restart(f"retried after: {error}")
             queued = observer.now() if observer is not None else 0.0
-            waited += await self._begin_attempt(route, reserved)
+            waited_now, held = await self._begin_attempt(route, reserved, request)
+            waited += waited_now
             sent = observer.now() if observer is not None else 0.0
             try:
                 if on_text is not None:
@@ -539,9 +604,11 @@ class ResourceManager:
                 raise MediaError(f"alias {route.alias!r}: {exc}") from None
             except BaseException:
                 route.endpoint.limiter.release(reserved, 0)
+                if held is not None:
+                    held.settle(None)
                 raise
             else:
-                self._end_attempt(route, reserved, response.usage)
+                self._end_attempt(route, reserved, response.usage, held)
                 if observer is not None:
                     observer.record_request(
                         route.endpoint.name, route.alias, call, attempts, queued, sent,
@@ -561,6 +628,8 @@ class ResourceManager:
                     final=not policy.should_retry(error, attempts),
                     priced=route.endpoint.price is not None,
                 )  # fmt: skip
+            if held is not None:
+                held.settle(None)
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
     async def _after_failure(
@@ -675,7 +744,7 @@ class ResourceManager:
         attempts = 0
         while True:
             attempts += 1
-            await self._begin_attempt(route, reserved)
+            _, held = await self._begin_attempt(route, reserved, request)
             chunks = _within(backend.stream(request), timeout)
             usage: Usage | None = None
             yielded = False
@@ -701,12 +770,16 @@ class ResourceManager:
                 raise MediaError(f"alias {alias!r}: {exc}") from None
             except BaseException:
                 endpoint.limiter.release(reserved, 0)
+                if held is not None:
+                    held.settle(None)
                 raise
             else:
-                self._end_attempt(route, reserved, usage or Usage())
+                self._end_attempt(route, reserved, usage or Usage(), held)
                 return
             finally:
                 await chunks.aclose()
+            if held is not None:
+                held.settle(None)
             if yielded:  # the caller has part of the reply: a retry would repeat it
                 endpoint.limiter.release(reserved, None)
                 endpoint.failures += 1

@@ -1,0 +1,464 @@
+"""Cost before it runs: calls, tokens and dollars an evaluation, a search or a Trainer will spend.
+
+    estimate = await BootstrapFewShot(metric).estimate(program, trainset=train, valset=val)
+    print(estimate)                # a table: each phase, low / expected / high
+    estimate.calls.expected, estimate.cost.high
+    estimate = plait.estimate(program, devset, resources=config)     # for evaluate
+    estimate = trainer.estimate()
+
+An estimate multiplies two things:
+
+* **the schedule** — how many times the work runs the program (examples ×
+  candidates, bootstrap passes, minibatches, validations) and how many calls it
+  makes outside the program (instruction proposals, parameter rewrites); each
+  search says its own (`ProgramSearch._schedule`), from its settings and the
+  data sizes;
+* **the size of one run** — the calls one example makes and the tokens of each
+  call, measured on a small sample: ``sample`` examples (2 by default) are run
+  for real, and those calls are counted in `CostEstimate.sample_calls` (they
+  are the only calls an estimate makes; ``sample=0`` makes none, and then the
+  calls per example come from the program's graph and the tokens from the
+  text's length, with a wide reply range). What a demo adds to a prompt is
+  measured too, when the schedule shows demos: the first sampled example runs
+  once more with labeled demos (without a sample, it is counted from the
+  training examples' length, about four characters a token). Calls outside the
+  program (proposals, rewrites) are counted at about 400 prompt and 100 reply
+  tokens each, in a range of half to twice that.
+
+Dollars come from the price of each endpoint in the resource configuration (or
+plait's table of list prices); an endpoint without a price makes the cost
+unknown (None), which the table says.
+
+The range: *low* assumes the fewest calls the schedule allows (candidates
+identical to the program are skipped, no rewrite is needed) and the smallest
+sampled calls; *high* the most (every re-ask, the largest sampled call); the
+token range of a call is at least -20 % / +50 % around the sampled mean, as a
+sample of a few examples cannot show more. The run's own budget, if set, caps
+every column.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from plait.module import Module
+
+__all__ = ["CostEstimate", "Phase", "Range", "estimate", "from_schedule", "measure"]
+
+_CHARS_PER_TOKEN = 4
+_DEMO_OVERHEAD = 8
+"""Tokens of chat template around one demo (its two turns)."""
+_UNSAMPLED_REPLY = (1, 32, 256)
+"""Reply tokens (low, expected, high) of a program call when nothing was sampled."""
+
+
+class Range(NamedTuple):
+    """A low / expected / high triple."""
+
+    low: float
+    expected: float
+    high: float
+
+    def __mul__(self, other: Any) -> Range:
+        if isinstance(other, Range):
+            return Range(self.low * other.low, self.expected * other.expected,
+                         self.high * other.high)  # fmt: skip
+        return Range(self.low * other, self.expected * other, self.high * other)
+
+    def __add__(self, other: Any) -> Range:
+        return Range(self.low + other.low, self.expected + other.expected, self.high + other.high)
+
+    def capped(self, limit: float | None) -> Range:
+        """Returns the range with no column above ``limit`` (None: as it is)."""
+        if limit is None:
+            return self
+        return Range(min(self.low, limit), min(self.expected, limit), min(self.high, limit))
+
+
+ZERO = Range(0, 0, 0)
+
+
+@dataclass
+class Phase:
+    """One part of a schedule: runs of the program, and calls made outside it.
+
+    ``runs`` counts examples run through the program (with ``demos`` demos
+    added to every step's prompt); ``other`` counts calls such as proposals
+    and rewrites, each of about ``other_tokens`` (prompt, reply) tokens on the
+    endpoint ``other_alias``.
+    """
+
+    name: str
+    runs: Range = ZERO
+    demos: float = 0.0
+    other: Range = ZERO
+    other_tokens: tuple[int, int] = (400, 100)
+    other_alias: str | None = None
+
+
+@dataclass
+class _Size:
+    """What one run of the program costs: calls per example, tokens per call, prices."""
+
+    calls: Range
+    prompt: Range
+    reply: Range
+    price: Any
+    """The `Price` of the program's endpoint, or None when it has none."""
+    demo_tokens: float
+    measured: bool
+
+
+@dataclass
+class CostEstimate:
+    """What a piece of learning work is expected to spend, phase by phase.
+
+    ``calls``, ``tokens`` and ``cost`` are `Range` totals; ``cost`` is None
+    when an endpoint used has no price. ``print(estimate)`` shows the table.
+    """
+
+    what: str
+    rows: list[dict[str, Any]]
+    calls: Range
+    tokens: Range
+    cost: Range | None
+    sample_calls: int = 0
+    """Calls made to measure the sample (already spent)."""
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        head = ["phase", "calls", "tokens", "cost $"]
+        lines = [
+            [row["phase"], _cell(row["calls"]), _cell(row["tokens"]), _money(row["cost"])]
+            for row in self.rows
+        ]
+        lines.append(["total", _cell(self.calls), _cell(self.tokens), _money(self.cost)])
+        widths = [max(len(head[i]), *(len(line[i]) for line in lines)) for i in range(4)]
+        out = [f"Estimate for {self.what} (low / expected / high)"]
+        out.append("  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)))
+        for line in lines:
+            out.append("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+        out += [f"- {note}" for note in self.notes]
+        return "\n".join(out)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the estimate as JSON-compatible data."""
+        return {
+            "what": self.what,
+            "rows": [
+                {k: (list(v) if isinstance(v, Range) else v) for k, v in row.items()}
+                for row in self.rows
+            ],
+            "calls": list(self.calls),
+            "tokens": list(self.tokens),
+            "cost": list(self.cost) if self.cost is not None else None,
+            "sample_calls": self.sample_calls,
+            "notes": self.notes,
+        }
+
+
+def _cell(value: Range) -> str:
+    return " / ".join(f"{round(v):,}" for v in value)
+
+
+def _money(value: Range | None) -> str:
+    return "unknown (no price)" if value is None else " / ".join(f"{v:.4g}" for v in value)
+
+
+# ----------------------------------------------------------------- measuring
+async def measure(
+    program: Module, examples: Sequence[tuple[Any, Any]], resources: Any, sample: int,
+    train: Sequence[tuple[Any, Any]] = (), demos: int = 0,
+) -> tuple[_Size, int]:  # fmt: skip
+    """Returns the size of one run of ``program`` and the calls spent measuring it.
+
+    ``sample`` examples of ``examples`` run for real; with 0, the program's
+    graph gives the calls per example and the text length the prompt tokens.
+    With ``demos``, the first of them runs once more with that many labeled
+    demos from ``train``, which measures what a demo adds to a prompt.
+    """
+    from plait.resources import ResourceManager
+    from plait.resources.usage import metered
+
+    manager = ResourceManager.shared(resources)
+    demo_tokens = _demo_tokens(train or examples)
+    if sample <= 0:
+        return _from_graph(program, examples, manager, demo_tokens), 0
+    from plait.optimization.evaluation import run_dataset
+
+    chosen = list(examples)[:sample]
+    sizes: list[tuple[int, int, int]] = []
+    with metered() as meter:
+        result = await run_dataset(program, [x for x, _ in chosen], resources=manager)
+        measured = await _demo_cost(program, chosen[0][0], train or examples, demos, manager)
+    if measured is not None and result.rows[0].calls:
+        plain = result.rows[0].input_tokens / result.rows[0].calls
+        demo_tokens = max((measured - plain) / demos, 0.0)
+    for row in result.rows:
+        if row.calls:
+            sizes.append((row.calls, row.input_tokens // row.calls, row.output_tokens // row.calls))
+    if not sizes:  # every reply came from the cache, or every example failed
+        return _from_graph(program, examples, manager, demo_tokens), meter.calls
+    calls, prompts, replies = zip(*sizes, strict=True)
+    size = _Size(
+        calls=Range(min(calls), sum(calls) / len(calls), max(calls)),
+        prompt=_spread(prompts),
+        reply=_spread(replies),
+        price=_price(manager, _aliases(program)),
+        demo_tokens=demo_tokens,
+        measured=True,
+    )
+    return size, meter.calls
+
+
+def _spread(values: Sequence[int]) -> Range:
+    """Returns the sampled range of a size, at least -20 % / +50 % around its mean.
+
+    A sample of two or three examples cannot show how much other examples,
+    other instructions or longer replies vary, so the range never claims less.
+    """
+    mean = sum(values) / len(values)
+    return Range(min(min(values), 0.8 * mean), mean, max(max(values), 1.5 * mean))
+
+
+async def _demo_cost(
+    program: Module, example_input: Any, train: Sequence[tuple[Any, Any]], demos: int,
+    manager: Any,
+) -> float | None:  # fmt: skip
+    """Returns the prompt tokens per call of ``program`` with ``demos`` labeled demos on one
+    input; None when there is nothing to measure (no demos asked, none fit its steps)."""
+    if demos <= 0:
+        return None
+    import random
+
+    from plait.optimization.evaluation import run_dataset
+    from plait.optimization.fewshot import _labeled_pool, _pick, _with_demos, demo_modules
+
+    if not demo_modules(program):
+        return None
+    pool = {path: items for path, items in _labeled_pool(program, list(train)).items() if items}
+    if not pool:
+        return None
+    shown = _with_demos(program, _pick(pool, program, demos, random.Random(0)))
+    result = await run_dataset(shown, [example_input], resources=manager)
+    row = result.rows[0]
+    return row.input_tokens / row.calls if row.calls else None
+
+
+def _from_graph(
+    program: Module, examples: Sequence[tuple[Any, Any]], manager: Any, demo_tokens: float
+) -> _Size:
+    steps = _llm_steps(program, examples[0][0]) if examples else 1
+    prompt = _tokens_of(program, examples)
+    return _Size(
+        calls=Range(steps, steps, steps * 2),  # a structured reply may be asked again once
+        prompt=Range(prompt, prompt, prompt * 2),
+        reply=Range(*_UNSAMPLED_REPLY),
+        price=_price(manager, _aliases(program)),
+        demo_tokens=demo_tokens,
+        measured=False,
+    )
+
+
+def _llm_steps(program: Module, example_input: Any) -> int:
+    """Returns the program's model-calling steps for one input, from its traced graph."""
+    from plait.errors import PlaitError
+    from plait.execution.graph_cache import trace_cached
+
+    try:
+        graph = trace_cached(program, (example_input,), {})
+    except (PlaitError, TypeError, ValueError):
+        return max(len(_llm_modules(program)), 1)
+    return max(sum(node.kind == "call" for node in graph.nodes.values()), 1)
+
+
+def _llm_modules(program: Module) -> list[Module]:
+    return [m for _, m in program.named_modules() if isinstance(getattr(m, "alias", None), str)]
+
+
+def _aliases(program: Module) -> list[str]:
+    return sorted({m.alias for m in _llm_modules(program)}) or ["*"]  # type: ignore[attr-defined]
+
+
+def _tokens_of(program: Module, examples: Sequence[tuple[Any, Any]]) -> float:
+    """Prompt tokens of one call, from the text of the inputs and the program's parameters."""
+    inputs = [len(str(x)) for x, _ in examples] or [0]
+    fixed = sum(len(str(p.value)) for _, p in program.named_parameters())
+    return (sum(inputs) / len(inputs) + fixed) / _CHARS_PER_TOKEN + _DEMO_OVERHEAD
+
+
+def _demo_tokens(examples: Sequence[tuple[Any, Any]]) -> float:
+    """Tokens one demo adds to a prompt: its input and target, and their two turns."""
+    if not examples:
+        return 0.0
+    chars = sum(len(str(x)) + len(str(t)) for x, t in examples) / len(examples)
+    return chars / _CHARS_PER_TOKEN + _DEMO_OVERHEAD
+
+
+def _price(manager: Any, aliases: Sequence[str]) -> Any:
+    """Returns the price of the first alias's endpoint; None when any of them has no price."""
+    from plait.errors import UnknownAliasError
+
+    prices = []
+    for alias in aliases:
+        try:
+            prices.append(manager.config.resolve(alias).effective_price)
+        except UnknownAliasError:
+            prices.append(None)
+    return None if not prices or any(p is None for p in prices) else prices[0]
+
+
+# ---------------------------------------------------------------- estimating
+def estimate(
+    program: Module,
+    dataset: Any,
+    metric: Any = None,
+    *,
+    resources: Any = None,
+    sample: int = 2,
+    max_calls: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
+) -> Any:
+    """Estimates what ``evaluate(program, dataset, ...)`` would spend; see the module docs.
+
+    ``sample`` examples run for real to measure one run (their calls are counted
+    in ``sample_calls``); ``max_calls`` / ``max_tokens`` / ``max_cost`` cap the
+    totals as the same budget would cap the evaluation. Like ``evaluate``, it is
+    awaited inside a running event loop and runs to completion in a script.
+
+    Returns:
+        A `CostEstimate` (``print`` it for the table).
+    """
+    from plait.execution.run import awaitable_or_result
+
+    budget = _budget(max_calls, max_tokens, max_cost)
+    return awaitable_or_result(_estimate_evaluation(program, dataset, resources, sample, budget))
+
+
+async def _estimate_evaluation(
+    program: Module, dataset: Any, resources: Any, sample: int, budget: Any
+) -> CostEstimate:
+    from plait.execution.settings import resources_of
+    from plait.optimization.evaluation import examples_of
+    from plait.resources import ResourceManager
+
+    resources = resources_of(program, resources, who="estimate", takes="estimate()")
+    examples = examples_of(dataset)
+    if not examples:
+        raise ValueError("estimate() got an empty dataset")
+    size, spent = await measure(program, examples, resources, sample)
+    n = len(examples)
+    phases = [Phase(f"evaluate: {n} examples", runs=Range(n, n, n))]
+    manager = ResourceManager.shared(resources)
+    return from_schedule(
+        f"evaluate of {type(program).__name__} on {n} examples",
+        phases, size, manager, sample_calls=spent, budget=budget,
+    )  # fmt: skip
+
+
+def _budget(max_calls: int | None, max_tokens: int | None, max_cost: float | None) -> Any:
+    from plait.resources.usage import Budget
+
+    return Budget.of(max_calls, max_tokens, max_cost)
+
+
+def from_schedule(
+    what: str,
+    phases: Sequence[Phase],
+    size: _Size,
+    manager: Any,
+    *,
+    sample_calls: int = 0,
+    budget: Any = None,
+) -> CostEstimate:
+    """Returns the estimate of ``phases`` with runs of ``size``, capped by ``budget``."""
+    rows = []
+    total_calls, total_tokens, total_cost = ZERO, ZERO, ZERO
+    unknown_price = size.price is None
+    for phase in phases:
+        calls, prompt, reply, cost = _phase(phase, size, manager)
+        unknown_price = unknown_price or cost is None
+        tokens = prompt + reply
+        rows.append({"phase": phase.name, "calls": calls, "tokens": tokens, "cost": cost})
+        total_calls, total_tokens = total_calls + calls, total_tokens + tokens
+        total_cost = total_cost + (cost or ZERO)
+    if budget is not None:
+        total_calls, total_tokens, total_cost = _within(
+            budget, total_calls, total_tokens, total_cost
+        )
+    notes = [_sample_note(size, sample_calls)]
+    if unknown_price:
+        notes.append("an endpoint has no price: set 'price' in the resource configuration")
+    if budget is not None:
+        notes.append(f"totals capped by the budget {budget.limits()}")
+    return CostEstimate(
+        what=what,
+        rows=rows,
+        calls=_rounded(total_calls),
+        tokens=_rounded(total_tokens),
+        cost=None if unknown_price else total_cost,
+        sample_calls=sample_calls,
+        notes=notes,
+    )
+
+
+def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range, Range | None]:
+    """Returns a phase's calls, prompt tokens, reply tokens and cost (None: no price)."""
+    run_calls = phase.runs * size.calls
+    demo_tokens = phase.demos * size.demo_tokens
+    prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
+    prompt = run_calls * prompt_per_call
+    reply = run_calls * size.reply
+    other_in, other_out = phase.other_tokens
+    other_prompt = phase.other * Range(other_in / 2, other_in, other_in * 2)
+    other_reply = phase.other * Range(other_out / 4, other_out, other_out * 2)
+    cost: Range | None = None
+    other_price = _price(manager, [phase.other_alias]) if phase.other_alias else size.price
+    if size.price is not None and (other_price is not None or not phase.other.high):
+        cost = _dollars(size.price, prompt, reply)
+        if phase.other.high:
+            cost = cost + _dollars(other_price, other_prompt, other_reply)
+    return run_calls + phase.other, prompt + other_prompt, reply + other_reply, cost
+
+
+def _within(budget: Any, calls: Range, tokens: Range, cost: Range) -> tuple[Range, Range, Range]:
+    """Returns the totals a run stopped by ``budget`` would reach.
+
+    Once a limit stops the run, the other columns stop with it: each is scaled
+    by the share of the work done before the first limit is reached.
+    """
+    shares = []
+    for index in range(3):
+        share = 1.0
+        for total, limit in ((calls, budget.max_calls), (tokens, budget.max_tokens),
+                             (cost, budget.max_cost)):  # fmt: skip
+            if limit is not None and total[index] > limit:
+                share = min(share, limit / total[index])
+        shares.append(share)
+    scale = Range(*shares)
+    return calls * scale, tokens * scale, cost * scale
+
+
+def _dollars(price: Any, prompt: Range, reply: Range) -> Range:
+    return Range(*(price.cost(p, r) for p, r in zip(prompt, reply, strict=True)))
+
+
+def _rounded(value: Range) -> Range:
+    return Range(*(math.ceil(v) for v in value))
+
+
+def _sample_note(size: _Size, sample_calls: int) -> str:
+    if size.measured:
+        return (
+            f"measured on a sample: {sample_calls} call(s) made, {size.calls.expected:.3g} "
+            f"call(s) per example, ~{size.prompt.expected:.0f} prompt and "
+            f"~{size.reply.expected:.0f} reply tokens per call"
+        )
+    return (
+        "nothing sampled: calls per example from the program's graph, prompt tokens from "
+        "the text's length, replies assumed 1 to 256 tokens"
+    )

@@ -1,0 +1,255 @@
+"""Hard budgets on learning runs (max_calls, max_tokens, max_cost), counted at the server.
+
+Every request is held against the budget before it is sent, so however many
+calls are in flight, the scripted server never sees more than the budget
+allows; the run then stops cleanly with the best of what it evaluated in
+full, says what it spent and left undone, and a rerun on its checkpoint with a
+larger budget finishes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from plait import LLMInference, Parameter, Predict, ResourceConfig, ResourceManager
+from plait.optimization import (
+    BootstrapFewShot,
+    GridSearch,
+    RandomSearch,
+    ReflectiveSearch,
+    SFAOptimizer,
+    Trainer,
+)
+from plait.optimization.evaluation import evaluate
+from plait.signatures import PlainAdapter
+from plait.testing import ScriptedServer
+
+PARITY = "number -> parity: Literal['even', 'odd']"
+BETTER = "Answer even when the last digit is 0, 2, 4, 6 or 8, else odd."
+
+
+def parity(n: int) -> str:
+    return "even" if n % 2 == 0 else "odd"
+
+
+def examples(numbers: range | list[int]) -> list[tuple[str, str]]:
+    return [(str(n), parity(n)) for n in numbers]
+
+
+def respond(body: dict[str, Any]) -> str:
+    """Right once the system prompt holds BETTER or a demo of each label, else "even"."""
+    schema = json.dumps(body.get("response_format") or {})
+    if "InstructionProposal" in schema:
+        return json.dumps({"rationale": "clearer", "instruction": BETTER})
+    if "ParameterUpdate" in schema:
+        return json.dumps({"new_value": BETTER, "rationale": "feedback"})
+    if "FeedbackSummary" in schema:
+        return json.dumps({"summary": "Wrong on odd numbers.", "changes": ["Say odd."]})
+    turns = [m["content"] for m in body["messages"] if m["role"] == "assistant"]
+    number = int([m["content"] for m in body["messages"] if m["role"] == "user"][-1])
+    knows = BETTER in body["messages"][0]["content"] or {"even", "odd"} <= set(turns)
+    return parity(number) if knows else "even"
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ScriptedServer]:
+    async with ScriptedServer(responder=respond, latency=0.01) as running:
+        yield running
+
+
+@pytest.fixture
+def config(server: ScriptedServer) -> ResourceConfig:
+    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
+
+
+def program() -> Predict:
+    return Predict(PARITY, adapter=PlainAdapter()).copy()
+
+
+TRAIN = examples([2, 4, 6, 8, 10, 12, 3, 5])
+VAL = examples(range(20, 30))
+
+
+# ---------------------------------------------------------------- evaluate
+
+
+async def test_evaluate_never_sends_more_than_max_calls_with_16_in_flight(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    result = await evaluate(
+        program(), examples(range(60)), resources=config, max_concurrent=16, max_calls=37
+    )
+    assert server.stats.requests == 37
+    assert server.stats.peak_concurrency > 1  # the budget held calls in flight, not in line
+    assert result.stopped_by_budget and result.unevaluated == 23
+    assert result.calls == 37
+
+
+async def test_evaluate_without_a_budget_is_not_stopped(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    result = await evaluate(program(), VAL, resources=config)
+    assert not result.stopped_by_budget and result.unevaluated == 0
+    assert server.stats.requests == len(VAL)
+
+
+async def test_max_cost_is_never_passed_with_prices_set(server: ScriptedServer) -> None:
+    priced = ResourceConfig(
+        {"*": server.endpoint(max_concurrent=16, price={"input": 1000.0, "output": 2000.0})}
+    )
+    async with ResourceManager(priced) as manager:
+        result = await evaluate(
+            program(), examples(range(40)), resources=manager, max_concurrent=16, max_cost=5.0
+        )
+        spent = manager.total_usage().cost
+    assert 0 < spent <= 5.0
+    assert result.stopped_by_budget and 0 < server.stats.requests < 40
+
+
+async def test_max_cost_on_an_endpoint_without_a_price_is_refused_with_the_reason(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    report = await GridSearch(parameters={"temperature": [0.0, 0.7]}, max_cost=1.0).compile(
+        program(), valset=VAL, resources=config
+    )
+    assert server.stats.requests == 0
+    assert report.stopped_by_budget and not report.improved
+    assert "has no price; set 'price'" in report.left_undone
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"max_calls": -1}, "max_calls must be a number >= 0 or None, got -1"),
+        ({"max_cost": "5"}, "max_cost must be a number >= 0 or None, got '5'"),
+        ({"max_tokens": float("nan")}, "max_tokens must be a number >= 0 or None, got nan"),
+    ],
+)
+def test_a_bad_budget_is_refused_when_the_search_is_made(
+    limits: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        BootstrapFewShot(**limits)
+
+
+# ------------------------------------------------------------------ searches
+
+
+async def test_a_budgeted_grid_search_stops_and_resumes_without_repeating_finished_trials(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    grid = {"instructions": [BETTER, "Say even or odd.", "Parity?", "Odd or even?"]}
+    checkpoint = tmp_path / "grid.json"
+    first = program()
+    report = await GridSearch(
+        parameters=grid, checkpoint=checkpoint, max_calls=37, max_concurrent=16
+    ).compile(first, valset=VAL, resources=config)
+    assert server.stats.requests <= 37
+    assert report.stopped_by_budget and report.spent["calls"] == server.stats.requests
+    finished = [t for t in report.trials if not t.unevaluated]
+    assert report.best in finished and "not evaluated in full" in report.left_undone
+    assert report.reason.startswith("stopped by the budget")
+    server.reset_stats()
+
+    again = program()
+    resumed = await GridSearch(parameters=grid, checkpoint=checkpoint, max_calls=100).compile(
+        again, valset=VAL, resources=config
+    )
+    assert not resumed.stopped_by_budget
+    assert server.stats.requests == len(VAL) * (1 + len(grid["instructions"]) - len(finished))
+    assert resumed.improved and again.instructions.value == BETTER
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        BootstrapFewShot(max_calls=13, max_concurrent=16),
+        RandomSearch(num_candidates=6, propose=2, max_calls=29, max_concurrent=16),
+        ReflectiveSearch(max_calls=23, minibatch=4, proposals=2, max_concurrent=16),
+    ],
+    ids=lambda search: type(search).__name__,
+)
+async def test_every_search_stops_within_its_budget_with_the_best_it_finished(
+    server: ScriptedServer, config: ResourceConfig, search: Any
+) -> None:
+    report = await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    assert server.stats.requests <= search.max_calls
+    assert report.stopped_by_budget and report.spent["calls"] == server.stats.requests
+    assert not report.best.unevaluated
+    assert "call(s) refused" in report.left_undone
+
+
+# ------------------------------------------------------------------- trainer
+
+
+def task() -> LLMInference:
+    return LLMInference("task", system_prompt=Parameter("Say even.", description="instructions"))
+
+
+def trainer(manager: ResourceManager, module: LLMInference, **options: Any) -> Trainer:
+    def exact(output: Any, target: Any) -> bool:
+        return output == target
+
+    optimizer = SFAOptimizer(module.named_parameters(), conservatism=0)
+    return Trainer(
+        module, exact, optimizer, resources=manager, train_set=TRAIN[:4],
+        val_set=examples(range(20, 24)), metric=exact, batch_size=2, epochs=2,
+        progress=False, shuffle=False, **options,
+    )  # fmt: skip
+
+
+async def test_a_budgeted_trainer_stops_at_a_step_and_resumes_with_a_larger_budget(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    async with ResourceManager(config) as manager:
+        whole = task()
+        await trainer(manager, whole).fit()
+        needed = server.stats.requests
+        server.reset_stats()
+
+        module = task()
+        first = await trainer(manager, module, max_calls=needed // 2, checkpoint_dir=tmp_path).fit()
+        assert server.stats.requests <= needed // 2
+        assert first.stopped_by_budget and "training stopped at" in first.left_undone
+        assert first.spent["calls"] == server.stats.requests
+        spent_first = server.stats.requests
+        server.reset_stats()
+
+        again = task()
+        second = await trainer(manager, again, max_calls=needed, checkpoint_dir=tmp_path).fit()
+    assert not second.stopped_by_budget and second.resumed_from is not None
+    assert again.system_prompt.value == whole.system_prompt.value
+    # only the step the budget cut short is run again
+    assert spent_first + server.stats.requests < needed + needed // 2
+
+
+# ------------------------------------------------------------ embedded model
+
+
+@pytest.mark.slow
+async def test_an_estimate_and_a_budgeted_search_on_the_embedded_model() -> None:
+    from .test_search import local_program
+
+    qa = local_program()
+    items = [
+        ("not True", "False"), ("True and False", "False"), ("True or False", "True"),
+        ("not False", "True"), ("False or False", "False"), ("True and True", "True"),
+    ]  # fmt: skip
+    config = ResourceConfig({"*": {"provider": "local", "n_ctx": 2048}})
+    async with ResourceManager(config) as manager:
+        search = BootstrapFewShot(max_demos=2, max_calls=9)
+        estimate = await search.estimate(
+            qa, trainset=items, valset=items, resources=manager, sample=1
+        )
+        # one sampled example, and that example once more with demos; local is free
+        assert estimate.sample_calls == 2 and estimate.cost is not None
+        assert estimate.calls.expected == 9  # capped: 6 + 6 + 6 calls would pass the budget
+        sent_before = sum(s.requests for s in manager.stats().values())
+        report = await search.compile(qa, trainset=items, valset=items, resources=manager)
+        sent = sum(s.requests for s in manager.stats().values()) - sent_before
+    assert sent <= 9 and report.stopped_by_budget
+    assert not report.improved and report.best is report.start  # the candidate was cut short

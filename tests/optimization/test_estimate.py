@@ -1,0 +1,138 @@
+"""Cost estimates before a learning run: evaluate, every program search, the Trainer.
+
+An estimate makes only its sample's calls (counted at the scripted server),
+and on the scripted server its expected calls and tokens come within 25 % of
+what the run then spends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import plait
+from plait import ResourceConfig, ResourceManager
+from plait.optimization import (
+    BootstrapFewShot,
+    CostEstimate,
+    GridSearch,
+    LabeledFewShot,
+    RandomSearch,
+    ReflectiveSearch,
+)
+from plait.testing import ScriptedServer
+
+from .test_budget import BETTER, examples, program, respond, task, trainer
+
+PRICE = {"input": 0.15, "output": 0.60}
+TRAIN = examples(range(2, 22))
+VAL = examples(range(20, 50))
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ScriptedServer]:
+    async with ScriptedServer(responder=respond) as running:
+        yield running
+
+
+@pytest.fixture
+def config(server: ScriptedServer) -> ResourceConfig:
+    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16, price=PRICE)})
+
+
+def near(estimated: float, actual: float) -> bool:
+    return abs(estimated - actual) <= 0.25 * actual
+
+
+async def test_estimate_of_evaluate_makes_only_its_sample_calls_and_prints_a_table(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    estimate = await plait.estimate(program(), VAL, resources=config, sample=2)
+    assert server.stats.requests == 2 and estimate.sample_calls == 2
+    assert isinstance(estimate, CostEstimate)
+    assert estimate.calls == (30, 30, 30) and estimate.cost is not None
+    table = str(estimate)
+    assert "low / expected / high" in table and "\ntotal " in table
+    assert "measured on a sample: 2 call(s) made" in table
+
+
+async def test_an_estimate_without_a_sample_makes_no_call(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    estimate = await plait.estimate(program(), VAL, resources=config, sample=0)
+    assert server.stats.requests == 0 and estimate.sample_calls == 0
+    assert estimate.calls.expected == 30 and estimate.calls.high == 60
+    assert "nothing sampled" in str(estimate)
+
+
+async def test_an_endpoint_without_a_price_makes_the_cost_unknown(server: ScriptedServer) -> None:
+    unpriced = ResourceConfig({"*": server.endpoint(max_retries=0)})
+    estimate = await plait.estimate(program(), VAL, resources=unpriced)
+    assert estimate.cost is None
+    assert "unknown (no price)" in str(estimate) and "set 'price'" in str(estimate)
+
+
+@pytest.mark.parametrize(
+    "search",
+    [
+        LabeledFewShot(k=4),
+        BootstrapFewShot(),
+        RandomSearch(num_candidates=6, propose=2),
+        GridSearch(parameters={"instructions": [BETTER, "Say even or odd."]}),
+        ReflectiveSearch(max_calls=120),
+    ],
+    ids=lambda search: type(search).__name__,
+)
+async def test_every_search_spends_close_to_its_estimate(
+    server: ScriptedServer, config: ResourceConfig, search: Any
+) -> None:
+    estimate = await search.estimate(program(), trainset=TRAIN, valset=VAL, resources=config)
+    server.reset_stats()
+    async with ResourceManager(config) as manager:
+        await search.compile(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        spent = manager.total_usage()
+    assert estimate.calls.low <= server.stats.requests <= estimate.calls.high
+    assert near(estimate.calls.expected, server.stats.requests)
+    tokens = spent.input_tokens + spent.output_tokens
+    assert estimate.tokens.low <= tokens <= estimate.tokens.high
+    if not isinstance(search, ReflectiveSearch):  # its rounds depend on what it finds
+        assert near(estimate.tokens.expected, tokens)
+        assert near(estimate.cost.expected, spent.cost)
+
+
+async def test_a_grid_estimate_leaves_out_the_trials_its_checkpoint_holds(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    grid = {"instructions": [BETTER, "Say even or odd."]}
+    checkpoint = tmp_path / "grid.json"
+    before = await GridSearch(parameters=grid, checkpoint=checkpoint).estimate(
+        program(), valset=VAL, resources=config
+    )
+    await GridSearch(parameters=grid, checkpoint=checkpoint).compile(
+        program(), valset=VAL, resources=config
+    )
+    after = await GridSearch(parameters=grid, checkpoint=checkpoint).estimate(
+        program(), valset=VAL, resources=config
+    )
+    assert before.calls.expected == 90 and after.calls.expected == 0
+
+
+async def test_the_trainer_spends_close_to_its_estimate(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    async with ResourceManager(config) as manager:
+        training = trainer(manager, task())
+        estimate = await training.estimate()
+        server.reset_stats()
+        await training.fit()
+    assert estimate.calls.low <= server.stats.requests <= estimate.calls.high
+    assert near(estimate.calls.expected, server.stats.requests)
+
+
+async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: ResourceConfig) -> None:
+    estimate = await BootstrapFewShot(max_calls=50).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert estimate.calls.high == 50 and "capped by the budget" in str(estimate)
