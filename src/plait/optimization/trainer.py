@@ -51,6 +51,13 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.evaluation import Metric, evaluate, examples_of
+from plait.optimization.events import (
+    learning_step,
+    observed_run,
+    rounds_of,
+    tell_decision,
+    updates_told,
+)
 from plait.optimization.optimizers import Optimizer, StepReport
 from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.values import Value
@@ -199,7 +206,7 @@ class Trainer:
         """
         from plait.execution.run import awaitable_or_result
 
-        return awaitable_or_result(self._fit())
+        return awaitable_or_result(observed_run(self, self.module, self._fit(), _summary))
 
     async def _fit(self) -> TrainReport:
         """The body of `fit`."""
@@ -209,7 +216,7 @@ class Trainer:
         state = self._load()
         resumed = None
         if state is None:
-            initial = await self.evaluate()
+            initial = await self._validated(0)
             logger.info("Trainer: validation score before training: %.4g", initial)
             state = {
                 "epoch": 0,
@@ -229,20 +236,25 @@ class Trainer:
             resumed_from=resumed,
         )
         batches = math.ceil(len(self.train_set) / self.batch_size)
-        with _Progress(self.progress, self.epochs * batches) as progress:
+        with _Progress(self.progress, self.epochs * batches) as progress, rounds_of(self) as rounds:
             progress.advance_to(state["epoch"] * batches + state["batch"], report)
             while state["epoch"] < self.epochs:
                 order = self._order(state["epoch"])
                 while state["batch"] < batches:
                     start = state["batch"] * self.batch_size
                     batch = [self.train_set[i] for i in order[start : start + self.batch_size]]
+                    rounds.start(
+                        round=report.steps + 1, epoch=state["epoch"] + 1, batch=state["batch"] + 1
+                    )
                     train_score = await self._train_batch(batch, report)
                     report.history[-1]["epoch"] = state["epoch"] + 1
+                    rounds.end(**report.history[-1])
                     state["batch"] += 1
                     self._save(state)
                     progress.advance(report, train_score)
                 await self._end_epoch(state, report)
-        self.module.load_state_dict(state["best"]["parameters"])
+        with updates_told(self.module):
+            self.module.load_state_dict(state["best"]["parameters"])
         _settle(report)
         logger.info("Trainer: %s", report.reason)
         return report
@@ -290,15 +302,24 @@ class Trainer:
         return train_score
 
     async def _end_epoch(self, state: dict[str, Any], report: TrainReport) -> None:
-        score = await self.evaluate()
-        state["scores"].append(score)
         epoch = state["epoch"] + 1
+        score = await self._validated(epoch)
+        state["scores"].append(score)
         logger.info("Trainer: validation score after epoch %d: %.4g", epoch, score)
+        tell_decision(self, _keep_best_evidence(epoch, score, state["best"]["score"]))
         if score > state["best"]["score"]:
             state["best"] = {"score": score, "epoch": epoch, "parameters": self.module.state_dict()}
         report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
         state["epoch"], state["batch"] = epoch, 0
         self._save(state)
+
+    async def _validated(self, epoch: int) -> float:
+        """`evaluate` told to callbacks as candidate ``epoch`` (0: before training)."""
+        told = {"candidate": epoch, "note": f"after epoch {epoch}" if epoch else "before training"}
+        with learning_step("candidate", self.module, told) as step:
+            score = await self.evaluate()
+            step.outputs = {"score": score, "n": len(self.val_set)}
+        return score
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.train_set)))
@@ -367,6 +388,35 @@ _PROGRESS_KEYS = ("epoch", "batch", "initial_score", "scores", "best")
 """Where a training run was, as its checkpoint keeps it."""
 _CHECKPOINT_KEYS = ("settings", "parameters", "optimizer", *_PROGRESS_KEYS)
 """What a Trainer checkpoint holds; a file without one of them cannot resume."""
+
+
+KEEP_BEST_RULE = "keep-best: an epoch's parameters are kept if they score above the best so far"
+"""The rule the Trainer keeps parameters by, as its decisions tell it."""
+
+
+def _keep_best_evidence(epoch: int, score: float, best: float) -> dict[str, Any]:
+    """Returns the evidence of keep-best's decision on one epoch."""
+    return {
+        "candidate": epoch,
+        "accepted": score > best,
+        "old_score": best,
+        "new_score": score,
+        "rule": KEEP_BEST_RULE,
+    }
+
+
+def _summary(report: TrainReport) -> dict[str, Any]:
+    """Returns what a Trainer's ``on_optimize_end`` gets: its outcome as data."""
+    return {
+        "start_score": report.initial_score,
+        "best_score": report.best_score,
+        "best_epoch": report.best_epoch,
+        "improved": report.best_epoch != 0,
+        "steps": report.steps,
+        "accepted": report.accepted,
+        "rejected": report.rejected,
+        "reason": report.reason,
+    }
 
 
 def _settle(report: TrainReport) -> None:
