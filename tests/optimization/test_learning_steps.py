@@ -222,9 +222,9 @@ async def test_reflective_search_rounds_hold_proposals_backward_and_the_minibatc
     assert inside["backward"] == 1 and inside["proposal instructions"] == 1
     assert inside["candidate"] == 1  # numbered once it joins the pool
     (backward,) = spans.named("backward")
-    # Feedback reached both parameters, named as the training step holds the program.
+    # Feedback reached both parameters, named as the program has them.
     reached = json.loads(backward.attributes["plait.learning.parameters"])
-    assert reached == {"step.module.instructions": 4, "step.module.demos": 4}
+    assert reached == {"instructions": 4, "demos": 4}
     (rewrite,) = [s for s in spans.children(reflection) if s.name == "proposal instructions"]
     assert spans.names(rewrite) == Counter({CHAT: 1})
     (checked,) = events(rewrite, "plait.learning.decision")

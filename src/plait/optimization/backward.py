@@ -34,6 +34,7 @@ from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
 from plait.optimization.events import learning_step
+from plait.optimization.step import PROGRAM_PATH
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
 
@@ -108,7 +109,10 @@ async def backward(
     try:
         with learning_step("backward", None, told) as step:
             await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
-            step.outputs = {"parameters": dict(report.parameters), "nodes": len(report.nodes)}
+            step.outputs = {
+                "parameters": _program_names(report.parameters),
+                "nodes": len(report.nodes),
+            }
     finally:
         if token is not None:
             _context.RUN.reset(token)
@@ -118,6 +122,16 @@ async def backward(
         for value in values:
             value.meta.pop("_tape_ids", None)
     return report
+
+
+def _program_names(reached: dict[str, int]) -> dict[str, int]:
+    """Returns parameter names as the user's program has them, for callbacks.
+
+    A program trained through a `TrainingStep` (the Trainer, ReflectiveSearch)
+    runs held at `PROGRAM_PATH`; its users know its parameters without that prefix.
+    """
+    prefix = f"{PROGRAM_PATH}."
+    return {name.removeprefix(prefix): count for name, count in reached.items()}
 
 
 async def _executor_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
