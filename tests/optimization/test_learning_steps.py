@@ -320,3 +320,35 @@ async def test_a_module_callback_hears_the_search_of_its_program(server: Scripte
     assert heard.heard[0] == ("optimize", "BootstrapFewShot")
     assert heard.heard[-1] == ("end", 1.0)
     assert len(heard.heard[4][1]) == 2  # the full demos reach a callback of the user's own
+
+
+async def test_a_reverted_step_tells_its_validation_decision_and_the_value_put_back() -> None:
+    from plait.report.learning import LearningLog
+
+    from . import test_optimizers
+
+    async with ScriptedServer(responder=test_optimizers.scripted()) as server:
+        config = ResourceConfig({"*": server.endpoint(max_retries=0)})
+        async with ResourceManager(config) as manager:
+            param = test_optimizers.prompt()
+
+            async def validate() -> float:
+                return 0.2 if "Be specific." in param.value else 0.5
+
+            optimizer = SFAOptimizer([("prompt", param)], conservatism=0, validate=validate)
+            with LearningLog(capture_content=True) as log:
+                await optimizer.bind(manager).step()
+
+    told = [(step["kind"], step["inputs"].get("accepted")) for step in log.steps]
+    assert told == [
+        ("proposal", None),
+        ("decision", True),  # the proposed value passed the update check ...
+        ("update", None),
+        ("decision", False),  # ... and the validation score fell: the step is reverted
+        ("update", None),
+    ]
+    validation = log.steps[3]["inputs"]
+    assert (validation["old_score"], validation["new_score"]) == (0.5, 0.2)
+    assert "validation" in validation["rule"]
+    back = log.steps[4]["inputs"]
+    assert (back["old"], back["new"]) == ("Summarise the text. Be specific.", "Summarise the text.")

@@ -590,6 +590,7 @@ def _validation_evidence(before: float | None, after: float) -> dict[str, Any]:
 def _revert(applied: list[tuple[UpdateRecord, Parameter]], reason: str) -> None:
     for record, param in applied:
         param.value = record.old
+        tell_update(param, record.parameter, record.new, record.old)
         record.status, record.reason = "reverted", reason
 
 
