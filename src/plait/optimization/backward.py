@@ -34,7 +34,6 @@ from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
 from plait.optimization.events import learning_step
-from plait.optimization.step import PROGRAM_PATH
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
 
@@ -130,6 +129,8 @@ def _program_names(reached: dict[str, int]) -> dict[str, int]:
     A program trained through a `TrainingStep` (the Trainer, ReflectiveSearch)
     runs held at `PROGRAM_PATH`; its users know its parameters without that prefix.
     """
+    from plait.optimization.step import PROGRAM_PATH  # loads the losses: only once used
+
     prefix = f"{PROGRAM_PATH}."
     return {name.removeprefix(prefix): count for name, count in reached.items()}
 

@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 
 from plait import _context
 from plait.callbacks import ReportedCall, active_callbacks, callbacks_for, tell
-from plait.optimization.updates import as_text
 
 __all__ = [
     "Rounds",
@@ -97,6 +96,8 @@ def updates_told(program: Any) -> Iterator[None]:
 
 def _fingerprint(which: str, value: Any) -> dict[str, Any]:
     """Returns the size and a short hash of a value: what shows a change without its text."""
+    from plait.optimization.updates import as_text  # pydantic: only when a callback listens
+
     text = as_text(value)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     return {f"{which}_chars": len(text), f"{which}_sha256": digest}

@@ -338,7 +338,9 @@ def _learning_row(step: dict[str, Any], depth: int) -> str:
     else:
         named = facts.pop(_TITLE_KEYS.get(kind, ""), None)
         title = kind if named is None else f"{kind} {named}"
-    text = "; ".join(f"{key} {_fact(value)}" for key, value in facts.items() if value is not None)
+    text = "; ".join(
+        f"{key} {_fact(value)}" for key, value in facts.items() if value not in (None, "")
+    )
     if kind == "optimize" and "best_score" in facts:
         text = (
             f"validation {_fact(facts.get('start_score'))} → {_fact(facts['best_score'])}; {text}"
