@@ -397,3 +397,24 @@ async def test_the_learning_steps_show_as_a_nested_table_with_their_evidence(tmp
     update = next(row for row in rows if row["step"] == "update system_prompt")
     assert "new_chars 10" in update["facts"] and "GOOD" not in update["facts"]
     assert rows[-1]["step"] == "decision: rejected" and hostile_reason in rows[-1]["facts"]
+
+
+def test_learning_steps_whose_ids_repeat_or_loop_are_each_drawn_once(tmp_path):
+    import threading
+
+    from plait.report.html import render_html
+
+    steps = [
+        {"id": 1, "parent": None, "kind": "optimize", "inputs": {"optimizer": "Edited"}},
+        {"id": 1, "parent": 1, "kind": "round", "inputs": {"round": 1}},  # its own parent
+        {"id": 2, "parent": 3, "kind": "candidate", "inputs": {"candidate": 0}},
+        {"id": 3, "parent": 2, "kind": "candidate", "inputs": {"candidate": 1}},  # a loop
+    ]
+    report = RunReport(program="edited", kind="train", learning=steps)
+    pages: list[str] = []
+    drawing = threading.Thread(target=lambda: pages.append(render_html(report)), daemon=True)
+    drawing.start()
+    drawing.join(timeout=60)  # a loop would never end; drawing takes well under a second
+
+    assert pages, "drawing the page did not end"
+    assert pages[0].count("<tr class='step") == len(steps)

@@ -303,18 +303,29 @@ def _learning(report: RunReport) -> str:
 
 
 def _tree_order(steps: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
-    """Returns the steps depth first (children in the order they started), with their depth."""
+    """Returns the steps depth first (children in the order they started), with their depth.
+
+    Each step is drawn once: an edited file whose ids repeat or loop cannot make it
+    loop; a step whose parent is unknown, or that no chain of parents reaches from
+    the top, is drawn at the top.
+    """
     known = {step["id"] for step in steps}
-    children: dict[Any, list[dict[str, Any]]] = {}
-    for step in steps:
+    children: dict[Any, list[int]] = {}
+    for position, step in enumerate(steps):
         parent = step["parent"] if step["parent"] in known else None
-        children.setdefault(parent, []).append(step)
+        children.setdefault(parent, []).append(position)
     ordered: list[tuple[dict[str, Any], int]] = []
-    pending = [(step, 0) for step in reversed(children.get(None, []))]
+    drawn: set[int] = set()
+    pending = [(position, 0) for position in reversed(children.get(None, []))]
     while pending:
-        step, depth = pending.pop()
-        ordered.append((step, depth))
-        pending += [(child, depth + 1) for child in reversed(children.get(step["id"], []))]
+        position, depth = pending.pop()
+        if position in drawn:
+            continue
+        drawn.add(position)
+        ordered.append((steps[position], depth))
+        below = children.get(steps[position]["id"], [])
+        pending += [(child, depth + 1) for child in reversed(below)]
+    ordered += [(step, 0) for position, step in enumerate(steps) if position not in drawn]
     return ordered
 
 
