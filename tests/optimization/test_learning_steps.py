@@ -352,3 +352,18 @@ async def test_a_reverted_step_tells_its_validation_decision_and_the_value_put_b
     assert "validation" in validation["rule"]
     back = log.steps[4]["inputs"]
     assert (back["old"], back["new"]) == ("Summarise the text. Be specific.", "Summarise the text.")
+
+
+async def test_a_programs_own_telemetry_traces_its_search_as_one_tree(
+    server: ScriptedServer, exporter: Any
+) -> None:
+    server.responder = model(balanced_demos)
+    qa = parity_program()
+    qa.callbacks = [telemetry(exporter)]
+    await BootstrapFewShot(max_demos=2).compile(qa, TRAIN, VAL, resources=config_of(server))
+    spans = Spans(exporter.get_finished_spans())
+
+    # The candidates are copies of the program: they share its callback, not a copy of it.
+    (root,) = spans.roots()
+    assert root.name == "optimize BootstrapFewShot"
+    assert sum(span.name == CHAT for span in spans.all) == len(TRAIN) + 2 * len(VAL)
