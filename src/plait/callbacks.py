@@ -1,4 +1,4 @@
-"""Callbacks: hooks told about every module, LLM, tool and adapter call of a run.
+"""Callbacks: hooks told about every module, LLM, tool and adapter call, and every learning step.
 
 Subclass `BaseCallback` and override the hooks you need. Their names and
 arguments (``on_module_start(call_id, instance, inputs)``,
@@ -33,6 +33,35 @@ What each hook receives:
   ``signature`` and ``inputs``/``demos`` (format) or ``completion`` (parse);
   ``outputs``: the messages, or the parsed outputs.
 * evaluate — ``instance``: the program; ``inputs``: ``devset`` and ``metric``.
+
+Learning (program searches, optimizers, the `Trainer`) is told step by step.
+Its ``inputs`` and ``outputs`` are plain data (numbers, text, lists, dicts),
+so a callback can store or export them as they are:
+
+* optimize — one optimisation run (a search's ``compile``, ``Trainer.fit``):
+  ``instance``: the search or Trainer; ``inputs``: ``optimizer``, ``program``;
+  ``outputs``: ``start_score``, ``best_score``, ``improved``, ``calls``, ``reason`` ….
+* round — one round of a search that works in rounds (`ReflectiveSearch`),
+  one optimizer step of the `Trainer` (``epoch``, ``batch``; outputs
+  ``train_score``, ``applied``, ``rejected``).
+* candidate — one candidate program evaluated on validation: ``inputs``:
+  ``candidate`` (its trial number, once known), ``note``, ``params``;
+  ``outputs``: ``score``, ``n``, ``calls``, ``cost``, ``seconds``.
+* proposal — one proposed change, with the model calls that proposed it
+  inside: ``parameter``, ``method``; ``outputs``: ``accepted`` and
+  ``proposed`` (the value).
+* backward — one backward pass: ``outputs``: ``parameters`` (name → feedback
+  items it received), ``nodes``.
+* decision (a point, `tell`) — an accept/reject decision and its evidence:
+  ``accepted``, ``rule``, ``reason``, and as the rule has them ``candidate``,
+  ``wins``, ``losses``, ``p_value``, ``old_score``, ``new_score``.
+* update (a point) — a parameter's new value: ``parameter``, ``old_chars`` /
+  ``new_chars``, ``old_sha256`` / ``new_sha256`` (12 hex digits), and the
+  values ``old`` / ``new`` themselves.
+
+`CONTENT_KEYS` names the keys that hold the program's text (proposed values,
+old and new values, a candidate's ``params``): exporters that may leave the
+machine (OpenTelemetry, the run report) record them only when asked to.
 """
 
 from __future__ import annotations
@@ -46,6 +75,7 @@ from typing import Any
 from plait import _context
 
 __all__ = [
+    "CONTENT_KEYS",
     "BaseCallback",
     "CallScope",
     "ReportedCall",
@@ -55,9 +85,13 @@ __all__ = [
     "callbacks_for",
     "end_call",
     "start_call",
+    "tell",
 ]
 
 logger = logging.getLogger("plait.callbacks")
+
+CONTENT_KEYS = frozenset({"old", "new", "proposed", "params"})
+"""Keys of learning ``inputs``/``outputs`` that hold the program's own text (see module docs)."""
 
 
 class BaseCallback:
@@ -121,6 +155,52 @@ class BaseCallback:
     ) -> None:
         """Called when it ends, with its result."""
 
+    def on_optimize_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when an optimisation run starts (a search's ``compile``, ``Trainer.fit``)."""
+
+    def on_optimize_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends (``outputs``: its scores, calls and reason, as data)."""
+
+    def on_round_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a round of a search, or an optimizer step of a Trainer, starts."""
+
+    def on_round_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when that round ends."""
+
+    def on_candidate_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a candidate program's evaluation starts (``instance``: the program)."""
+
+    def on_candidate_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends (``outputs``: ``score``, ``n``, ``calls``, ``cost`` …)."""
+
+    def on_proposal_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a proposal starts (its model calls are told inside it)."""
+
+    def on_proposal_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends (``outputs``: ``accepted`` and the ``proposed`` value)."""
+
+    def on_backward_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a backward pass starts."""
+
+    def on_backward_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        """Called when it ends (``outputs``: the ``parameters`` it reached)."""
+
+    def on_decision(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a learning step accepts or rejects something, with its evidence."""
+
+    def on_update(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when a parameter gets a new value (``instance``: the `Parameter`)."""
+
 
 def active_callbacks() -> tuple[Any, ...]:
     """Returns the callbacks of a call made here: the enclosing module call's, else settings'."""
@@ -168,7 +248,8 @@ def start_call(
     """Tells ``callbacks`` that a call of ``kind`` started; returns its scope (None: no callbacks).
 
     ``kind`` is ``module``, ``lm``, ``tool``, ``adapter_format``,
-    ``adapter_parse`` or ``evaluate``. Call `end_call` with the scope in the
+    ``adapter_parse``, ``evaluate``, or a learning step (``optimize``,
+    ``round``, ``candidate``, ``proposal``, ``backward``). Call `end_call` with the scope in the
     same task, whatever happens.
     """
     if not callbacks:
@@ -190,6 +271,18 @@ def end_call(
     error = exception if isinstance(exception, Exception) else None
     for callback in scope.callbacks:
         _safely(callback, f"on_{scope.kind}_end", scope.call_id, outputs, error)
+
+
+def tell(kind: str, instance: Any, inputs: dict[str, Any], callbacks: tuple[Any, ...]) -> None:
+    """Tells ``callbacks`` of a point in a run (``decision``, ``update``): ``on_<kind>``.
+
+    A point has no end; inside its hook `active_call_id` is the call it happened in.
+    """
+    if not callbacks:
+        return
+    call_id = uuid.uuid4().hex
+    for callback in callbacks:
+        _safely(callback, f"on_{kind}", call_id, instance, inputs)
 
 
 class ReportedCall:

@@ -476,8 +476,10 @@ class Module:
         or parameter to the copy does not affect the original).
 
         Either way, bound resources are shared, not copied (a ResourceManager
-        holds connections and limits that must stay one per program), and the
-        copy starts with no trace records and a fresh `state` (not compiled).
+        holds connections and limits that must stay one per program), and so
+        are the modules' ``callbacks`` (observers such as a tracer: a search's
+        candidates report to the program's own), and the copy starts with no
+        trace records and a fresh `state` (not compiled).
         """
         if not deep:
             clone = _copy.copy(self)
@@ -492,6 +494,8 @@ class Module:
             resources = module._bound_resources
             if resources is not None:
                 memo[id(resources)] = resources
+            for callback in module.__dict__.get("callbacks", ()):
+                memo[id(callback)] = callback
             records = module.__dict__.get("_traces")
             if records is not None:
                 memo[id(records)] = type(records)(maxlen=records.maxlen)

@@ -331,6 +331,43 @@ def test_train_saves_learned_parameters_and_a_training_report(server, resources,
     assert report["training"]["accepted"] == 2 and report["training"]["discarded"] == 0
 
 
+def test_the_training_report_holds_every_learning_step_without_the_prompts(
+    server, resources, tmp_path
+):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    rows = [{"text": f"t{i}:{'yes' if i % 2 else 'no'}", "target": "yes" if i % 2 else "no"}
+            for i in range(4)]  # fmt: skip
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(train),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved))  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    steps = json.loads((tmp_path / "learned.run.json").read_text())["learning"]
+    root, *rest = steps
+    assert (root["kind"], root["parent"], root["inputs"]["optimizer"]) == (
+        "optimize",
+        None,
+        "Trainer",
+    )
+    assert root["outputs"]["best_score"] == 1.0 and root["outputs"]["improved"] is True
+    children = [(s["kind"], s["inputs"].get("candidate", s["inputs"].get("round"))) for s in rest
+                if s["parent"] == root["id"]]  # fmt: skip
+    assert children == [("candidate", 0), ("round", 1), ("round", 2), ("candidate", 1),
+                        ("decision", 1)]  # fmt: skip
+    by_id = {s["id"]: s for s in steps}
+    updates = [s for s in steps if s["kind"] == "update"]
+    assert len(updates) == 2 and {by_id[u["parent"]]["kind"] for u in updates} == {"round"}
+    assert updates[0]["inputs"]["parameter"] == "task.system_prompt"
+    assert updates[0]["inputs"]["new_chars"] == len("PLAIN GOOD")
+    keep = next(s for s in steps if s["kind"] == "decision" and s["parent"] == root["id"])
+    assert keep["inputs"]["accepted"] is True and keep["inputs"]["new_score"] == 1.0
+    assert "GOOD" not in json.dumps(steps)  # the learned prompt stays in --save only
+
+
 def test_import_plait_does_not_import_click():
     code = "import sys, plait; print('click' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -17,6 +17,7 @@ from plait import LLMInference, Module, Parameter, ResourceConfig, run
 from plait.errors import FileError
 from plait.optimization import SFAOptimizer, Trainer
 from plait.report import RunReport, write_html
+from plait.report.learning import LearningLog
 from plait.report.profiling import profile
 from plait.testing import ScriptedServer
 from plait.testing._faults import Fault
@@ -77,11 +78,18 @@ async def a_real_report() -> RunReport:
                 resources=config, train_set=examples("t", 4), val_set=examples("v", 4),
                 metric=exact, batch_size=2, progress=False,
             )  # fmt: skip
-            trained = await trainer.fit()
+            with LearningLog() as learning:
+                trained = await trainer.fit()
     from plait.execution.graph_cache import trace_cached
 
     graph = trace_cached(Pipeline(), ("x",), {})
-    return prof.report(program="Pipeline", kind="train", graph=graph, training=asdict(trained))
+    return prof.report(
+        program="Pipeline",
+        kind="train",
+        graph=graph,
+        training=asdict(trained),
+        learning=learning.steps,
+    )
 
 
 async def test_the_page_is_self_contained_and_escapes_what_the_run_wrote(tmp_path):
@@ -336,3 +344,77 @@ def test_every_value_of_a_report_built_in_code_is_escaped(tmp_path):
     for markup in (SCRIPT, IMAGE, SVG, LINK):
         assert markup not in text
     assert f"<tr><td>{html.escape(SCRIPT)}</td>" in text  # the index cell
+
+
+LEARNING_PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => setTimeout(() => {
+  const rows = [...document.querySelectorAll("table.learning tr.step")].map(row => ({
+    step: row.querySelector("td.what").textContent,
+    depth: Number(row.dataset.depth),
+    cls: row.className,
+    facts: row.querySelector("td.facts").textContent,
+  }));
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({errors: window.__errors, rows, pwned: !!window.pwned});
+  document.body.appendChild(probe);
+}, 500));
+</script>"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+async def test_the_learning_steps_show_as_a_nested_table_with_their_evidence(tmp_path):
+    report = await a_real_report()
+    hostile_reason = "</td></table><script>window.pwned=1</script>"
+    root = report.learning[0]["id"]
+    report.learning.append(
+        {"id": 999, "parent": root, "kind": "decision",
+         "inputs": {"accepted": False, "rule": "a rule", "reason": hostile_reason}}
+    )  # fmt: skip
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+
+    probe = open_in_chromium(path, LEARNING_PROBE, tmp_path)
+
+    assert probe["errors"] == [] and not probe["pwned"]
+    rows = probe["rows"]
+    assert len(rows) == len(report.learning)
+    assert rows[0]["step"] == "optimize Trainer" and rows[0]["depth"] == 0
+    assert "validation 0.5 → 1" in rows[0]["facts"]
+    top = [row["step"] for row in rows if row["depth"] == 1]
+    assert top == ["candidate 0", "round 1", "round 2", "candidate 1", "decision: accepted",
+                   "decision: rejected"]  # fmt: skip
+    round_one = rows[[r["step"] for r in rows].index("round 1") + 1 :]
+    assert [r["step"] for r in round_one[:3]] == ["backward", "proposal system_prompt",
+                                                 "decision: accepted"]  # fmt: skip
+    assert round_one[1]["depth"] == 2 and round_one[2]["depth"] == 3
+    kept = next(row for row in rows if row["step"] == "decision: accepted" and row["depth"] == 1)
+    assert "accepted" in kept["cls"] and "keep-best" in kept["facts"]
+    assert "old_score 0.5" in kept["facts"] and "new_score 1" in kept["facts"]
+    update = next(row for row in rows if row["step"] == "update system_prompt")
+    assert "new_chars 10" in update["facts"] and "GOOD" not in update["facts"]
+    assert rows[-1]["step"] == "decision: rejected" and hostile_reason in rows[-1]["facts"]
+
+
+def test_learning_steps_whose_ids_repeat_or_loop_are_each_drawn_once(tmp_path):
+    import threading
+
+    from plait.report.html import render_html
+
+    steps = [
+        {"id": 1, "parent": None, "kind": "optimize", "inputs": {"optimizer": "Edited"}},
+        {"id": 1, "parent": 1, "kind": "round", "inputs": {"round": 1}},  # its own parent
+        {"id": 2, "parent": 3, "kind": "candidate", "inputs": {"candidate": 0}},
+        {"id": 3, "parent": 2, "kind": "candidate", "inputs": {"candidate": 1}},  # a loop
+    ]
+    report = RunReport(program="edited", kind="train", learning=steps)
+    pages: list[str] = []
+    drawing = threading.Thread(target=lambda: pages.append(render_html(report)), daemon=True)
+    drawing.start()
+    drawing.join(timeout=60)  # a loop would never end; drawing takes well under a second
+
+    assert pages, "drawing the page did not end"
+    assert pages[0].count("<tr class='step") == len(steps)

@@ -653,15 +653,17 @@ def _trainer(
 async def _train(trainer: Any, spec: str, graph: Any, kwargs: dict[str, Any]) -> Any:
     from dataclasses import asdict
 
+    from plait.report.learning import LearningLog
     from plait.report.profiling import Profiler
 
-    with Profiler(max_records=_REPORT_SAMPLE) as profiler:
+    with Profiler(max_records=_REPORT_SAMPLE) as profiler, LearningLog() as learning:
         result = await trainer.fit()
     return profiler.report(
         program=spec,  # as the user typed it, like `plait run`
         kind="train",
         graph=graph,
         training=asdict(result),
+        learning=learning.steps,
         metrics={"train": str(kwargs["train_path"]), "val": str(kwargs["val_path"])},
     )
 

@@ -33,6 +33,7 @@ from plait import _context
 from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
+from plait.optimization.events import learning_step
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
 
@@ -82,6 +83,9 @@ async def backward(
             pass ran on).
         retain_tape: keep the tapes for another backward pass.
 
+    Callbacks hear the pass as one ``backward`` step (`plait.callbacks`): the
+    calls that backward methods make nest inside it.
+
     Raises:
         ValueError: an output has no tape (it was not produced in training mode).
     """
@@ -103,8 +107,14 @@ async def backward(
     report = BackwardReport()
     executor = await _executor_for(resources, jobs)
     token = _context.RUN.set(executor) if executor is not None else None
+    told = {"outputs": len(values), "tapes": len(jobs)}
     try:
-        await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
+        with learning_step("backward", None, told) as step:
+            await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
+            step.outputs = {
+                "parameters": _program_names(report.parameters),
+                "nodes": len(report.nodes),
+            }
     finally:
         if token is not None:
             _context.RUN.reset(token)
@@ -114,6 +124,18 @@ async def backward(
         for value in values:
             value.meta.pop("_tape_ids", None)
     return report
+
+
+def _program_names(reached: dict[str, int]) -> dict[str, int]:
+    """Returns parameter names as the user's program has them, for callbacks.
+
+    A program trained through a `TrainingStep` (the Trainer, ReflectiveSearch)
+    runs held at `PROGRAM_PATH`; its users know its parameters without that prefix.
+    """
+    from plait.optimization.step import PROGRAM_PATH  # loads the losses: only once used
+
+    prefix = f"{PROGRAM_PATH}."
+    return {name.removeprefix(prefix): count for name, count in reached.items()}
 
 
 async def _executor_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:

@@ -45,6 +45,7 @@ from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric, evaluate
+from plait.optimization.events import learning_step
 from plait.optimization.search import Candidate, ProgramSearch, _label
 from plait.optimization.updates import as_text, check_update
 from plait.parameter import Parameter
@@ -167,10 +168,22 @@ async def bootstrap_pool(
         call for that example), and the program's mean score on ``train``.
     """
     teacher = program.copy()  # its own traces, so the caller's records stay as they were
-    result = await evaluate(
-        teacher, train, metric, resources=resources, max_concurrent=max_concurrent, progress=False
-    )
-    accepted = {row.index for row in result.rows if (row.score or 0.0) >= threshold}
+    told = {"parameter": "demos", "method": "bootstrap", "examples": len(train)}
+    with learning_step("proposal", program, told) as step:
+        result = await evaluate(
+            teacher,
+            train,
+            metric,
+            resources=resources,
+            max_concurrent=max_concurrent,
+            progress=False,
+        )
+        accepted = {row.index for row in result.rows if (row.score or 0.0) >= threshold}
+        step.outputs = {
+            "accepted": bool(accepted),
+            "score": float(result),
+            "good_runs": len(accepted),
+        }
     modules = dict(teacher.named_modules())
     pool: dict[str, list[tuple[str, Demo]]] = {}
     for path, _ in demo_modules(program):
@@ -532,7 +545,20 @@ async def propose_instruction(
     (input and expected output) and answers ``{"rationale", "instruction"}``
     through `ask_structured`. A proposal that is empty, the same, too long,
     or pastes an example is refused (`check_update` at conservatism 0).
+    Callbacks hear it as one proposal, the model's call inside it.
     """
+    parameter: Parameter = module.instructions  # type: ignore[attr-defined]
+    told = {"parameter": parameter.path, "method": "instruction proposal", "alias": alias}
+    with learning_step("proposal", module, told) as step:
+        proposed = await _proposed_instruction(module, train, resources, alias, seed, shown)
+        step.outputs = {"accepted": proposed is not None, "proposed": proposed}
+    return proposed
+
+
+async def _proposed_instruction(
+    module: Module, train: Sequence[Example], resources: Any, alias: str, seed: int, shown: int
+) -> str | None:
+    """The body of `propose_instruction`."""
     from plait.resources import ResourceManager
 
     manager = ResourceManager.shared(resources)

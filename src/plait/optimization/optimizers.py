@@ -46,6 +46,7 @@ from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
+from plait.optimization.events import learning_step, tell_decision, tell_update
 from plait.optimization.updates import (
     WORD_FLOOR,
     FeedbackSummary,
@@ -202,11 +203,12 @@ class Optimizer:
             report.levels.append([name for name, _ in group])
             upstream = [record for record, _ in applied]
             records = await asyncio.gather(
-                *(self._update(manager, name, param, level, upstream) for name, param in group)
+                *(self._proposal(manager, name, param, level, upstream) for name, param in group)
             )
             for record, (_, param) in zip(records, group, strict=True):
                 if record.status == "accepted":
                     param.apply_update(record.new)
+                    tell_update(param, record.parameter, record.old, param.value)
                     applied.append((record, param))
                 else:
                     param.zero_feedback()
@@ -216,6 +218,19 @@ class Optimizer:
         for record in report.updates:
             self._remember(record)
         return report
+
+    async def _proposal(
+        self, manager: Any, name: str, param: Parameter, level: int | None, upstream: list[Any]
+    ) -> UpdateRecord:
+        """`_update` told to callbacks as one proposal (its model calls inside) and its decision."""
+        told = {"parameter": name, "method": type(self).__name__, "level": level}
+        with learning_step("proposal", self, told) as step:
+            record = await self._update(manager, name, param, level, upstream)
+            accepted = record.status == "accepted"
+            evidence = {"parameter": name, "accepted": accepted, "status": record.status}
+            tell_decision(self, evidence | {"rule": UPDATE_RULE, "reason": record.reason})
+            step.outputs = {"accepted": accepted, "proposed": record.new}
+        return record
 
     async def _update(
         self, manager: Any, name: str, param: Parameter, level: int | None, upstream: list[Any]
@@ -270,6 +285,7 @@ class Optimizer:
             raise
         report.score_after = after
         before = report.score_before
+        tell_decision(self, _validation_evidence(before, after))
         if before is not None and after < before:
             _revert(applied, f"the validation score fell from {before:.4g} to {after:.4g}")
             report.reverted = True
@@ -560,9 +576,23 @@ def _levels(
     return groups
 
 
+UPDATE_RULE = "a proposed value is applied if it passes the update check (check_update)"
+"""The rule a proposal is decided by, as its decision tells it."""
+
+VALIDATION_RULE = "a step's updates are kept unless the validation score falls"
+"""The rule a step with a ``validate`` hook is decided by."""
+
+
+def _validation_evidence(before: float | None, after: float) -> dict[str, Any]:
+    """Returns the evidence of a step's validation check."""
+    kept = before is None or after >= before
+    return {"accepted": kept, "old_score": before, "new_score": after, "rule": VALIDATION_RULE}
+
+
 def _revert(applied: list[tuple[UpdateRecord, Parameter]], reason: str) -> None:
     for record, param in applied:
         param.value = record.old
+        tell_update(param, record.parameter, record.new, record.old)
         record.status, record.reason = "reverted", reason
 
 

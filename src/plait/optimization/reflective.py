@@ -74,6 +74,7 @@ from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
+from plait.optimization.events import learning_step, rounds_of, tell_decision, tell_update
 from plait.optimization.fewshot import (
     Example,
     _demo_key,
@@ -201,13 +202,14 @@ class ReflectiveSearch(ProgramSearch):
         pool = [_Member(program.copy(), start)]
         self.log = []
         turn = 0
-        with metered() as meter:
+        with metered() as meter, rounds_of(self) as rounds:
             round_number, seen = 0, -1
             while start.calls + meter.calls < self.max_calls and not _budget_spent():
                 if meter.calls + meter.cached == seen:
                     break  # a round made no request at all (every reply cached): nothing new
                 seen = meter.calls + meter.cached
                 round_number += 1
+                rounds.start(round=round_number)
                 parents = [self._select(pool, rng) for _ in range(self.proposals)]
                 jobs = []
                 for parent in parents:
@@ -215,7 +217,7 @@ class ReflectiveSearch(ProgramSearch):
                     turn += 1
                     batch = rng.sample(train, min(self.minibatch, len(train)))
                     jobs.append(
-                        self._mutate(pool, parent, name, batch, val, resources, rng.random())
+                        self._proposal(pool, parent, name, batch, val, resources, rng.random())
                     )
                 for child in await asyncio.gather(*jobs):
                     if child is not None and not child.trial.unevaluated:
@@ -255,6 +257,24 @@ class ReflectiveSearch(ProgramSearch):
         return rng.choices(indices, weights=[weights[i] for i in indices])[0]
 
     # ------------------------------------------------------------ mutation
+    async def _proposal(
+        self,
+        pool: list[_Member],
+        parent_index: int,
+        name: str,
+        batch: list[Example],
+        val: list[Example],
+        resources: Any,
+        salt: float,
+    ) -> _Member | None:
+        """`_mutate` told to callbacks as one proposal: its runs, rewrite and checks inside."""
+        method = "demos" if _is_demos(pool[parent_index].program, name) else "reflection"
+        told = {"parameter": name, "method": method, "parent": pool[parent_index].trial.number}
+        with learning_step("proposal", self, told) as step:
+            child = await self._mutate(pool, parent_index, name, batch, val, resources, salt)
+            step.outputs = {"accepted": child is not None}
+        return child
+
     async def _mutate(
         self,
         pool: list[_Member],
@@ -293,6 +313,7 @@ class ReflectiveSearch(ProgramSearch):
         old = _jsonable(param.value)
         if _is_demos(child, name):
             self._mutate_demos(child, name, batch, before, random.Random(salt))
+            tell_update(param, name, old, _jsonable(param.value))
         else:
             await backward([v for v in losses if isinstance(v, Value)], resources=resources)
             optimizer = TextGradOptimizer(
@@ -311,11 +332,12 @@ class ReflectiveSearch(ProgramSearch):
             self.log.append(f"{name}: no change")
             return None
         after = await self._scores(child, batch, resources)
+        tell_decision(self, _minibatch_evidence(before, after))
         if sum(after) <= sum(before):
             self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, rejected")
             return None
         self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, accepted")
-        trial = await self._evaluate_one(0, Candidate(child, {"changed": name}), val, resources)
+        trial = await self._evaluate_one(-1, Candidate(child, {"changed": name}), val, resources)
         trial.note = f"reflection on {name}, from trial {parent.trial.number}"
         return _Member(child, trial, parent=parent_index, changed={name})
 
@@ -427,7 +449,7 @@ class ReflectiveSearch(ProgramSearch):
             program = pool[a].program.copy()
             program.load_state_dict(merged)
             trial = await self._evaluate_one(
-                0, Candidate(program, {"merge": [first.number, second.number]}), val, resources
+                -1, Candidate(program, {"merge": [first.number, second.number]}), val, resources
             )
             trial.note = f"merge of trials {first.number} and {second.number}"
             self.log.append(f"merge of {first.number} and {second.number}: {trial.score:.3g}")
@@ -438,6 +460,21 @@ class ReflectiveSearch(ProgramSearch):
 def _budget_spent() -> bool:
     """Whether a budget open around the search has refused a call (it stops then)."""
     return any(budget.stopped for budget in active_budgets())
+
+
+MINIBATCH_RULE = "a child joins the pool if its minibatch score rises above its parent's"
+"""The rule a reflective proposal is accepted by, as its decision tells it."""
+
+
+def _minibatch_evidence(before: list[float], after: list[float]) -> dict[str, Any]:
+    """Returns the evidence of a child's minibatch check (scores are means)."""
+    return {
+        "accepted": sum(after) > sum(before),
+        "n": len(before),
+        "old_score": sum(before) / len(before),
+        "new_score": sum(after) / len(after),
+        "rule": MINIBATCH_RULE,
+    }
 
 
 def _exact(output: Any, target: Any) -> bool:

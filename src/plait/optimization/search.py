@@ -75,6 +75,7 @@ from plait.optimization.evaluation import (
     evaluate,
     examples_of,
 )
+from plait.optimization.events import learning_step, observed_run, tell_decision, updates_told
 from plait.parameter import Parameter
 
 __all__ = [
@@ -301,7 +302,8 @@ class ProgramSearch:
 
         train = _either("trainset", trainset, "train_set", train_set)
         val = _either("valset", valset, "val_set", val_set)
-        return awaitable_or_result(self._compile(program, train, val, resources))
+        compiling = self._compile(program, train, val, resources)
+        return awaitable_or_result(observed_run(self, program, compiling, _summary))
 
     async def _compile(
         self, program: Module, train_set: Any, val_set: Any, resources: Any
@@ -321,6 +323,7 @@ class ProgramSearch:
             start = await self._start(program, val, resources)
             trials = [start, *await self._search(program, train, val, resources, start)]
         best = self._choose(trials, start, self.significance)
+        _tell_decisions(trials, start, best, self.significance)
         if best is not start:
             apply(program, best)
         report = SearchReport(
@@ -468,14 +471,24 @@ class ProgramSearch:
         self, number: int, candidate: Candidate, val: list[tuple[Any, Any]], resources: Any
     ) -> Trial:
         started = time.perf_counter()
-        result = await evaluate(
-            candidate.program,
-            val,
-            self.metric,
-            resources=resources,
-            max_concurrent=self.max_concurrent,
-            progress=False,
-        )
+        told: dict[str, Any] = {"candidate": number if number >= 0 else None}  # < 0: numbered later
+        told |= {"note": candidate.note, "params": candidate.params}
+        with learning_step("candidate", candidate.program, told) as step:
+            result = await evaluate(
+                candidate.program,
+                val,
+                self.metric,
+                resources=resources,
+                max_concurrent=self.max_concurrent,
+                progress=False,
+            )
+            step.outputs = {
+                "score": float(result),
+                "n": len(result.scores),
+                "calls": result.calls,
+                "cost": result.cost,
+                "seconds": time.perf_counter() - started,
+            }
         labels = _label_like(val)
         balance = labels if self.balance == "auto" else bool(self.balance)
         return Trial(
@@ -612,6 +625,64 @@ def _tell_budget(report: SearchReport, budget: Any) -> None:
     report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
 
 
+CHOICE_RULE = (
+    "a candidate may replace the program if it scores at least as well on validation and "
+    "beats it on the sign test (p <= significance); the highest balanced score among those wins"
+)
+"""The rule `ProgramSearch` decides by, as decisions tell it."""
+
+
+def _tell_decisions(
+    trials: Sequence[Trial], start: Trial, best: Trial, significance: float | None
+) -> None:
+    """Tells callbacks, for each candidate, whether it replaced the program and why."""
+    for trial in trials:
+        if trial is not start:
+            tell_decision(trial, _verdict(trial, start, best, significance))
+
+
+def _verdict(trial: Trial, start: Trial, best: Trial, significance: float | None) -> dict[str, Any]:
+    """Returns the evidence of one candidate's decision against trial 0."""
+    wins, losses = _wins_losses(trial, start)
+    p = sign_test(trial.scores, start.scores)
+    if trial is best:
+        why = "chosen"
+    elif trial.score < start.score - 1e-12:
+        why = "scored below the program as it was"
+    elif significance is not None and p > significance:
+        why = f"not a clear winner: sign test p = {p:.2g} > {significance:g}"
+    else:
+        why = f"trial {best.number} was chosen: a higher balanced score, or as high and earlier"
+    return {
+        "candidate": trial.number,
+        "against": start.number,
+        "accepted": trial is best,
+        "wins": wins,
+        "losses": losses,
+        "n": len(start.scores),
+        "p_value": p,
+        "significance": significance,
+        "old_score": start.score,
+        "new_score": trial.score,
+        "rule": CHOICE_RULE,
+        "reason": why,
+    }
+
+
+def _summary(report: SearchReport) -> dict[str, Any]:
+    """Returns what a search's ``on_optimize_end`` gets: its outcome as data."""
+    return {
+        "start_score": report.start.score,
+        "best_score": report.best.score,
+        "best_trial": report.best.number,
+        "improved": report.improved,
+        "trials": len(report.trials),
+        "calls": report.calls,
+        "seconds": report.seconds,
+        "reason": report.reason,
+    }
+
+
 def _wins_losses(trial: Trial, start: Trial) -> tuple[int, int]:
     """Returns on how many validation examples ``trial`` scored above and below ``start``."""
     pairs = list(zip(trial.scores, start.scores, strict=True))
@@ -666,8 +737,9 @@ def _either(name: str, value: Any, other_name: str, other: Any) -> Any:
 
 
 def apply(program: Module, trial: Trial) -> None:
-    """Loads a trial's parameter values and settings into ``program``."""
-    program.load_state_dict(trial.parameters)
+    """Loads a trial's parameter values and settings into ``program`` (told as updates)."""
+    with updates_told(program):
+        program.load_state_dict(trial.parameters)
     for key, value in trial.settings.items():
         _set_setting(program, key, value)
 

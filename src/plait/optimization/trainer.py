@@ -51,6 +51,13 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
 from plait.optimization.evaluation import Metric, evaluate, examples_of
+from plait.optimization.events import (
+    learning_step,
+    observed_run,
+    rounds_of,
+    tell_decision,
+    updates_told,
+)
 from plait.optimization.optimizers import Optimizer, StepReport
 from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.values import Value
@@ -308,7 +315,7 @@ class Trainer:
         """
         from plait.execution.run import awaitable_or_result
 
-        return awaitable_or_result(self._fit())
+        return awaitable_or_result(observed_run(self, self.module, self._fit(), _summary))
 
     async def _fit(self) -> TrainReport:
         """The body of `fit`: the training loop within the budget, if there is one."""
@@ -326,7 +333,8 @@ class Trainer:
         if state is None:
             report.reason = "kept the program as it was: nothing was validated"
         else:
-            self.module.load_state_dict(state["best"]["parameters"])
+            with updates_told(self.module):
+                self.module.load_state_dict(state["best"]["parameters"])
             _settle(report)
         if report.stopped_by_budget:
             report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
@@ -345,7 +353,7 @@ class Trainer:
         state = self._load()
         resumed = None
         if state is None:
-            initial = await self.evaluate()
+            initial = await self._validated(0)
             if _cut_short(budget):
                 return None
             logger.info("Trainer: validation score before training: %.4g", initial)
@@ -363,13 +371,16 @@ class Trainer:
         report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
         report.scores, report.resumed_from = state["scores"], resumed
         batches = self._batches()
-        with _Progress(self.progress, self.epochs * batches) as progress:
+        with _Progress(self.progress, self.epochs * batches) as progress, rounds_of(self) as rounds:
             progress.advance_to(state["epoch"] * batches + state["batch"], report)
             while state["epoch"] < self.epochs:
                 order = self._order(state["epoch"])
                 while state["batch"] < batches:
                     start = state["batch"] * self.batch_size
                     batch = [self.train_set[i] for i in order[start : start + self.batch_size]]
+                    rounds.start(
+                        round=report.steps + 1, epoch=state["epoch"] + 1, batch=state["batch"] + 1
+                    )
                     try:
                         step, train_score = await self._train_batch(batch)
                     except BudgetExceededError:
@@ -379,6 +390,7 @@ class Trainer:
                     if _cut_short(budget):
                         return state
                     _note_step(report, step, train_score, state["epoch"] + 1)
+                    rounds.end(**report.history[-1])
                     state["batch"] += 1
                     self._save(state)
                     progress.advance(report, train_score)
@@ -428,18 +440,27 @@ class Trainer:
 
     async def _end_epoch(self, state: dict[str, Any], report: TrainReport, budget: Any) -> bool:
         """Validates the epoch's parameters; False when the budget cut validation short."""
-        score = await self.evaluate()
+        epoch = state["epoch"] + 1
+        score = await self._validated(epoch)
         if _cut_short(budget):
             return False
         state["scores"].append(score)
-        epoch = state["epoch"] + 1
         logger.info("Trainer: validation score after epoch %d: %.4g", epoch, score)
+        tell_decision(self, _keep_best_evidence(epoch, score, state["best"]["score"]))
         if score > state["best"]["score"]:
             state["best"] = {"score": score, "epoch": epoch, "parameters": self.module.state_dict()}
         report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
         state["epoch"], state["batch"] = epoch, 0
         self._save(state)
         return True
+
+    async def _validated(self, epoch: int) -> float:
+        """`evaluate` told to callbacks as candidate ``epoch`` (0: before training)."""
+        told = {"candidate": epoch, "note": f"after epoch {epoch}" if epoch else "before training"}
+        with learning_step("candidate", self.module, told) as step:
+            score = await self.evaluate()
+            step.outputs = {"score": score, "n": len(self.val_set)}
+        return score
 
     def _order(self, epoch: int) -> list[int]:
         order = list(range(len(self.train_set)))
@@ -555,6 +576,35 @@ def _tell_budget(
         f"{budget.refused} call(s) refused ({budget.refusal}); training stopped at {where}, "
         + rerun
     )
+
+
+KEEP_BEST_RULE = "keep-best: an epoch's parameters are kept if they score above the best so far"
+"""The rule the Trainer keeps parameters by, as its decisions tell it."""
+
+
+def _keep_best_evidence(epoch: int, score: float, best: float) -> dict[str, Any]:
+    """Returns the evidence of keep-best's decision on one epoch."""
+    return {
+        "candidate": epoch,
+        "accepted": score > best,
+        "old_score": best,
+        "new_score": score,
+        "rule": KEEP_BEST_RULE,
+    }
+
+
+def _summary(report: TrainReport) -> dict[str, Any]:
+    """Returns what a Trainer's ``on_optimize_end`` gets: its outcome as data."""
+    return {
+        "start_score": report.initial_score,
+        "best_score": report.best_score,
+        "best_epoch": report.best_epoch,
+        "improved": report.best_epoch != 0,
+        "steps": report.steps,
+        "accepted": report.accepted,
+        "rejected": report.rejected,
+        "reason": report.reason,
+    }
 
 
 def _settle(report: TrainReport) -> None:

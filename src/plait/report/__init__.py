@@ -2,8 +2,9 @@
 
 `profiling.py` records what ran (`profile()`, `Profiler`), `run_report.py` turns
 those records into a `RunReport` of one run, `perfetto.py` its Perfetto trace,
-`html.py` an HTML page with plots, and `telemetry.py` sends every call as an
-OpenTelemetry span as it happens.
+`html.py` an HTML page with plots, `telemetry.py` sends every call (and every
+learning step) as an OpenTelemetry span as it happens, and `learning.py` keeps a
+run's learning steps for its report.
 
 A `RunReport` is plain data (usage, cost, timings, retries, errors, the
 program graph, training scores) built from a `Profiler` and saved as JSON

@@ -70,6 +70,15 @@ class Training(TypedDict, total=False):
     history: list[TrainingStep]
 
 
+class LearningStep(TypedDict):
+    id: int
+    parent: int | None
+    kind: str
+    inputs: dict[str, Any]
+    outputs: NotRequired[dict[str, Any] | None]
+    error: NotRequired[str | None]
+
+
 class NodeSpan(TypedDict):
     node_id: str
     module_path: NotRequired[str | None]
@@ -116,6 +125,7 @@ class RunReportData(TypedDict, total=False):
     failures: list[Failure]
     graph: Graph | None
     training: Training | None
+    learning: list[LearningStep] | None
     metrics: dict[str, Any]
     unpriced: list[str]
     spans: Spans

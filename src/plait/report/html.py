@@ -283,6 +283,97 @@ def _table(rows: Iterable[tuple[str, Any]]) -> str:
     return f"<table class='facts'>{cells}</table>"
 
 
+_MAX_LEARNING_ROWS = 2000
+"""Rows of the learning table; a longer run says how many more its run.json keeps."""
+
+
+def _learning(report: RunReport) -> str:
+    """Returns the learning steps as one table, each step under the step it happened in."""
+    if not report.learning:
+        return ""
+    ordered = _tree_order(report.learning)
+    rows = "".join(_learning_row(step, depth) for step, depth in ordered[:_MAX_LEARNING_ROWS])
+    more = len(ordered) - _MAX_LEARNING_ROWS
+    tail = f"<p>… and {more} more steps kept in the report.</p>" if more > 0 else ""
+    return (
+        "<h2>Learning steps</h2><p class='sub'>Every step of the optimisation: candidates "
+        "with their validation scores, proposals, decisions with their evidence, parameter "
+        f"updates (sizes and hashes).</p><table class='learning'>{rows}</table>{tail}"
+    )
+
+
+def _tree_order(steps: list[dict[str, Any]]) -> list[tuple[dict[str, Any], int]]:
+    """Returns the steps depth first (children in the order they started), with their depth.
+
+    Each step is drawn once: an edited file whose ids repeat or loop cannot make it
+    loop; a step whose parent is unknown, or that no chain of parents reaches from
+    the top, is drawn at the top.
+    """
+    known = {step["id"] for step in steps}
+    children: dict[Any, list[int]] = {}
+    for position, step in enumerate(steps):
+        parent = step["parent"] if step["parent"] in known else None
+        children.setdefault(parent, []).append(position)
+    ordered: list[tuple[dict[str, Any], int]] = []
+    drawn: set[int] = set()
+    pending = [(position, 0) for position in reversed(children.get(None, []))]
+    while pending:
+        position, depth = pending.pop()
+        if position in drawn:
+            continue
+        drawn.add(position)
+        ordered.append((steps[position], depth))
+        below = children.get(steps[position]["id"], [])
+        pending += [(child, depth + 1) for child in reversed(below)]
+    ordered += [(step, 0) for position, step in enumerate(steps) if position not in drawn]
+    return ordered
+
+
+_TITLE_KEYS = {
+    "optimize": "optimizer",
+    "round": "round",
+    "candidate": "candidate",
+    "proposal": "parameter",
+    "update": "parameter",
+}
+"""The fact each kind of step is named by (a decision is named by its outcome)."""
+
+
+def _learning_row(step: dict[str, Any], depth: int) -> str:
+    kind = step["kind"]
+    facts = {**step["inputs"], **(step.get("outputs") or {})}
+    outcome = ""
+    if kind == "decision":
+        outcome = "accepted" if facts.pop("accepted", False) else "rejected"
+        title = f"decision: {outcome}"
+    else:
+        named = facts.pop(_TITLE_KEYS.get(kind, ""), None)
+        title = kind if named is None else f"{kind} {named}"
+    text = "; ".join(
+        f"{key} {_fact(value)}" for key, value in facts.items() if value not in (None, "")
+    )
+    if kind == "optimize" and "best_score" in facts:
+        text = (
+            f"validation {_fact(facts.get('start_score'))} → {_fact(facts['best_score'])}; {text}"
+        )
+    if step.get("error"):
+        text = f"failed: {step['error']}; {text}"
+    return (
+        f"<tr class='step {kind} {outcome}' data-depth='{depth}'>"
+        f"<td class='what' style='padding-left:{0.3 + 1.5 * depth:.1f}em'>{html.escape(title)}</td>"
+        f"<td class='facts'>{html.escape(text)}</td></tr>"
+    )
+
+
+def _fact(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list):
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= 200 else f"{text[:200]}…"
+    return str(value)
+
+
 def _failures(report: RunReport) -> str:
     if not report.failures:
         return ""
@@ -310,6 +401,11 @@ table.failures td, table.failures th { border: 1px solid #ddd; padding: 4px 8px;
 .plots .wide { grid-column: 1 / span 2; }
 pre.mermaid { background: #f6f6f6; padding: 1em; font-size: 85%; }
 .notice { border: 1px solid #ddd; padding: 0 1em; color: #444; }
+table.learning { border-collapse: collapse; font-size: 90%; width: 100%; }
+table.learning td { border-bottom: 1px solid #eee; padding: 3px 8px; vertical-align: top; }
+table.learning td.what { white-space: nowrap; font-weight: 600; }
+table.learning tr.accepted td.what { color: #1a7f37; }
+table.learning tr.rejected td.what { color: #b35900; }
 """
 
 
@@ -376,7 +472,7 @@ def render_html(report: RunReport) -> str:
         f"<title>{title}</title><style>{_STYLE}</style>"
         f"<script>{get_plotlyjs()}</script></head><body data-run='{data}'>"
         f"<h1>{title}</h1>{_table(facts)}{sampled}<div class='plots'>{_plots(report)}</div>"
-        f"{mermaid}{_failures(report)}</body></html>"
+        f"{mermaid}{_learning(report)}{_failures(report)}</body></html>"
     )
 
 

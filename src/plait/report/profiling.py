@@ -512,7 +512,7 @@ class Profiler:
 
         Args:
             **details: passed to `RunReport.from_profiler` (``program``,
-                ``kind``, ``graph``, ``training``, ``metrics``).
+                ``kind``, ``graph``, ``training``, ``learning``, ``metrics``).
         """
         from plait.report import RunReport  # the report builds on the profiler, not below it
 

@@ -103,6 +103,11 @@ class RunReport:
     """For a training run (a `TrainReport` as data): ``initial_score``, ``scores`` per epoch,
     ``best_epoch``, ``accepted`` (kept), ``discarded`` (undone by keep-best), ``rejected``,
     ``reason``, and ``history`` (per optimizer step: epoch, accepted, discarded, rejected)."""
+    learning: list[dict[str, Any]] | None = None
+    """For a run that learned (`plait.report.learning.LearningLog.steps`): one entry per
+    learning step, in order: ``id``, ``parent`` (the step it happened in), ``kind``
+    (``optimize``, ``round``, ``candidate``, ``proposal``, ``backward``, ``decision``,
+    ``update``), ``inputs`` and ``outputs`` (its facts: scores, evidence, sizes), ``error``."""
     metrics: dict[str, Any] = field(default_factory=dict)
     """Anything else a caller adds (the CLI: ``score`` of an evaluation, file names)."""
     unpriced: list[str] = field(default_factory=list)
@@ -125,6 +130,7 @@ class RunReport:
         kind: str = "run",
         graph: Any = None,
         training: dict[str, Any] | None = None,
+        learning: list[dict[str, Any]] | None = None,
         metrics: dict[str, Any] | None = None,
     ) -> RunReport:
         """Builds the report of everything ``profiler`` saw.
@@ -135,6 +141,7 @@ class RunReport:
             kind: ``run``, ``eval`` or ``train``.
             graph: the program's `InferenceGraph` (or `graph_data` of it).
             training: training scores and updates (see the ``training`` field).
+            learning: the learning steps (see the ``learning`` field).
             metrics: extra figures to keep.
         """
         nodes = [asdict(r) for r in profiler.records]
@@ -157,6 +164,7 @@ class RunReport:
             failures=[asdict(f) for f in profiler.failures],
             graph=graph,
             training=training,
+            learning=learning,
             metrics=dict(metrics or {}),
             unpriced=sorted(profiler.unpriced),
             spans={"nodes": nodes, "requests": requests},

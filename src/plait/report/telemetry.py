@@ -21,6 +21,18 @@ own text inside an error (an error body that may echo the prompt, the start of
 a malformed reply: `BackendError.detail`): without capture, a failed span's
 status and exception event carry plait's message with that text withheld.
 
+Learning is traced too: an optimisation run (a search's ``compile``,
+``Trainer.fit``) is a span ``optimize <Search>``; its rounds, candidate
+evaluations (``evaluate <Program>`` inside each), proposals (the model calls
+that proposed inside) and backward passes are child spans, and its
+accept/reject decisions and parameter updates are span events
+(``plait.learning.decision``, ``plait.learning.update``) on the step they
+happened in. Their facts are ``plait.learning.*`` attributes: scores, sizes,
+calls, costs, wins/losses and p-values, the rule that decided. The text of
+proposals and updates (``plait.learning.proposed``, ``.old``, ``.new``,
+a candidate's ``.params``) is recorded only with ``capture_content=True``;
+without it an update shows the lengths and short SHA-256 hashes of its values.
+
 Needs ``pip install 'plait[otel]'`` (opentelemetry-api and -sdk)::
 
     from plait.report.telemetry import OpenTelemetryCallback
@@ -33,7 +45,7 @@ import json
 import traceback
 from typing import Any
 
-from plait.callbacks import BaseCallback, active_call_id, call_path
+from plait.callbacks import CONTENT_KEYS, BaseCallback, active_call_id, call_path
 
 __all__ = ["OpenTelemetryCallback"]
 
@@ -147,6 +159,94 @@ class OpenTelemetryCallback(BaseCallback):
             attributes["gen_ai.tool.call.result"] = outputs.content
         self._end(call_id, attributes, exception)
 
+    # -------------------------------------------------------------- evaluation
+    def on_evaluate_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        attributes = {"plait.evaluate.n": len(inputs.get("devset") or ())}
+        self._start(call_id, f"evaluate {type(instance).__name__}", attributes, kind="INTERNAL")
+
+    def on_evaluate_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        attributes: dict[str, Any] = {}
+        if outputs is not None:
+            attributes = {
+                "plait.evaluate.score": float(outputs),
+                "plait.evaluate.calls": outputs.calls,
+                "plait.evaluate.cost": outputs.cost,
+            }
+        self._end(call_id, attributes, exception)
+
+    # -------------------------------------------------------------- learning
+    def on_optimize_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._step_start(call_id, f"optimize {inputs.get('optimizer', '')}".strip(), inputs)
+
+    def on_optimize_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        self._step_end(call_id, outputs, exception)
+
+    def on_round_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._step_start(call_id, f"round {inputs.get('round', '')}".strip(), inputs)
+
+    def on_round_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        self._step_end(call_id, outputs, exception)
+
+    def on_candidate_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        number = inputs.get("candidate")
+        self._step_start(call_id, "candidate" if number is None else f"candidate {number}", inputs)
+
+    def on_candidate_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        self._step_end(call_id, outputs, exception)
+
+    def on_proposal_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._step_start(call_id, f"proposal {inputs.get('parameter', '')}".strip(), inputs)
+
+    def on_proposal_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        self._step_end(call_id, outputs, exception)
+
+    def on_backward_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._step_start(call_id, "backward", inputs)
+
+    def on_backward_end(
+        self, call_id: str, outputs: Any | None, exception: Exception | None = None
+    ) -> None:
+        self._step_end(call_id, outputs, exception)
+
+    def on_decision(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._event("plait.learning.decision", inputs)
+
+    def on_update(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        self._event("plait.learning.update", inputs)
+
+    def _step_start(self, call_id: str, name: str, inputs: dict[str, Any]) -> None:
+        self._start(call_id, name, self._learning_attributes(inputs), kind="INTERNAL")
+
+    def _step_end(self, call_id: str, outputs: Any, exception: Exception | None) -> None:
+        self._end(call_id, self._learning_attributes(outputs or {}), exception)
+
+    def _event(self, name: str, inputs: dict[str, Any]) -> None:
+        """Adds a point of a learning step to the span it happened in (its own span if none)."""
+        attributes = self._learning_attributes(inputs)
+        parent = self._spans.get(active_call_id() or "")
+        if parent is not None:
+            parent.add_event(name, attributes)
+            return
+        self._tracer.start_span(name, attributes=attributes).end()
+
+    def _learning_attributes(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """Returns ``facts`` as ``plait.learning.*`` attributes (the program's text if captured)."""
+        return {
+            f"plait.learning.{key}": _attribute(value)
+            for key, value in facts.items()
+            if value is not None and (self.capture_content or key not in CONTENT_KEYS)
+        }
+
     # -------------------------------------------------------------- spans
     def _start(self, call_id: str, name: str, attributes: dict[str, Any], kind: str) -> None:
         parent = self._spans.get(active_call_id() or "")
@@ -188,6 +288,15 @@ class OpenTelemetryCallback(BaseCallback):
                 },
             )
         span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, description))
+
+
+def _attribute(value: Any) -> Any:
+    """Returns a value OpenTelemetry takes: a scalar, a list of text or numbers, else JSON."""
+    if isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
+        return list(value)
+    return _json(value)
 
 
 def _json(value: Any) -> str:
