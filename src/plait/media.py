@@ -221,10 +221,26 @@ class Media(_Content):
     def describe(self) -> str:
         """Returns the short description shown in reprs, logs, spans and reports."""
         if self.url is not None:
-            shown = self.url.split("?", 1)[0]  # a query string may hold a token
+            shown = _shown_url(self.url)
             shown = shown if len(shown) <= 60 else shown[:57] + "..."
             return f"{self.kind} {shown}"
         return f"{self.kind} {self.media_type}, {_size(len(self.data or b''))}, {self.sha256[:12]}"
+
+    def summary(self) -> dict[str, Any]:
+        """Returns the item as JSON data without its bytes: what spans, run reports, result
+        rows and input hashes hold of it (kind, media type, size, hash, name or URL)."""
+        data: dict[str, Any] = {
+            "kind": self.kind,
+            "media_type": self.media_type,
+            "size": self.size,
+            "sha256": self.sha256,
+            "name": self.name,
+            "url": None if self.url is None else _shown_url(self.url),
+        }
+        detail = getattr(self, "detail", None)
+        if detail is not None:
+            data["detail"] = detail
+        return data
 
     def __repr__(self) -> str:
         return f"<{self.describe()}>"
@@ -249,6 +265,35 @@ class Media(_Content):
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Media:
         return self
+
+
+class _SummarySerializer:
+    """``__pydantic_serializer__`` of every medium, built on first use (pydantic is heavy).
+
+    Serialising a value into JSON data (``pydantic_core.to_jsonable_python``:
+    spans, run reports, result rows, input hashes) then gives `Media.summary`.
+    """
+
+    def __get__(self, item: Any, owner: type) -> Any:
+        from pydantic_core import SchemaSerializer, core_schema
+
+        serializer = SchemaSerializer(
+            core_schema.any_schema(
+                serialization=core_schema.plain_serializer_function_ser_schema(
+                    lambda medium: medium.summary()
+                )
+            )
+        )
+        Media.__pydantic_serializer__ = serializer  # type: ignore[attr-defined]  # built once
+        return serializer
+
+
+Media.__pydantic_serializer__ = _SummarySerializer()  # type: ignore[attr-defined]
+
+
+def _shown_url(url: str) -> str:
+    """A URL as plait shows it: without its query string, which may hold a token."""
+    return url.split("?", 1)[0]
 
 
 def _rebuild(cls: type[Media], state: dict[str, Any]) -> Media:

@@ -180,3 +180,29 @@ async def test_reports_and_callbacks_show_a_description_not_the_bytes(tmp_path: 
     report.save(saved)
     text = saved.read_text()
     assert image.data_uri()[22:60] not in text
+
+
+async def test_spans_show_a_mediums_kind_size_and_hash_never_its_bytes():
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import plait
+    from plait.report.telemetry import OpenTelemetryCallback
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    scan = Image(png())
+    callback = OpenTelemetryCallback(provider, capture_content=True)
+    async with ScriptedServer(responder=lambda body: json.dumps({"total": 12.5})) as server:
+        with plait.settings.context(callbacks=[callback]):
+            await run(Predict(ReadTotal, alias="llm"), scan=scan, currency="EUR",
+                      resources={"llm": server.endpoint()})  # fmt: skip
+    (span,) = [s for s in exporter.get_finished_spans() if "plait.module.inputs" in s.attributes]
+    shown = json.loads(span.attributes["plait.module.inputs"])["inputs"]["scan"]
+    assert shown["kind"] == "image" and shown["size"] == len(scan.data or b"")
+    assert shown["sha256"] == scan.sha256 and shown["media_type"] == "image/png"
+    assert scan.base64()[:40] not in json.dumps(
+        [dict(s.attributes) for s in exporter.get_finished_spans()]
+    )
