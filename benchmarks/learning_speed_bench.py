@@ -18,26 +18,30 @@ what matters is how many of them it keeps in flight.
   answers right. So demos and instructions both have something to find: zero-shot
   scores about 0.5, a program with either scores 1.0. Optimiser calls get the rule:
   plait's structured proposals and rewrites, MIPROv2's proposed instruction,
-  GEPA's fenced reflection reply.
+  dspy.GEPA's proposed instruction (JSON).
 * The methods, each given the same budget of model calls (``--budget``, default
   240) where it takes one: plait's `BootstrapFewShot`, `RandomSearch` (bootstrapped
   and labeled demos, 2 proposed instructions, as many candidates as the budget
-  holds) and `ReflectiveSearch` (``max_calls``), each with ``max_calls`` as its
-  hard budget; DSPy's `BootstrapFewShot` (4 + 4 demos; sequential, it stops once it
-  has its demos), `MIPROv2` (``auto=None``, 3 candidates, trials as the budget
-  holds) and `dspy.GEPA` (``max_metric_calls`` as the budget less its reflection
-  calls). BootstrapFewShot makes as many calls as its data asks on either side,
-  well under the budget.
+  holds) and `ReflectiveSearch` (4 proposals a round), each with ``max_calls`` as
+  its hard budget; DSPy's `BootstrapFewShot` (4 + 4 demos; sequential, and it stops
+  once it has its demos: its teacher holds the 4 labeled ones, so its first 4 runs
+  are good), `MIPROv2` (``auto=None``, 3 candidates, every trial on the whole
+  validation set, trials as the budget holds; needs ``optuna``) and `dspy.GEPA`
+  (``max_metric_calls`` as the budget less its reflection calls, gepa underneath).
+  BootstrapFewShot makes as many calls as its data asks on either side, well
+  under the budget.
 
 Each method runs in a child process of its own (``--timeout`` seconds, default
 150; a peer that fails or hangs is reported with the reason). The child resets the
 server's counters, times ``compile`` alone, reads the counters, then scores the
 result on the validation set (those calls are not counted). Per method it prints
 wall-clock, calls the server saw, calls/s, the server's peak in flight, the final
-validation score, and for each peer two ratios to plait's best: raw wall-clock,
-and wall-clock at the same call budget (seconds per call, since the methods do not
-all spend the whole budget). The issue's goal: at the same call budget, at least
-3 × faster than the fastest peer, with the peak at most the limit.
+validation score, and for each peer two ratios to plait: its wall-clock over that
+of plait's fastest run that made at least 0.9 × as many calls, and its seconds
+per call over plait's best (wall-clock at the same call budget: the methods do
+not all spend the whole budget, and DSPy's BootstrapFewShot spends a few calls).
+The issue's goal: at the same call budget, at least 3 × faster than the fastest
+peer, with the peak at most the limit.
 
 It needs DSPy and gepa, so it runs in the peers' venv with this checkout's plait
 first on the path (keep sizes small: the machine is shared)::
@@ -109,8 +113,8 @@ def respond(body: dict[str, Any]) -> str:
         return json.dumps({"new_value": RULE, "rationale": "the last digit decides"})
     messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
     last = _text(messages[-1].get("content")) if messages else ""
-    if "``` blocks" in last:  # GEPA's reflection prompt
-        return f"```\n{RULE}\n```"
+    if "new_instruction" in schema or "new_instruction" in last:  # dspy.GEPA's proposer
+        return json.dumps({"new_instruction": RULE})
     fields = [name for name in _DSPY_FIELD.findall(last) if name != "completed"]
     if fields and "answer" not in fields:  # MIPROv2's proposer steps
         return _in_dspy_fields(
@@ -319,14 +323,31 @@ def measure(name: str, args: argparse.Namespace, base_url: str) -> dict[str, Any
     return f"failed: {tail[:200]}"
 
 
+def _fastest_plait(done: dict[str, dict[str, Any]], calls: int) -> float | None:
+    """plait's shortest wall-clock among its runs that made at least ~``calls`` calls."""
+    walls = [
+        r["wall"]
+        for name, r in done.items()
+        if name.startswith("plait") and r["calls"] >= 0.9 * calls
+    ]
+    return min(walls, default=None)
+
+
+def _ratios(done: dict[str, dict[str, Any]], result: dict[str, Any], per_call: float) -> str:
+    """A peer's wall-clock over plait's: its fastest run of as many calls, and per call."""
+    wall, calls = result["wall"], result["calls"]
+    plait_wall = _fastest_plait(done, calls)
+    raw = f"{wall / plait_wall:6.2f} ×" if plait_wall else "     - "
+    return f"   {raw}  {wall / calls / per_call:6.2f} ×"
+
+
 def show(results: dict[str, dict[str, Any] | str], limit: int) -> None:
     done = {name: r for name, r in results.items() if isinstance(r, dict) and r["calls"]}
-    mine = [r for name, r in done.items() if name.startswith("plait")]
-    best_wall = min((r["wall"] for r in mine), default=None)
-    best_per_call = min((r["wall"] / r["calls"] for r in mine), default=None)
+    mine = [r["wall"] / r["calls"] for name, r in done.items() if name.startswith("plait")]
+    per_call = min(mine, default=None)
     print(
         f"\n{'method':<24} {'wall s':>7} {'calls':>6} {'calls/s':>8} {'peak':>5} {'val':>5}"
-        f"   peer ÷ plait's best: wall, wall at the same calls"
+        "   peer ÷ plait: wall (plait's fastest run of ≥ 0.9 × its calls), seconds per call"
     )
     for name, result in results.items():
         if not isinstance(result, dict):
@@ -334,21 +355,21 @@ def show(results: dict[str, dict[str, Any] | str], limit: int) -> None:
             continue
         wall, calls = result["wall"], result["calls"]
         rate = calls / wall if wall else 0.0
-        ratios = ""
-        if not name.startswith("plait") and best_wall and best_per_call and calls:
-            ratios = f"   {wall / best_wall:6.2f} ×  {wall / calls / best_per_call:6.2f} ×"
+        peer = not name.startswith("plait") and name in done
+        ratios = _ratios(done, result, per_call) if peer and per_call else ""
         print(
             f"{name:<24} {wall:7.2f} {calls:6d} {rate:8.1f} {result['peak']:5d} "
             f"{result['score']:5.2f}{ratios}"
         )
     peers = [r["wall"] / r["calls"] for name, r in done.items() if not name.startswith("plait")]
-    if best_per_call and peers:
-        factor = min(peers) / best_per_call
+    if per_call and peers:
+        factor = min(peers) / per_call
         peak = max(r["peak"] for r in done.values())
         verdict = "met" if factor >= 3 and peak <= limit else "not met"
         print(
-            f"\nat the same call budget plait's best is {factor:.2f} × faster than the fastest "
-            f"peer; highest peak {peak} (limit {limit}); goal (≥ 3 ×, peak ≤ limit) {verdict}"
+            f"\nat the same call budget (seconds per call) plait's best is {factor:.2f} × faster "
+            f"than the fastest peer; highest peak {peak} (limit {limit}); "
+            f"goal (≥ 3 ×, peak ≤ limit) {verdict}"
         )
 
 
