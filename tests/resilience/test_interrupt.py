@@ -96,8 +96,10 @@ def checkpoint_indices(directory: Path) -> list[int]:
     """Returns the item index of every complete record in the checkpoint (chunk folders too)."""
     indices = []
     for items in sorted(directory.rglob("items.jsonl")):
-        for line in items.read_text().splitlines():
-            indices.append(json.loads(line)["index"])
+        # A line still being written has no newline yet: it is not a record (as for the reader).
+        for line in items.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                indices.append(json.loads(line)["index"])
     return indices
 
 
