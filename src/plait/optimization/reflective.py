@@ -267,33 +267,22 @@ class ReflectiveSearch(ProgramSearch):
         resources: Any,
         salt: float,
     ) -> _Member | None:
-        """`_mutate` told to callbacks as one proposal: its runs, rewrite and checks inside."""
+        """One mutation (`_mutate`) told to callbacks as a proposal, its runs, rewrite and
+        checks inside; None when it was not kept, or when the search's budget ran out in it."""
         method = "demos" if _is_demos(pool[parent_index].program, name) else "reflection"
         told = {"parameter": name, "method": method, "parent": pool[parent_index].trial.number}
         with learning_step("proposal", self, told) as step:
-            child = await self._mutate(pool, parent_index, name, batch, val, resources, salt)
+            try:
+                child = await self._mutate(pool, parent_index, name, batch, val, resources, salt)
+            except BudgetExceededError:
+                if not _budget_spent():
+                    raise  # an endpoint's own budget, not the search's
+                self.log.append(f"{name}: stopped, the search's budget is spent")
+                child = None
             step.outputs = {"accepted": child is not None}
         return child
 
     async def _mutate(
-        self,
-        pool: list[_Member],
-        parent_index: int,
-        name: str,
-        batch: list[Example],
-        val: list[Example],
-        resources: Any,
-        salt: float,
-    ) -> _Member | None:
-        try:
-            return await self._mutate_once(pool, parent_index, name, batch, val, resources, salt)
-        except BudgetExceededError:
-            if not _budget_spent():
-                raise  # an endpoint's own budget, not the search's
-            self.log.append(f"{name}: stopped, the search's budget is spent")
-            return None
-
-    async def _mutate_once(
         self,
         pool: list[_Member],
         parent_index: int,
