@@ -470,7 +470,7 @@ async def test_a_grid_checkpoint_with_a_malformed_trial_is_a_checkpoint_error(
     data = json.loads(checkpoint.read_text())
     data["trials"][0] = {"number": "one"}  # a trial without its score
     checkpoint.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match=r"grid\.json holds a malformed trial"):
+    with pytest.raises(CheckpointError, match=r"grid\.json: trials\[0\]\.number is 'one', not a"):
         await optimize_grid(program(), VAL, None, grid, resources=config, checkpoint=checkpoint)
 
 

@@ -200,6 +200,37 @@ async def bootstrap_pool(
     return pool, float(result)
 
 
+async def _remembered_pool(
+    search: ProgramSearch, program: Module, train: list[Example], resources: Any, threshold: float
+) -> dict[str, list[tuple[str, Demo]]]:
+    """Returns `bootstrap_pool`'s demos, from the search's checkpoint when it holds them."""
+
+    async def bootstrap() -> dict[str, Any]:
+        pool, _ = await bootstrap_pool(
+            program,
+            train,
+            search.metric,
+            resources,
+            threshold=threshold,
+            max_concurrent=search.max_concurrent,
+        )
+        return {path: [[label, demo] for label, demo in items] for path, items in pool.items()}
+
+    pool = await search._remembered("bootstrap", bootstrap)
+    return {path: [(label, demo) for label, demo in items] for path, items in pool.items()}
+
+
+def _read_pool(value: Any, read: Any, where: str) -> None:
+    """Checks a bootstrap pool as a checkpoint holds it: per step, ``[label, demo]`` pairs."""
+    for path, items in read.mapping(value, where).items():
+        for i, item in enumerate(read.sequence(items, f"{where}.{path}")):
+            at = f"{where}.{path}[{i}]"
+            if not (isinstance(item, list) and len(item) == 2):
+                read.fail(at, "is not a [label, demo] pair")
+            read.text(item[0], f"{at}[0]")
+            read.mapping(item[1], f"{at}[1]")
+
+
 def _with_demos(
     program: Module, chosen: Mapping[str, list[Demo]], instructions: Mapping[str, str] | None = None
 ) -> Module:
@@ -268,6 +299,8 @@ class LabeledFewShot(ProgramSearch):
         seed: the sampling seed.
     """
 
+    _checkpointed = ("k", "seed")
+
     def __init__(
         self, metric: Metric | None = None, k: int = 4, *, seed: int = 0, **options: Any
     ) -> None:
@@ -315,8 +348,11 @@ class BootstrapFewShot(ProgramSearch):
         threshold: the score a run needs to count as good.
         fill_labeled: fill a short demo set with labeled examples.
         seed: the sampling seed.
-        balance, max_concurrent: as `ProgramSearch`.
+        balance, max_concurrent, checkpoint: as `ProgramSearch` (the checkpoint
+            also keeps the bootstrap pass).
     """
+
+    _checkpointed = ("max_demos", "threshold", "fill_labeled", "seed")
 
     def __init__(
         self,
@@ -353,19 +389,18 @@ class BootstrapFewShot(ProgramSearch):
         _require_steps(program, type(self).__name__)
         if not train:
             raise ValueError("BootstrapFewShot needs a non-empty train_set")
-        pool, _ = await bootstrap_pool(
-            program,
-            train,
-            self.metric,
-            resources,
-            threshold=self.threshold,
-            max_concurrent=self.max_concurrent,
-        )
+        pool = await _remembered_pool(self, program, train, resources, self.threshold)
         rng = random.Random(self.seed)
         labeled = _labeled_pool(program, train) if self.fill_labeled else None
         chosen = _pick(pool, program, self.max_demos, rng, fallback=labeled)
         note = f"bootstrapped from {sum(len(v) for v in pool.values())} good runs"
         return [Candidate(_with_demos(program, chosen), _describe(chosen), note)]
+
+    def _read_state(self, state: dict[str, Any], read: Any) -> None:
+        for key, step in state.get("steps", {}).items():
+            if key != "bootstrap":
+                read.fail(f"state.steps.{key}", "is not a step of BootstrapFewShot")
+            _read_pool(step["value"], read, f"state.steps.{key}.value")
 
 
 class InstructionProposal(BaseModel):
@@ -394,8 +429,11 @@ class RandomSearch(ProgramSearch):
         propose: instructions to ask the optimizer model for, per step.
         alias: the resource alias of the proposal calls.
         seed: the sampling seed.
-        balance, max_concurrent: as `ProgramSearch`.
+        balance, max_concurrent, checkpoint: as `ProgramSearch` (the checkpoint
+            also keeps the bootstrap pass and the proposed instructions).
     """
+
+    _checkpointed = ("num_candidates", "max_demos", "instructions", "propose", "alias", "seed")
 
     def __init__(
         self,
@@ -464,9 +502,7 @@ class RandomSearch(ProgramSearch):
         steps = dict(demo_modules(program))
         booted: dict[str, list[tuple[str, Demo]]] = {path: [] for path in steps}
         if train and self.max_demos:
-            booted, _ = await bootstrap_pool(
-                program, train, self.metric, resources, max_concurrent=self.max_concurrent
-            )
+            booted = await _remembered_pool(self, program, train, resources, 1.0)
         labeled = _labeled_pool(program, train)
         texts = await self._instruction_pool(program, steps, train, resources, rng)
         plans: list[tuple[str, dict[str, list[Demo]], dict[str, str]]] = []
@@ -516,18 +552,32 @@ class RandomSearch(ProgramSearch):
             current = str(learnable.value)
             pool = [current, *(t for t in self.instructions if t != current)]
             if self.propose:
+                seeds = [rng.randrange(2**31) for _ in range(self.propose)]
                 proposed = await asyncio.gather(
                     *(
-                        propose_instruction(
-                            module, train, resources, self.alias, seed=rng.randrange(2**31)
+                        self._remembered(
+                            f"instructions {path} {seed}",
+                            lambda seed=seed, module=module: propose_instruction(
+                                module, train, resources, self.alias, seed=seed
+                            ),
                         )
-                        for _ in range(self.propose)
+                        for seed in seeds
                     )
                 )
                 self.proposals[path] = [p for p in proposed if p is not None]
                 pool += [p for p in self.proposals[path] if p not in pool]
             pools[path] = pool
         return pools
+
+    def _read_state(self, state: dict[str, Any], read: Any) -> None:
+        for key, step in state.get("steps", {}).items():
+            where = f"state.steps.{key}.value"
+            if key == "bootstrap":
+                _read_pool(step["value"], read, where)
+            elif key.startswith("instructions "):
+                read.text(step["value"], where, optional=True)
+            else:
+                read.fail(f"state.steps.{key}", "is not a step of RandomSearch")
 
 
 async def propose_instruction(

@@ -51,7 +51,6 @@ evolutionary search in `plait.optimization.reflective`.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import logging
@@ -59,13 +58,11 @@ import math
 import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plait import _files
-from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.settings import resources_of
 from plait.module import Module
 from plait.optimization.evaluation import (
@@ -77,6 +74,7 @@ from plait.optimization.evaluation import (
 )
 from plait.optimization.events import learning_step, observed_run, tell_decision, updates_told
 from plait.parameter import Parameter
+from plait.resources.usage import active_budgets
 
 __all__ = [
     "GridSearch",
@@ -89,9 +87,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("plait.optimization")
-
-_GRID = "plait.grid/1"
-"""The format of a grid search checkpoint."""
 
 
 # ----------------------------------------------------------------- records
@@ -161,6 +156,8 @@ class SearchReport:
     """Calls, tokens and cost spent, when the search had a budget."""
     left_undone: str = ""
     """What the budget left undone, in words (empty when nothing was)."""
+    resumed_calls: int = 0
+    """Calls of the work taken from the checkpoint instead of being sent again."""
 
     @property
     def improved(self) -> bool:
@@ -232,7 +229,16 @@ class ProgramSearch:
             the search stops; trials it left half-evaluated are never chosen,
             and the report says what was spent and left undone
             (``stopped_by_budget``, ``spent``, ``left_undone``).
+        checkpoint: a JSON file that makes the search resumable
+            (`plait.optimization.search_checkpoint`): what it finishes is
+            written there at once, and a rerun with the same file (and, after
+            a budget stop, a larger budget) sends only the work not finished.
+            A file of another search, program, dataset or settings is refused.
     """
+
+    _checkpointed: tuple[str, ...] = ()
+    """The options, besides the metric, balance and significance, that decide what
+    the search does: a checkpoint holds the work of these settings only."""
 
     def __init__(
         self,
@@ -244,6 +250,7 @@ class ProgramSearch:
         max_calls: int | None = None,
         max_tokens: int | None = None,
         max_cost: float | None = None,
+        checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
         from plait.resources.usage import Budget
 
@@ -264,6 +271,7 @@ class ProgramSearch:
         self.max_calls = max_calls
         self.max_tokens = max_tokens
         self.max_cost = max_cost
+        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -296,7 +304,10 @@ class ProgramSearch:
         Raises:
             PlaitError: no resources were found.
             TypeError: a dataset given under both of its names.
-            ValueError: an empty or malformed dataset.
+            ValueError: an empty or malformed dataset, or a checkpoint of
+                another search, program, dataset or settings.
+            CheckpointError: the checkpoint is a symbolic link, not a regular
+                file, or not a search checkpoint as plait writes it.
         """
         from plait.execution.run import awaitable_or_result
 
@@ -318,7 +329,8 @@ class ProgramSearch:
             name = type(self).__name__
             raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
-        budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
+        self._open_checkpoint(program, train, val)
+        budget = Budget.of(*self._limits())
         with metered() as meter, budgeted(budget):
             start = await self._start(program, val, resources)
             trials = [start, *await self._search(program, train, val, resources, start)]
@@ -334,6 +346,7 @@ class ProgramSearch:
             calls=meter.calls,
             seconds=time.perf_counter() - started,
             reason=explain(trials, start, best, self.significance),
+            resumed_calls=self._saved.resumed_calls,
         )
         if budget is not None:
             _tell_budget(report, budget)
@@ -352,7 +365,76 @@ class ProgramSearch:
 
     async def _start(self, program: Module, val: list[tuple[Any, Any]], resources: Any) -> Trial:
         """Returns trial 0, the program as it was, evaluated (a checkpoint may already hold it)."""
-        return await self._evaluate_one(0, Candidate(program, {}, "as it was"), val, resources)
+        return await self._evaluated(0, self._start_candidate(program), val, resources)
+
+    def _start_candidate(self, program: Module) -> Candidate:
+        """Trial 0's candidate: the program itself, as it is."""
+        return Candidate(program, {}, "as it was")
+
+    def _limits(self) -> tuple[Any, Any, Any]:
+        """This run's hard budget: ``max_calls``, ``max_tokens``, ``max_cost``."""
+        return self.max_calls, self.max_tokens, self.max_cost
+
+    # --------------------------------------------------------- checkpoint
+    def _open_checkpoint(
+        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+    ) -> None:
+        """Reads and checks the checkpoint (before any call) into ``self._saved``."""
+        from plait.optimization.search_checkpoint import SearchCheckpoint, digest, program_digest
+
+        metric = getattr(self.metric, "__name__", type(self.metric).__name__)
+        options = {name: getattr(self, name) for name in self._checkpointed}
+        settings = {"metric": metric, "balance": self.balance, "significance": self.significance}
+        of = {
+            "program": program_digest(program),
+            "trainset": digest(train),
+            "valset": digest(val),
+            "settings": digest({**settings, **options}),
+        }
+        self._saved = SearchCheckpoint.open(
+            self.checkpoint, type(self).__name__, of, self._read_state
+        )
+
+    def _read_state(self, state: dict[str, Any], read: Any) -> None:
+        """Checks the search's own part of a checkpoint (a `search_checkpoint.Reader` complains).
+
+        The base knows no steps of its own; a search that keeps some overrides this.
+        """
+        for key in state.get("steps", {}):
+            read.fail(f"state.steps.{key}", f"is not a step of {type(self).__name__}")
+
+    async def _remembered(self, key: str, make: Callable[[], Awaitable[Any]]) -> Any:
+        """Returns the JSON result of one step of the search, from the checkpoint when it has it.
+
+        A step finished while no budget had refused a call is written with the
+        calls it made; one the budget may have cut short is not, so a rerun
+        does it again.
+        """
+        from plait.resources.usage import metered
+
+        held, value = self._saved.step(key)
+        if held:
+            return value
+        with metered() as meter:
+            value = await make()
+        if not budget_spent():
+            self._saved.add_step(key, value, meter.calls)
+        return value
+
+    async def _evaluated(
+        self, number: int, candidate: Candidate, val: list[tuple[Any, Any]], resources: Any
+    ) -> Trial:
+        """Returns a candidate's trial: from the checkpoint when it holds it, else evaluated
+        (and then written there, if its evaluation finished)."""
+        from plait.optimization.search_checkpoint import trial_key
+
+        key = trial_key(candidate.program.state_dict(), candidate.settings)
+        saved = self._saved.reuse(key, number, candidate.params, candidate.note)
+        if saved is not None:
+            return saved
+        trial = await self._evaluate_one(number, candidate, val, resources)
+        self._saved.add(trial)
+        return trial
 
     def estimate(
         self,
@@ -395,6 +477,7 @@ class ProgramSearch:
         val = examples_of(val_set) if val_set is not None else train
         if not val:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
+        self._open_checkpoint(program, train, val)
         phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
         demos = math.ceil(max(phase.demos for phase in phases))
         size, spent = await costs.measure(program, val, resources, sample, train, demos)
@@ -408,11 +491,18 @@ class ProgramSearch:
         )
 
     def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
-        """The schedule's first phase: trial 0 on the validation set."""
+        """The schedule's first phase: trial 0 on the validation set (none when checkpointed)."""
         from plait.optimization.costs import Phase, Range
 
-        n = len(val)
+        n = 0 if self._checkpointed_trial(self._start_candidate(program)) else len(val)
         return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+
+    def _checkpointed_trial(self, candidate: Candidate) -> bool:
+        """Whether the checkpoint holds this candidate's trial (for estimates)."""
+        from plait.optimization.search_checkpoint import trial_key
+
+        key = trial_key(candidate.program.state_dict(), candidate.settings)
+        return bool(self._saved.reusable.get(key))
 
     def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
@@ -457,11 +547,14 @@ class ProgramSearch:
         resources: Any,
         first: int,
     ) -> list[Trial]:
-        """Evaluates every candidate on ``val``, all concurrently; returns their trials in order."""
+        """Evaluates every candidate on ``val``, all concurrently; returns their trials in order.
+
+        A candidate whose trial the checkpoint holds is not evaluated again.
+        """
         return list(
             await asyncio.gather(
                 *(
-                    self._evaluate_one(first + i, candidate, val, resources)
+                    self._evaluated(first + i, candidate, val, resources)
                     for i, candidate in enumerate(candidates)
                 )
             )
@@ -523,6 +616,11 @@ class ProgramSearch:
             )
         ]
         return max(eligible, key=lambda t: (t.selection, t.score, -t.number))
+
+
+def budget_spent() -> bool:
+    """Whether a budget open around the search has refused a call (it stops then)."""
+    return any(budget.stopped for budget in active_budgets())
 
 
 def sign_test(scores: Sequence[float], baseline: Sequence[float]) -> float:
@@ -775,11 +873,11 @@ class GridSearch(ProgramSearch):
     evaluated concurrently; a combination that is the program as it is (its
     current settings) is trial 0, not evaluated twice. Without ``parameters``
     the grid is `DEFAULT_GRID` (temperature 0.0, 0.3, 0.7). With
-    ``checkpoint`` (a JSON file) each finished trial is written at once
-    (atomically, never through a symbolic link), trial 0 included, and a rerun
-    with the same file, dev set and grid skips the trials already done; a
-    trial a budget cut short is not kept, so a rerun with a larger budget
-    finishes the rest.
+    ``checkpoint`` (a JSON file, as every search takes) each finished trial is
+    written at once (atomically, never through a symbolic link), trial 0
+    included, and a rerun with the same file, program, dev set and grid skips
+    the trials already done; a trial a budget cut short is not kept, so a
+    rerun with a larger budget finishes the rest.
 
     Example::
 
@@ -790,23 +888,20 @@ class GridSearch(ProgramSearch):
         program.state.best_params    # {'temperature': 0.0, 'instructions': B}
 
     Args:
-        metric, balance, max_concurrent: as `ProgramSearch`.
+        metric, balance, max_concurrent, checkpoint: as `ProgramSearch`.
         parameters: setting name → list of values (the older order
             ``GridSearch(parameters, metric)`` works too).
-        checkpoint: a JSON file that makes the search resumable.
 
     Raises:
         ValueError: an empty grid, or a name no module of the program has.
-        CheckpointError: (from ``compile``) the checkpoint is a symbolic link,
-            not a regular file, or not JSON.
     """
+
+    _checkpointed = ("parameters",)
 
     def __init__(
         self,
         metric: Metric | None = None,
         parameters: Mapping[str, Iterable[Any]] | None = None,
-        *,
-        checkpoint: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> None:
         if isinstance(metric, Mapping):  # the older order: GridSearch(parameters, metric)
@@ -824,7 +919,6 @@ class GridSearch(ProgramSearch):
         empty = [name for name, values in self.parameters.items() if not values]
         if empty:
             raise ValueError(f"GridSearch: no values to try for {', '.join(empty)}")
-        self.checkpoint = Path(checkpoint) if checkpoint is not None else None
 
     def combinations(self) -> list[dict[str, Any]]:
         """Returns every combination of the grid, in order."""
@@ -834,58 +928,16 @@ class GridSearch(ProgramSearch):
             for values in itertools.product(*self.parameters.values())
         ]
 
-    async def _search(
-        self,
-        program: Module,
-        train: list[tuple[Any, Any]],
-        val: list[tuple[Any, Any]],
-        resources: Any,
-        start: Trial,
-    ) -> list[Trial]:
+    async def _candidates(
+        self, program: Module, train: list[tuple[Any, Any]], resources: Any
+    ) -> list[Candidate]:
         self._check_keys(program)
-        candidates = self._distinct(
-            program, [self._candidate(program, c) for c in self.combinations()]
-        )
-        key = self._key(val)
-        done = self._done(program, key)
-        trials: list[Trial | None] = [done.get(_combo_key(c.params)) for c in candidates]
-        todo = [i for i, trial in enumerate(trials) if trial is None]
-        if len(todo) < len(candidates):
-            resumed = len(candidates) - len(todo)
-            logger.info("GridSearch: %d of %d trials resumed", resumed, len(candidates))
+        return [self._candidate(program, c) for c in self.combinations()]
 
-        async def run(index: int) -> None:
-            trials[index] = await self._evaluate_one(index + 1, candidates[index], val, resources)
-            self._save(key, [start, *trials])
-
-        await asyncio.gather(*(run(i) for i in todo))
-        self._save(key, [start, *trials])  # trial 0 too, when no candidate was left to run
-        return [t for t in trials if t is not None]
-
-    async def _start(self, program: Module, val: list[tuple[Any, Any]], resources: Any) -> Trial:
-        """Returns trial 0 from the checkpoint when it holds this program's, else evaluates it.
-
-        The checkpoint's trial 0 is this program's when its parameters and the
-        settings the grid varies are the same.
-        """
+    def _start_candidate(self, program: Module) -> Candidate:
+        """The program as it is, with its values of the settings the grid varies."""
         self._check_keys(program)
-        settings = self._current_settings(program)
-        saved = self._done(program, self._key(val)).get(_combo_key({}))
-        if saved is not None and (saved.parameters, saved.settings) == (
-            program.state_dict(),
-            settings,
-        ):
-            return saved
-        start = await super()._start(program, val, resources)
-        start.settings = settings
-        return start
-
-    def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
-        from plait.optimization.costs import Phase, Range
-
-        saved = self._done(program, self._key(val)).get(_combo_key({}))
-        n = 0 if saved is not None and saved.parameters == program.state_dict() else len(val)
-        return Phase("trial 0: the program as it was", runs=Range(n, n, n))
+        return Candidate(program, {}, "as it was", settings=self._current_settings(program))
 
     def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
@@ -896,8 +948,7 @@ class GridSearch(ProgramSearch):
         candidates = self._distinct(
             program, [self._candidate(program, c) for c in self.combinations()]
         )
-        done = self._done(program, self._key(val))
-        left = sum(_combo_key(c.params) not in done for c in candidates)
+        left = sum(not self._checkpointed_trial(c) for c in candidates)
         runs = left * len(val)
         resumed = (
             f", {len(candidates) - left} done in the checkpoint" if left < len(candidates) else ""
@@ -937,48 +988,6 @@ class GridSearch(ProgramSearch):
         for name, value in combo.items():
             settings.update(_apply_setting(copy, name, value))
         return Candidate(copy, combo, settings=settings)
-
-    def _key(self, val: list[tuple[Any, Any]]) -> str:
-        metric = getattr(self.metric, "__name__", type(self.metric).__name__)
-        data = json.dumps([val, metric], default=str, sort_keys=True)
-        return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-    def _done(self, program: Module, key: str) -> dict[str, Trial]:
-        if self.checkpoint is None:
-            return {}
-        remedy = "delete it to start over, or use another checkpoint file"
-        data = _files.read_json(self.checkpoint, error=CheckpointError, remedy=remedy)
-        if data is None:
-            return {}
-        if not isinstance(data, dict) or (data.get("format"), data.get("key")) != (_GRID, key):
-            raise ValueError(
-                f"{self.checkpoint} holds another grid search (another dev set or metric); "
-                "use another checkpoint file, or delete it to start over"
-            )
-        try:
-            trials = [Trial(**t) for t in data["trials"] if t is not None]
-            return {_combo_key(t.params): t for t in trials}
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise CheckpointError(
-                f"{self.checkpoint} holds a malformed trial ({exc}): {remedy}"
-            ) from None
-
-    def _save(self, key: str, trials: list[Trial | None]) -> None:
-        """Writes the trials evaluated in full (trial 0 first); a rerun skips those.
-
-        A trial the budget cut short is left out, so a rerun with a larger
-        budget evaluates it again, and the checkpoint's other trials stay.
-        """
-        if self.checkpoint is None:
-            return
-        kept = [asdict(t) for t in trials if t is not None and not t.unevaluated]
-        data = {"format": _GRID, "key": key, "trials": kept}
-        with _files.replacing(self.checkpoint, error=CheckpointError) as file:
-            json.dump(data, file, default=str, indent=1)
-
-
-def _combo_key(combo: Mapping[str, Any]) -> str:
-    return json.dumps(combo, sort_keys=True, default=str)
 
 
 def _targets(program: Module, name: str) -> list[tuple[Module, str]]:
