@@ -220,8 +220,11 @@ async def test_reflective_search_rounds_hold_proposals_backward_and_the_minibatc
     assert reflection.attributes["plait.learning.method"] == "reflection"
     inside = spans.names(reflection)
     assert inside["backward"] == 1 and inside["proposal instructions"] == 1
-    assert inside["candidate"] == 1  # numbered once it joins the pool
-    (backward,) = spans.named("backward")
+    # its validation is the next step's, run beside round 2's proposals
+    assert inside["candidate"] == 0
+    (second,) = spans.named("round 2")
+    assert [c.name for c in spans.children(second)].count("candidate") == 1
+    (backward,) = [s for s in spans.children(reflection) if s.name == "backward"]
     # Feedback reached both parameters, named as the program has them.
     reached = json.loads(backward.attributes["plait.learning.parameters"])
     assert reached == {"instructions": 4, "demos": 4}

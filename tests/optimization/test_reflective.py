@@ -124,7 +124,9 @@ async def test_a_merge_takes_each_parameter_from_the_child_that_changed_it(
     pool[0].trial.scores = [0, 0, 0, 0]
     import random
 
-    merged = await search._merge(pool, val, config, random.Random(0))
+    child = search._merge(pool, random.Random(0))
+    assert child is not None
+    merged = await search._validate(child, val, config)
     assert merged is not None and merged.trial.score == 1.0
     assert merged.program.instructions.value == BETTER
     assert merged.program.demos.value == [{"number": "7", "parity": "odd"}]

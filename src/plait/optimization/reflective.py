@@ -65,7 +65,7 @@ import asyncio
 import logging
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from plait.errors import BudgetExceededError
@@ -85,9 +85,8 @@ from plait.optimization.fewshot import (
 )
 from plait.optimization.losses import Loss, VerifierLoss
 from plait.optimization.optimizers import TextGradOptimizer
-from plait.optimization.search import Candidate, ProgramSearch, Trial, _label
+from plait.optimization.search import Candidate, ProgramSearch, Trial, _label, budget_spent
 from plait.optimization.step import TrainingStep, on_examples
-from plait.resources.usage import active_budgets
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -107,6 +106,151 @@ class _Member:
     """The second parent of a merge."""
     changed: set[str] = field(default_factory=set)
     """Parameter names this member changed relative to its parent."""
+
+
+@dataclass
+class _Child:
+    """A program proposed (or merged) and waiting for its validation in the next step."""
+
+    program: Module
+    params: dict[str, Any]
+    note: str
+    parent: int
+    other_parent: int | None = None
+    changed: set[str] = field(default_factory=set)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "parameters": self.program.state_dict(),
+            "params": self.params,
+            "note": self.note,
+            "parent": self.parent,
+            "other_parent": self.other_parent,
+            "changed": sorted(self.changed),
+        }
+
+
+@dataclass
+class _Rounds:
+    """Where a search's rounds are: what its checkpoint keeps between two steps."""
+
+    pool: list[_Member]
+    rng: random.Random
+    spent: int
+    """Calls the search has spent at this step boundary (trial 0's included)."""
+    pending: list[_Child] = field(default_factory=list)
+    round: int = 0
+    turn: int = 0
+    """Proposals made so far (which parameter the next one rewrites)."""
+    log: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        version, internal, gauss = self.rng.getstate()
+        return {
+            "round": self.round,
+            "turn": self.turn,
+            "spent": self.spent,
+            "rng": [version, list(internal), gauss],
+            "log": list(self.log),
+            "pool": [
+                {
+                    "trial": asdict(m.trial),
+                    "parent": m.parent,
+                    "other_parent": m.other_parent,
+                    "changed": sorted(m.changed),
+                }
+                for m in self.pool
+            ],
+            "pending": [child.as_json() for child in self.pending],
+        }
+
+    @staticmethod
+    def check(data: Any, read: Any, where: str) -> None:
+        """Checks rounds as a checkpoint holds them (a `search_checkpoint.Reader` complains)."""
+        data = read.mapping(data, where)
+        for key in ("round", "turn", "spent"):
+            read.integer(read.field(data, key, where), f"{where}.{key}")
+        rng = read.field(data, "rng", where)
+        try:
+            random.Random().setstate((rng[0], tuple(rng[1]), rng[2]))
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+            read.fail(f"{where}.rng", "is not a random generator's state")
+        for i, line in enumerate(read.sequence(read.field(data, "log", where), f"{where}.log")):
+            read.text(line, f"{where}.log[{i}]")
+        pool = read.sequence(read.field(data, "pool", where), f"{where}.pool")
+        if not pool:
+            read.fail(f"{where}.pool", "is empty: it always holds trial 0")
+        for i, member in enumerate(pool):
+            at = f"{where}.pool[{i}]"
+            read.trial(read.field(read.mapping(member, at), "trial", at), f"{at}.trial")
+            _check_lineage(member, read, at, i)
+        for i, child in enumerate(
+            read.sequence(read.field(data, "pending", where), f"{where}.pending")
+        ):
+            at = f"{where}.pending[{i}]"
+            read.mapping(read.field(read.mapping(child, at), "parameters", at), f"{at}.parameters")
+            read.mapping(read.field(child, "params", at), f"{at}.params")
+            read.text(read.field(child, "note", at), f"{at}.note")
+            _check_lineage(child, read, at, len(pool))
+
+    @staticmethod
+    def restore(data: dict[str, Any], program: Module, start: Trial, n: int, path: Any) -> _Rounds:
+        """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``)."""
+        from plait.execution.checkpoint_codec import CheckpointError
+        from plait.optimization.search_checkpoint import REMEDY, Reader
+
+        read = Reader(path)
+
+        def copy_with(parameters: dict[str, Any], where: str) -> Module:
+            copy = program.copy()
+            try:
+                copy.load_state_dict(parameters)
+            except (KeyError, TypeError, ValueError) as exc:
+                text = str(exc.args[0] if exc.args else exc).replace("\n", " ")
+                raise CheckpointError(
+                    f"{path}: {where} cannot be loaded ({text}); {REMEDY}"
+                ) from None
+            return copy
+
+        pool = []
+        for i, member in enumerate(data["pool"]):
+            where = f"state.rounds.pool[{i}]"
+            trial = start if i == 0 else read.trial(member["trial"], f"{where}.trial")
+            if len(trial.scores) != n:
+                read.fail(f"{where}.trial.scores", f"holds {len(trial.scores)} scores, not {n}")
+            copy = program.copy() if i == 0 else copy_with(trial.parameters, where)
+            changed = set(member.get("changed") or ())
+            pool.append(_Member(copy, trial, member["parent"], member["other_parent"], changed))
+        pending = [
+            _Child(
+                copy_with(child["parameters"], f"state.rounds.pending[{i}].parameters"),
+                child["params"],
+                child["note"],
+                child["parent"],
+                child["other_parent"],
+                set(child.get("changed") or ()),
+            )
+            for i, child in enumerate(data["pending"])
+        ]
+        rng = random.Random()
+        version, internal, gauss = data["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        return _Rounds(
+            pool, rng, data["spent"], pending, data["round"], data["turn"], list(data["log"])
+        )
+
+
+def _check_lineage(member: Any, read: Any, where: str, below: int) -> None:
+    """Checks a member's parents: earlier members of the pool (so lineages never loop)."""
+    for key in ("parent", "other_parent"):
+        parent = read.field(member, key, where)
+        if parent is not None and (
+            isinstance(parent, bool) or not isinstance(parent, int) or not 0 <= parent < below
+        ):
+            read.fail(f"{where}.{key}", f"is {parent!r:.40}, not an earlier member of the pool")
+    changed = read.sequence(member.get("changed", []), f"{where}.changed")
+    for i, name in enumerate(changed):
+        read.text(name, f"{where}.changed[{i}]")
 
 
 class ReflectiveSearch(ProgramSearch):
@@ -129,7 +273,14 @@ class ReflectiveSearch(ProgramSearch):
         conservatism: how far one rewrite may go (see `Optimizer`).
         seed: the seed of every random choice.
         balance, max_concurrent: as `ProgramSearch`.
+        checkpoint: as `ProgramSearch`; it also keeps the pool and where the
+            rounds are at each step boundary.
     """
+
+    _checkpointed = (
+        "minibatch", "proposals", "merge_every", "max_demos", "alias", "conservatism", "seed",
+        "loss_kind",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -189,6 +340,7 @@ class ReflectiveSearch(ProgramSearch):
         resources: Any,
         start: Trial,
     ) -> list[Trial]:
+        """Runs rounds as a two-stage pipeline (see the module docs) until ``max_calls``."""
         from plait.resources.usage import metered
 
         if not train:
@@ -198,37 +350,104 @@ class ReflectiveSearch(ProgramSearch):
             raise ValueError(
                 f"ReflectiveSearch: {type(program).__name__} has no learnable parameter"
             )
-        rng = random.Random(self.seed)
-        pool = [_Member(program.copy(), start)]
-        self.log = []
-        turn = 0
-        with metered() as meter, rounds_of(self) as rounds:
-            round_number, seen = 0, -1
-            while start.calls + meter.calls < self.max_calls and not _budget_spent():
-                if meter.calls + meter.cached == seen:
-                    break  # a round made no request at all (every reply cached): nothing new
-                seen = meter.calls + meter.cached
-                round_number += 1
-                rounds.start(round=round_number)
-                parents = [self._select(pool, rng) for _ in range(self.proposals)]
-                jobs = []
-                for parent in parents:
-                    name = components[turn % len(components)]
-                    turn += 1
-                    batch = rng.sample(train, min(self.minibatch, len(train)))
-                    jobs.append(
-                        self._proposal(pool, parent, name, batch, val, resources, rng.random())
+        state = self._restored(program, start, len(val)) or _Rounds(
+            pool=[_Member(program.copy(), start)], rng=random.Random(self.seed), spent=start.calls
+        )
+        self.log = state.log
+        with rounds_of(self) as rounds:
+            resumable = True
+            while True:
+                if resumable:  # a step boundary a whole run also passes: a rerun starts here
+                    self._save_rounds(state)
+                committed = len(state.pending) * len(val)
+                room = state.spent + committed < self.max_calls and not budget_spent()
+                proposals = []
+                if room:
+                    state.round += 1
+                    rounds.start(round=state.round)
+                    proposals = self._plan(state, components, train, val, resources)
+                if not proposals and not state.pending:
+                    break
+                with metered() as meter:
+                    children, members = await asyncio.gather(
+                        asyncio.gather(*proposals),
+                        asyncio.gather(*(self._validate(c, val, resources) for c in state.pending)),
                     )
-                for child in await asyncio.gather(*jobs):
-                    if child is not None and not child.trial.unevaluated:
-                        child.trial.number = len(pool)
-                        pool.append(child)
-                if self.merge_every and round_number % self.merge_every == 0:
-                    merged = await self._merge(pool, val, resources, rng)
-                    if merged is not None and not merged.trial.unevaluated:
-                        merged.trial.number = len(pool)
-                        pool.append(merged)
-        return [member.trial for member in pool[1:]]
+                state.spent += meter.calls
+                for member in members:
+                    if member is not None:
+                        member.trial.number = len(state.pool)
+                        state.pool.append(member)
+                state.pending = [child for child in children if child is not None]
+                if room and self.merge_every and (state.round - 1) % self.merge_every == 0:
+                    merged = self._merge(state.pool, state.rng) if state.round > 1 else None
+                    state.pending += [merged] if merged is not None else []
+                if meter.calls + meter.cached == 0:
+                    break  # the step asked nothing at all (every reply cached): nothing new
+                resumable = room and not budget_spent()
+        return [member.trial for member in state.pool[1:]]
+
+    def _plan(
+        self,
+        state: _Rounds,
+        components: list[str],
+        train: list[Example],
+        val: list[Example],
+        resources: Any,
+    ) -> list[Any]:
+        """Returns one round's proposals, their parents and minibatches drawn now, in order."""
+        rng = state.rng
+        parents = [self._select(state.pool, rng) for _ in range(self.proposals)]
+        jobs = []
+        for parent in parents:
+            name = components[state.turn % len(components)]
+            state.turn += 1
+            batch = rng.sample(train, min(self.minibatch, len(train)))
+            jobs.append(self._proposal(state.pool, parent, name, batch, resources, rng.random()))
+        return jobs
+
+    async def _validate(self, child: _Child, val: list[Example], resources: Any) -> _Member | None:
+        """Evaluates a child on the validation set; None when the budget left it half-done."""
+        trial = await self._evaluate_one(-1, Candidate(child.program, child.params), val, resources)
+        trial.note = child.note
+        if child.other_parent is not None:
+            self.log.append(f"{child.note}: {trial.score:.3g}")
+        if trial.unevaluated:
+            return None
+        return _Member(child.program, trial, child.parent, child.other_parent, child.changed)
+
+    # --------------------------------------------------------- checkpoint
+    @property
+    def loss_kind(self) -> str | None:
+        """The loss's class (what a checkpoint's settings hold of it)."""
+        return None if self.loss is None else type(self.loss).__name__
+
+    def _limits(self) -> tuple[Any, Any, Any]:
+        """``max_calls`` counts the whole search: what its checkpoint spent is not spent again."""
+        rounds = self._saved.state.get("rounds")
+        spent = rounds["spent"] if rounds else 0
+        return max(self.max_calls - spent, 0), self.max_tokens, self.max_cost
+
+    def _save_rounds(self, state: _Rounds) -> None:
+        """Keeps where the rounds are (pool, children awaiting validation, generator) in the
+        checkpoint."""
+        if self._saved.path is None:
+            return  # nothing to write: no need to describe the state
+        self._saved.state["rounds"] = state.as_json()
+        self._saved.save()
+
+    def _read_state(self, state: dict[str, Any], read: Any) -> None:
+        super()._read_state({"steps": state.get("steps", {})}, read)
+        if "rounds" in state:
+            _Rounds.check(state["rounds"], read, "state.rounds")
+
+    def _restored(self, program: Module, start: Trial, n: int) -> _Rounds | None:
+        """Returns the rounds the checkpoint holds, rebuilt on ``program``; None without."""
+        rounds = self._saved.state.get("rounds")
+        if rounds is None:
+            return None
+        self._saved.resumed_calls += rounds["spent"] - start.calls  # trial 0 is counted already
+        return _Rounds.restore(rounds, program, start, n, self._saved.path)
 
     # ----------------------------------------------------------- selection
     @staticmethod
@@ -263,19 +482,18 @@ class ReflectiveSearch(ProgramSearch):
         parent_index: int,
         name: str,
         batch: list[Example],
-        val: list[Example],
         resources: Any,
         salt: float,
-    ) -> _Member | None:
+    ) -> _Child | None:
         """One mutation (`_mutate`) told to callbacks as a proposal, its runs, rewrite and
         checks inside; None when it was not kept, or when the search's budget ran out in it."""
         method = "demos" if _is_demos(pool[parent_index].program, name) else "reflection"
         told = {"parameter": name, "method": method, "parent": pool[parent_index].trial.number}
         with learning_step("proposal", self, told) as step:
             try:
-                child = await self._mutate(pool, parent_index, name, batch, val, resources, salt)
+                child = await self._mutate(pool, parent_index, name, batch, resources, salt)
             except BudgetExceededError:
-                if not _budget_spent():
+                if not budget_spent():
                     raise  # an endpoint's own budget, not the search's
                 self.log.append(f"{name}: stopped, the search's budget is spent")
                 child = None
@@ -288,10 +506,11 @@ class ReflectiveSearch(ProgramSearch):
         parent_index: int,
         name: str,
         batch: list[Example],
-        val: list[Example],
         resources: Any,
         salt: float,
-    ) -> _Member | None:
+    ) -> _Child | None:
+        """Returns a child of ``pool[parent_index]`` with ``name`` rewritten, once it beats
+        its parent on ``batch``; its validation is the next step's (see `_search`)."""
         parent = pool[parent_index]
         child = parent.program.copy()
         losses, before = await self._run_training(child, batch, resources)
@@ -326,9 +545,8 @@ class ReflectiveSearch(ProgramSearch):
             self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, rejected")
             return None
         self.log.append(f"{name}: minibatch {sum(before):g} -> {sum(after):g}, accepted")
-        trial = await self._evaluate_one(-1, Candidate(child, {"changed": name}), val, resources)
-        trial.note = f"reflection on {name}, from trial {parent.trial.number}"
-        return _Member(child, trial, parent=parent_index, changed={name})
+        note = f"reflection on {name}, from trial {parent.trial.number}"
+        return _Child(child, {"changed": name}, note, parent_index, changed={name})
 
     async def _run_training(
         self, program: Module, batch: list[Example], resources: Any
@@ -408,9 +626,9 @@ class ReflectiveSearch(ProgramSearch):
         param.value = [d for _, d in merged]
 
     # --------------------------------------------------------------- merge
-    async def _merge(
-        self, pool: list[_Member], val: list[Example], resources: Any, rng: random.Random
-    ) -> _Member | None:
+    def _merge(self, pool: list[_Member], rng: random.Random) -> _Child | None:
+        """Returns a merge of two frontier members with a common ancestor (each parameter
+        from whichever changed it), or None when no pair gives a new program."""
         leaders = sorted(self.frontier(pool))
         pairs = [
             (a, b)
@@ -437,18 +655,9 @@ class ReflectiveSearch(ProgramSearch):
                 continue
             program = pool[a].program.copy()
             program.load_state_dict(merged)
-            trial = await self._evaluate_one(
-                -1, Candidate(program, {"merge": [first.number, second.number]}), val, resources
-            )
-            trial.note = f"merge of trials {first.number} and {second.number}"
-            self.log.append(f"merge of {first.number} and {second.number}: {trial.score:.3g}")
-            return _Member(program, trial, parent=a, other_parent=b)
+            note = f"merge of trials {first.number} and {second.number}"
+            return _Child(program, {"merge": [first.number, second.number]}, note, a, b)
         return None
-
-
-def _budget_spent() -> bool:
-    """Whether a budget open around the search has refused a call (it stops then)."""
-    return any(budget.stopped for budget in active_budgets())
 
 
 MINIBATCH_RULE = "a child joins the pool if its minibatch score rises above its parent's"
