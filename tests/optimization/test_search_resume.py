@@ -217,6 +217,34 @@ async def test_a_grid_search_checkpoint_keeps_its_place_in_the_one_format(
         )
 
 
+@pytest.mark.parametrize(
+    ("make", "saved"),
+    [
+        (lambda **options: BootstrapFewShot(max_demos=2, **options), len(VAL) + len(TRAIN)),
+        (lambda **options: ReflectiveSearch(minibatch=4, **options), None),
+    ],
+    ids=["BootstrapFewShot", "ReflectiveSearch"],
+)
+async def test_an_estimate_leaves_out_the_work_the_checkpoint_holds(
+    server: ScriptedServer,
+    config: ResourceConfig,
+    tmp_path: Any,
+    make: Callable[..., Any],
+    saved: int | None,
+) -> None:
+    checkpoint = tmp_path / "search.json"
+    data = {"trainset": TRAIN, "valset": VAL, "resources": config}
+    before = await make(max_calls=60, checkpoint=checkpoint).estimate(program(), **data, sample=0)
+    first = await make(max_calls=24, checkpoint=checkpoint).compile(program(), **data)
+    after = await make(max_calls=60, checkpoint=checkpoint).estimate(program(), **data, sample=0)
+    rerun = await make(max_calls=60, checkpoint=checkpoint).compile(program(), **data)
+    # trial 0 and the bootstrap pass (or the rounds' calls) are not counted again
+    assert first.stopped_by_budget and rerun.resumed_calls >= len(VAL)
+    assert after.calls.expected < before.calls.expected
+    # BootstrapFewShot: exactly trial 0 and the bootstrap pass
+    assert saved is None or before.calls.expected - after.calls.expected == saved
+
+
 # ------------------------------------------------------------------ pipeline
 
 

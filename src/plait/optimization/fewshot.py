@@ -220,6 +220,11 @@ async def _remembered_pool(
     return {path: [(label, demo) for label, demo in items] for path, items in pool.items()}
 
 
+def _bootstrap_runs(search: ProgramSearch, train: list[Example]) -> int:
+    """Runs the bootstrap pass makes: none when the search's checkpoint holds it."""
+    return 0 if "bootstrap" in search._saved.saved_steps else len(train)
+
+
 def _read_pool(value: Any, read: Any, where: str) -> None:
     """Checks a bootstrap pool as a checkpoint holds it: per step, ``[label, demo]`` pairs."""
     for path, items in read.mapping(value, where).items():
@@ -373,7 +378,7 @@ class BootstrapFewShot(ProgramSearch):
         self.seed = seed
 
     def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
-        n, m = len(val), len(train)
+        n, m = len(val), _bootstrap_runs(self, train)
         return [
             Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m)),
             Phase(
@@ -465,7 +470,7 @@ class RandomSearch(ProgramSearch):
     def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
         phases = []
         if train and self.max_demos:
-            m = len(train)
+            m = _bootstrap_runs(self, train)
             phases.append(
                 Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m))
             )

@@ -19,20 +19,42 @@ every validation example. Each round:
    unusable or too drifting proposal is refused, see `check_update`); a
    ``demos`` parameter by swapping in demos from the minibatch's good runs,
    balanced across labels.
-3. **Accept** the child only if it beats its parent on that same minibatch,
-   then evaluate it on the whole validation set and add it to the pool.
+3. **Accept** the child only if it beats its parent on that same minibatch;
+   it is then evaluated on the whole validation set and joins the pool.
 4. Every ``merge_every`` rounds, **merge** two frontier candidates that
    descend from a common ancestor: each parameter is taken from whichever of
    the two changed it (from the better one when both did).
 
-It stops starting new rounds once ``max_calls`` model calls (the search's
-own: runs, backward, rewrites, evaluations) are spent, and ``max_calls`` is
-also its hard budget (`ProgramSearch`): requests are held against it before
-they are sent, so the last round's work stops where the budget ends, and a
-child whose validation it left half-done does not join the pool.
-Proposals of one round, and every evaluation, run concurrently under the
-endpoints' limits. The pool's best (chosen as in `ProgramSearch`: never below
-the start on validation, balanced over labels) is applied to the program.
+**Pipelined rounds.** A child's validation is the longest part of a round
+(the whole validation set, against a minibatch for the rest), and the next
+round's reflection does not need its result: so each step runs a round's
+proposals (2) *while* the previous round's accepted children (and a merge)
+are validated (3), all concurrently under the endpoints' limits. What this
+changes against rounds run one after the other: round r + 1's parents are
+drawn from the pool without round r's children, which are still being
+validated (they can be parents from round r + 2); a merge planned after round
+r's children join is validated beside round r + 2's proposals; and the
+rounds' spans hold, besides their proposals, the validations of the round
+before. For a given seed the result is the same from run to run (parents,
+minibatches and merges are drawn between steps, never while calls are in
+flight, and children join the pool in the order they were proposed), except
+in a last step the hard budget cuts short, where which calls were refused
+depends on timing, as it did before.
+
+It stops starting new rounds once the calls spent, plus the validations
+already under way, reach ``max_calls`` model calls (the search's own: runs,
+backward, rewrites, evaluations), and ``max_calls`` is also its hard budget
+(`ProgramSearch`): requests are held against it before they are sent, so the
+last step's work stops where the budget ends, and a child whose validation
+it left half-done does not join the pool. The pool's best (chosen as in
+`ProgramSearch`: never below the start on validation, balanced over labels)
+is applied to the program.
+
+With ``checkpoint=``, where the rounds are (the pool, the children awaiting
+validation, the random generator's state, the calls spent) is written at
+each step boundary that a run with a larger ``max_calls`` passes too; a rerun
+with the same file goes on from the last one, and ``max_calls`` counts the
+whole search: the calls the checkpoint spent are not spent again.
 
 Why plait's own engine and not the ``gepa`` package (0.1.4, MIT, no
 dependencies), whose adapter API (``GEPAAdapter.evaluate`` returning an
@@ -317,10 +339,12 @@ class ReflectiveSearch(ProgramSearch):
 
     def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
         """Proposals until ``max_calls``: each runs a minibatch, rewrites one parameter, runs
-        the minibatch again and validates the child (the budget caps the totals)."""
+        the minibatch again and validates the child (the budget caps the totals); what a
+        checkpoint spent is not counted again."""
         m, n = min(self.minibatch, len(train)), len(val)
         per_child = 2 * m + n
-        children = max(math.ceil((self.max_calls - n) / (per_child + 1)), 0)
+        left = self._limits()[0] - (0 if self._saved.state.get("rounds") else n)
+        children = max(math.ceil(left / (per_child + 1)), 0)
         runs = children * per_child
         return [
             Phase(
