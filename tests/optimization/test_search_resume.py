@@ -42,8 +42,15 @@ SEARCHES: dict[str, Callable[..., Any]] = {
 
 WHOLE = {"ReflectiveSearch": 110}
 """The budget of a whole run (None: no budget)."""
-CUT = {"LabeledFewShot": 14, "BootstrapFewShot": 24, "RandomSearch": 41, "ReflectiveSearch": 55}
-"""Budgets that stop each search part-way (some inside a unit of work)."""
+CUTS = [
+    ("LabeledFewShot", 14),  # in the candidate's evaluation
+    ("BootstrapFewShot", 14),  # in the bootstrap pass
+    ("BootstrapFewShot", 24),  # in the candidate's evaluation
+    ("RandomSearch", 15),  # in the bootstrap pass
+    ("RandomSearch", 41),  # in the candidates' evaluations
+    ("ReflectiveSearch", 55),  # in a round
+]
+"""Budgets that stop each search part-way."""
 
 
 @pytest.fixture
@@ -66,9 +73,9 @@ def outcome(report: SearchReport, compiled: Any) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("name", list(SEARCHES))
+@pytest.mark.parametrize(("name", "cut"), CUTS, ids=[f"{name}-{cut}" for name, cut in CUTS])
 async def test_a_search_stopped_by_its_budget_resumes_with_only_the_work_left(
-    server: ScriptedServer, config: ResourceConfig, tmp_path: Any, name: str
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any, name: str, cut: int
 ) -> None:
     make = SEARCHES[name]
     whole_program = program()
@@ -79,10 +86,10 @@ async def test_a_search_stopped_by_its_budget_resumes_with_only_the_work_left(
     server.reset_stats()
 
     checkpoint = tmp_path / "search.json"
-    first = await make(max_calls=CUT[name], checkpoint=checkpoint).compile(
+    first = await make(max_calls=cut, checkpoint=checkpoint).compile(
         program(), trainset=TRAIN, valset=VAL, resources=config
     )
-    assert first.stopped_by_budget and server.stats.requests <= CUT[name]
+    assert first.stopped_by_budget and server.stats.requests == cut
     sent_first = server.stats.requests
     server.reset_stats()
 
@@ -93,6 +100,8 @@ async def test_a_search_stopped_by_its_budget_resumes_with_only_the_work_left(
     # what the checkpoint held was not sent again, and the rest was sent once
     assert 0 < resumed.resumed_calls <= sent_first
     assert server.stats.requests == total - resumed.resumed_calls
+    if name != "ReflectiveSearch":  # its unit is a step: the step cut short runs again
+        assert resumed.resumed_calls == sent_first  # nothing answered was asked again
     assert outcome(resumed, again) == outcome(whole, whole_program)
     assert resumed.stopped_by_budget == whole.stopped_by_budget
 
@@ -178,8 +187,9 @@ async def test_a_truncated_checkpoint_is_an_error_naming_the_file_and_line(
             r"state\.rounds\.pool\[0\]\.parent",
         ),
         (lambda data: data.update(trials={"a": 1}), r"trials"),
+        (lambda data: data["trials"][0].update(undone=[3]), r"trials\[0\]\.undone"),
     ],
-    ids=["score", "scores", "rng", "parent", "trials"],
+    ids=["score", "scores", "rng", "parent", "trials", "undone"],
 )
 async def test_an_edited_checkpoint_is_an_error_naming_the_field(
     server: ScriptedServer,
@@ -198,6 +208,22 @@ async def test_an_edited_checkpoint_is_an_error_naming_the_field(
     with pytest.raises(CheckpointError, match=rf"search\.json: {where} ") as refused:
         await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
     assert "\n" not in str(refused.value)
+    assert server.stats.requests == 0
+
+
+async def test_an_edited_bootstrap_pass_is_an_error_naming_the_field(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    checkpoint = tmp_path / "search.json"
+    search = BootstrapFewShot(max_demos=2, checkpoint=checkpoint)
+    await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    data = json.loads(checkpoint.read_text())
+    data["state"]["steps"]["bootstrap"]["value"]["undone"] = ["x"]
+    checkpoint.write_text(json.dumps(data, indent=1))
+    server.reset_stats()
+    where = r"search\.json: state\.steps\.bootstrap\.value\.undone\[0\] is 'x', not a count"
+    with pytest.raises(CheckpointError, match=where):
+        await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
     assert server.stats.requests == 0
 
 

@@ -167,12 +167,34 @@ async def bootstrap_pool(
         example whose score reached ``threshold`` (the step's last successful
         call for that example), and the program's mean score on ``train``.
     """
+    everything = list(range(len(train)))
+    demos, _, score = await _bootstrap_demos(
+        program, train, everything, metric, resources, threshold, max_concurrent
+    )
+    return _labeled(demos, train), score
+
+
+async def _bootstrap_demos(
+    program: Module,
+    train: list[Example],
+    indices: list[int],
+    metric: Metric | None,
+    resources: Any,
+    threshold: float,
+    max_concurrent: int | None,
+) -> tuple[dict[str, list[list[Any]]], list[int], float]:
+    """Runs ``program`` on the training examples at ``indices``.
+
+    Returns:
+        Per demo step, ``[index, demo]`` for each accepted example, by index;
+        the indices a budget left undone; the mean score of the run.
+    """
     teacher = program.copy()  # its own traces, so the caller's records stay as they were
-    told = {"parameter": "demos", "method": "bootstrap", "examples": len(train)}
+    told = {"parameter": "demos", "method": "bootstrap", "examples": len(indices)}
     with learning_step("proposal", program, told) as step:
         result = await evaluate(
             teacher,
-            train,
+            [train[i] for i in indices],
             metric,
             resources=resources,
             max_concurrent=max_concurrent,
@@ -185,55 +207,73 @@ async def bootstrap_pool(
             "good_runs": len(accepted),
         }
     modules = dict(teacher.named_modules())
-    pool: dict[str, list[tuple[str, Demo]]] = {}
+    demos: dict[str, list[list[Any]]] = {}
     for path, _ in demo_modules(program):
-        module = modules[path]
         latest: dict[int, Demo] = {}
-        for record in module.__dict__.get("_traces", ()):
+        for record in modules[path].__dict__.get("_traces", ()):
             if (
                 record.index in accepted
                 and record.error is None
                 and isinstance(record.output, dict)
             ):
                 latest[record.index] = _jsonable({**record.inputs, **record.output})
-        pool[path] = [(_label(train[i][1]), demo) for i, demo in sorted(latest.items())]
-    return pool, float(result)
+        demos[path] = [[indices[i], demo] for i, demo in sorted(latest.items())]
+    undone = [indices[row.index] for row in result.rows if row.refused]
+    return demos, undone, float(result)
+
+
+def _labeled(demos: Mapping[str, list[list[Any]]], train: list[Example]) -> dict[str, Any]:
+    """Returns ``[index, demo]`` pairs as ``(label, demo)``, labelled by their example's target."""
+    return {
+        path: [(_label(train[i][1]), demo) for i, demo in items] for path, items in demos.items()
+    }
 
 
 async def _remembered_pool(
     search: ProgramSearch, program: Module, train: list[Example], resources: Any, threshold: float
 ) -> dict[str, list[tuple[str, Demo]]]:
-    """Returns `bootstrap_pool`'s demos, from the search's checkpoint when it holds them."""
+    """Returns `bootstrap_pool`'s demos, from the search's checkpoint as far as it holds them.
 
-    async def bootstrap() -> dict[str, Any]:
-        pool, _ = await bootstrap_pool(
-            program,
-            train,
-            search.metric,
-            resources,
-            threshold=threshold,
-            max_concurrent=search.max_concurrent,
-        )
-        return {path: [[label, demo] for label, demo in items] for path, items in pool.items()}
+    The checkpoint keeps the demos of the examples run so far and those a
+    budget left undone; a rerun runs only those.
+    """
+    from plait.resources.usage import metered
 
-    pool = await search._remembered("bootstrap", bootstrap)
-    return {path: [(label, demo) for label, demo in items] for path, items in pool.items()}
+    held = search._saved.step("bootstrap")
+    demos = held["value"]["demos"] if held else {}
+    undone = held["value"]["undone"] if held else list(range(len(train)))
+    spent = held["calls"] if held else 0
+    if any(i >= len(train) for items in demos.values() for i, _ in items):
+        search._saved.reader().fail("state.steps.bootstrap.value.demos", "names no example")
+    if undone:
+        with metered() as meter:
+            found, undone, _ = await _bootstrap_demos(
+                program, train, undone, search.metric, resources, threshold, search.max_concurrent
+            )
+        for path, items in found.items():
+            demos[path] = sorted([*demos.get(path, []), *items], key=lambda item: item[0])
+        search._saved.add_step("bootstrap", {"demos": demos, "undone": undone}, spent + meter.calls)
+    return _labeled(demos, train)
 
 
 def _bootstrap_runs(search: ProgramSearch, train: list[Example]) -> int:
-    """Runs the bootstrap pass makes: none when the search's checkpoint holds it."""
-    return 0 if "bootstrap" in search._saved.saved_steps else len(train)
+    """Runs the bootstrap pass makes: the examples the search's checkpoint has not run."""
+    held = search._saved.saved_steps.get("bootstrap")
+    return len(held["value"]["undone"]) if held else len(train)
 
 
 def _read_pool(value: Any, read: Any, where: str) -> None:
-    """Checks a bootstrap pool as a checkpoint holds it: per step, ``[label, demo]`` pairs."""
-    for path, items in read.mapping(value, where).items():
-        for i, item in enumerate(read.sequence(items, f"{where}.{path}")):
-            at = f"{where}.{path}[{i}]"
+    """Checks a bootstrap pass as a checkpoint holds it: per step ``[index, demo]`` pairs,
+    and the indices left undone."""
+    value = read.mapping(value, where)
+    for path, items in read.mapping(read.field(value, "demos", where), f"{where}.demos").items():
+        for i, item in enumerate(read.sequence(items, f"{where}.demos.{path}")):
+            at = f"{where}.demos.{path}[{i}]"
             if not (isinstance(item, list) and len(item) == 2):
-                read.fail(at, "is not a [label, demo] pair")
-            read.text(item[0], f"{at}[0]")
+                read.fail(at, "is not an [index, demo] pair")
+            read.integer(item[0], f"{at}[0]")
             read.mapping(item[1], f"{at}[1]")
+    read.positions(read.field(value, "undone", where), f"{where}.undone")
 
 
 def _with_demos(

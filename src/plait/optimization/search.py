@@ -118,6 +118,8 @@ class Trial:
     """How often it answered each label, when the validation targets are labels."""
     unevaluated: int = 0
     """Validation examples the search's budget left undone; such a trial is never chosen."""
+    undone: list[int] = field(default_factory=list, repr=False)
+    """Their positions in the validation set (what a resumed search evaluates)."""
 
     def row(self) -> dict[str, Any]:
         """Returns the trial as one row of a trials table (no parameter values)."""
@@ -176,11 +178,16 @@ class SearchReport:
 
 def balanced_score(result: EvaluationResult) -> float:
     """Returns the mean over target values of each value's mean score (macro average)."""
-    groups: dict[str, list[float]] = defaultdict(list)
-    for row in result.rows:
-        groups[_label(row.target)].append(row.score or 0.0)
-    if not groups:
+    if not result.rows:
         return float(result)
+    return _balanced([row.target for row in result.rows], result.scores)
+
+
+def _balanced(targets: Sequence[Any], scores: Sequence[float]) -> float:
+    """Returns the mean over target values of each value's mean score."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for target, score in zip(targets, scores, strict=True):
+        groups[_label(target)].append(score)
     return sum(sum(g) / len(g) for g in groups.values()) / len(groups)
 
 
@@ -412,9 +419,9 @@ class ProgramSearch:
         """
         from plait.resources.usage import metered
 
-        held, value = self._saved.step(key)
-        if held:
-            return value
+        held = self._saved.step(key)
+        if held is not None:
+            return held["value"]
         with metered() as meter:
             value = await make()
         if not budget_spent():
@@ -430,9 +437,9 @@ class ProgramSearch:
 
         key = trial_key(candidate.program.state_dict(), candidate.settings)
         saved = self._saved.reuse(key, number, candidate.params, candidate.note)
-        if saved is not None:
+        if saved is not None and not saved.unevaluated:
             return saved
-        trial = await self._evaluate_one(number, candidate, val, resources)
+        trial = await self._evaluate_one(number, candidate, val, resources, saved)
         self._saved.add(trial)
         return trial
 
@@ -494,15 +501,17 @@ class ProgramSearch:
         """The schedule's first phase: trial 0 on the validation set (none when checkpointed)."""
         from plait.optimization.costs import Phase, Range
 
-        n = 0 if self._checkpointed_trial(self._start_candidate(program)) else len(val)
+        n = self._left_to_evaluate(self._start_candidate(program), len(val))
         return Phase("trial 0: the program as it was", runs=Range(n, n, n))
 
-    def _checkpointed_trial(self, candidate: Candidate) -> bool:
-        """Whether the checkpoint holds this candidate's trial (for estimates)."""
+    def _left_to_evaluate(self, candidate: Candidate, n: int) -> int:
+        """Returns how many of the ``n`` validation examples a candidate's evaluation has
+        left, after what the checkpoint holds of it (for estimates)."""
         from plait.optimization.search_checkpoint import trial_key
 
         key = trial_key(candidate.program.state_dict(), candidate.settings)
-        return bool(self._saved.reusable.get(key))
+        held = self._saved.reusable.get(key)
+        return held[0].unevaluated if held else n
 
     def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
@@ -561,15 +570,23 @@ class ProgramSearch:
         )
 
     async def _evaluate_one(
-        self, number: int, candidate: Candidate, val: list[tuple[Any, Any]], resources: Any
+        self,
+        number: int,
+        candidate: Candidate,
+        val: list[tuple[Any, Any]],
+        resources: Any,
+        before: Trial | None = None,
     ) -> Trial:
+        """Evaluates a candidate on ``val``; given ``before``, its trial a budget cut short,
+        only the examples that one left undone, completing it."""
         started = time.perf_counter()
         told: dict[str, Any] = {"candidate": number if number >= 0 else None}  # < 0: numbered later
         told |= {"note": candidate.note, "params": candidate.params}
+        todo = list(range(len(val))) if before is None else before.undone
         with learning_step("candidate", candidate.program, told) as step:
             result = await evaluate(
                 candidate.program,
-                val,
+                [val[i] for i in todo],
                 self.metric,
                 resources=resources,
                 max_concurrent=self.max_concurrent,
@@ -584,20 +601,29 @@ class ProgramSearch:
             }
         labels = _label_like(val)
         balance = labels if self.balance == "auto" else bool(self.balance)
+        scores = list(before.scores) if before is not None else [0.0] * len(val)
+        for i, score in zip(todo, result.scores, strict=True):
+            scores[i] = score
+        answers = Counter(before.answers if before is not None else {})
+        answers.update(_answer_counts(result) if labels else {})
+        undone = [todo[row.index] for row in result.rows if row.refused]
+        mean = sum(scores) / len(scores)
+        earlier = before or Trial(0, {}, 0.0, 0.0)
         return Trial(
             number=number,
             params=candidate.params,
-            score=float(result),
-            selection=balanced_score(result) if balance else float(result),
-            calls=result.calls,
-            cost=result.cost,
-            seconds=time.perf_counter() - started,
+            score=mean,
+            selection=_balanced([t for _, t in val], scores) if balance else mean,
+            calls=earlier.calls + result.calls,
+            cost=earlier.cost + result.cost,
+            seconds=earlier.seconds + time.perf_counter() - started,
             note=candidate.note,
             parameters=candidate.program.state_dict(),
             settings=dict(candidate.settings),
-            scores=result.scores,
-            answers=_answer_counts(result) if labels else {},
-            unevaluated=result.unevaluated,
+            scores=scores,
+            answers=dict(answers.most_common()),
+            unevaluated=len(undone),
+            undone=undone,
         )
 
     @staticmethod
@@ -876,8 +902,8 @@ class GridSearch(ProgramSearch):
     ``checkpoint`` (a JSON file, as every search takes) each finished trial is
     written at once (atomically, never through a symbolic link), trial 0
     included, and a rerun with the same file, program, dev set and grid skips
-    the trials already done; a trial a budget cut short is not kept, so a
-    rerun with a larger budget finishes the rest.
+    the trials already done; of a trial a budget cut short, the examples it
+    evaluated are kept, so a rerun with a larger budget evaluates the others.
 
     Example::
 
@@ -948,8 +974,9 @@ class GridSearch(ProgramSearch):
         candidates = self._distinct(
             program, [self._candidate(program, c) for c in self.combinations()]
         )
-        left = sum(not self._checkpointed_trial(c) for c in candidates)
-        runs = left * len(val)
+        counts = [self._left_to_evaluate(c, len(val)) for c in candidates]
+        left = sum(count > 0 for count in counts)
+        runs = sum(counts)
         resumed = (
             f", {len(candidates) - left} done in the checkpoint" if left < len(candidates) else ""
         )

@@ -2,12 +2,14 @@
 
 Every `ProgramSearch` takes ``checkpoint=`` (a file path). What it finishes is
 written there at once, atomically through `plait._files` (never through a
-link): each trial evaluated in full (trial 0 included), and the steps a search
-keeps of its own (a bootstrap pass, instruction proposals, ReflectiveSearch's
-pool and rounds). A rerun with the same file takes those instead of sending
-their calls again and does the rest, so a search its budget stopped ends, when
-rerun with a larger budget, where a run without a budget ends. A trial or step
-the budget cut short is not kept: it runs again in full.
+link): each trial (trial 0 included; of one the budget cut short, the
+validation examples it evaluated), and the steps a search keeps of its own (a
+bootstrap pass, instruction proposals, ReflectiveSearch's pool and rounds). A
+rerun with the same file takes those instead of sending their calls again and
+does the rest, so a search its budget stopped ends, when rerun with a larger
+budget, where a run without a budget ends. A step the budget cut short (a
+bootstrap pass, a proposal, a ReflectiveSearch round) is not kept: it runs
+again in full.
 
 The file says what it is for: the search's class, and digests of the program
 as it was, the training and validation sets and the search's settings. A file
@@ -120,6 +122,10 @@ class Reader:
     def counts(self, value: Any, where: str) -> dict[str, int | None]:
         return {k: self.integer(n, f"{where}.{k}") for k, n in self.mapping(value, where).items()}
 
+    def positions(self, value: Any, where: str) -> list[int]:
+        items = self.sequence(value, where)
+        return [self.integer(x, f"{where}[{i}]") or 0 for i, x in enumerate(items)]
+
     def trial_number(self, value: Any, where: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(where, f"is {value!r:.40}, not a trial number")
@@ -142,6 +148,7 @@ class Reader:
             "scores": self.numbers,
             "answers": self.counts,
             "unevaluated": self.integer,
+            "undone": self.positions,
         }
         unknown = sorted(set(data) - {f.name for f in fields(Trial)})
         if unknown:
@@ -150,7 +157,11 @@ class Reader:
             name: check(self.field(data, name, where), f"{where}.{name}")
             for name, check in checks.items()
         }
-        return Trial(**values)
+        trial = Trial(**values)
+        n = len(trial.scores)
+        if len(set(trial.undone)) != trial.unevaluated or any(i >= n for i in trial.undone):
+            self.fail(f"{where}.undone", f"does not name {trial.unevaluated} of {n} examples")
+        return trial
 
 
 class SearchCheckpoint:
@@ -230,28 +241,37 @@ class SearchCheckpoint:
 
     # ------------------------------------------------------------- trials
     def reuse(self, key: str, number: int, params: dict[str, Any], note: str) -> Trial | None:
-        """Returns the file's trial of this candidate (once), renumbered; None if it has none."""
+        """Returns the file's trial of this candidate (once), renumbered; None if it has none.
+
+        It may be one the budget cut short (``unevaluated``): the caller finishes it, and
+        the finished trial takes its place in the file.
+        """
         held = self.reusable.get(key)
         if not held:
             return None
         saved = held.pop(0)
         self.resumed_calls += saved.calls
+        if saved.unevaluated:
+            self.trials.remove(saved)
         return replace(saved, number=number, params=params, note=note or saved.note)
 
     def add(self, trial: Trial) -> None:
-        """Keeps a trial evaluated in full, and writes the file."""
-        if not trial.unevaluated:
-            self.trials.append(trial)
-            self.save()
+        """Keeps a trial, and writes the file: of one the budget cut short, the examples it
+        evaluated, so that a rerun evaluates only the others."""
+        self.trials.append(trial)
+        self.save()
 
     # -------------------------------------------------------------- steps
-    def step(self, key: str) -> tuple[bool, Any]:
-        """Returns ``(True, value)`` for a step the file held (once), else ``(False, None)``."""
+    def step(self, key: str) -> dict[str, Any] | None:
+        """Returns a step the file held (once), as ``{"value", "calls"}``; None if it has none."""
         saved = self.saved_steps.pop(key, None)
-        if saved is None:
-            return False, None
-        self.resumed_calls += saved["calls"]
-        return True, saved["value"]
+        if saved is not None:
+            self.resumed_calls += saved["calls"]
+        return saved
+
+    def reader(self) -> Reader:
+        """Returns a `Reader` of this file, for complaints about what it held."""
+        return Reader(self.path or Path("checkpoint"))
 
     def add_step(self, key: str, value: Any, calls: int) -> None:
         """Keeps a finished step's JSON result and the calls it took, and writes the file."""
