@@ -106,6 +106,32 @@ async def test_a_search_stopped_by_its_budget_resumes_with_only_the_work_left(
     assert resumed.stopped_by_budget == whole.stopped_by_budget
 
 
+async def test_a_rerun_on_the_program_the_stopped_search_changed_starts_from_trial_0(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    def make(**budget: Any) -> RandomSearch:
+        return RandomSearch(num_candidates=4, propose=2, seed=3, **budget)
+
+    whole = program()
+    await make().compile(whole, trainset=TRAIN, valset=VAL, resources=config)
+    total = server.stats.requests
+    server.reset_stats()
+
+    checkpoint = tmp_path / "search.json"
+    qa = program()
+    first = await make(max_calls=41, checkpoint=checkpoint).compile(
+        qa, trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert first.stopped_by_budget and first.improved  # it applied the best it finished
+    server.reset_stats()
+    resumed = await make(checkpoint=checkpoint).compile(
+        qa, trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert resumed.start.parameters == program().state_dict()
+    assert server.stats.requests == total - 41
+    assert qa.state_dict() == whole.state_dict()
+
+
 async def test_a_finished_search_reruns_from_its_checkpoint_without_a_call(
     server: ScriptedServer, config: ResourceConfig, tmp_path: Any
 ) -> None:

@@ -336,7 +336,7 @@ class ProgramSearch:
             name = type(self).__name__
             raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
-        self._open_checkpoint(program, train, val)
+        self._open_checkpoint(program, train, val)  # may take the program back to its start
         budget = Budget.of(*self._limits())
         with metered() as meter, budgeted(budget):
             start = await self._start(program, val, resources)
@@ -345,6 +345,7 @@ class ProgramSearch:
         _tell_decisions(trials, start, best, self.significance)
         if best is not start:
             apply(program, best)
+        self._saved.leave(program)
         report = SearchReport(
             type(self).__name__,
             trials,
@@ -384,9 +385,19 @@ class ProgramSearch:
 
     # --------------------------------------------------------- checkpoint
     def _open_checkpoint(
-        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
-    ) -> None:
-        """Reads and checks the checkpoint (before any call) into ``self._saved``."""
+        self,
+        program: Module,
+        train: list[tuple[Any, Any]],
+        val: list[tuple[Any, Any]],
+        *,
+        in_place: bool = True,
+    ) -> Module:
+        """Reads and checks the checkpoint (before any call) into ``self._saved``.
+
+        Returns the program to search from: ``program``, or, when it is the one this
+        checkpoint's search left, that program taken back to trial 0 (itself, or a copy
+        when not ``in_place``).
+        """
         from plait.optimization.search_checkpoint import SearchCheckpoint, digest, program_digest
 
         metric = getattr(self.metric, "__name__", type(self.metric).__name__)
@@ -401,6 +412,26 @@ class ProgramSearch:
         self._saved = SearchCheckpoint.open(
             self.checkpoint, type(self).__name__, of, self._read_state
         )
+        start = self._saved.start
+        if start is None:
+            return program
+        program = program if in_place else program.copy()
+        try:
+            program.load_state_dict(start.parameters)
+            for key, value in start.settings.items():
+                _set_setting(program, key, value)
+        except (KeyError, TypeError, ValueError):
+            pass  # not this program's trial 0: refused below
+        if program_digest(program) != self._saved.of["program"]:
+            raise ValueError(
+                f"{self.checkpoint} holds a {type(self).__name__} search of another program; "
+                "use another checkpoint file, or delete it to start over"
+            )
+        logger.info(
+            "%s: the program its checkpoint's search left is taken back to trial 0",
+            type(self).__name__,
+        )
+        return program
 
     def _read_state(self, state: dict[str, Any], read: Any) -> None:
         """Checks the search's own part of a checkpoint (a `search_checkpoint.Reader` complains).
@@ -484,7 +515,7 @@ class ProgramSearch:
         val = examples_of(val_set) if val_set is not None else train
         if not val:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
-        self._open_checkpoint(program, train, val)
+        program = self._open_checkpoint(program, train, val, in_place=False)
         phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
         demos = math.ceil(max(phase.demos for phase in phases))
         size, spent = await costs.measure(program, val, resources, sample, train, demos)

@@ -17,10 +17,16 @@ of other work is refused with a `ValueError` naming what differs, before any
 call; a file that is not what plait writes (truncated, edited, another
 format) is a `CheckpointError` naming the file and the line or field.
 
+The program given to a rerun may also be the one the search left (it applies
+the best it found, even when its budget stopped it): the file notes that
+program's digest, and the rerun takes it back to trial 0's parameters and
+settings before searching again.
+
 Format ``plait.search/1``::
 
     {"format": "plait.search/1", "search": "BootstrapFewShot",
      "of": {"program": …, "trainset": …, "valset": …, "settings": …},
+     "left": digest of the program as the search left it,
      "trials": [Trial fields …],
      "state": {"steps": {"bootstrap": {"value": …, "calls": 8}}, "rounds": …}}
 """
@@ -185,6 +191,11 @@ class SearchCheckpoint:
         """Steps the file held that this run has not taken yet."""
         self.resumed_calls = 0
         """Calls of the work taken from the file instead of being sent again."""
+        self.left: str | None = None
+        """The digest of the program as the search left it (the best it applied)."""
+        self.start: Trial | None = None
+        """Trial 0, when the program given is the one this checkpoint's search left: the
+        caller takes it back to this start before searching again."""
 
     @classmethod
     def open(
@@ -216,7 +227,13 @@ class SearchCheckpoint:
                 f"{REMEDY}"
             )
         held = read.mapping(data.get("of"), "of")
-        differ = [_DIFFERENT[part] for part in of if held.get(part) != of[part]]
+        checkpoint.left = read.text(data.get("left"), "left", optional=True)
+        left_by_it = held.get("program") != of["program"] == checkpoint.left
+        differ = [
+            _DIFFERENT[part]
+            for part in of
+            if held.get(part) != of[part] and not (part == "program" and left_by_it)
+        ]
         if differ:
             raise ValueError(
                 f"{path} holds a {search} search of {' and '.join(differ)}; "
@@ -235,6 +252,11 @@ class SearchCheckpoint:
             read.integer(read.field(step, "calls", where), f"{where}.calls")
             read.field(step, "value", where)
         read_state(state, read)  # the search checks its own steps and progress
+        if left_by_it:
+            checkpoint.start = next((t for t in checkpoint.trials if t.number == 0), None)
+            if checkpoint.start is None:
+                raise ValueError(f"{path} holds no trial 0 to take the program back to: {REMEDY}")
+            checkpoint.of = {**of, "program": held["program"]}
         checkpoint.state = {**state, "steps": dict(steps)}
         checkpoint.saved_steps = dict(steps)
         return checkpoint
@@ -278,6 +300,14 @@ class SearchCheckpoint:
         self.state["steps"][key] = {"value": value, "calls": calls}
         self.save()
 
+    def leave(self, program: Module) -> None:
+        """Notes the program as the search left it, so a rerun given it is known as this
+        search's start, changed by the search (see `start`)."""
+        if self.path is None:
+            return
+        self.left = program_digest(program)
+        self.save()
+
     def save(self) -> None:
         """Writes everything kept so far (a no-op without a path)."""
         if self.path is None:
@@ -286,6 +316,7 @@ class SearchCheckpoint:
             "format": FORMAT,
             "search": self.search,
             "of": self.of,
+            "left": self.left,
             "trials": [asdict(t) for t in self.trials],
             "state": self.state,
         }
