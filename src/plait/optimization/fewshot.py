@@ -243,8 +243,13 @@ async def _remembered_pool(
     demos = held["value"]["demos"] if held else {}
     undone = held["value"]["undone"] if held else list(range(len(train)))
     spent = held["calls"] if held else 0
-    if any(i >= len(train) for items in demos.values() for i, _ in items):
-        search._saved.reader().fail("state.steps.bootstrap.value.demos", "names no example")
+    steps = {path for path, _ in demo_modules(program)}
+    for path, items in demos.items():
+        where = f"state.steps.bootstrap.value.demos.{path}"
+        if path not in steps:
+            search._saved.reader().fail(where, "is not a step of the program with demos")
+        if any(i >= len(train) for i, _ in items):
+            search._saved.reader().fail(where, "names an example the trainset does not have")
     if undone:
         with metered() as meter:
             found, undone, _ = await _bootstrap_demos(

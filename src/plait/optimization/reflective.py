@@ -221,7 +221,7 @@ class _Rounds:
         from plait.execution.checkpoint_codec import CheckpointError
         from plait.optimization.search_checkpoint import REMEDY, Reader
 
-        read = Reader(path)
+        read = Reader(path, n)
 
         def copy_with(parameters: dict[str, Any], where: str) -> Module:
             copy = program.copy()
@@ -238,8 +238,6 @@ class _Rounds:
         for i, member in enumerate(data["pool"]):
             where = f"state.rounds.pool[{i}]"
             trial = start if i == 0 else read.trial(member["trial"], f"{where}.trial")
-            if len(trial.scores) != n:
-                read.fail(f"{where}.trial.scores", f"holds {len(trial.scores)} scores, not {n}")
             copy = program.copy() if i == 0 else copy_with(trial.parameters, where)
             changed = set(member.get("changed") or ())
             pool.append(_Member(copy, trial, member["parent"], member["other_parent"], changed))

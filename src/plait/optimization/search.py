@@ -410,7 +410,7 @@ class ProgramSearch:
             "settings": digest({**settings, **options}),
         }
         self._saved = SearchCheckpoint.open(
-            self.checkpoint, type(self).__name__, of, self._read_state
+            self.checkpoint, type(self).__name__, of, self._read_state, len(val)
         )
         start = self._saved.start
         if start is None:

@@ -82,8 +82,10 @@ def trial_key(parameters: dict[str, Any], settings: dict[str, Any]) -> str:
 class Reader:
     """Checks the parts of a checkpoint file; every complaint names the file and the field."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, examples: int | None = None) -> None:
         self.path = path
+        self.examples = examples
+        """How many validation examples a trial's scores cover (None: not checked)."""
 
     def fail(self, where: str, what: str) -> NoReturn:
         raise CheckpointError(f"{self.path}: {where} {what}; {REMEDY}")
@@ -165,6 +167,8 @@ class Reader:
         }
         trial = Trial(**values)
         n = len(trial.scores)
+        if self.examples is not None and n != self.examples:
+            self.fail(f"{where}.scores", f"holds {n} scores, not one per example ({self.examples})")
         if len(set(trial.undone)) != trial.unevaluated or any(i >= n for i in trial.undone):
             self.fail(f"{where}.undone", f"does not name {trial.unevaluated} of {n} examples")
         return trial
@@ -204,6 +208,7 @@ class SearchCheckpoint:
         search: str,
         of: dict[str, str],
         read_state: Callable[[dict[str, Any], Reader], None],
+        examples: int,
     ) -> SearchCheckpoint:
         """Reads and checks the whole file (before any call); an empty checkpoint without one.
 
@@ -218,7 +223,7 @@ class SearchCheckpoint:
         data = _files.read_json(path, error=CheckpointError, remedy=REMEDY)
         if data is None:
             return checkpoint
-        read = Reader(path)
+        read = Reader(path, examples)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise CheckpointError(f"{path} is not a plait search checkpoint ({FORMAT}): {REMEDY}")
         if data.get("search") != search:
@@ -291,9 +296,9 @@ class SearchCheckpoint:
             self.resumed_calls += saved["calls"]
         return saved
 
-    def reader(self) -> Reader:
+    def reader(self, examples: int | None = None) -> Reader:
         """Returns a `Reader` of this file, for complaints about what it held."""
-        return Reader(self.path or Path("checkpoint"))
+        return Reader(self.path or Path("checkpoint"), examples)
 
     def add_step(self, key: str, value: Any, calls: int) -> None:
         """Keeps a finished step's JSON result and the calls it took, and writes the file."""
