@@ -48,6 +48,7 @@ CUTS = [
     ("BootstrapFewShot", 24),  # in the candidate's evaluation
     ("RandomSearch", 15),  # in the bootstrap pass
     ("RandomSearch", 41),  # in the candidates' evaluations
+    ("ReflectiveSearch", 6),  # in trial 0
     ("ReflectiveSearch", 55),  # in a round
 ]
 """Budgets that stop each search part-way."""

@@ -108,6 +108,7 @@ from plait.optimization.fewshot import (
 from plait.optimization.losses import Loss, VerifierLoss
 from plait.optimization.optimizers import TextGradOptimizer
 from plait.optimization.search import Candidate, ProgramSearch, Trial, _label, budget_spent
+from plait.optimization.search_checkpoint import trial_key
 from plait.optimization.step import TrainingStep, on_examples
 from plait.values import Value
 
@@ -341,7 +342,8 @@ class ReflectiveSearch(ProgramSearch):
         checkpoint spent is not counted again."""
         m, n = min(self.minibatch, len(train)), len(val)
         per_child = 2 * m + n
-        left = self._limits()[0] - (0 if self._saved.state.get("rounds") else n)
+        held = self._saved.reusable.get(trial_key(program.state_dict(), {}))
+        left = self._limits()[0] - (held[0].unevaluated if held else n)
         children = max(math.ceil(left / (per_child + 1)), 0)
         runs = children * per_child
         return [
@@ -377,7 +379,7 @@ class ReflectiveSearch(ProgramSearch):
         )
         self.log = state.log
         with rounds_of(self) as rounds:
-            resumable = True
+            resumable = not start.unevaluated  # a whole run's trial 0 is never cut short
             while True:
                 if resumable:  # a step boundary a whole run also passes: a rerun starts here
                     self._save_rounds(state)
@@ -445,9 +447,11 @@ class ReflectiveSearch(ProgramSearch):
         return None if self.loss is None else type(self.loss).__name__
 
     def _limits(self) -> tuple[Any, Any, Any]:
-        """``max_calls`` counts the whole search: what its checkpoint spent is not spent again."""
+        """``max_calls`` counts the whole search: what its checkpoint spent is not spent again
+        (the rounds' calls, or before any round the calls of trial 0, cut short or not)."""
         rounds = self._saved.state.get("rounds")
-        spent = rounds["spent"] if rounds else 0
+        start = [t.calls for t in self._saved.trials if t.number == 0][:1]
+        spent = rounds["spent"] if rounds else sum(start)
         return max(self.max_calls - spent, 0), self.max_tokens, self.max_cost
 
     def _save_rounds(self, state: _Rounds) -> None:
