@@ -4,12 +4,12 @@ Every `ProgramSearch` takes ``checkpoint=`` (a file path). What it finishes is
 written there at once, atomically through `plait._files` (never through a
 link): each trial (trial 0 included; of one the budget cut short, the
 validation examples it evaluated), and the steps a search keeps of its own (a
-bootstrap pass, instruction proposals, ReflectiveSearch's pool and rounds). A
-rerun with the same file takes those instead of sending their calls again and
-does the rest, so a search its budget stopped ends, when rerun with a larger
-budget, where a run without a budget ends. A step the budget cut short (a
-bootstrap pass, a proposal, a ReflectiveSearch round) is not kept: it runs
-again in full.
+bootstrap pass, as far as it went; instruction proposals; ReflectiveSearch's
+pool and rounds). A rerun with the same file takes those instead of sending
+their calls again and does the rest, so a search its budget stopped ends,
+when rerun with a larger budget, where a run without a budget ends. A
+proposal or a ReflectiveSearch round the budget cut short is not kept: it
+runs again in full.
 
 The file says what it is for: the search's class, and digests of the program
 as it was, the training and validation sets and the search's settings. A file
