@@ -35,6 +35,7 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -607,8 +608,8 @@ class RandomSearch(ProgramSearch):
                     *(
                         self._remembered(
                             f"instructions {path} {seed}",
-                            lambda seed=seed, module=module: propose_instruction(
-                                module, train, resources, self.alias, seed=seed
+                            partial(
+                                propose_instruction, module, train, resources, self.alias, seed=seed
                             ),
                         )
                         for seed in seeds
