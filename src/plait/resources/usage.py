@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from plait.backends.types import Usage
@@ -154,8 +154,15 @@ class UsageMeter:
         self.cost += usage.cost
 
     def as_dict(self) -> dict[str, Any]:
-        """Returns the counts by name (JSON-compatible)."""
-        return asdict(self)
+        """Returns the counts by name (JSON-compatible); a batch reads it once per item."""
+        return {
+            "calls": self.calls,
+            "cached": self.cached,
+            "refused": self.refused,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost": self.cost,
+        }
 
 
 _METERS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar(
