@@ -13,6 +13,7 @@ runs it on these same resources.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Callable
 from dataclasses import replace
@@ -194,8 +195,16 @@ class Executor:
             )
         return response
 
+    async def slots_filled(self) -> None:
+        """Returns once every LLM-call slot of this run has been taken, and the calls that
+        took them have had a turn of the event loop to send their requests."""
+        await self._slots.first_filled()
+        for _ in range(3):
+            await asyncio.sleep(0)
+
     def last_item_admitted(self) -> None:
-        """Tells the LLM-call slots that the batch admits no more items (see `CallSlots`)."""
+        """Tells the LLM-call slots that the batch is near its end: no item left to admit and
+        no more unfinished than slots (see `CallSlots`)."""
         self._slots.last_admitted()
 
     def _slot(self, rank: Rank | None) -> Any:
