@@ -90,11 +90,12 @@ async def run_items(
     ``last_admitted`` is called once the last item has started and at most
     ``window`` items are unfinished.
     """
-    pending = _Admission(len(items), skip, window, last_admitted)
+    reserve_opens = asyncio.get_running_loop().create_future()
+    pending = _Admission(len(items), skip, window, last_admitted, reserve_opens)
 
-    async def worker(wait: Callable[[], Awaitable[None]] | None = None) -> None:
-        if wait is not None:
-            await wait()
+    async def worker(reserved: bool = False) -> None:
+        if reserved:
+            await asyncio.shield(reserve_opens)  # one future for every reserved worker
         for index in pending:
             try:
                 output = await run_item(index, items[index])
@@ -109,17 +110,28 @@ async def run_items(
             if waiting is not None:
                 await waiting  # a streaming consumer that falls behind holds the workers back
 
+    async def open_reserve() -> None:
+        assert reserve_after is not None
+        await reserve_after()
+        if not reserve_opens.done():
+            reserve_opens.set_result(None)
+
     starting = max(1, min(window, len(items)))
     workers = [asyncio.create_task(worker()) for _ in range(starting)]
-    if reserve_after is not None:
-        later = min(reserve, len(items) - starting)
-        workers += [asyncio.create_task(worker(reserve_after)) for _ in range(later)]
+    later = min(reserve, len(items) - starting) if reserve_after is not None else 0
+    if later > 0:
+        workers += [asyncio.create_task(worker(reserved=True)) for _ in range(later)]
+        opener = asyncio.create_task(open_reserve())
     try:
         await asyncio.gather(*workers)
     finally:
+        if later > 0:
+            opener.cancel()
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if later > 0:
+            await asyncio.gather(opener, return_exceptions=True)
 
 
 class _Admission:
@@ -127,7 +139,10 @@ class _Admission:
 
     It calls ``last_admitted`` once no index is left and at most ``window``
     items are unfinished: with a reserve, the last item starts while more
-    than ``window`` items still run, which is not yet the batch's end.
+    than ``window`` items still run, which is not yet the batch's end. Once
+    no index is left it also opens ``reserve_opens`` (the reserved workers
+    then find nothing to do and end, rather than wait for a moment that may
+    never come, such as slots that items making no LLM call never fill).
     """
 
     def __init__(
@@ -136,12 +151,16 @@ class _Admission:
         skip: Callable[[int], bool],
         window: int,
         last_admitted: Callable[[], None],
+        reserve_opens: asyncio.Future[None],
     ) -> None:
         self._todo = (index for index in range(total) if not skip(index))
         self._following = next(self._todo, None)
         self._window = window
         self._last_admitted: Callable[[], None] | None = last_admitted
+        self._reserve_opens = reserve_opens
         self._unfinished = 0
+        if self._following is None:
+            self._none_left()
 
     def __iter__(self) -> Iterator[int]:
         return self
@@ -152,8 +171,14 @@ class _Admission:
             raise StopIteration
         self._following = next(self._todo, None)
         self._unfinished += 1
+        if self._following is None:
+            self._none_left()
         self._tell_when_near_the_end()
         return index
+
+    def _none_left(self) -> None:
+        if not self._reserve_opens.done():
+            self._reserve_opens.set_result(None)
 
     def finished(self) -> None:
         """Notes that an item handed out has finished."""
