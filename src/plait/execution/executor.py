@@ -34,6 +34,10 @@ from plait.values import Value, ValueKind, unwrap, valueify
 
 __all__ = ["RECORD", "Executor"]
 
+_TURNS_TO_SEND = 3
+"""Turns of the event loop a call needs from taking its slot to writing its request (the
+HTTP client writes the body in a task of its own, one turn later), with one to spare."""
+
 RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
 """Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
 
@@ -197,9 +201,10 @@ class Executor:
 
     async def slots_filled(self) -> None:
         """Returns once every LLM-call slot of this run has been taken, and the calls that
-        took them have had a turn of the event loop to send their requests."""
+        took them have had their turns of the event loop to send their requests: a batch
+        then starts its second set of items, whose setup must not delay the first sends."""
         await self._slots.first_filled()
-        for _ in range(3):
+        for _ in range(_TURNS_TO_SEND):
             await asyncio.sleep(0)
 
     def last_item_admitted(self) -> None:
