@@ -8,9 +8,15 @@ server in its own process (default 100 ms per answer). A batch of ``--inputs`` t
 
 * **slots**: the LLM-call limit is the only limit (``--slots``, default 64 calls in
   flight; plait's ``max_concurrent``), so the ideal is 3 × inputs / slots × latency
-  (0.94 s by default): every slot busy from the first call to the last. The only
-  peer is the floor, raw aiohttp with every input gathered at once under a semaphore
-  on calls (unbounded memory, outputs only at the end).
+  (0.94 s by default): every slot busy from the first call to the last. No client
+  reaches it: a call holds its slot a whole latency, so some slot serves
+  ⌈3 × inputs / slots⌉ calls one after another (10 by default: 1.00 s, 1.07 ×
+  the ideal), the bound printed beside it. The only peer is the floor, raw aiohttp
+  with every input gathered at once under a semaphore on calls (unbounded memory,
+  outputs only at the end). With a fixed latency the replies of a round land
+  together, and client and server each work through the round one request at a
+  time, so the CPU each spends per request (the server's is printed too, read
+  from ``/proc`` where there is one) sets how far above the bound a run ends.
 * **peers'**: ``--concurrency`` inputs in flight (default 32), so the ideal is
   2 × latency × ⌈inputs / concurrency⌉. For each framework the script prints wall
 time, its ratio to the ideal, client CPU per LLM call, the number of requests the
@@ -312,6 +318,17 @@ class Result:
     cpu_ms_per_call: float
     requests: int
     peak: int
+    server_cpu_ms_per_call: float | None = None
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """Returns the CPU seconds process ``pid`` has used (Linux ``/proc``), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, TypeError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _reset_stats(base_url: str) -> None:
@@ -328,23 +345,29 @@ async def measure(
     warmup: list[str],
     concurrency: int,
     timeout: float,
+    server_pid: int | None = None,
 ) -> Result:
     """Builds the framework, warms it up, then times one batch (all in this loop)."""
     batch, close = await framework.setup(base_url, concurrency)
     try:
         await asyncio.wait_for(batch(warmup), timeout)
         _reset_stats(base_url)
+        server_cpu = _cpu_seconds(server_pid)
         cpu, wall = time.process_time(), time.perf_counter()
         outputs = await asyncio.wait_for(batch(texts), timeout)
         wall = time.perf_counter() - wall
         cpu = time.process_time() - cpu
+        server_after = _cpu_seconds(server_pid)
     finally:
         await close()
     stats = fetch_stats(base_url)
     if len(outputs) != len(texts) or not all(outputs):
         raise RuntimeError(f"{sum(map(bool, outputs))} of {len(texts)} outputs came back")
     calls = 3 * len(texts)
-    return Result(wall, cpu * 1000 / calls, stats["requests"], stats["peak_concurrency"])
+    result = Result(wall, cpu * 1000 / calls, stats["requests"], stats["peak_concurrency"])
+    if server_cpu is not None and server_after is not None:
+        result.server_cpu_ms_per_call = (server_after - server_cpu) * 1000 / calls
+    return result
 
 
 def _version(distribution: str | None) -> str:
@@ -386,6 +409,7 @@ def run_form(
     warmup: list[str],
     concurrency: int,
     ideal: float,
+    server_pid: int | None = None,
 ) -> dict[str, Result]:
     """Measures each framework in its own loop, printing one row each; returns the results."""
     timeout = max(60.0, 50 * ideal)
@@ -393,15 +417,19 @@ def run_form(
     for framework in frameworks:
         label = f"{framework.name} {_version(framework.distribution)}".strip()
         try:
-            result = asyncio.run(measure(framework, base_url, texts, warmup, concurrency, timeout))
+            result = asyncio.run(
+                measure(framework, base_url, texts, warmup, concurrency, timeout, server_pid)
+            )
         except Exception as exc:
             print(f"  {label:<20} skipped: {_reason(exc)}")
             continue
         results[framework.name] = result
+        server = result.server_cpu_ms_per_call
         print(
             f"  {label:<20} {result.wall:6.2f} s  {result.wall / ideal:5.2f} × ideal  "
             f"client CPU {result.cpu_ms_per_call:5.2f} ms/call  "
-            f"{result.requests} requests (expected {3 * len(texts)}), "
+            + (f"server CPU {server:4.2f} ms/call  " if server is not None else "")
+            + f"{result.requests} requests (expected {3 * len(texts)}), "
             f"peak {result.peak} in flight"
         )
     return results
@@ -432,13 +460,19 @@ def main() -> None:
     )
     _let_server_import_this_file()
     with start_server_process(latency=args.latency, responder="fanout_bench:respond") as (
-        _server,
+        server,
         base_url,
     ):
         if args.form in ("slots", "both"):
             ideal = 3 * args.inputs / args.slots * args.latency
-            print(f"slots form: {args.slots} LLM calls in flight; ideal {ideal:.2f} s")
-            run_form(list(SLOTS_FORM.values()), base_url, texts, warmup, args.slots, ideal)
+            bound = math.ceil(3 * args.inputs / args.slots) * args.latency
+            print(
+                f"slots form: {args.slots} LLM calls in flight; ideal {ideal:.2f} s; reachable "
+                f"at best {bound:.2f} s ({bound / ideal:.2f} × ideal: whole calls per slot)"
+            )
+            run_form(
+                list(SLOTS_FORM.values()), base_url, texts, warmup, args.slots, ideal, server.pid
+            )
         if args.form in ("peers", "both"):
             ideal = 2 * args.latency * math.ceil(args.inputs / args.concurrency)
             print(f"peers' form: {args.concurrency} inputs in flight; ideal {ideal:.2f} s")

@@ -132,6 +132,14 @@ async def test_a_plain_python_batch_needs_no_server(manager):
     assert outs == ["A", "B"]
 
 
+async def test_a_batch_longer_than_its_window_whose_items_make_no_llm_call_finishes(manager):
+    # Its LLM-call slots are never all taken, so the batch must not wait for that
+    # before it ends (well under the 10 s given here).
+    items = [f"item {i}" for i in range(10)]
+    outs = await asyncio.wait_for(run(Shout(), items, resources=manager, max_concurrent=2), 10)
+    assert outs == [item.upper() for item in items]
+
+
 async def test_an_empty_batch_returns_an_empty_list(manager):
     assert await run(Ask(), [], resources=manager) == []
     async with ExecutionSettings(resources=manager, streaming=True):

@@ -9,6 +9,7 @@ a slot is certain; the server's request log tells which one was sent first.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from plait import LLMInference, Module, run
@@ -115,3 +116,36 @@ async def test_a_cancelled_waiter_never_takes_or_loses_a_slot():
     granted.cancel()
     await asyncio.gather(granted, return_exceptions=True)
     await asyncio.wait_for(slots.acquire((0, 1)), 10)  # the slot was passed on, not lost
+
+
+async def test_once_every_slot_is_taken_a_reserve_of_items_starts_and_queues_its_calls(server):
+    # Two slots, six items: the first two items' calls take both slots, then
+    # two more items start at once and wait with their calls queued, so the
+    # slot an item frees as it ends goes straight to a waiting call instead of
+    # idling while the next item starts.
+    server.latency = 0.5
+    started: dict[str, float] = {}
+
+    class Noted(Module):
+        def forward(self, text: str) -> str:
+            started[text] = time.monotonic()
+            return text
+
+    class Program(Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.note = Noted()
+            self.ask = LLMInference("llm")
+
+        def forward(self, text: str) -> Any:
+            return self.ask(self.note(text))
+
+    texts = [f"item{i}" for i in range(6)]
+    outputs = await run(
+        Program(), texts, resources=config_for(server), max_concurrent=2, progress=False
+    )
+
+    assert outputs == [f"echo: {text}" for text in texts]
+    assert server.stats.peak_concurrency == 2
+    first_reply = min(record.finished for record in server.stats.log)
+    assert sorted(text for text, when in started.items() if when < first_reply) == texts[:4]

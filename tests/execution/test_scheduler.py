@@ -289,3 +289,34 @@ async def test_an_error_value_inside_a_plain_leafs_output_raises(manager):
     with pytest.raises(ExecutionError, match=r"SelectOnly.*'topic' not found") as info:
         await run(program, {"title": "x"}, resources=manager)
     assert isinstance(info.value.cause, KeyError)
+
+
+# ------------------------------------------------------------- binding inputs
+
+
+class _Brief(Module):
+    """Inputs given by position, by keyword, by default and by keyword only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ask = LLMInference("llm")
+
+    def forward(self, topic: str, tone: str = "plain", *, audience: str = "all") -> Any:
+        return self.ask(f"{topic} | {tone} | {audience}")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "sent"),
+    [
+        (("cats",), {}, "cats | plain | all"),
+        (("cats", "warm"), {}, "cats | warm | all"),
+        (("cats",), {"tone": "dry"}, "cats | dry | all"),
+        (("cats", "warm"), {"audience": "kids"}, "cats | warm | kids"),
+    ],
+)
+async def test_each_input_reaches_the_call_however_it_was_given(
+    server, manager, args, kwargs, sent
+):
+    out = await run(_Brief(), *args, resources=manager, **kwargs)
+
+    assert out == f"echo: {sent}"

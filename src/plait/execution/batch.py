@@ -3,11 +3,15 @@
 `run_batch` runs every item of a batch on one `Executor` (so endpoint limits
 and the LLM-call limit hold across the batch), restores the items a checkpoint
 already holds, writes each finished one to it, and fails what the batch's
-deadline cut short. At most ``window`` items are in flight at once (by
-default the LLM-call limit), so a batch of 100,000 inputs never holds 100,000
-tasks; as every item in flight keeps a call running or waiting, that many
-items keep every LLM-call slot busy, and the executor's slots serve the oldest
-item's calls first (see `plait.execution.slots`). Results come back as a
+deadline cut short. As many items as LLM-call slots start at once, and as
+many again once every slot is taken, so a batch of 100,000 inputs never holds
+100,000 tasks. Every item in flight keeps a call running or waiting, but an
+item that ends frees its slot a turn of the event loop before the next item's
+first calls exist (long when a round of replies lands at once); the second set
+of items has calls waiting by then, so the slot goes straight to one of them.
+The executor's slots serve the oldest item's calls first (see
+`plait.execution.slots`), so the extra items wait and memory stays bounded by
+twice the limit. Results come back as a
 list in input order (`batch_to_list`), or — streaming — as `BatchResult`s
 in completion order (or input order with ``preserve_order``).
 """
@@ -74,17 +78,24 @@ async def run_items(
     on_result: Callable[[BatchResult], Awaitable[None] | None],
     skip: Callable[[int], bool] = lambda index: False,
     last_admitted: Callable[[], None] = lambda: None,
+    reserve: int = 0,
+    reserve_after: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Runs every item not skipped, at most ``window`` at once, reporting each result.
 
     Exceptions of an item become its `BatchResult.error`; ``on_result`` may
     return an awaitable (backpressure: the worker waits for it before its next
     item) and raise to stop the whole batch (remaining items are cancelled).
-    ``last_admitted`` is called as the last item starts.
+    ``reserve`` more items may run at once from when ``reserve_after()`` returns.
+    ``last_admitted`` is called once the last item has started and at most
+    ``window`` items are unfinished.
     """
-    pending = _admitted(len(items), skip, last_admitted)
+    reserve_opens = asyncio.get_running_loop().create_future()
+    pending = _Admission(len(items), skip, window, last_admitted, reserve_opens)
 
-    async def worker() -> None:
+    async def worker(reserved: bool = False) -> None:
+        if reserved:
+            await asyncio.shield(reserve_opens)  # one future for every reserved worker
         for index in pending:
             try:
                 output = await run_item(index, items[index])
@@ -94,30 +105,94 @@ async def run_items(
                 result = BatchResult(index, items[index], error=exc)
             else:
                 result = BatchResult(index, items[index], output)
+            pending.finished()
             waiting = on_result(result)
             if waiting is not None:
                 await waiting  # a streaming consumer that falls behind holds the workers back
 
-    workers = [asyncio.create_task(worker()) for _ in range(max(1, min(window, len(items))))]
+    async def open_reserve() -> None:
+        assert reserve_after is not None
+        await reserve_after()
+        if not reserve_opens.done():
+            reserve_opens.set_result(None)
+
+    starting = max(1, min(window, len(items)))
+    workers = [asyncio.create_task(worker()) for _ in range(starting)]
+    later = min(reserve, len(items) - starting) if reserve_after is not None else 0
+    if later > 0:
+        workers += [asyncio.create_task(worker(reserved=True)) for _ in range(later)]
+        opener = asyncio.create_task(open_reserve())
     try:
         await asyncio.gather(*workers)
     finally:
+        if later > 0:
+            opener.cancel()
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
+        if later > 0:
+            await asyncio.gather(opener, return_exceptions=True)
 
 
-def _admitted(
-    total: int, skip: Callable[[int], bool], last_admitted: Callable[[], None]
-) -> Iterator[int]:
-    """Yields the indices to run, calling ``last_admitted`` just before the last one."""
-    todo = (index for index in range(total) if not skip(index))
-    following = next(todo, None)
-    while following is not None:
-        index, following = following, next(todo, None)
-        if following is None:
-            last_admitted()
-        yield index
+class _Admission:
+    """The indices to run, handed to the workers one at a time (an iterator they share).
+
+    It calls ``last_admitted`` once no index is left and at most ``window``
+    items are unfinished: with a reserve, the last item starts while more
+    than ``window`` items still run, which is not yet the batch's end. Once
+    no index is left it also opens ``reserve_opens`` (the reserved workers
+    then find nothing to do and end, rather than wait for a moment that may
+    never come, such as slots that items making no LLM call never fill).
+    """
+
+    def __init__(
+        self,
+        total: int,
+        skip: Callable[[int], bool],
+        window: int,
+        last_admitted: Callable[[], None],
+        reserve_opens: asyncio.Future[None],
+    ) -> None:
+        self._todo = (index for index in range(total) if not skip(index))
+        self._following = next(self._todo, None)
+        self._window = window
+        self._last_admitted: Callable[[], None] | None = last_admitted
+        self._reserve_opens = reserve_opens
+        self._unfinished = 0
+        if self._following is None:
+            self._none_left()
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        index = self._following
+        if index is None:
+            raise StopIteration
+        self._following = next(self._todo, None)
+        self._unfinished += 1
+        if self._following is None:
+            self._none_left()
+        self._tell_when_near_the_end()
+        return index
+
+    def _none_left(self) -> None:
+        if not self._reserve_opens.done():
+            self._reserve_opens.set_result(None)
+
+    def finished(self) -> None:
+        """Notes that an item handed out has finished."""
+        self._unfinished -= 1
+        self._tell_when_near_the_end()
+
+    def _tell_when_near_the_end(self) -> None:
+        if (
+            self._following is None
+            and self._unfinished <= self._window
+            and self._last_admitted is not None
+        ):
+            tell, self._last_admitted = self._last_admitted, None
+            tell()
 
 
 class BatchStream:
@@ -251,6 +326,8 @@ async def run_batch(
                         on_result,
                         skip,
                         executor.last_item_admitted,
+                        reserve=executor.max_concurrent,
+                        reserve_after=executor.slots_filled,
                     )
             except TimeoutError:
                 if not scope.expired():

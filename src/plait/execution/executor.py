@@ -13,6 +13,7 @@ runs it on these same resources.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,6 +33,10 @@ from plait.tracing import InferenceGraph, is_leaf_module
 from plait.values import Value, ValueKind, unwrap, valueify
 
 __all__ = ["RECORD", "Executor"]
+
+_TURNS_TO_SEND = 3
+"""Turns of the event loop a call needs from taking its slot to writing its request (the
+HTTP client writes the body in a task of its own, one turn later), with one to spare."""
 
 RECORD: contextvars.ContextVar[bool] = contextvars.ContextVar("plait_record", default=False)
 """Set by ``run(..., record=True)``: the call keeps tapes as in training mode."""
@@ -194,8 +199,17 @@ class Executor:
             )
         return response
 
+    async def slots_filled(self) -> None:
+        """Returns once every LLM-call slot of this run has been taken, and the calls that
+        took them have had their turns of the event loop to send their requests: a batch
+        then starts its second set of items, whose setup must not delay the first sends."""
+        await self._slots.first_filled()
+        for _ in range(_TURNS_TO_SEND):
+            await asyncio.sleep(0)
+
     def last_item_admitted(self) -> None:
-        """Tells the LLM-call slots that the batch admits no more items (see `CallSlots`)."""
+        """Tells the LLM-call slots that the batch is near its end: no item left to admit and
+        no more unfinished than slots (see `CallSlots`)."""
         self._slots.last_admitted()
 
     def _slot(self, rank: Rank | None) -> Any:

@@ -11,6 +11,7 @@ a refused reply is never stored in the response cache.
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -54,7 +55,7 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
     system prompt goes first, unless the conversation starts with its own
     system turn.
     """
-    head = (Message("system", system),) if system else ()
+    head = (_system_turn(system),) if system else ()
     if isinstance(prompt, str):
         return (*head, Message("user", prompt))
     if isinstance(prompt, Message):
@@ -74,13 +75,25 @@ def _messages_of(prompt: Any, system: str | None) -> tuple[Message, ...]:
     return (*head, Message("user", str(prompt)))
 
 
+@functools.lru_cache(maxsize=256)
+def _system_turn(text: str) -> Message:
+    """Returns the system turn of a prompt text (messages are immutable, so one per text)."""
+    return Message("system", text)
+
+
+@functools.lru_cache(maxsize=256)
+def _sampling(temperature: float | None, max_tokens: int | None) -> SamplingOptions:
+    """Returns a module's sampling options (immutable, so one object per setting)."""
+    return SamplingOptions(temperature=temperature, max_tokens=max_tokens)
+
+
 def build_request(module: LLMInference, prompt: Any, timeout: float | None = None) -> Request:
     """Returns the provider-neutral request for calling ``module`` on ``prompt``."""
     system = module.system_prompt.value if module.system_prompt is not None else None
     fmt = module.response_format
     return Request(
         messages=_messages_of(prompt, str(system) if system else None),
-        options=SamplingOptions(temperature=module.temperature, max_tokens=module.max_tokens),
+        options=_sampling(module.temperature, module.max_tokens),
         response_schema=output_type_for(fmt).schema if fmt is not None else None,
         timeout=timeout,
         rollout_id=_context.ROLLOUT.get(),

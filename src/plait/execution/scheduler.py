@@ -95,6 +95,23 @@ def _signature_of(function: Any) -> inspect.Signature:
     return inspect.signature(function)
 
 
+@functools.lru_cache(maxsize=256)
+def _positional_names(function: Any) -> tuple[str, ...] | None:
+    """Returns the names of a method's parameters after ``self`` when every one of them
+    can be given by position and none is required by keyword (so ``args`` of exactly
+    that length bind one to one, as `inspect.Signature.bind` would), else None."""
+    parameters = list(_signature_of(function).parameters.values())
+    if not parameters or parameters[0].kind == parameters[0].VAR_POSITIONAL:
+        return None  # no ``self`` to leave out
+    names = []
+    for parameter in parameters[1:]:
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            names.append(parameter.name)
+        elif parameter.kind == parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
+            return None
+    return tuple(names)
+
+
 def _bind_inputs(
     graph: InferenceGraph, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Value]:
@@ -103,7 +120,11 @@ def _bind_inputs(
     forward = graph.root.forward
     function = getattr(forward, "__func__", None)
     if function is not None:  # a method: its signature is read once per function, not per call
-        arguments = _signature_of(function).bind(graph.root, *args, **kwargs).arguments
+        names = None if kwargs else _positional_names(function)
+        if names is not None and len(names) == len(args):  # the usual call: every input by position
+            arguments = dict(zip(names, args, strict=True))
+        else:
+            arguments = _signature_of(function).bind(graph.root, *args, **kwargs).arguments
     else:
         arguments = inspect.signature(forward).bind(*args, **kwargs).arguments
     results: dict[str, Value] = {}
@@ -141,11 +162,7 @@ class _GraphRun:
         self.params = params
         self.index = index
         self.heights = graph.heights
-        self.waiting = {
-            node.id: sum(dep not in results for dep in node.dependencies)
-            for node in graph.nodes.values()
-            if node.kind != "input"
-        }
+        self.waiting = dict(graph.unbound_dependencies)  # the inputs are bound in ``results``
 
     def payload(self, ref: str) -> Any:
         """Returns the raw data of a node result or parameter (lookup for `substitute`)."""
@@ -163,7 +180,7 @@ class _GraphRun:
             self.graph.nodes[node_id] for node_id, count in self.waiting.items() if count == 0
         )
         running: set[asyncio.Task[Value]] = set()
-        finished: asyncio.Queue[asyncio.Task[Value]] = asyncio.Queue()
+        finished: asyncio.Queue[asyncio.Task[Value]] | None = None  # made for the first task
         try:
             while ready or running:
                 while ready:
@@ -173,11 +190,14 @@ class _GraphRun:
                     elif not ready and not running:
                         self._complete(node, await self._run_awaited(node), ready)
                     else:
+                        if finished is None:
+                            finished = asyncio.Queue()
                         task = asyncio.create_task(self._run_awaited(node))
                         task.plait_node = node  # type: ignore[attr-defined]
                         task.add_done_callback(finished.put_nowait)
                         running.add(task)
                 if running:
+                    assert finished is not None  # made with the first task
                     task = await finished.get()
                     running.discard(task)
                     self._complete(task.plait_node, task.result(), ready)  # type: ignore[attr-defined]

@@ -11,13 +11,16 @@ item's graph, and a freed slot goes to the best waiting call:
 * while items are still being admitted, the oldest item's first, and within an
   item the one with most work after it (its critical path): started items
   finish, in order, and hold their memory briefly;
-* once the last item is admitted (`last_admitted`), the call with most work
-  after it, whatever its item: with nothing left to admit, what decides when the
+* once the last item is admitted and no more items are unfinished than there
+  are slots (`last_admitted`), the call with most work after it, whatever its
+  item: with nothing left to admit, what decides when the
   batch ends is its longest remaining chain, and highest-first list scheduling
   (Hu's rule) keeps the final rounds full instead of leaving one late call of a
   young item alone in a last round.
 
-Calls of equal rank keep their arrival order.
+Calls of equal rank keep their arrival order. `first_filled` tells when every
+slot has been taken: the batch then admits its second set of items, whose calls
+wait here so that no freed slot idles (see `plait.execution.batch`).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class CallSlots:
     never jumps a waiting call.
     """
 
-    __slots__ = ("_free", "_key", "_order", "_waiters", "limit")
+    __slots__ = ("_filled", "_free", "_key", "_order", "_waiters", "filled", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -58,6 +61,9 @@ class CallSlots:
         self._key = _oldest_item_first
         self._waiters: list[tuple[tuple[int, int], int, Rank, asyncio.Future[None]]] = []
         self._order = itertools.count()
+        self.filled = False
+        """Whether every slot has been taken at once yet."""
+        self._filled: asyncio.Future[None] | None = None
 
     def hold(self, rank: Rank) -> _Held:
         """Returns one slot to hold with ``async with`` (or `acquire` / `release`)."""
@@ -69,10 +75,18 @@ class CallSlots:
         self._waiters = [(self._key(rank), n, rank, f) for _, n, rank, f in self._waiters]
         heapq.heapify(self._waiters)
 
+    def take(self) -> bool:
+        """Takes a free slot if there is one (no waiting); returns whether it did."""
+        if self._free <= 0:
+            return False
+        self._free -= 1
+        if not self._free and not self.filled:
+            self._fill()
+        return True
+
     async def acquire(self, rank: Rank) -> None:
         """Waits for a slot: at once if one is free, else until a release picks this call."""
-        if self._free > 0:
-            self._free -= 1
+        if self.take():
             return
         granted = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiters, (self._key(rank), next(self._order), rank, granted))
@@ -82,6 +96,19 @@ class CallSlots:
             if granted.done() and not granted.cancelled():
                 self.release()  # picked, then cancelled before it ran: pass the slot on
             raise
+
+    async def first_filled(self) -> None:
+        """Returns once every slot has been taken at the same time (at once if that happened)."""
+        if self.filled:
+            return
+        if self._filled is None:
+            self._filled = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._filled)
+
+    def _fill(self) -> None:
+        self.filled = True
+        if self._filled is not None:
+            self._filled.set_result(None)
 
     def release(self) -> None:
         """Gives the slot to the best live waiter, or frees it."""
@@ -109,7 +136,8 @@ class _Held:
         self._slots.release()
 
     async def __aenter__(self) -> None:
-        await self._slots.acquire(self._rank)
+        if not self._slots.take():  # a free slot is taken without making a coroutine
+            await self._slots.acquire(self._rank)
 
     async def __aexit__(self, *exc_info: Any) -> None:
         self._slots.release()

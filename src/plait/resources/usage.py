@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from plait.backends.types import Usage
@@ -154,8 +154,15 @@ class UsageMeter:
         self.cost += usage.cost
 
     def as_dict(self) -> dict[str, Any]:
-        """Returns the counts by name (JSON-compatible)."""
-        return asdict(self)
+        """Returns the counts by name (JSON-compatible); a batch reads it once per item."""
+        return {
+            "calls": self.calls,
+            "cached": self.cached,
+            "refused": self.refused,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost": self.cost,
+        }
 
 
 _METERS: contextvars.ContextVar[tuple[UsageMeter, ...]] = contextvars.ContextVar(
@@ -168,8 +175,7 @@ def active_meters() -> tuple[UsageMeter, ...]:
     return _METERS.get()
 
 
-@contextlib.contextmanager
-def metered(meter: UsageMeter | None = None) -> Iterator[UsageMeter]:
+def metered(meter: UsageMeter | None = None) -> _Metering:
     """Opens a meter for the calls made in this block (and in tasks it starts).
 
     Example::
@@ -178,12 +184,25 @@ def metered(meter: UsageMeter | None = None) -> Iterator[UsageMeter]:
             await program(batch)
         meter.calls, meter.input_tokens
     """
-    meter = UsageMeter() if meter is None else meter
-    token = _METERS.set((*_METERS.get(), meter))
-    try:
-        yield meter
-    finally:
-        _METERS.reset(token)
+    return _Metering(UsageMeter() if meter is None else meter)
+
+
+class _Metering:
+    """The block of `metered` (a class, not a generator: a batch opens one per item)."""
+
+    __slots__ = ("_meter", "_token")
+
+    def __init__(self, meter: UsageMeter) -> None:
+        self._meter = meter
+        self._token: contextvars.Token[tuple[UsageMeter, ...]] | None = None
+
+    def __enter__(self) -> UsageMeter:
+        self._token = _METERS.set((*_METERS.get(), self._meter))
+        return self._meter
+
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._token is not None  # entered first
+        _METERS.reset(self._token)
 
 
 class Budget:

@@ -211,6 +211,7 @@ class InferenceGraph:
         self.scopes = scopes
         self._dependents: dict[str, list[str]] | None = None
         self._heights: dict[str, int] | None = None
+        self._unbound_dependencies: dict[str, int] | None = None
         self._hash: str | None = None
 
     def __len__(self) -> int:
@@ -249,6 +250,20 @@ class InferenceGraph:
                 heights[node_id] = 1 + max(after, default=0)
             self._heights = heights
         return self._heights
+
+    @property
+    def unbound_dependencies(self) -> dict[str, int]:
+        """Returns id → how many of the node's dependencies are not graph inputs, for every
+        node but the inputs (computed once): what a run waits for before the node may start.
+        Copy it before counting down."""
+        if self._unbound_dependencies is None:
+            inputs = set(self.input_ids)
+            self._unbound_dependencies = {
+                node.id: sum(dep not in inputs for dep in node.dependencies)
+                for node in self.nodes.values()
+                if node.kind != "input"
+            }
+        return self._unbound_dependencies
 
     def topological_order(self) -> list[str]:
         """Returns node ids so that every node comes after its dependencies.
