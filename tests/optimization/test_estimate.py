@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import plait
-from plait import ResourceConfig, ResourceManager
+from plait import LLMInference, Parameter, ResourceConfig, ResourceManager
 from plait.optimization import (
     BootstrapFewShot,
     CostEstimate,
@@ -21,6 +21,8 @@ from plait.optimization import (
     LabeledFewShot,
     RandomSearch,
     ReflectiveSearch,
+    SFAOptimizer,
+    Trainer,
 )
 from plait.testing import ScriptedServer
 
@@ -129,6 +131,34 @@ async def test_the_trainer_spends_close_to_its_estimate(
         await training.fit()
     assert estimate.calls.low <= server.stats.requests <= estimate.calls.high
     assert near(estimate.calls.expected, server.stats.requests)
+
+
+async def test_the_trainer_spends_close_to_its_estimate_in_calls_tokens_and_dollars(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    """The optimizer's own calls are sized from its prompts (the feedback of a minibatch,
+    the parameter's value), not from a fixed guess: that guess made the cost 26 % high."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return output == target
+
+    module = LLMInference("task", system_prompt=Parameter("Say even.", description="task"))
+    async with ResourceManager(config) as manager:
+        training = Trainer(
+            module, exact, SFAOptimizer(module.named_parameters()), resources=manager,
+            train_set=TRAIN, val_set=VAL, metric=exact, epochs=2, progress=False,
+        )  # fmt: skip
+        estimate = await training.estimate()
+        server.reset_stats()
+        await training.fit()
+        spent = manager.total_usage()
+    tokens = spent.input_tokens + spent.output_tokens
+    for guess, actual in (
+        (estimate.calls, server.stats.requests), (estimate.tokens, tokens),
+        (estimate.cost, spent.cost),
+    ):  # fmt: skip
+        assert guess.low <= actual <= guess.high
+        assert near(guess.expected, actual), (guess, actual)
 
 
 async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: ResourceConfig) -> None:

@@ -531,7 +531,7 @@ class RandomSearch(ProgramSearch):
                 Phase(
                     f"{asks} instruction proposals",
                     other=Range(asks, asks, 2 * asks),
-                    other_tokens=(200 + shown // 4, 150),
+                    other_chars=(800 + shown, 600),
                     other_alias=self.alias,
                 )
             )
