@@ -121,6 +121,36 @@ async def test_a_grid_estimate_leaves_out_the_trials_its_checkpoint_holds(
     assert before.calls.expected == 90 and after.calls.expected == 0
 
 
+@pytest.mark.parametrize(
+    ("make", "budget"),
+    [
+        (lambda **options: LabeledFewShot(k=4, **options), 45),
+        (lambda **options: BootstrapFewShot(**options), 60),
+        (lambda **options: RandomSearch(num_candidates=6, propose=2, **options), 150),
+        (lambda **options: RandomSearch(num_candidates=6, propose=2, **options), 40),
+    ],
+    ids=["LabeledFewShot", "BootstrapFewShot", "RandomSearch", "RandomSearch-in-bootstrap"],
+)
+async def test_the_estimate_of_a_resumed_search_counts_only_what_its_checkpoint_lacks(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any, make: Any, budget: int
+) -> None:
+    checkpoint = tmp_path / "search.json"
+    stopped = await make(checkpoint=checkpoint, max_calls=budget).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert stopped.stopped_by_budget
+    estimate = await make(checkpoint=checkpoint).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    server.reset_stats()
+    await make(checkpoint=checkpoint).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    resumed = server.stats.requests
+    assert estimate.calls.low <= resumed <= estimate.calls.high, (estimate.calls, resumed)
+    assert near(estimate.calls.expected, resumed), (estimate.calls, resumed)
+
+
 async def test_the_trainer_spends_close_to_its_estimate(
     server: ScriptedServer, config: ResourceConfig
 ) -> None:
