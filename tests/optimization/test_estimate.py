@@ -7,7 +7,9 @@ what the run then spends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -22,6 +24,7 @@ from plait.optimization import (
     RandomSearch,
     ReflectiveSearch,
     SFAOptimizer,
+    TextGradOptimizer,
     Trainer,
 )
 from plait.testing import ScriptedServer
@@ -41,6 +44,10 @@ async def server() -> AsyncIterator[ScriptedServer]:
 
 @pytest.fixture
 def config(server: ScriptedServer) -> ResourceConfig:
+    return _priced(server)
+
+
+def _priced(server: ScriptedServer) -> ResourceConfig:
     return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16, price=PRICE)})
 
 
@@ -163,32 +170,76 @@ async def test_the_trainer_spends_close_to_its_estimate(
     assert near(estimate.calls.expected, server.stats.requests)
 
 
-async def test_the_trainer_spends_close_to_its_estimate_in_calls_tokens_and_dollars(
-    server: ScriptedServer, config: ResourceConfig
-) -> None:
-    """The optimizer's own calls are sized from its prompts (the feedback of a minibatch,
-    the parameter's value), not from a fixed guess: that guess made the cost 26 % high."""
+QUESTIONS = [(f"Is the number {n} even or odd? Look at its last digit.", t) for n, t in TRAIN]
+CHECKS = [(f"Is the number {n} even or odd? Look at its last digit.", t) for n, t in VAL]
+
+
+def tutor(new_rewrites: bool) -> Callable[[dict[str, Any]], str]:
+    """The scripted model of the Trainer tests: it answers the parity questions right once
+    its system prompt holds BETTER, else "even"; its rewrite is BETTER each time, or a new
+    value each time (``new_rewrites``: then no rewrite is refused as unchanged and asked
+    again, the case an estimate's expected column counts)."""
+    rewrites = itertools.count(1)
+
+    def reply(body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        if "FeedbackSummary" in schema:
+            return json.dumps({"summary": "Wrong on odd numbers.", "changes": ["Say odd."]})
+        if "ParameterUpdate" in schema:
+            value = f"{BETTER} Rule {next(rewrites)}." if new_rewrites else BETTER
+            return json.dumps({"new_value": value, "rationale": "the feedback"})
+        question = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+        number = int(question.split("number ")[1].split()[0])
+        knows = BETTER in body["messages"][0]["content"]
+        return ("odd" if number % 2 else "even") if knows else "even"
+
+    return reply
+
+
+async def _train(optimizer: Any, new_rewrites: bool) -> tuple[CostEstimate, dict[str, Any]]:
+    """Returns a Trainer's estimate and what its fit then spent (calls at the server)."""
 
     def exact(output: Any, target: Any) -> bool:
         return output == target
 
     module = LLMInference("task", system_prompt=Parameter("Say even.", description="task"))
-    async with ResourceManager(config) as manager:
+    server = ScriptedServer(responder=tutor(new_rewrites))
+    async with server, ResourceManager(_priced(server)) as manager:
         training = Trainer(
-            module, exact, SFAOptimizer(module.named_parameters()), resources=manager,
-            train_set=TRAIN, val_set=VAL, metric=exact, epochs=2, progress=False,
+            module, exact, optimizer(module.named_parameters()), resources=manager,
+            train_set=QUESTIONS, val_set=CHECKS, metric=exact, epochs=2, progress=False,
         )  # fmt: skip
         estimate = await training.estimate()
         server.reset_stats()
         await training.fit()
         spent = manager.total_usage()
+        calls = server.stats.requests
     tokens = spent.input_tokens + spent.output_tokens
-    for guess, actual in (
-        (estimate.calls, server.stats.requests), (estimate.tokens, tokens),
-        (estimate.cost, spent.cost),
-    ):  # fmt: skip
-        assert guess.low <= actual <= guess.high
-        assert near(guess.expected, actual), (guess, actual)
+    return estimate, {"calls": calls, "tokens": tokens, "cost": spent.cost}
+
+
+@pytest.mark.parametrize("optimizer", [SFAOptimizer, TextGradOptimizer])
+async def test_the_trainer_spends_close_to_its_estimate_in_calls_tokens_and_dollars(
+    optimizer: Any,
+) -> None:
+    """The optimizer's own calls are sized from the prompts it would send (the feedback of
+    a minibatch, the parameter's value), not from a fixed 400 / 100 tokens: that guess
+    made the cost of the Trainer in benchmarks/learning_cost_bench.py 26 % high."""
+    estimate, spent = await _train(optimizer, new_rewrites=True)
+    for key, actual in spent.items():
+        guess = getattr(estimate, key)
+        assert guess.low <= actual <= guess.high, (key, guess, actual)
+        assert near(guess.expected, actual), (key, guess, actual)
+
+
+@pytest.mark.parametrize("optimizer", [SFAOptimizer, TextGradOptimizer])
+async def test_a_trainer_whose_rewrites_are_all_asked_again_stays_inside_its_range(
+    optimizer: Any,
+) -> None:
+    estimate, spent = await _train(optimizer, new_rewrites=False)
+    for key, actual in spent.items():
+        guess = getattr(estimate, key)
+        assert guess.low <= actual <= guess.high, (key, guess, actual)
 
 
 async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: ResourceConfig) -> None:

@@ -273,7 +273,8 @@ class Trainer:
             Phase(f"{steps_left} training minibatches", runs=Range(*(examples_left,) * 3)),
             Phase(
                 f"{steps_left} optimizer steps",
-                other=Range(0, updates, 2 * updates),
+                # low: no update asked for; high: every call re-asked as often as allowed
+                other=Range(0, updates, (1 + self.optimizer.max_retries) * updates),
                 other_chars=costs.mean_call(step_calls),
                 other_alias=self.optimizer.alias,
             ),
