@@ -7,13 +7,15 @@ what the run then spends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
 
 import plait
-from plait import ResourceConfig, ResourceManager
+from plait import LLMInference, Parameter, ResourceConfig, ResourceManager
 from plait.optimization import (
     BootstrapFewShot,
     CostEstimate,
@@ -21,6 +23,9 @@ from plait.optimization import (
     LabeledFewShot,
     RandomSearch,
     ReflectiveSearch,
+    SFAOptimizer,
+    TextGradOptimizer,
+    Trainer,
 )
 from plait.testing import ScriptedServer
 
@@ -39,6 +44,10 @@ async def server() -> AsyncIterator[ScriptedServer]:
 
 @pytest.fixture
 def config(server: ScriptedServer) -> ResourceConfig:
+    return _priced(server)
+
+
+def _priced(server: ScriptedServer) -> ResourceConfig:
     return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16, price=PRICE)})
 
 
@@ -119,6 +128,36 @@ async def test_a_grid_estimate_leaves_out_the_trials_its_checkpoint_holds(
     assert before.calls.expected == 90 and after.calls.expected == 0
 
 
+@pytest.mark.parametrize(
+    ("make", "budget"),
+    [
+        (lambda **options: LabeledFewShot(k=4, **options), 45),
+        (lambda **options: BootstrapFewShot(**options), 60),
+        (lambda **options: RandomSearch(num_candidates=6, propose=2, **options), 150),
+        (lambda **options: RandomSearch(num_candidates=6, propose=2, **options), 40),
+    ],
+    ids=["LabeledFewShot", "BootstrapFewShot", "RandomSearch", "RandomSearch-in-bootstrap"],
+)
+async def test_the_estimate_of_a_resumed_search_counts_only_what_its_checkpoint_lacks(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any, make: Any, budget: int
+) -> None:
+    checkpoint = tmp_path / "search.json"
+    stopped = await make(checkpoint=checkpoint, max_calls=budget).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert stopped.stopped_by_budget
+    estimate = await make(checkpoint=checkpoint).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    server.reset_stats()
+    await make(checkpoint=checkpoint).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    resumed = server.stats.requests
+    assert estimate.calls.low <= resumed <= estimate.calls.high, (estimate.calls, resumed)
+    assert near(estimate.calls.expected, resumed), (estimate.calls, resumed)
+
+
 async def test_the_trainer_spends_close_to_its_estimate(
     server: ScriptedServer, config: ResourceConfig
 ) -> None:
@@ -129,6 +168,78 @@ async def test_the_trainer_spends_close_to_its_estimate(
         await training.fit()
     assert estimate.calls.low <= server.stats.requests <= estimate.calls.high
     assert near(estimate.calls.expected, server.stats.requests)
+
+
+QUESTIONS = [(f"Is the number {n} even or odd? Look at its last digit.", t) for n, t in TRAIN]
+CHECKS = [(f"Is the number {n} even or odd? Look at its last digit.", t) for n, t in VAL]
+
+
+def tutor(new_rewrites: bool) -> Callable[[dict[str, Any]], str]:
+    """The scripted model of the Trainer tests: it answers the parity questions right once
+    its system prompt holds BETTER, else "even"; its rewrite is BETTER each time, or a new
+    value each time (``new_rewrites``: then no rewrite is refused as unchanged and asked
+    again, the case an estimate's expected column counts)."""
+    rewrites = itertools.count(1)
+
+    def reply(body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        if "FeedbackSummary" in schema:
+            return json.dumps({"summary": "Wrong on odd numbers.", "changes": ["Say odd."]})
+        if "ParameterUpdate" in schema:
+            value = f"{BETTER} Rule {next(rewrites)}." if new_rewrites else BETTER
+            return json.dumps({"new_value": value, "rationale": "the feedback"})
+        question = [m["content"] for m in body["messages"] if m["role"] == "user"][-1]
+        number = int(question.split("number ")[1].split()[0])
+        knows = BETTER in body["messages"][0]["content"]
+        return ("odd" if number % 2 else "even") if knows else "even"
+
+    return reply
+
+
+async def _train(optimizer: Any, new_rewrites: bool) -> tuple[CostEstimate, dict[str, Any]]:
+    """Returns a Trainer's estimate and what its fit then spent (calls at the server)."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return output == target
+
+    module = LLMInference("task", system_prompt=Parameter("Say even.", description="task"))
+    server = ScriptedServer(responder=tutor(new_rewrites))
+    async with server, ResourceManager(_priced(server)) as manager:
+        training = Trainer(
+            module, exact, optimizer(module.named_parameters()), resources=manager,
+            train_set=QUESTIONS, val_set=CHECKS, metric=exact, epochs=2, progress=False,
+        )  # fmt: skip
+        estimate = await training.estimate()
+        server.reset_stats()
+        await training.fit()
+        spent = manager.total_usage()
+        calls = server.stats.requests
+    tokens = spent.input_tokens + spent.output_tokens
+    return estimate, {"calls": calls, "tokens": tokens, "cost": spent.cost}
+
+
+@pytest.mark.parametrize("optimizer", [SFAOptimizer, TextGradOptimizer])
+async def test_the_trainer_spends_close_to_its_estimate_in_calls_tokens_and_dollars(
+    optimizer: Any,
+) -> None:
+    """The optimizer's own calls are sized from the prompts it would send (the feedback of
+    a minibatch, the parameter's value), not from a fixed 400 / 100 tokens: that guess
+    made the cost of the Trainer in benchmarks/learning_cost_bench.py 26 % high."""
+    estimate, spent = await _train(optimizer, new_rewrites=True)
+    for key, actual in spent.items():
+        guess = getattr(estimate, key)
+        assert guess.low <= actual <= guess.high, (key, guess, actual)
+        assert near(guess.expected, actual), (key, guess, actual)
+
+
+@pytest.mark.parametrize("optimizer", [SFAOptimizer, TextGradOptimizer])
+async def test_a_trainer_whose_rewrites_are_all_asked_again_stays_inside_its_range(
+    optimizer: Any,
+) -> None:
+    estimate, spent = await _train(optimizer, new_rewrites=False)
+    for key, actual in spent.items():
+        guess = getattr(estimate, key)
+        assert guess.low <= actual <= guess.high, (key, guess, actual)
 
 
 async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: ResourceConfig) -> None:

@@ -271,10 +271,10 @@ async def test_a_grid_search_checkpoint_keeps_its_place_in_the_one_format(
 
 
 @pytest.mark.parametrize(
-    ("make", "saved"),
+    ("make", "exact"),
     [
-        (lambda **options: BootstrapFewShot(max_demos=2, **options), len(VAL) + len(TRAIN)),
-        (lambda **options: ReflectiveSearch(minibatch=4, **options), None),
+        (lambda **options: BootstrapFewShot(max_demos=2, **options), True),
+        (lambda **options: ReflectiveSearch(minibatch=4, **options), False),
     ],
     ids=["BootstrapFewShot", "ReflectiveSearch"],
 )
@@ -283,7 +283,7 @@ async def test_an_estimate_leaves_out_the_work_the_checkpoint_holds(
     config: ResourceConfig,
     tmp_path: Any,
     make: Callable[..., Any],
-    saved: int | None,
+    exact: bool,
 ) -> None:
     checkpoint = tmp_path / "search.json"
     data = {"trainset": TRAIN, "valset": VAL, "resources": config}
@@ -294,8 +294,10 @@ async def test_an_estimate_leaves_out_the_work_the_checkpoint_holds(
     # trial 0 and the bootstrap pass (or the rounds' calls) are not counted again
     assert first.stopped_by_budget and rerun.resumed_calls >= len(VAL)
     assert after.calls.expected < before.calls.expected
-    # BootstrapFewShot: exactly trial 0 and the bootstrap pass
-    assert saved is None or before.calls.expected - after.calls.expected == saved
+    # BootstrapFewShot: exactly what the first run did (trial 0, the bootstrap pass and
+    # the examples of the candidate it finished)
+    assert first.calls == 24 and first.start.unevaluated == 0
+    assert not exact or before.calls.expected - after.calls.expected == first.calls
 
 
 # ------------------------------------------------------------------ pipeline

@@ -22,8 +22,11 @@ An estimate multiplies two things:
   measured too, when the schedule shows demos: the first sampled example runs
   once more with labeled demos (without a sample, it is counted from the
   training examples' length, about four characters a token). Calls outside the
-  program (proposals, rewrites) are counted at about 400 prompt and 100 reply
-  tokens each, in a range of half to twice that.
+  program (proposals, rewrites, a judge) are sized in characters by whoever
+  makes them (an optimizer renders the prompts it would send:
+  `Optimizer.estimated_calls`) and turned into tokens at the rate the sampled
+  calls showed (characters of their messages per prompt token), in a range of
+  half to twice the prompt and a quarter to twice the reply.
 
 Dollars come from the price of each endpoint in the resource configuration (or
 plait's table of list prices); an endpoint without a price makes the cost
@@ -39,11 +42,13 @@ every column.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from plait.callbacks import BaseCallback, active_callbacks
 from plait.module import Module
 
 __all__ = ["CostEstimate", "Phase", "Range", "estimate", "from_schedule", "measure"]
@@ -53,6 +58,9 @@ _DEMO_OVERHEAD = 8
 """Tokens of chat template around one demo (its two turns)."""
 _UNSAMPLED_REPLY = (1, 32, 256)
 """Reply tokens (low, expected, high) of a program call when nothing was sampled."""
+_FEEDBACK_FRAMING = 150
+"""Characters a feedback item adds around a call's input and reply: the step's name,
+the loss's verdict and score."""
 
 
 class Range(NamedTuple):
@@ -87,15 +95,15 @@ class Phase:
 
     ``runs`` counts examples run through the program (with ``demos`` demos
     added to every step's prompt); ``other`` counts calls such as proposals
-    and rewrites, each of about ``other_tokens`` (prompt, reply) tokens on the
-    endpoint ``other_alias``.
+    and rewrites, each of about ``other_chars`` (prompt, reply) characters on
+    the endpoint ``other_alias`` (tokens at the sample's characters per token).
     """
 
     name: str
     runs: Range = ZERO
     demos: float = 0.0
     other: Range = ZERO
-    other_tokens: tuple[int, int] = (400, 100)
+    other_chars: tuple[float, float] = (1600, 400)
     other_alias: str | None = None
 
 
@@ -110,6 +118,8 @@ class _Size:
     """The `Price` of the program's endpoint, or None when it has none."""
     demo_tokens: float
     measured: bool
+    chars_per_token: float = _CHARS_PER_TOKEN
+    """Characters of the sampled calls' messages per prompt token they were billed."""
 
 
 @dataclass
@@ -191,8 +201,10 @@ async def measure(
 
     chosen = list(examples)[:sample]
     sizes: list[tuple[int, int, int]] = []
+    sent = _PromptChars()
     with metered() as meter:
-        result = await run_dataset(program, [x for x, _ in chosen], resources=manager)
+        with sent.counting():
+            result = await run_dataset(program, [x for x, _ in chosen], resources=manager)
         measured = await _demo_cost(program, chosen[0][0], train or examples, demos, manager)
     if measured is not None and result.rows[0].calls:
         plain = result.rows[0].input_tokens / result.rows[0].calls
@@ -210,8 +222,59 @@ async def measure(
         price=_price(manager, _aliases(program)),
         demo_tokens=demo_tokens,
         measured=True,
+        chars_per_token=sent.per_token(),
     )
     return size, meter.calls
+
+
+class _PromptChars(BaseCallback):
+    """Counts the characters of the messages the calls made inside `counting` sent, and the
+    prompt tokens they were billed: what a token is on the program's endpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+        self.tokens = 0
+        self._sent: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[None]:
+        from plait.settings import context
+
+        with context(callbacks=[*active_callbacks(), self]):
+            yield
+
+    def per_token(self) -> float:
+        """Characters per prompt token, within 1..8 (plait's usual 4 when nothing was billed)."""
+        if not self.tokens:
+            return _CHARS_PER_TOKEN
+        return min(max(self.chars / self.tokens, 1.0), 8.0)
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        messages = inputs.get("messages") or ()
+        self._sent[call_id] = sum(len(str(m.get("content") or "")) for m in messages)
+
+    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        chars = self._sent.pop(call_id, 0)
+        usage = getattr(outputs, "usage", None)
+        if exception is None and usage is not None and not outputs.meta.get("cached"):
+            self.chars += chars
+            self.tokens += usage.input_tokens
+
+
+def feedback_items(examples: Sequence[tuple[Any, Any]], size: _Size) -> list[str]:
+    """Returns stand-ins of the feedback a training step gets on ``examples``, one per example,
+    each as long as the real one would be about: the call's input, its reply (the
+    sampled size) and the loss's verdict around them. For sizing an optimizer's prompts."""
+    reply = size.reply.expected * size.chars_per_token
+    return ["x" * round(len(str(x)) + reply + _FEEDBACK_FRAMING) for x, _ in examples]
+
+
+def mean_call(calls: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """Returns the mean (prompt, reply) characters of ``calls`` (zeros when there are none)."""
+    if not calls:
+        return (0.0, 0.0)
+    return (sum(p for p, _ in calls) / len(calls), sum(r for _, r in calls) / len(calls))
 
 
 def _spread(values: Sequence[int]) -> Range:
@@ -413,7 +476,7 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
     prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
     prompt = run_calls * prompt_per_call
     reply = run_calls * size.reply
-    other_in, other_out = phase.other_tokens
+    other_in, other_out = (chars / size.chars_per_token for chars in phase.other_chars)
     other_prompt = phase.other * Range(other_in / 2, other_in, other_in * 2)
     other_reply = phase.other * Range(other_out / 4, other_out, other_out * 2)
     cost: Range | None = None

@@ -240,7 +240,7 @@ async def _remembered_pool(
     """
     from plait.resources.usage import metered
 
-    held = search._saved.step("bootstrap")
+    held = search._held_step("bootstrap")
     demos = held["value"]["demos"] if held else {}
     undone = held["value"]["undone"] if held else list(range(len(train)))
     spent = held["calls"] if held else 0
@@ -252,6 +252,7 @@ async def _remembered_pool(
         if any(i >= len(train) for i, _ in items):
             search._saved.reader().fail(where, "names an example the trainset does not have")
     if undone:
+        search._before_calls()
         with metered() as meter:
             found, undone, _ = await _bootstrap_demos(
                 program, train, undone, search.metric, resources, threshold, search.max_concurrent
@@ -363,8 +364,10 @@ class LabeledFewShot(ProgramSearch):
         self.k = k
         self.seed = seed
 
-    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
-        n = len(val)
+    async def _schedule(
+        self, program: Module, train: list[Example], val: list[Example]
+    ) -> list[Any]:
+        n = await self._candidate_runs(program, train, len(val), 1)
         return [
             Phase(f"1 candidate with {self.k} labeled demos", runs=Range(n, n, n), demos=self.k)
         ]
@@ -423,8 +426,11 @@ class BootstrapFewShot(ProgramSearch):
         self.fill_labeled = fill_labeled
         self.seed = seed
 
-    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
-        n, m = len(val), _bootstrap_runs(self, train)
+    async def _schedule(
+        self, program: Module, train: list[Example], val: list[Example]
+    ) -> list[Any]:
+        m = _bootstrap_runs(self, train)
+        n = await self._candidate_runs(program, train, len(val), 1)
         return [
             Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m)),
             Phase(
@@ -513,7 +519,9 @@ class RandomSearch(ProgramSearch):
         self.proposals: dict[str, list[str]] = {}
         """Instructions the model proposed in the last search, per step (kept or not)."""
 
-    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+    async def _schedule(
+        self, program: Module, train: list[Example], val: list[Example]
+    ) -> list[Any]:
         phases = []
         if train and self.max_demos:
             m = _bootstrap_runs(self, train)
@@ -524,18 +532,19 @@ class RandomSearch(ProgramSearch):
             isinstance(module._parameters.get("instructions"), Parameter)
             for _, module in demo_modules(program)
         )
-        asks = self.propose * steps
+        held = sum(key.startswith("instructions ") for key in self._saved.saved_steps)
+        asks = max(self.propose * steps - held, 0)
         if asks:  # each may be asked again once when its reply is refused
             shown = sum(len(as_text(x)[:300]) + len(as_text(t)[:100]) for x, t in train[:4])
             phases.append(
                 Phase(
                     f"{asks} instruction proposals",
                     other=Range(asks, asks, 2 * asks),
-                    other_tokens=(200 + shown // 4, 150),
+                    other_chars=(800 + shown, 600),
                     other_alias=self.alias,
                 )
             )
-        runs = self.num_candidates * len(val)
+        runs = await self._candidate_runs(program, train, len(val), self.num_candidates)
         phases.append(
             Phase(
                 f"{self.num_candidates} candidates",

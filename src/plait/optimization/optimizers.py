@@ -120,8 +120,6 @@ class Optimizer:
     """Characters of one feedback item shown to the model."""
     temperature = 0.7
     """Sampling temperature of the optimizer's calls."""
-    calls_per_update = 1
-    """Model calls one parameter's update makes, before any re-ask (for cost estimates)."""
 
     def __init__(
         self,
@@ -396,16 +394,9 @@ class Optimizer:
     ) -> None:
         """Asks for a `ParameterUpdate`, checks it with `check_update`, fills ``record``.
 
-        ``parts`` is the optimizer's own account of the parameter; what changed
-        upstream in this step and the update instructions are added to it here.
+        ``parts`` is the optimizer's own account of the parameter (`_value_prompt`).
         """
-        if upstream:
-            parts.append(
-                "Earlier parts of the program were already changed in this step:\n"
-                + _upstream_lines(upstream)
-            )
-        parts.append(self._instructions(param))
-        prompt = "\n\n".join(parts)
+        prompt = self._value_prompt(param, parts, upstream)
         old_text = as_text(param.value)
         proposals: list[Any] = []
         sources = param.get_accumulated_feedback()
@@ -428,6 +419,42 @@ class Optimizer:
             return
         update, value = proposals[-1]
         record.status, record.new, record.rationale = "accepted", value, update.rationale
+
+    def _value_prompt(
+        self, param: Parameter, parts: list[str], upstream: list[UpdateRecord]
+    ) -> str:
+        """Returns the prompt asking for ``param``'s new value: ``parts``, then what changed
+        upstream in this step, then the update instructions."""
+        parts = list(parts)
+        if upstream:
+            parts.append(
+                "Earlier parts of the program were already changed in this step:\n"
+                + _upstream_lines(upstream)
+            )
+        parts.append(self._instructions(param))
+        return "\n\n".join(parts)
+
+    def _value_parts(self, name: str, param: Parameter, feedback: str, total: int) -> list[str]:
+        """Returns the optimizer's account of a parameter and its feedback, for `_value_prompt`.
+
+        The default: the parameter and its feedback. Subclasses that ask for the new value
+        from what they show override it.
+        """
+        return [_header(name, param), _feedback_part(feedback, total, self.max_feedback_shown)]
+
+    def estimated_calls(
+        self, name: str, param: Parameter, feedback: list[str]
+    ) -> list[tuple[int, int]]:
+        """Returns the (prompt, reply) characters of each call one update of ``param`` makes
+        on ``feedback`` (before any re-ask): the prompts it would send, rendered, and
+        replies of about a sentence of reason around the new value. For cost estimates.
+
+        The default is one call of `_value_parts`; an optimizer that makes other calls
+        says so by overriding this.
+        """
+        text, total = self._feedback_lines(feedback)
+        prompt = self._value_prompt(param, self._value_parts(name, param, text, total), [])
+        return [(_sent(prompt), _value_reply_chars(param))]
 
     def _instructions(self, param: Parameter) -> str:
         """Returns the closing rules of an update prompt: how much to change, what to keep."""
@@ -458,10 +485,10 @@ class Optimizer:
         )
         return "\n".join(lines)
 
-    def _feedback_lines(self, param: Parameter) -> tuple[str, int]:
-        """Returns the newest feedback items, numbered and clipped, and how many exist."""
-        items = param.get_accumulated_feedback()
-        total = len(items) + param.dropped_feedback
+    def _feedback_lines(self, items: list[str], dropped: int = 0) -> tuple[str, int]:
+        """Returns the newest feedback items, numbered and clipped, and how many there were
+        (``dropped`` of them no longer held)."""
+        total = len(items) + dropped
         shown = items[-self.max_feedback_shown :]
         text = "\n".join(
             f"{i}. {clip_middle(item, self.feedback_item_chars)}" for i, item in enumerate(shown, 1)
@@ -622,6 +649,26 @@ def _header(name: str, param: Parameter) -> str:
     )
 
 
+def _feedback_part(feedback: str, total: int, most: int) -> str:
+    return f"Feedback from {total} runs (the newest {min(total, most)} shown):\n{feedback}"
+
+
+_REASON = "x" * 120
+"""A stand-in of a sentence of reason (a rationale, a summary), for sizing replies."""
+_CHANGES = ["x" * 60] * 2
+"""Stand-ins of the changes an aggregation lists, for sizing its reply and the rewrite."""
+
+
+def _sent(prompt: str) -> int:
+    """Returns the characters of the messages an optimizer call with ``prompt`` sends."""
+    return len(_SYSTEM) + len(prompt)
+
+
+def _value_reply_chars(param: Parameter) -> int:
+    """Returns the characters of a `ParameterUpdate` reply about as long as the value now."""
+    return len(json.dumps({"rationale": _REASON, "new_value": as_text(param.value)}))
+
+
 # ----------------------------------------------------------------------- SFA
 class SFAOptimizer(Optimizer):
     """Structured feedback aggregation: summarise the feedback, then rewrite, upstream first.
@@ -660,18 +707,47 @@ class SFAOptimizer(Optimizer):
         upstream: list[UpdateRecord],
         record: UpdateRecord,
     ) -> None:
-        feedback, total = self._feedback_lines(param)
+        feedback, total = self._feedback_lines(
+            param.get_accumulated_feedback(), param.dropped_feedback
+        )
         summary, changes = await self._aggregate(manager, name, param, feedback, total, record)
         record.feedback, record.changes = summary, changes
         if not changes:
             record.status, record.reason = "skipped", "the feedback asked for no change"
             return
-        parts = [
+        parts = self._rewrite_parts(name, param, changes)
+        await self._ask_for_value(manager, param, parts, upstream, record)
+
+    def estimated_calls(
+        self, name: str, param: Parameter, feedback: list[str]
+    ) -> list[tuple[int, int]]:
+        """The summary of ``feedback``, then the rewrite (see `Optimizer.estimated_calls`)."""
+        text, total = self._feedback_lines(feedback)
+        summary = json.dumps({"summary": _REASON, "changes": _CHANGES})
+        rewrite = self._value_prompt(param, self._rewrite_parts(name, param, _CHANGES), [])
+        return [
+            (_sent(self._summary_prompt(name, param, text, total)), len(summary)),
+            (_sent(rewrite), _value_reply_chars(param)),
+        ]
+
+    @staticmethod
+    def _rewrite_parts(name: str, param: Parameter, changes: list[str]) -> list[str]:
+        return [
             "Rewrite this part of an LLM program so that it makes the changes listed.",
             _header(name, param),
             "Changes to make:\n" + "\n".join(f"- {change}" for change in changes),
         ]
-        await self._ask_for_value(manager, param, parts, upstream, record)
+
+    def _summary_prompt(self, name: str, param: Parameter, feedback: str, total: int) -> str:
+        return (
+            "Below is feedback on runs of an LLM program. Turn it into a short list of "
+            "concrete changes to one part of the program.\n\n"
+            f"{_header(name, param)}\n\n"
+            f"{_feedback_part(feedback, total, self.max_feedback_shown)}\n\n"
+            'Reply with JSON: "summary": one sentence on what goes wrong, "changes": at most '
+            f"{self.max_changes} short, concrete edits to the value (an empty list if it "
+            "should stay as it is)."
+        )
 
     async def _aggregate(
         self,
@@ -682,16 +758,7 @@ class SFAOptimizer(Optimizer):
         total: int,
         record: UpdateRecord,
     ) -> tuple[str, list[str]]:
-        shown = min(total, self.max_feedback_shown)
-        prompt = (
-            "Below is feedback on runs of an LLM program. Turn it into a short list of "
-            "concrete changes to one part of the program.\n\n"
-            f"{_header(name, param)}\n\n"
-            f"Feedback from {total} runs (the newest {shown} shown):\n{feedback}\n\n"
-            'Reply with JSON: "summary": one sentence on what goes wrong, "changes": at most '
-            f"{self.max_changes} short, concrete edits to the value (an empty list if it "
-            "should stay as it is)."
-        )
+        prompt = self._summary_prompt(name, param, feedback, total)
         try:
             result = await self._ask_structured(manager, prompt, FeedbackSummary, 400, record)
         except StructuredOutputError as exc:
@@ -735,15 +802,18 @@ class TextGradOptimizer(Optimizer):
         upstream: list[UpdateRecord],
         record: UpdateRecord,
     ) -> None:
-        feedback, total = self._feedback_lines(param)
         items = param.get_accumulated_feedback()
+        feedback, total = self._feedback_lines(items, param.dropped_feedback)
         record.feedback = f"{total} item(s); newest: {clip_middle(items[-1], 300)}"
+        parts = self._value_parts(name, param, feedback, total)
+        await self._ask_for_value(manager, param, parts, upstream, record)
+
+    def _value_parts(self, name: str, param: Parameter, feedback: str, total: int) -> list[str]:
+        """The feedback as a gradient, and with ``momentum`` the parameter's past values."""
         parts = [
             "Improve this part of an LLM program. The feedback below is its gradient: "
             "change the value in the direction the feedback points.",
-            _header(name, param),
-            f"Feedback from {total} runs (the newest {min(total, self.max_feedback_shown)} "
-            f"shown):\n{feedback}",
+            *super()._value_parts(name, param, feedback, total),
         ]
         past = self.history.get(name, [])[-self.momentum :] if self.momentum else []
         if past:
@@ -755,4 +825,4 @@ class TextGradOptimizer(Optimizer):
                     for i, r in enumerate(past, 1)
                 )
             )
-        await self._ask_for_value(manager, param, parts, upstream, record)
+        return parts

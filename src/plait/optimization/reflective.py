@@ -336,7 +336,9 @@ class ReflectiveSearch(ProgramSearch):
         self.log: list[str] = []
         """What each proposal of the last search did, in words."""
 
-    def _schedule(self, program: Module, train: list[Example], val: list[Example]) -> list[Any]:
+    async def _schedule(
+        self, program: Module, train: list[Example], val: list[Example]
+    ) -> list[Any]:
         """Proposals until ``max_calls``: each runs a minibatch, rewrites one parameter, runs
         the minibatch again and validates the child (the budget caps the totals); what a
         checkpoint spent is not counted again."""

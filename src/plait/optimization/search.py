@@ -51,6 +51,7 @@ evolutionary search in `plait.optimization.reflective`.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import itertools
 import json
 import logging
@@ -87,6 +88,16 @@ __all__ = [
 ]
 
 logger = logging.getLogger("plait.optimization")
+
+_ESTIMATING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "plait_search_estimating", default=False
+)
+"""True while an estimate builds a search's candidates from its checkpoint (no call sent)."""
+
+
+class _NeedsCalls(Exception):
+    """A step the candidates come from is not in the checkpoint: they cannot be built
+    without calls (only raised while `_ESTIMATING`)."""
 
 
 # ----------------------------------------------------------------- records
@@ -450,14 +461,33 @@ class ProgramSearch:
         """
         from plait.resources.usage import metered
 
-        held = self._saved.step(key)
+        held = self._held_step(key)
         if held is not None:
             return held["value"]
+        self._before_calls()
         with metered() as meter:
             value = await make()
         if not budget_spent():
             self._saved.add_step(key, value, meter.calls)
         return value
+
+    def _held_step(self, key: str) -> dict[str, Any] | None:
+        """Returns a step the checkpoint holds (`SearchCheckpoint.step`: taken, so it counts
+        as resumed); while an estimate builds the candidates, only looked at, and one it
+        does not hold stops the building."""
+        if not _ESTIMATING.get():
+            return self._saved.step(key)
+        held = self._saved.saved_steps.get(key)
+        if held is None:
+            raise _NeedsCalls(key)
+        return held
+
+    @staticmethod
+    def _before_calls() -> None:
+        """Called where a step is about to send calls: while an estimate builds the
+        candidates, they cannot be known without those calls, and the building stops."""
+        if _ESTIMATING.get():
+            raise _NeedsCalls
 
     async def _evaluated(
         self, number: int, candidate: Candidate, val: list[tuple[Any, Any]], resources: Any
@@ -516,7 +546,7 @@ class ProgramSearch:
         if not val:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
         program = self._open_checkpoint(program, train, val, in_place=False)
-        phases = [self._start_phase(program, val), *self._schedule(program, train, val)]
+        phases = [self._start_phase(program, val), *await self._schedule(program, train, val)]
         demos = math.ceil(max(phase.demos for phase in phases))
         size, spent = await costs.measure(program, val, resources, sample, train, demos)
         return costs.from_schedule(
@@ -538,13 +568,39 @@ class ProgramSearch:
     def _left_to_evaluate(self, candidate: Candidate, n: int) -> int:
         """Returns how many of the ``n`` validation examples a candidate's evaluation has
         left, after what the checkpoint holds of it (for estimates)."""
+        return self._left_of([candidate], n)
+
+    def _left_of(self, candidates: Sequence[Candidate], n: int) -> int:
+        """Returns the validation runs ``candidates`` have left after what the checkpoint
+        holds of them (a candidate there twice takes its trials in turn, as `compile` does)."""
         from plait.optimization.search_checkpoint import trial_key
 
-        key = trial_key(candidate.program.state_dict(), candidate.settings)
-        held = self._saved.reusable.get(key)
-        return held[0].unevaluated if held else n
+        taken: Counter[str] = Counter()
+        left = 0
+        for candidate in candidates:
+            key = trial_key(candidate.program.state_dict(), candidate.settings)
+            held = self._saved.reusable.get(key, [])
+            left += held[taken[key]].unevaluated if taken[key] < len(held) else n
+            taken[key] += 1
+        return left
 
-    def _schedule(
+    async def _candidate_runs(
+        self, program: Module, train: list[tuple[Any, Any]], n: int, count: int
+    ) -> int:
+        """Returns the validation runs of the ``count`` candidates `compile` evaluates after
+        trial 0, less what the checkpoint holds of them; all ``count`` × ``n`` when they
+        come from steps (a bootstrap pass, proposals) the checkpoint does not hold whole,
+        as only calls can tell what they are then. For estimates: sends no call."""
+        token = _ESTIMATING.set(True)
+        try:
+            candidates = self._distinct(program, await self._candidates(program, train, None))
+        except _NeedsCalls:
+            return count * n
+        finally:
+            _ESTIMATING.reset(token)
+        return self._left_of(candidates, n)
+
+    async def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
     ) -> list[Any]:
         """Returns the phases (`plait.optimization.costs.Phase`) after trial 0. Override this."""
@@ -996,7 +1052,7 @@ class GridSearch(ProgramSearch):
         self._check_keys(program)
         return Candidate(program, {}, "as it was", settings=self._current_settings(program))
 
-    def _schedule(
+    async def _schedule(
         self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
     ) -> list[Any]:
         from plait.optimization.costs import Phase, Range

@@ -224,11 +224,12 @@ class Trainer:
         """Estimates the calls, tokens and dollars `fit` would spend, before it runs.
 
         From the schedule (validations, epochs of minibatches, one optimizer
-        step per minibatch: `Optimizer.calls_per_update` calls per learnable
-        parameter, and a call per example for an LLM-judged loss) and one run
-        of the program measured on ``sample`` validation examples, which run
-        for real (`plait.optimization.costs`). A checkpoint to resume from
-        shortens the schedule. Awaited inside a running event loop, run to
+        step per minibatch, and a call per example for an LLM-judged loss) and
+        one run of the program measured on ``sample`` validation examples,
+        which run for real (`plait.optimization.costs`). An optimizer step
+        makes the calls `Optimizer.estimated_calls` renders for each learnable
+        parameter, on feedback as long as a minibatch's would be. A checkpoint
+        to resume from shortens the schedule. Awaited inside a running event loop, run to
         completion in a script, like `fit`.
 
         Returns:
@@ -257,8 +258,14 @@ class Trainer:
             for batch in range(position[1] if epoch == position[0] else 0, batches)
         ]
         steps_left, examples_left = len(left), sum(left)
-        learnable = sum(p.requires_grad for _, p in self.optimizer.named_parameters())
-        updates = steps_left * learnable * self.optimizer.calls_per_update
+        feedback = costs.feedback_items(self.train_set[: self.batch_size], size)
+        step_calls = [
+            call
+            for name, param in self.optimizer.named_parameters()
+            if param.requires_grad
+            for call in self.optimizer.estimated_calls(name, param, feedback)
+        ]
+        updates = steps_left * len(step_calls)
         validations = self.epochs - position[0]
         judge = getattr(self.step.loss, "alias", None)
         phases = [
@@ -266,7 +273,9 @@ class Trainer:
             Phase(f"{steps_left} training minibatches", runs=Range(*(examples_left,) * 3)),
             Phase(
                 f"{steps_left} optimizer steps",
-                other=Range(0, updates, 2 * updates),
+                # low: no update asked for; high: every call re-asked as often as allowed
+                other=Range(0, updates, (1 + self.optimizer.max_retries) * updates),
+                other_chars=costs.mean_call(step_calls),
                 other_alias=self.optimizer.alias,
             ),
             Phase(f"{validations} validations after an epoch", runs=Range(*(validations * n,) * 3)),
