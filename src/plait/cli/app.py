@@ -868,6 +868,13 @@ def _default_pending_db(resources: Path | None) -> Path:
     help="Largest stored state of one paused run (507 beyond).",
 )
 @click.option(
+    "--access-log/--no-access-log",
+    default=True,
+    show_default=True,
+    help="Write one JSON line per request (request id, method, path, status, duration, "
+    "client) to standard error.",
+)
+@click.option(
     "--approval-key-env",
     metavar="NAME",
     help="Environment variable holding the approval key (32+ bytes) that seals pauses, so "

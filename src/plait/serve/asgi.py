@@ -23,11 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.serve.errors import error_response, failure_response
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
-from plait.serve.middleware import LimitBody, ObservedRequests, RequireApiKey
+from plait.serve.middleware import AccessLog, LimitBody, ObservedRequests, RequireApiKey
 from plait.serve.options import ServeOptions
 from plait.serve.programs import ServedProgram, served_programs
 from plait.serve.responses import JsonResponse
@@ -56,6 +56,7 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     options = options or ServeOptions()
     served = {program.name: program for program in served_programs(programs)}
     service = RunService(served, _resources(resources, served), options)
+    access_log = AccessLog() if options.access_log else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,6 +67,8 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
             yield
         finally:
             await service.aclose()
+            if access_log is not None:
+                access_log.close()  # every line of the requests answered is written
 
     app = ServedApp(
         title="plait programs",
@@ -89,7 +92,7 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
 
         add_chat_page(app)
     app.run_routes = {route.path: route for route in map(documented_run_route, served.values())}
-    app.wrap = lambda inner: _layers(inner, app, service, metrics, options)
+    app.wrap = lambda inner: _layers(inner, app, service, metrics, options, access_log)
     return app
 
 
@@ -103,6 +106,17 @@ class ServedApp(FastAPI):
     answered by `RunRoutes`."""
     wrap: Any
     """Puts plait's layers around FastAPI's own stack."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A run goes straight to the layers: FastAPI's own __call__ would first ask
+        # OpenTelemetry whether to trace the request, on every request (the run's model calls
+        # are traced by plait's callbacks). Every other request is FastAPI's as before.
+        stack = self.middleware_stack
+        if stack is not None and scope["type"] == "http" and scope["path"] in self.run_routes:
+            scope["app"] = self
+            await stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
     def build_middleware_stack(self) -> ASGIApp:
         return self.wrap(super().build_middleware_stack())
@@ -125,6 +139,7 @@ def _layers(
     service: RunService,
     metrics: ServerMetrics,
     options: ServeOptions,
+    access_log: AccessLog | None,
 ) -> ASGIApp:
     """Returns ``inner`` (FastAPI's stack) inside plait's layers, outermost last here."""
     layered: ASGIApp = RunRoutes(inner, service, app.run_routes)
@@ -139,7 +154,7 @@ def _layers(
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["x-request-id"],
         )
-    return ObservedRequests(layered, metrics=metrics, access_log=options.access_log)
+    return ObservedRequests(layered, metrics=metrics, access_log=access_log)
 
 
 def _resources(resources: Any, served: dict[str, ServedProgram]) -> Any:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ import uvicorn
 
 from plait.serve.options import ServeOptions, check_exposure
 
-__all__ = ["DrainingServer", "serve", "serve_workers", "worker_app"]
+__all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "worker_app"]
 
 logger = logging.getLogger("plait.serve")
 
@@ -43,6 +44,8 @@ def serve(
     """
     options = options or getattr(app.state, "options", None) or ServeOptions()
     check_exposure(host, options)
+    if options.access_log:
+        log_access_to_stderr()
     config = uvicorn.Config(
         app,
         host=host,
@@ -92,6 +95,8 @@ def worker_app() -> Any:
     from plait.serve import app
 
     config = json.loads(os.environ[_WORKER_CONFIG_ENV])
+    if config["options"]["access_log"]:
+        log_access_to_stderr()
     programs = {name: load_program(spec) for name, spec in config["programs"]}
     resources = config["resources"]
     return app(
@@ -99,6 +104,20 @@ def worker_app() -> Any:
         ResourceConfig.from_file(resources) if resources else None,
         **config["options"],
     )
+
+
+def log_access_to_stderr() -> None:
+    """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
+    to standard error, unless logging is configured to send them somewhere already."""
+    from plait.serve.middleware import access_logger
+
+    if access_logger.hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_logger.addHandler(handler)
+    access_logger.setLevel(logging.INFO)
+    access_logger.propagate = False
 
 
 def _plain(options: ServeOptions) -> dict[str, Any]:
