@@ -4,8 +4,9 @@ On SIGTERM (or Ctrl-C) the server first drains: ``/readyz`` answers 503 and new 
 refused (503 ``draining``) while the runs in flight finish, for at most ``grace`` seconds;
 then uvicorn stops as usual and cancels whatever is left. A second signal stops at once.
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
-and opens its own resources (so endpoint limits hold per worker), and a stop lets requests
-finish within ``grace`` (uvicorn's graceful timeout) without the readiness phase.
+and opens its own resources holding one ``workers``-th of every endpoint's limits (so
+together they never pass them), and a stop lets requests finish within ``grace``
+(uvicorn's graceful timeout) without the readiness phase.
 """
 
 from __future__ import annotations
@@ -63,11 +64,11 @@ def serve_workers(
     *,
     host: str,
     port: int,
-    workers: int,
     options: ServeOptions,
     log_level: str = "info",
 ) -> None:
-    """Serves the named programs from ``workers`` processes (each builds its own app).
+    """Serves the named programs from ``options.workers`` processes (each builds its own
+    app, holding its share of the endpoints' limits).
 
     Raises:
         ConfigError: ``host`` is not loopback and no API key is set.
@@ -81,7 +82,7 @@ def serve_workers(
         factory=True,
         host=host,
         port=port,
-        workers=workers,
+        workers=options.workers,
         log_level=log_level,
         timeout_graceful_shutdown=int(options.grace),
         access_log=False,
@@ -132,6 +133,7 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "cors_origins": list(options.cors_origins),
         "grace": options.grace,
         "access_log": options.access_log,
+        "workers": options.workers,
         "pending_db": options.pending_db,
         "pending_ttl": options.pending_ttl,
         "max_pending_bytes": options.max_pending_bytes,
