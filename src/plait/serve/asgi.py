@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -104,8 +104,8 @@ class ServedApp(FastAPI):
     run_routes: dict[str, APIRoute]
     """The typed run route of each program, by path: described in the OpenAPI document,
     answered by `RunRoutes`."""
-    wrap: Any
-    """Puts plait's layers around FastAPI's own stack."""
+    wrap: Callable[[ASGIApp], ASGIApp]
+    """Puts plait's layers around FastAPI's own stack (set by `build_app`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A run goes straight to the layers: FastAPI's own __call__ would first ask
