@@ -25,6 +25,7 @@ The server process's CPU per request is printed beside (a) and (d). The peers' v
     python3 -m venv /work/peers_venv
     /work/peers_venv/bin/pip install -e . -r benchmarks/requirements-peers.txt fastapi uvicorn
     python benchmarks/serve_bench.py [--requests 20000] [--peers-python /work/peers_venv/bin/python]
+        [--server-option=--no-access-log] [--server-option=--workers=2]
 
 Run by the peers' python with ``--peer-server UPSTREAM`` it is that peer service.
 """
@@ -110,29 +111,50 @@ def _endpoint(upstream: str, max_concurrent: int) -> dict[str, Any]:
     }
 
 
+SERVER_OPTIONS: list[str] = []
+"""More ``plait serve`` options for every server of the run (``--server-option``)."""
+
+
 @contextmanager
 def plait_server(upstream: str, max_concurrent: int, folder: Path) -> Iterator[tuple[int, str]]:
     """``plait serve one=serve_bench.py:make_program`` against ``upstream``."""
     resources = folder / f"res-{max_concurrent}.json"
     resources.write_text(json.dumps({"llm": _endpoint(upstream, max_concurrent)}))
     command = [sys.executable, "-m", "plait", "serve", f"one={Path(__file__)}:make_program"]
-    command += ["-r", str(resources), "--port", "0", "--max-active", "512"]
+    command += ["-r", str(resources), "--port", "0", "--max-active", "512", *SERVER_OPTIONS]
     with _listening(command, "Uvicorn running on ", folder / "plait-serve.log") as running:
+        if any(option.startswith("--workers") for option in SERVER_OPTIONS):
+            time.sleep(5)  # the workers start after the supervisor says where it listens
         yield running
 
 
+def _tree(pid: int) -> list[int]:
+    """Process ``pid`` and its descendants (``--workers``: the supervisor and its workers)."""
+    found = [pid]
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children = (task / "children").read_text().split()
+        for child in children:
+            found += _tree(int(child))
+    return found
+
+
 def rss_mb(pid: int) -> float:
-    """Resident memory of process ``pid`` in MiB (Linux)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
+    """Resident memory of process ``pid`` and its descendants in MiB (Linux)."""
+    total = 0.0
+    for member in _tree(pid):
+        for line in Path(f"/proc/{member}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time process ``pid`` has used (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time process ``pid`` and its descendants have used (Linux)."""
+    total = 0
+    for member in _tree(pid):
+        fields = Path(f"/proc/{member}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def upstream_stats(base_url: str, reset: bool = False) -> dict[str, Any]:
@@ -346,8 +368,17 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000, help="for the memory part (d)")
     parser.add_argument("--batch", type=int, default=2048, help="requests of (b) and (c)")
     parser.add_argument("--peers-python", default="/work/peers_venv/bin/python")
+    parser.add_argument(
+        "--server-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="pass OPTION to every plait serve (e.g. --server-option=--no-access-log, "
+        "--server-option=--workers=2); repeatable",
+    )
     parser.add_argument("--peer-server", metavar="UPSTREAM", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    SERVER_OPTIONS[:] = args.server_option
     if args.peer_server:
         run_peer_server(args.peer_server)
         return
@@ -357,7 +388,7 @@ def main() -> None:
 
     print(
         f"plait serve benchmark; Python {sys.version.split()[0]}, {os.cpu_count()} cores; "
-        "clients: aiohttp, one session, no connection cap"
+        f"clients: aiohttp, one session, no connection cap; plait serve {' '.join(SERVER_OPTIONS)}"
     )
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)

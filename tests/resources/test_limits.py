@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from plait.resources.limits import Limiter
+from plait.resources import ResourceConfig
+from plait.resources.limits import Limiter, limiter_shares, too_small_to_share
 
 
 class FakeClock:
@@ -218,3 +219,20 @@ async def test_growing_window_wakes_waiters() -> None:
     lim.on_success()
     await asyncio.wait_for(task, 1)
     assert lim.in_flight == 2
+
+
+def test_a_share_holds_its_part_of_each_limit_and_too_small_ones_are_named() -> None:
+    config = ResourceConfig(
+        {
+            "a": {"provider": "openai", "model": "m", "max_concurrent": 9, "rpm": 600},
+            "b": {"provider": "openai", "model": "m", "max_concurrent": 2, "tpm": 3000},
+            "c": {"provider": "openai", "model": "m"},
+        }
+    )
+    share = limiter_shares(4)
+    a, b, c = (share(config.resolve(alias)) for alias in "abc")
+    assert (a.max_concurrent, a.rpm, a.tpm) == (2, 150, None)  # 4 x 2 <= 9
+    assert (b.max_concurrent, b.rpm, b.tpm) == (1, None, 750)
+    assert (c.max_concurrent, c.rpm, c.tpm) == (None, None, None)
+    assert too_small_to_share(config.endpoints(), 4) == ["b (max_concurrent=2)"]
+    assert too_small_to_share(config.endpoints(), 2) == []

@@ -205,3 +205,35 @@ async def test_a_paused_run_survives_a_restart_and_is_resumed_once(tmp_path: Pat
     assert again.status_code == 409
     assert replayed.status_code == 409 and "already used" in replayed.json()["error"]["message"]
     assert log.read_text().splitlines() == ["/tmp/x"]
+
+
+async def test_the_access_log_is_one_json_object_a_line_with_the_request_id(tmp_path: Path) -> None:
+    async with ScriptedServer() as server:
+        program, resources = files(tmp_path, server.base_url)
+        logs = {}
+        for flag, request_id in (("--access-log", "trace-42"), ("--no-access-log", "trace-43")):
+            command = plait_command(
+                "serve", f"ask={program}:make", "-r", str(resources), "--port", "0", flag
+            )
+            process = await asyncio.create_subprocess_exec(
+                *command, env=environment(), stderr=asyncio.subprocess.PIPE
+            )
+            url = await _listening_url(process)
+            async with httpx.AsyncClient(timeout=60) as client:
+                answer = await client.post(
+                    f"{url}/programs/ask/run",
+                    json={"prompt": "x"},
+                    headers={"X-Request-ID": request_id},
+                )
+            assert answer.status_code == 200
+            process.send_signal(signal.SIGTERM)
+            assert process.stderr is not None
+            logs[flag] = (await process.stderr.read()).decode()
+            assert await asyncio.wait_for(process.wait(), 60) == 0
+    lines = [line for line in logs["--access-log"].splitlines() if "trace-42" in line]
+    assert len(lines) == 1
+    entry = json.loads(lines[0])
+    assert entry["request_id"] == "trace-42" and entry["status"] == 200
+    assert entry["method"] == "POST" and entry["path"] == "/programs/ask/run"
+    assert set(entry) == {"request_id", "method", "path", "status", "duration_ms", "client"}
+    assert "trace-43" not in logs["--no-access-log"]

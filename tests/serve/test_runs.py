@@ -89,6 +89,31 @@ async def test_bad_input_is_a_422_naming_the_field() -> None:
     assert server.stats.requests == 0
 
 
+async def test_the_run_route_answers_like_a_typed_route_for_other_methods_and_queries() -> None:
+    async with ScriptedServer() as server:
+        served = app({"qa": Predict("question -> answer")}, upstream(server))
+        async with serving(served) as url, httpx.AsyncClient() as client:
+            got = await client.get(f"{url}/programs/qa/run")
+            bad_stream = await client.post(
+                f"{url}/programs/qa/run?stream=maybe", json={"question": "hi"}
+            )
+            off = await client.post(f"{url}/programs/qa/run?stream=no", json={"question": "hi"})
+            on = await client.post(f"{url}/programs/qa/run?stream=1", json={"question": "hi"})
+            empty = await client.post(f"{url}/programs/qa/run")
+            other = await client.post(f"{url}/programs/nope/run", json={"question": "hi"})
+    assert got.status_code == 405 and got.headers["allow"] == "POST"
+    assert got.json()["error"]["type"] == "method_not_allowed"
+    assert bad_stream.status_code == 422
+    assert bad_stream.json()["error"]["message"].startswith("stream: ")
+    assert off.headers["content-type"] == "application/json"
+    assert off.json()["output"] == {"answer": "echo: question: hi"}
+    assert on.headers["content-type"].startswith("text/event-stream")
+    assert sse_events(on.text)[-1][0] == "output"
+    assert empty.status_code == 422 and empty.json()["error"]["message"].startswith("body: ")
+    assert other.status_code == 404 and other.json()["error"]["type"] == "not_found"
+    assert server.stats.requests == 2
+
+
 async def test_a_stream_sends_named_events_and_ends_with_the_output() -> None:
     async with ScriptedServer(stream_pieces=3) as server:
         programs = {"llm": LLMInference("llm", "be brief")}

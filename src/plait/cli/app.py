@@ -782,7 +782,7 @@ def _default_pending_db(resources: Path | None) -> Path:
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
-    help="Processes; each opens its own resources (limits hold per worker).",
+    help="Processes; each holds 1/N of every endpoint's limits (together, the limits).",
 )
 @click.option(
     "--ray-replicas",
@@ -868,6 +868,13 @@ def _default_pending_db(resources: Path | None) -> Path:
     help="Largest stored state of one paused run (507 beyond).",
 )
 @click.option(
+    "--access-log/--no-access-log",
+    default=True,
+    show_default=True,
+    help="Write one JSON line per request (request id, method, path, status, duration, "
+    "client) to standard error.",
+)
+@click.option(
     "--approval-key-env",
     metavar="NAME",
     help="Environment variable holding the approval key (32+ bytes) that seals pauses, so "
@@ -894,19 +901,22 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             api_keys=tuple(keys),
             cors_origins=tuple(options.pop("cors_origins")),
             pending_db=str(pending_db or _default_pending_db(resources)),
+            workers=workers,
             **options,
         )
         check_exposure(host, serve_options)
         if ray_replicas is not None and workers > 1:
             _fail("--ray-replicas and --workers both run copies of the server; choose one")
         if workers > 1:
+            from plait.serve.runs import check_shares
             from plait.serve.server import serve_workers
 
-            for _, spec in named:  # found wrong here, once, rather than in every worker
-                load_program(spec)
+            # found wrong here, once, rather than in every worker
+            loaded = [load_program(spec) for _, spec in named]
+            check_shares(_resources(resources, loaded[0]), workers)
             serve_workers(
                 named, str(resources) if resources else None,
-                host=host, port=port, workers=workers, options=serve_options,
+                host=host, port=port, options=serve_options,
             )  # fmt: skip
             return
         programs = {name: _prepare(spec, None, ())[0] for name, spec in named}

@@ -37,7 +37,7 @@ import ray
 
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
-from plait.resources.limits import Limiter
+from plait.resources.limits import Limiter, limiter_shares
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
@@ -291,20 +291,7 @@ def _limiter_factory(limits: Limits, namespace: str, workers: int) -> Callable |
     if limits == "cluster":
         return cluster_limiters(namespace)
     if limits == "shares":
-
-        def share(config: EndpointConfig) -> Limiter:
-            def part(value: float | None) -> float | None:
-                return None if value is None else value / workers
-
-            concurrent = config.max_concurrent
-            return Limiter(
-                max_concurrent=None if concurrent is None else max(1, concurrent // workers),
-                rpm=part(config.rpm),
-                tpm=part(config.tpm),
-                adaptive=config.adaptive,
-            )
-
-        return share
+        return limiter_shares(workers)
     raise ValueError(f"limits must be 'cluster', 'shares' or 'local', got {limits!r}")
 
 

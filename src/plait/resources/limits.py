@@ -35,8 +35,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-__all__ = ["Limiter", "TokenBucket"]
+if TYPE_CHECKING:
+    from plait.resources.config import EndpointConfig
+
+__all__ = ["Limiter", "TokenBucket", "limiter_shares", "too_small_to_share"]
 
 _EPSILON = 1e-9
 
@@ -340,3 +344,38 @@ class Limiter:
     def paused_for(self) -> float:
         """Seconds left of the current pause (0 when not paused)."""
         return max(0.0, self._paused_until - self._clock()) if self._paused_until else 0.0
+
+
+def limiter_shares(parts: int) -> Callable[[EndpointConfig], Limiter]:
+    """Returns a ``limiter_factory`` for `ResourceManager` whose limiters hold one
+    ``parts``-th of each endpoint's limits: ``max_concurrent // parts`` slots (at least one),
+    ``rpm / parts`` and ``tpm / parts``. ``parts`` processes that each hold one share stay
+    within the endpoint's limits together, without talking to each other, as long as every
+    ``max_concurrent`` is at least ``parts`` (`too_small_to_share` finds those that are not);
+    the price is that a share left idle by one process is not lent to another.
+    """
+
+    def share(config: EndpointConfig) -> Limiter:
+        def part(value: float | None) -> float | None:
+            return None if value is None else value / parts
+
+        concurrent = config.max_concurrent
+        return Limiter(
+            max_concurrent=None if concurrent is None else max(1, concurrent // parts),
+            rpm=part(config.rpm),
+            tpm=part(config.tpm),
+            adaptive=config.adaptive,
+        )
+
+    return share
+
+
+def too_small_to_share(endpoints: list[EndpointConfig], parts: int) -> list[str]:
+    """Returns the endpoints whose ``max_concurrent`` is below ``parts``, described as
+    ``"name (max_concurrent=N)"``: split ``parts`` ways, each share would still hold one slot,
+    so together they would pass the limit."""
+    return [
+        f"{endpoint.name} (max_concurrent={endpoint.max_concurrent})"
+        for endpoint in endpoints
+        if endpoint.max_concurrent is not None and endpoint.max_concurrent < parts
+    ]

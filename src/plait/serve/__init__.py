@@ -15,7 +15,8 @@ Layout: ``programs.py`` (request and response schemas from what a program declar
 ``runs.py`` (the shared resources, admission, per-request usage, pauses and their resumes),
 ``pending.py`` (where paused runs wait: the `PendingStore` interface, its SQLite and
 in-memory stores), ``page.py`` (the browser chat page at ``/``),
-``events.py`` (stream events as SSE), ``asgi.py`` (the app and its typed routes),
+``events.py`` (stream events as SSE), ``asgi.py`` (the app and its routes),
+``run_route.py`` (``POST /programs/{name}/run`` as plain ASGI in front of FastAPI),
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
 access log, API keys, body limit), ``metrics.py`` (Prometheus), ``responses.py`` (answers
 cancelled when their client leaves), ``errors.py`` (JSON errors, error ids), ``options.py``,

@@ -1,7 +1,8 @@
-"""`build_app`: the ASGI app that serves plait programs (FastAPI), and its typed run routes.
+"""`build_app`: the ASGI app that serves plait programs (FastAPI), and its routes.
 
 Routes: ``POST /programs/{name}/run`` (one per program, typed; ``?stream=true`` or
-``Accept: text/event-stream`` for SSE), ``GET /programs/{name}/runs/{run_id}`` (a paused run),
+``Accept: text/event-stream`` for SSE; answered by `plait.serve.run_route.RunRoutes` in
+front of FastAPI), ``GET /programs/{name}/runs/{run_id}`` (a paused run),
 ``POST /programs/{name}/runs/{run_id}/resume`` (the person's answers; JSON or SSE like a run),
 ``GET /programs``, the OpenAI-compatible ``/v1`` routes (`plait.serve.openai_api`), the chat
 page at ``/`` (`plait.serve.page`), and ``/healthz``, ``/readyz``, ``/metrics``.
@@ -10,33 +11,38 @@ page at ``/`` (`plait.serve.page`), and ``/healthz``, ``/readyz``, ``/metrics``.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
-from starlette.responses import JSONResponse, Response
-from starlette.types import Scope
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from plait.confirmation import ResumeState
-from plait.errors import BudgetExceededError, DeadlineExceededError, ResumeRefusedError
-from plait.serve.errors import error_response, failure_id, failure_response
-from plait.serve.events import sse
+from plait.serve.errors import error_response, failure_response
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
-from plait.serve.middleware import LimitBody, ObservedRequests, RequireApiKey
+from plait.serve.middleware import AccessLog, LimitBody, ObservedRequests, RequireApiKey
 from plait.serve.options import ServeOptions
-from plait.serve.pending import PendingRunTooLarge
 from plait.serve.programs import ServedProgram, served_programs
-from plait.serve.responses import ClientLeft, EventStreamResponse, until_disconnected
-from plait.serve.runs import Draining, NotResumable, Overloaded, RunService
+from plait.serve.responses import JsonResponse
+from plait.serve.run_route import (
+    RunRoutes,
+    answer_run,
+    documented_run_route,
+    invalid_input,
+    run_failure,
+    stream_run,
+    wants_stream,
+)
+from plait.serve.runs import RunService
 
-__all__ = ["admitted_stream", "build_app", "run_failure"]
+__all__ = ["ServedApp", "build_app"]
 
 logger = logging.getLogger("plait.serve")
 
@@ -50,6 +56,7 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     options = options or ServeOptions()
     served = {program.name: program for program in served_programs(programs)}
     service = RunService(served, _resources(resources, served), options)
+    access_log = AccessLog() if options.access_log else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,8 +67,10 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
             yield
         finally:
             await service.aclose()
+            if access_log is not None:
+                access_log.close()  # every line of the requests answered is written
 
-    app = FastAPI(
+    app = ServedApp(
         title="plait programs",
         summary=f"Serves {', '.join(served)}",
         lifespan=lifespan,
@@ -82,20 +91,70 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
         from plait.serve.page import add_chat_page
 
         add_chat_page(app)
-    # add_middleware puts each in front of the last: LimitBody sits innermost.
-    app.add_middleware(LimitBody, max_bytes=options.max_body_bytes)
+    app.run_routes = {route.path: route for route in map(documented_run_route, served.values())}
+    app.wrap = lambda inner: _layers(inner, app, service, metrics, options, access_log)
+    return app
+
+
+class ServedApp(FastAPI):
+    """The FastAPI app of a server, behind plait's own layers (`_layers`): request ids,
+    access log and metrics, CORS, API keys, the body limit, and `RunRoutes`, which answers
+    the run requests before FastAPI's per-request machinery would."""
+
+    run_routes: dict[str, APIRoute]
+    """The typed run route of each program, by path: described in the OpenAPI document,
+    answered by `RunRoutes`."""
+    wrap: Callable[[ASGIApp], ASGIApp]
+    """Puts plait's layers around FastAPI's own stack (set by `build_app`)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A run goes straight to the layers: FastAPI's own __call__ would first ask
+        # OpenTelemetry whether to trace the request, on every request (the run's model calls
+        # are traced by plait's callbacks). Every other request is FastAPI's as before.
+        stack = self.middleware_stack
+        if stack is not None and scope["type"] == "http" and scope["path"] in self.run_routes:
+            scope["app"] = self
+            await stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self.wrap(super().build_middleware_stack())
+
+    def openapi(self) -> dict[str, Any]:
+        if not self.openapi_schema:
+            self.openapi_schema = get_openapi(
+                title=self.title,
+                version=self.version,
+                openapi_version=self.openapi_version,
+                summary=self.summary,
+                routes=[*self.run_routes.values(), *self.routes],
+            )
+        return self.openapi_schema
+
+
+def _layers(
+    inner: ASGIApp,
+    app: ServedApp,
+    service: RunService,
+    metrics: ServerMetrics,
+    options: ServeOptions,
+    access_log: AccessLog | None,
+) -> ASGIApp:
+    """Returns ``inner`` (FastAPI's stack) inside plait's layers, outermost last here."""
+    layered: ASGIApp = RunRoutes(inner, service, app.run_routes)
+    layered = LimitBody(layered, max_bytes=options.max_body_bytes)
     if options.api_keys:
-        app.add_middleware(RequireApiKey, keys=options.api_keys)
+        layered = RequireApiKey(layered, keys=options.api_keys)
     if options.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
+        layered = CORSMiddleware(
+            layered,
             allow_origins=list(options.cors_origins),
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["x-request-id"],
         )
-    app.add_middleware(ObservedRequests, metrics=metrics, access_log=options.access_log)
-    return app
+    return ObservedRequests(layered, metrics=metrics, access_log=access_log)
 
 
 def _resources(resources: Any, served: dict[str, ServedProgram]) -> Any:
@@ -115,26 +174,17 @@ def _resources(resources: Any, served: dict[str, ServedProgram]) -> Any:
 
 
 def _add_error_handlers(app: FastAPI) -> None:
-    async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
-        details = [
-            {"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]}
-            for error in exc.errors()
-        ]
-        first = details[0] if details else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
-        response = error_response(
-            422, "invalid_input", f"{where}: {first['msg']}", request.scope, fields=details
-        )
-        return response
+    async def invalid(request: Request, exc: RequestValidationError) -> JsonResponse:
+        return invalid_input(exc.errors(), request.scope)
 
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: HTTPException) -> JsonResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         return error_response(exc.status_code, kind, str(exc.detail), request.scope)
 
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JsonResponse:
         return failure_response(exc, request.scope)
 
-    app.add_exception_handler(RequestValidationError, invalid_input)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected)
 
@@ -145,11 +195,11 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["operations"], summary="The server takes runs")
-    async def readyz() -> JSONResponse:
+    async def readyz() -> JsonResponse:
         if service.is_ready:
-            return JSONResponse({"status": "ready"})
+            return JsonResponse({"status": "ready"})
         state = "draining" if service.draining else "starting"
-        return JSONResponse({"status": state}, status_code=503)
+        return JsonResponse({"status": state}, status_code=503)
 
     @app.get("/metrics", tags=["operations"], summary="Prometheus metrics")
     async def prometheus() -> Response:
@@ -169,77 +219,8 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
         ]
 
 
-def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JSONResponse:
-    """Returns the JSON error of a run that did not finish: refused, too slow or failed.
-
-    Args:
-        retry_after: seconds a refused client is asked to wait (``Retry-After``).
-    """
-    retry = {"Retry-After": str(retry_after)}
-    if isinstance(exc, Overloaded):
-        message = "too many runs are waiting; retry after the time in Retry-After"
-        return error_response(429, "overloaded", message, scope, headers=retry)
-    if isinstance(exc, Draining):
-        message = "the server is stopping; retry on another instance or after a while"
-        return error_response(503, "draining", message, scope, headers=retry)
-    if isinstance(exc, DeadlineExceededError):
-        message = f"the run did not finish within this server's deadline of {exc.deadline:g} s"
-        return error_response(504, "deadline_exceeded", message, scope)
-    if isinstance(exc, NotResumable):
-        return error_response(exc.status, exc.kind, exc.message, scope)
-    if isinstance(exc, ResumeRefusedError):  # its message names the approval, never a secret
-        return error_response(409, "resume_refused", str(exc), scope)
-    if isinstance(exc, PendingRunTooLarge):
-        return error_response(507, "pause_too_large", str(exc), scope)
-    if isinstance(exc, BudgetExceededError):
-        error_id = failure_id(exc, scope, "run")
-        message = f"the server's model budget is spent; quote error id {error_id} to its operator"
-        return error_response(503, "budget_exhausted", message, scope, error_id=error_id)
-    return failure_response(exc, scope, "run")
-
-
-def wants_stream(request: Request, stream: bool) -> bool:
-    """Whether the client asked for Server-Sent Events: ``?stream=true`` or an ``Accept``
-    header that names ``text/event-stream``."""
-    return stream or "text/event-stream" in request.headers.get("accept", "")
-
-
 def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> None:
-    async def run_program(request: Request, body: BaseModel, stream: bool = False) -> Any:
-        arguments = served.arguments(body)
-        if wants_stream(request, stream):
-            return await _stream_response(request, service, served, arguments)
-        return await _answer(request, service, served, arguments)
-
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    run_program.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            inspect.Parameter("request", positional, annotation=Request),
-            inspect.Parameter("body", positional, annotation=served.input_model),
-            inspect.Parameter(
-                "stream",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=Query(False, description="Answer with Server-Sent Events."),
-                annotation=bool,
-            ),
-        ]
-    )
-    app.add_api_route(
-        f"/programs/{served.name}/run",
-        run_program,
-        methods=["POST"],
-        tags=["programs"],
-        summary=f"Run {served.name}",
-        description=_describe(served),
-        operation_id=f"run_{served.name}",
-        response_class=JSONResponse,
-        responses={
-            200: {"model": served.result_model, "description": "The run finished."},
-            202: {"model": served.paused_model, "description": "The run waits for approval."},
-        },
-    )
-
-    async def paused_run(request: Request, run_id: str) -> JSONResponse:
+    async def paused_run(request: Request, run_id: str) -> JsonResponse:
         pending = await service.pending.get(run_id)
         if pending is None or pending.program != served.name:
             message = f"no run {run_id!r} of {served.name} waits for approval"
@@ -255,7 +236,7 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
             "program": served.name,
             "pending": [pending_call(pause)],
         }
-        return JSONResponse(body)
+        return JsonResponse(body)
 
     app.add_api_route(
         f"/programs/{served.name}/runs/{{run_id}}",
@@ -273,9 +254,9 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
             arguments, resume = await service.claim(served, run_id, body.answers)
         except Exception as exc:
             return run_failure(exc, request.scope, service.options.retry_after)
-        if wants_stream(request, stream):
-            return await _stream_response(request, service, served, arguments, resume)
-        return await _answer(request, service, served, arguments, resume)
+        if wants_stream(request.scope, stream):
+            return await stream_run(request.scope, service, served, arguments, resume)
+        return await answer_run(request.scope, request.receive, service, served, arguments, resume)
 
     app.add_api_route(
         f"/programs/{served.name}/runs/{{run_id}}/resume",
@@ -292,7 +273,7 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
             "pauses again, SSE with `?stream=true`)."
         ),
         operation_id=f"resume_{served.name}",
-        response_class=JSONResponse,
+        response_class=JsonResponse,
         responses={
             200: {"model": served.result_model, "description": "The run finished."},
             202: {"model": served.paused_model, "description": "It waits for approval again."},
@@ -313,78 +294,3 @@ class ResumeRequest(BaseModel):
         ),
         examples=[{"call_1": "yes"}, {"call_1": "no"}, {"call_1": {"path": "/tmp/y"}}],
     )
-
-
-async def _answer(
-    request: Request,
-    service: RunService,
-    served: ServedProgram,
-    arguments: dict[str, Any],
-    resume: ResumeState | None = None,
-) -> Response:
-    """Runs once and answers with its JSON body: 200 finished or rejected, 202 paused."""
-    try:
-        async with service.admitted():
-            work = service.run(served, arguments, resume)
-            outcome = await until_disconnected(request.receive, work)
-            name, body = await service.finish(served, arguments, outcome)
-    except ClientLeft:
-        return Response(status_code=499)
-    except Exception as exc:
-        return run_failure(exc, request.scope, service.options.retry_after)
-    return JSONResponse(body, status_code=202 if name == "paused" else 200)
-
-
-def _describe(served: ServedProgram) -> str:
-    doc = inspect.getdoc(type(served.module)) or ""
-    first = doc.splitlines()[0] if doc else f"Runs the program {served.name}."
-    return (
-        f"{first}\n\nAnswers the run's output and usage (200), or its pending tool calls when it "
-        "waits for a person's approval (202). With `?stream=true` or `Accept: "
-        "text/event-stream`, Server-Sent Events of the run, ending with `output`, `paused`, "
-        "`rejected` or `error`."
-    )
-
-
-async def _stream_response(
-    request: Request,
-    service: RunService,
-    served: ServedProgram,
-    arguments: dict[str, Any],
-    resume: ResumeState | None = None,
-) -> Any:
-    async def events() -> AsyncIterator[bytes]:
-        async for name, data, _ in service.stream(served, arguments, resume):
-            yield sse(name, data)
-
-    return await admitted_stream(request, service, events(), lambda error: sse("error", error))
-
-
-async def admitted_stream(
-    request: Request,
-    service: RunService,
-    events: AsyncIterator[bytes],
-    encode_error: Callable[[dict[str, Any]], bytes],
-) -> Any:
-    """Admits a run, then answers with its events as SSE; a refused run is answered 429/503
-    before any event, and a run that fails ends its stream with ``encode_error`` of the
-    error body (``{"error": {..., "status"}}``)."""
-    place = service.admitted()
-    try:
-        await place.__aenter__()
-    except Exception as exc:
-        return run_failure(exc, request.scope, service.options.retry_after)
-
-    async def guarded() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in events:
-                yield chunk
-        except Exception as exc:
-            failure = run_failure(exc, request.scope, service.options.retry_after)
-            error = json.loads(bytes(failure.body))
-            error["error"]["status"] = failure.status_code
-            yield encode_error(error)
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-
-    return EventStreamResponse(guarded(), on_close=lambda: place.__aexit__(None, None, None))

@@ -12,8 +12,9 @@ import logging
 import uuid
 from typing import Any
 
-from starlette.responses import JSONResponse
 from starlette.types import Scope
+
+from plait.serve.responses import JsonResponse
 
 __all__ = ["error_response", "failure_id", "failure_response", "request_id_of"]
 
@@ -32,10 +33,10 @@ def error_response(
     scope: Scope,
     headers: dict[str, str] | None = None,
     **extra: Any,
-) -> JSONResponse:
+) -> JsonResponse:
     """Returns the JSON error ``{"error": {"type": kind, "message": ...}}`` with ``status``."""
     body = {"type": kind, "message": message, "request_id": request_id_of(scope), **extra}
-    return JSONResponse({"error": body}, status_code=status, headers=headers)
+    return JsonResponse({"error": body}, status_code=status, headers=headers)
 
 
 def failure_id(exc: BaseException, scope: Scope, what: str) -> str:

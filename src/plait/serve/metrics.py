@@ -48,11 +48,17 @@ class ServerMetrics:
             "plait_http_requests_in_flight", "HTTP requests being answered.", registry=self.registry
         )
         self.registry.register(_RunsAndModelCalls(service))
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def observe(self, route: str, method: str, status: int, seconds: float) -> None:
         """Counts one answered request."""
-        self.requests.labels(route, method, str(status)).inc()
-        self.latency.labels(route).observe(seconds)
+        key = (route, method, status)
+        children = self._children.get(key)
+        if children is None:  # found once per label set (bounded: routes are templates)
+            requests = self.requests.labels(route, method, str(status))
+            children = self._children[key] = (requests, self.latency.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         """Returns every metric in Prometheus text format."""

@@ -1,24 +1,28 @@
 """The ASGI layers every request passes, outermost first: request ids, access log and metrics
 (`ObservedRequests`), CORS when asked, API keys (`RequireApiKey`), the body size limit
 (`LimitBody`). Each is plain ASGI, so streamed responses and disconnects pass through untouched.
+The access log's lines are written by a thread of their own (`AccessLog`), off the requests'
+event loop.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
+import queue
 import re
+import threading
 import time
 import uuid
 from typing import Any
 
+import orjson
 from starlette.types import ASGIApp as App
 from starlette.types import Message, Receive, Scope, Send
 
 from plait.serve.errors import error_response, failure_response
 
-__all__ = ["LimitBody", "ObservedRequests", "RequireApiKey"]
+__all__ = ["AccessLog", "LimitBody", "ObservedRequests", "RequireApiKey"]
 
 access_logger = logging.getLogger("plait.serve.access")
 
@@ -37,13 +41,61 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+class AccessLog:
+    """Writes one JSON line per request to the logger ``plait.serve.access``, from a thread
+    of its own: a request only puts its fields on a queue, and the thread makes the line and
+    hands it to the logger's handlers (whose writes may block on a slow terminal or pipe).
+
+    The thread starts with the first line and stops, having written every line queued, at
+    `close` (the app's shutdown).
+    """
+
+    def __init__(self) -> None:
+        self._lines: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def add(self, fields: tuple[Any, ...]) -> None:
+        """Queues one request's ``(request_id, method, path, status, seconds, client)``."""
+        if self._writer is None:
+            with self._lock:
+                if self._writer is None:
+                    self._writer = threading.Thread(
+                        target=self._write, name="plait-access-log", daemon=True
+                    )
+                    self._writer.start()
+        self._lines.put(fields)
+
+    def close(self) -> None:
+        """Writes the lines queued, then stops the thread (a later line starts another)."""
+        with self._lock:
+            writer, self._writer = self._writer, None
+        if writer is not None:
+            self._lines.put(None)
+            writer.join()
+
+    def _write(self) -> None:
+        while (fields := self._lines.get()) is not None:
+            request_id, method, path, status, seconds, client = fields
+            line = {
+                "request_id": request_id,
+                "method": method,
+                "path": path,
+                "status": status,
+                "duration_ms": round(seconds * 1000, 2),
+                "client": f"{client[0]}:{client[1]}" if client else None,
+            }
+            access_logger.info(orjson.dumps(line).decode())
+
+
 class ObservedRequests:
     """Gives each request an id (the client's ``X-Request-ID`` when it looks like one),
-    returns it in the ``X-Request-ID`` header, counts the request in the metrics, and logs
-    one JSON line when it is answered. An exception no layer handled becomes the 500 with an
-    error id (see `plait.serve.errors`)."""
+    returns it in the ``X-Request-ID`` header, counts the request in the metrics, and has
+    ``access_log`` write one JSON line when it is answered (when the logger
+    ``plait.serve.access`` takes INFO lines). An exception no layer handled becomes the 500
+    with an error id (see `plait.serve.errors`)."""
 
-    def __init__(self, app: App, metrics: Any, access_log: bool = True) -> None:
+    def __init__(self, app: App, metrics: Any, access_log: AccessLog | None = None) -> None:
         self.app = app
         self.metrics = metrics
         self.access_log = access_log
@@ -77,21 +129,9 @@ class ObservedRequests:
             seconds = time.perf_counter() - start
             route = _route_of(scope)
             self.metrics.observe(route, scope["method"], answer["status"], seconds)
-            if self.access_log:
-                self._log(scope, request_id, answer["status"], seconds)
-
-    @staticmethod
-    def _log(scope: Scope, request_id: str, status: int, seconds: float) -> None:
-        client = scope.get("client")
-        line = {
-            "request_id": request_id,
-            "method": scope["method"],
-            "path": scope["path"],
-            "status": status,
-            "duration_ms": round(seconds * 1000, 2),
-            "client": f"{client[0]}:{client[1]}" if client else None,
-        }
-        access_logger.info(json.dumps(line))
+            if self.access_log is not None and access_logger.isEnabledFor(logging.INFO):
+                fields = (request_id, scope["method"], scope["path"], answer["status"])
+                self.access_log.add((*fields, seconds, scope.get("client")))
 
 
 def _route_of(scope: Scope) -> str:

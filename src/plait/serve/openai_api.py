@@ -25,11 +25,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from plait.serve.errors import error_response
 from plait.serve.programs import ChatMessage, ServedProgram
-from plait.serve.responses import ClientLeft, until_disconnected
+from plait.serve.responses import ClientLeft, JsonResponse, until_disconnected
 from plait.serve.runs import RunService
 
 __all__ = ["ChatCompletionRequest", "add_openai_routes"]
@@ -48,7 +48,7 @@ class ChatCompletionRequest(BaseModel):
 
 def add_openai_routes(app: FastAPI, service: RunService) -> None:
     """Adds ``/v1/chat/completions`` and ``/v1/models`` for the programs that can chat."""
-    from plait.serve.asgi import admitted_stream, run_failure
+    from plait.serve.run_route import admitted_stream, run_failure
 
     chat = {name: p for name, p in service.programs.items() if p.chat_form is not None}
 
@@ -75,7 +75,7 @@ def add_openai_routes(app: FastAPI, service: RunService) -> None:
         if body.stream:
             usage_wanted = bool((body.stream_options or {}).get("include_usage"))
             chunks = reply.chunks(service.stream(served, arguments), usage_wanted)
-            return await admitted_stream(request, service, chunks, _sse_data)
+            return await admitted_stream(request.scope, service, chunks, _sse_data)
         try:
             async with service.admitted():
                 outcome = await until_disconnected(request.receive, service.run(served, arguments))
@@ -85,7 +85,7 @@ def add_openai_routes(app: FastAPI, service: RunService) -> None:
         except Exception as exc:
             failure = run_failure(exc, request.scope, service.options.retry_after)
             return _as_openai_error(failure)
-        return JSONResponse(reply.completion(name, data))
+        return JsonResponse(reply.completion(name, data))
 
 
 class _Reply:
@@ -184,15 +184,15 @@ def _unknown_model(model: str, chat: dict[str, ServedProgram]) -> str:
     return f"no served program that chats is named {model!r}; models: {known}"
 
 
-def _openai_error(request: Request, status: int, code: str, message: str) -> JSONResponse:
+def _openai_error(request: Request, status: int, code: str, message: str) -> JsonResponse:
     """Returns an error in OpenAI's shape (``error.message``, ``error.type``, ``error.code``)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     return error_response(status, kind, message, request.scope, code=code)
 
 
-def _as_openai_error(failure: JSONResponse) -> JSONResponse:
+def _as_openai_error(failure: JsonResponse) -> JsonResponse:
     body = json.loads(bytes(failure.body))
     body["error"]["code"] = body["error"]["type"]
     body["error"]["type"] = "server_error" if failure.status_code >= 500 else "rate_limit_error"
     headers = {k: v for k, v in failure.headers.items() if k.lower() == "retry-after"}
-    return JSONResponse(body, status_code=failure.status_code, headers=headers)
+    return JsonResponse(body, status_code=failure.status_code, headers=headers)

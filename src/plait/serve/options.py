@@ -42,6 +42,10 @@ class ServeOptions:
     """Seconds a stopping server lets runs in flight finish before it cancels them."""
     access_log: bool = True
     """Log one structured line per request (logger ``plait.serve.access``)."""
+    workers: int = 1
+    """Processes serving together with these resources (``plait serve --workers``): each
+    holds one ``workers``-th of every endpoint's limits (``max_concurrent``, ``rpm``,
+    ``tpm``), so together they never pass them."""
     pending_store: Any = None
     """Where paused runs wait (a `PendingStore`); None: the file ``pending_db``, or memory."""
     pending_db: str | None = None
@@ -59,7 +63,7 @@ class ServeOptions:
     """Room for later parts of the server (chat page, approvals) to carry their settings."""
 
     def __post_init__(self) -> None:
-        for name in ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes"):
+        for name in ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes", "workers"):
             if getattr(self, name) < (0 if name == "max_queued" else 1):
                 raise ConfigError(
                     f"serve option {name} must be positive, got {getattr(self, name)}"

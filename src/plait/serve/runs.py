@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.confirmation import ConfirmationRequired, ResumeState
-from plait.errors import ConfirmationRejected
+from plait.errors import ConfigError, ConfirmationRejected
 from plait.resources import ResourceConfig, ResourceManager
+from plait.resources.limits import limiter_shares, too_small_to_share
 from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import event_data
 from plait.serve.options import ServeOptions
@@ -37,7 +38,15 @@ from plait.serve.pending import (
 from plait.serve.programs import ServedProgram, json_data
 from plait.streaming import StreamEvent
 
-__all__ = ["Admission", "Draining", "NotResumable", "Outcome", "Overloaded", "RunService"]
+__all__ = [
+    "Admission",
+    "Draining",
+    "NotResumable",
+    "Outcome",
+    "Overloaded",
+    "RunService",
+    "check_shares",
+]
 
 logger = logging.getLogger("plait.serve")
 
@@ -146,6 +155,8 @@ class RunService:
         )  # not `or`: an empty store has no length, and is still the one given
         self.admission = Admission(options.max_active, options.max_queued)
         self.draining = False
+        if options.workers > 1:
+            check_shares(resources, options.workers)
 
     # -- lifetime -----------------------------------------------------------------------
 
@@ -156,10 +167,10 @@ class RunService:
         if isinstance(self.resources, ResourceManager):
             self.manager = self.resources
         else:
+            workers = self.options.workers
             self.manager = ResourceManager(
-                self.resources
-                if isinstance(self.resources, ResourceConfig)
-                else ResourceConfig(self.resources)
+                _config(self.resources),
+                limiter_factory=limiter_shares(workers) if workers > 1 else None,
             )
 
     async def aclose(self) -> None:
@@ -370,6 +381,34 @@ class RunService:
             "pending": [pending_call(pause)],
             "usage": outcome.usage.as_dict(),
         }
+
+
+def _config(resources: Any) -> ResourceConfig:
+    return resources if isinstance(resources, ResourceConfig) else ResourceConfig(resources)
+
+
+def check_shares(resources: Any, workers: int) -> None:
+    """Refuses resources that ``workers`` processes cannot split: a `ResourceManager` (its
+    limiters are made already), or an endpoint whose ``max_concurrent`` is below
+    ``workers`` (each process needs one slot at least, and together they would pass it).
+
+    Raises:
+        ConfigError: naming the endpoints, and what to change.
+    """
+    if isinstance(resources, ResourceManager):
+        raise ConfigError(
+            f"{workers} workers cannot share a ResourceManager's limits; give the server a "
+            "ResourceConfig (or its mapping or file) and each worker makes its share"
+        )
+    config = _config(resources)
+    endpoints = {c.name: c for alias in config.aliases() for c in config.fallbacks(alias)}
+    small = too_small_to_share(list(endpoints.values()), workers)
+    if small:
+        raise ConfigError(
+            f"{workers} workers each hold 1/{workers} of every endpoint's limits, and "
+            f"{', '.join(small)} cannot be split that way; lower --workers or raise "
+            "max_concurrent"
+        )
 
 
 def _pending_store(options: ServeOptions) -> PendingStore:

@@ -4,8 +4,9 @@ On SIGTERM (or Ctrl-C) the server first drains: ``/readyz`` answers 503 and new 
 refused (503 ``draining``) while the runs in flight finish, for at most ``grace`` seconds;
 then uvicorn stops as usual and cancels whatever is left. A second signal stops at once.
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
-and opens its own resources (so endpoint limits hold per worker), and a stop lets requests
-finish within ``grace`` (uvicorn's graceful timeout) without the readiness phase.
+and opens its own resources holding one ``workers``-th of every endpoint's limits (so
+together they never pass them), and a stop lets requests finish within ``grace``
+(uvicorn's graceful timeout) without the readiness phase.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from typing import Any
 
@@ -20,7 +22,7 @@ import uvicorn
 
 from plait.serve.options import ServeOptions, check_exposure
 
-__all__ = ["DrainingServer", "serve", "serve_workers", "worker_app"]
+__all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "worker_app"]
 
 logger = logging.getLogger("plait.serve")
 
@@ -43,6 +45,8 @@ def serve(
     """
     options = options or getattr(app.state, "options", None) or ServeOptions()
     check_exposure(host, options)
+    if options.access_log:
+        log_access_to_stderr()
     config = uvicorn.Config(
         app,
         host=host,
@@ -60,11 +64,11 @@ def serve_workers(
     *,
     host: str,
     port: int,
-    workers: int,
     options: ServeOptions,
     log_level: str = "info",
 ) -> None:
-    """Serves the named programs from ``workers`` processes (each builds its own app).
+    """Serves the named programs from ``options.workers`` processes (each builds its own
+    app, holding its share of the endpoints' limits).
 
     Raises:
         ConfigError: ``host`` is not loopback and no API key is set.
@@ -78,7 +82,7 @@ def serve_workers(
         factory=True,
         host=host,
         port=port,
-        workers=workers,
+        workers=options.workers,
         log_level=log_level,
         timeout_graceful_shutdown=int(options.grace),
         access_log=False,
@@ -92,6 +96,8 @@ def worker_app() -> Any:
     from plait.serve import app
 
     config = json.loads(os.environ[_WORKER_CONFIG_ENV])
+    if config["options"]["access_log"]:
+        log_access_to_stderr()
     programs = {name: load_program(spec) for name, spec in config["programs"]}
     resources = config["resources"]
     return app(
@@ -99,6 +105,20 @@ def worker_app() -> Any:
         ResourceConfig.from_file(resources) if resources else None,
         **config["options"],
     )
+
+
+def log_access_to_stderr() -> None:
+    """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
+    to standard error, unless logging is configured to send them somewhere already."""
+    from plait.serve.middleware import access_logger
+
+    if access_logger.hasHandlers():
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_logger.addHandler(handler)
+    access_logger.setLevel(logging.INFO)
+    access_logger.propagate = False
 
 
 def _plain(options: ServeOptions) -> dict[str, Any]:
@@ -113,6 +133,7 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "cors_origins": list(options.cors_origins),
         "grace": options.grace,
         "access_log": options.access_log,
+        "workers": options.workers,
         "pending_db": options.pending_db,
         "pending_ttl": options.pending_ttl,
         "max_pending_bytes": options.max_pending_bytes,

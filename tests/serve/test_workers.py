@@ -1,0 +1,104 @@
+"""``plait serve --workers N``: N processes that together keep every endpoint's limits."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+
+from plait.testing import ScriptedServer
+from serve.test_cli_serve import _listening_url, environment, plait_command
+
+PROGRAM = """
+import os
+
+from plait import LLMInference, Module
+
+
+class Pid(Module):
+    def __init__(self):
+        super().__init__()
+        self.llm = LLMInference("llm", "Be brief.")
+
+    async def forward(self, prompt: str) -> str:
+        reply = await self.llm(prompt)
+        return f"{os.getpid()} {reply}"
+
+
+def make():
+    return Pid()
+"""
+
+
+def files(tmp_path: Path, base_url: str, max_concurrent: int) -> tuple[Path, Path]:
+    program = tmp_path / "pid.py"
+    program.write_text(PROGRAM)
+    resources = tmp_path / "res.toml"
+    resources.write_text(
+        f'[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "{base_url}"\napi_key = "k"\n'
+        f"max_concurrent = {max_concurrent}\nmax_retries = 0\n"
+    )
+    return program, resources
+
+
+async def test_two_workers_answer_and_together_keep_the_endpoint_limit(tmp_path: Path) -> None:
+    async with ScriptedServer(latency=0.05, keep_log=False) as server:
+        program, resources = files(tmp_path, server.base_url, max_concurrent=4)
+        command = plait_command(
+            "serve", f"pid={program}:make", "-r", str(resources), "--port", "0", "--workers", "2"
+        )
+        process = await asyncio.create_subprocess_exec(
+            *command, env=environment(), stderr=asyncio.subprocess.PIPE
+        )
+        url = await _listening_url(process)
+        pids: set[str] = set()
+        statuses: list[int] = []
+        try:
+            for _ in range(20):  # rounds of fresh connections, until both workers answered
+                limits = httpx.Limits(max_connections=64)
+                async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+                    await _until_ready(client, url)
+                    answers = await asyncio.gather(
+                        *(
+                            client.post(f"{url}/programs/pid/run", json={"prompt": f"q{i}"})
+                            for i in range(64)
+                        )
+                    )
+                statuses += [answer.status_code for answer in answers]
+                pids |= {a.json()["output"].split()[0] for a in answers if a.status_code == 200}
+                if len(pids) == 2:
+                    break
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(process.wait(), 60)
+    assert set(statuses) == {200}
+    assert len(pids) == 2  # both worker processes answered runs
+    assert server.stats.requests == len(statuses)
+    assert server.stats.peak_concurrency <= 4  # 2 slots each, never 4 each
+    assert code == 0
+
+
+async def _until_ready(client: httpx.AsyncClient, url: str) -> None:
+    for _ in range(3000):
+        try:
+            if (await client.get(f"{url}/readyz")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await asyncio.sleep(0.01)
+    raise AssertionError("plait serve --workers 2 never became ready")
+
+
+def test_workers_refuse_an_endpoint_limit_they_cannot_split(tmp_path: Path) -> None:
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1", max_concurrent=1)
+    done = subprocess.run(
+        plait_command("serve", f"{program}:make", "-r", str(resources), "--workers", "2"),
+        capture_output=True, text=True, env=environment(), timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plait: error: ")
+    assert "llm (max_concurrent=1) cannot be split" in lines[0]
