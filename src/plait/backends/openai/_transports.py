@@ -340,15 +340,27 @@ class AiohttpTransport(Transport):
         if not first.can_send():
             await importing.wait()
             return _NOT_SENT
+        decoded = await self._post_first(first, body, limit, where)
+        if decoded is _NOT_SENT:
+            await importing.wait()
+        return decoded
+
+    async def _post_first(
+        self, first: FirstRequests, body: dict[str, Any], limit: float | None, where: str
+    ) -> Any:
+        """Sends a request with ``http.client`` and reads its reply as `post` reads aiohttp's.
+
+        The same errors, caps and decoding; a redirect returns `_NOT_SENT`
+        (aiohttp follows it).
+        """
         try:
             reply = await first.post(orjson.dumps(body), limit)
         except TimeoutError as exc:
-            raise _timeout_error(where, limit, exc) from None
+            raise _timeout_error(where, limit, exc) from scrub_cause(exc, self._endpoint)
         except OSError as exc:
             cause = scrub_cause(exc, self._endpoint)
             raise _connection_error(where, exc, self._endpoint) from cause
         if 300 <= reply.status < 400:  # aiohttp follows redirects: resend it there
-            await importing.wait()
             return _NOT_SENT
         if reply.declared_length is not None and reply.declared_length > self._max_body:
             raise too_large(
