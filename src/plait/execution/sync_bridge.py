@@ -112,9 +112,9 @@ def _shutdown() -> None:
 
     Then it freezes the garbage collector (`gc.freeze`): the interpreter's
     teardown would otherwise walk every object still alive in full collections
-    (after aiohttp and plait are imported, 50 to 90 ms of a script's exit,
-    measured by benchmarks/cold_start_bench.py), and the operating system
-    reclaims that memory anyway. Objects are still released by reference
+    (50 to 70 ms of a script's exit once aiohttp and plait are imported, on
+    the machine where benchmarks/cold_start_bench.py was run), and the
+    operating system reclaims that memory anyway. Objects are still released by reference
     counting as modules are cleared; only cycles still alive at exit are left
     unfinalized, which Python never promised to finalize.
     """
