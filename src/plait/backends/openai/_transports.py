@@ -32,10 +32,12 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from plait.backends._bounded import read_body, read_chunks
+from plait.backends._bounded import read_body, read_chunks, too_large
 from plait.backends._errors import error_from_status
+from plait.backends._imports import import_in_background, is_imported
 from plait.backends._shapes import preview
 from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
+from plait.backends.openai._first_requests import FirstRequests
 from plait.backends.openai._sse import DONE, iter_sse_data
 from plait.backends.openai._wire import decode_event
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["AiohttpTransport", "SdkTransport", "Transport"]
+
+_NOT_SENT: Any = object()
+"""What `AiohttpTransport._before_aiohttp` returns when aiohttp is to send the request."""
 
 
 def describe_endpoint(base_url: str, model: str) -> str:
@@ -210,13 +215,21 @@ class AiohttpTransport(Transport):
         self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
         self._client_error: type[BaseException] = Exception
         self._invalid_url_errors: tuple[type[BaseException], ...] = ()
+        self._first_requests: FirstRequests | None = None
 
     def _open(self, where: str) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         session = self._session
         if session is not None and self._loop is loop and not session.closed:
             return session
-        import aiohttp
+        try:
+            import aiohttp
+        except ImportError as exc:
+            raise ImportError(
+                f"{where}: the aiohttp transport needs aiohttp, a dependency of plait, and "
+                f"importing it failed ({type(exc).__name__}: {exc}); reinstall it with: "
+                "pip install --force-reinstall aiohttp (or set transport='sdk')"
+            ) from exc
 
         self._url = self._parse_url(where)
         # limit=0: no connection cap here. The resource layer's max_concurrent
@@ -297,6 +310,10 @@ class AiohttpTransport(Transport):
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         limit = self._timeout if timeout is None else timeout
+        if self._session is None and not is_imported("aiohttp"):
+            reply = await self._before_aiohttp(body, limit, where)
+            if reply is not _NOT_SENT:
+                return reply
         session = self._open(where)
         with self._foreign_errors(where, limit):
             async with self._send(session, body, limit) as response:
@@ -305,10 +322,81 @@ class AiohttpTransport(Transport):
                     raise self._status_error(response, raw, where)
         return _decode_body(raw, response.status, where)
 
+    async def _before_aiohttp(self, body: dict[str, Any], limit: float | None, where: str) -> Any:
+        """Sends a request before aiohttp is imported (`_first_requests`), or waits for aiohttp.
+
+        Returns the decoded reply, or `_NOT_SENT` when the request is for
+        aiohttp to send: aiohttp is imported by then, or its import failed
+        (`_open` then raises why), or the server redirected it.
+        """
+        importing = import_in_background(["aiohttp"])
+        if importing is None or importing.done or "aiohttp" not in importing.modules:
+            return _NOT_SENT  # imported meanwhile, failed (said by _open), or not ours to wait for
+        first = self._first_requests
+        if first is None:
+            first = self._first_requests = FirstRequests(
+                self._endpoint, self._headers, self._max_body
+            )
+        if not first.can_send():
+            await importing.wait()
+            return _NOT_SENT
+        decoded = await self._post_first(first, body, limit, where)
+        if decoded is _NOT_SENT:
+            await importing.wait()
+        return decoded
+
+    async def _post_first(
+        self, first: FirstRequests, body: dict[str, Any], limit: float | None, where: str
+    ) -> Any:
+        """Sends a request with ``http.client`` and reads its reply as `post` reads aiohttp's.
+
+        The same errors, caps and decoding; a redirect returns `_NOT_SENT`
+        (aiohttp follows it).
+        """
+        try:
+            reply = await first.post(orjson.dumps(body), limit)
+        except TimeoutError as exc:
+            raise _timeout_error(where, limit, exc) from scrub_cause(exc, self._endpoint)
+        except OSError as exc:
+            cause = scrub_cause(exc, self._endpoint)
+            raise _connection_error(where, exc, self._endpoint) from cause
+        if 300 <= reply.status < 400:  # aiohttp follows redirects: resend it there
+            return _NOT_SENT
+        if reply.declared_length is not None and reply.declared_length > self._max_body:
+            raise too_large(
+                where,
+                "a reply body (its declared length)",
+                reply.declared_length,
+                "max_response_bytes",
+                self._max_body,
+            )
+        if len(reply.body) > self._max_body:
+            raise too_large(
+                where,
+                "a reply body (read so far)",
+                len(reply.body),
+                "max_response_bytes",
+                self._max_body,
+            )
+        if reply.status >= 400:
+            raise error_from_status(
+                reply.status,
+                reply.body,
+                reply.headers,
+                where=where,
+                reason=reply.reason,
+                url=self._endpoint,
+            )
+        return _decode_body(reply.body, reply.status, where)
+
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
     ) -> AsyncIterator[Any]:
         limit = self._timeout if timeout is None else timeout
+        if self._session is None and not is_imported("aiohttp"):
+            importing = import_in_background(["aiohttp"])
+            if importing is not None and "aiohttp" in importing.modules:
+                await importing.wait()  # not on the loop's thread: an import would block it
         session = self._open(where)
         with self._foreign_errors(where, limit):
             async with self._send(session, body, limit) as response:

@@ -1,0 +1,161 @@
+"""Imports on a background thread: a backend's heavy dependencies, loaded as a program is built.
+
+A cold process spends most of its first call importing (aiohttp alone, with
+yarl, multidict and the two TLS contexts it builds at import time, takes
+longer than the rest of plait). `import_in_background` starts such imports on
+a daemon thread, ``plait-warm-up``, once per process;
+`plait.resources.warm_up` calls it when a `ResourceConfig` lists an endpoint
+that will need them, and a transport that needs a module still being
+imported waits for it with `BackgroundImport.wait`, which never blocks the
+event loop (an ``import`` would, for as long as the other thread holds the
+module's lock).
+
+The thread only imports. It never fails the program: an import that raises
+is left for the code that needs the module to repeat, which raises it there
+with its fix, so a broken install fails at the first call as before, never as
+a hang. A fork waits for the imports first, since a child forked in the middle
+of an import would find that module's lock held forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import asyncio
+
+__all__ = ["BackgroundImport", "current", "import_in_background", "is_imported"]
+
+logger = logging.getLogger("plait.backends")
+
+# How long a fork waits for the imports before going ahead anyway.
+_FORK_WAIT_SECONDS = 30.0
+
+
+def is_imported(name: str) -> bool:
+    """Whether module ``name`` has finished importing (in any thread).
+
+    A module is in ``sys.modules`` from the moment its import starts; its
+    spec's ``_initializing`` is what importlib itself reads to tell one still
+    running its body.
+    """
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    return not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+class BackgroundImport:
+    """One daemon thread importing ``modules`` in order, and the event loops waiting for it.
+
+    Args:
+        modules: dotted module names; the thread stops at the first that raises.
+    """
+
+    def __init__(self, modules: Iterable[str]) -> None:
+        self.modules = tuple(modules)
+        self.error: BaseException | None = None
+        """What the imports raised, if they did (the code needing them raises it again)."""
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.thread = threading.Thread(target=self._run, name="plait-warm-up", daemon=True)
+
+    @property
+    def done(self) -> bool:
+        """Whether the thread has finished, whether or not its imports succeeded."""
+        return self._done.is_set()
+
+    def _run(self) -> None:
+        name = ""
+        try:
+            for name in self.modules:
+                importlib.import_module(name)
+        except BaseException as exc:  # a thread's exception would only be printed
+            self.error = exc
+            logger.debug("importing %s in the background failed: %r", name, exc)
+        finally:
+            with self._lock:
+                self._done.set()
+                waiters, self._waiters = self._waiters, []
+            for loop, future in waiters:
+                _wake(loop, future)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Blocks until the imports are done; returns whether they are (False on timeout)."""
+        return self._done.wait(timeout)
+
+    async def wait(self) -> None:
+        """Waits for the imports without blocking the running event loop."""
+        if self._done.is_set():
+            return
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._waiters.append((loop, future))
+        await future
+
+
+def _wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    """Settles a waiter's future on its own loop; a loop closed since has no one to wake."""
+
+    def settle() -> None:
+        if not future.done():
+            future.set_result(None)
+
+    with contextlib.suppress(RuntimeError):  # the loop was closed while it waited
+        loop.call_soon_threadsafe(settle)
+
+
+_current: BackgroundImport | None = None
+_start_lock = threading.Lock()
+
+
+def current() -> BackgroundImport | None:
+    """Returns the process's background import, running or finished; None if none started."""
+    return _current
+
+
+def import_in_background(modules: Iterable[str]) -> BackgroundImport | None:
+    """Starts importing ``modules`` on a thread, unless a background import already started.
+
+    Modules already imported are left out; when none is left, nothing starts.
+    One background import runs per process (the first caller's list), so a
+    caller needing a module checks `is_imported` and, if it is not, waits for
+    `current` when that lists it.
+
+    Returns:
+        The background import now running or finished, or None.
+    """
+    global _current
+    if _current is not None:
+        return _current
+    missing = [name for name in modules if not is_imported(name)]
+    if not missing:
+        return None
+    with _start_lock:
+        if _current is None:
+            started = BackgroundImport(missing)
+            if hasattr(os, "register_at_fork"):
+                os.register_at_fork(before=_before_fork)
+            started.thread.start()
+            _current = started
+    return _current
+
+
+def _before_fork() -> None:
+    running = _current
+    if running is None or running.done or threading.current_thread() is running.thread:
+        return
+    running.join(_FORK_WAIT_SECONDS)
