@@ -106,7 +106,7 @@ from plait.optimization.fewshot import (
     labeled_demo,
 )
 from plait.optimization.losses import Loss, VerifierLoss
-from plait.optimization.optimizers import TextGradOptimizer
+from plait.optimization.optimizers import DEFAULT_RETRIES, TextGradOptimizer
 from plait.optimization.search import Candidate, ProgramSearch, Trial, _label, budget_spent
 from plait.optimization.search_checkpoint import trial_key
 from plait.optimization.step import TrainingStep, on_examples
@@ -337,26 +337,94 @@ class ReflectiveSearch(ProgramSearch):
         """What each proposal of the last search did, in words."""
 
     async def _schedule(
-        self, program: Module, train: list[Example], val: list[Example]
+        self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:
-        """Proposals until ``max_calls``: each runs a minibatch, rewrites one parameter, runs
-        the minibatch again and validates the child (the budget caps the totals); what a
-        checkpoint spent is not counted again."""
+        """Proposals until ``max_calls`` (the budget caps the totals); what a checkpoint spent
+        is not counted again.
+
+        The components take turns: a demos component's proposal runs the minibatch,
+        swaps demos, runs it again and validates the child; an instruction's runs the
+        minibatch, asks for a rewrite and, if the rewrite is usable, runs the minibatch
+        again and validates. Expected: rewrites as the sampled one went (its calls, and
+        whether it was usable), every usable child validated; low: every rewrite usable at
+        the first ask; high: every rewrite refused after all its re-asks, so the most
+        rewrites fit in the budget. Each column spends about the budget.
+        """
         m, n = min(self.minibatch, len(train)), len(val)
-        per_child = 2 * m + n
         held = self._saved.reusable.get(trial_key(program.state_dict(), {}))
         left = self._limits()[0] - (held[0].unevaluated if held else n)
-        children = max(math.ceil(left / (per_child + 1)), 0)
-        runs = children * per_child
+        components = [name for name, p in program.named_parameters() if p.requires_grad]
+        texts = sum(not _is_demos(program, name) for name in components)
+        share = texts / len(components) if components else 0.0
+        most = proposal.most if proposal is not None else 1 + DEFAULT_RETRIES
+        asked = proposal.calls if proposal is not None else 1.0
+        usable = proposal.usable if proposal is not None else 1.0
+
+        def column(rewrite_calls: float, usable: float) -> tuple[float, float, float]:
+            """Returns the proposals, runs and rewrites that fill the budget when each
+            rewrite makes ``rewrite_calls`` calls and that share of them is usable."""
+            rewritten = m + usable * (m + n)
+            per_proposal = share * (rewritten + rewrite_calls) + (1 - share) * (2 * m + n)
+            proposals = max(math.ceil(left / per_proposal), 0) if per_proposal else 0
+            runs = share * rewritten + (1 - share) * (2 * m + n)
+            return proposals, proposals * runs, proposals * share
+
+        low, expected, high = column(1, 1.0), column(asked, usable), column(most, 0.0)
+        rewrites = Range(low[2], expected[2], high[2])
+        # A demo swap's child runs its minibatch and validation with up to max_demos demos
+        # (from its minibatch); its parent's runs, and a rewrite's, have the program's.
+        swapped = (1 - share) * (m + n) * expected[0]
+        demos = min(self.max_demos, m) * swapped / expected[1] if expected[1] else 0.0
         return [
             Phase(
-                f"about {children} reflections until max_calls={self.max_calls}",
-                runs=Range(runs, runs, runs),
-                demos=self.max_demos / 4,  # demos are one kind of rewrite, filled over rounds
-                other=Range(children, children, 2 * children),
+                f"about {math.ceil(expected[2])} rewrites and "
+                f"{math.ceil(expected[0] - expected[2])} demo swaps "
+                f"until max_calls={self.max_calls}",
+                runs=Range(low[1], expected[1], high[1]),
+                demos=demos,
+                other=rewrites if proposal is not None else Range(*rewrites[:2], high[2] * most),
                 other_alias=self.alias,
+                proposal=proposal,
             )
         ]
+
+    async def _sampled_proposal(
+        self, program: Module, train: list[Example], resources: Any, sample: int
+    ) -> Any:
+        """One rewrite of the first instruction-like component, as `_mutate` asks for it: a
+        copy of the program runs ``sample`` training examples in training mode, backward
+        brings their feedback, repeated to a minibatch's worth, and a `TextGradOptimizer`
+        step asks for the new value (its re-asks included)."""
+        from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
+        from plait.resources.usage import metered
+
+        texts = [
+            name
+            for name, p in program.named_parameters()
+            if p.requires_grad and not _is_demos(program, name)
+        ]
+        if not texts or not train or self._limits()[0] <= 0:
+            return None
+        copy = program.copy()
+        batch = train[: max(1, min(sample, self.minibatch))]
+        losses, _ = await self._run_training(copy, batch, resources)
+        await backward([v for v in losses if isinstance(v, Value)], resources=resources)
+        param = dict(copy.named_parameters())[texts[0]]
+        repeat_feedback([param], min(self.minibatch, len(train)) / len(batch))
+        optimizer = TextGradOptimizer(
+            [(texts[0], param)], alias=self.alias, conservatism=self.conservatism
+        ).bind(resources)
+
+        async def rewrite() -> tuple[Any, bool]:
+            old = _jsonable(param.value)
+            with metered() as meter:
+                report = await optimizer.step()
+            changed = bool(report.accepted) and _jsonable(param.value) != old  # as `_mutate`
+            return Proposal.of(meter, 1, least=1, most=1 + optimizer.max_retries), changed
+
+        first, then = await sample_twice([param], rewrite)
+        # the pool's parents: the program as it was, then children it rewrote, about evenly
+        return first.blend(then, 0.5) if first is not None else None
 
     async def _search(
         self,
