@@ -106,8 +106,11 @@ class Proposal:
 
     A sample of one or two proposals cannot show how often a model's replies are
     refused (a re-ask repeats the conversation, so the refused ones cost most):
-    the rate it saw is taken by Laplace's rule, (re-asks + 1) / (calls + 2), and
-    the expected calls and tokens are those of that rate (`of`).
+    none refused in two calls does not make it never. The rate is taken as
+    (re-asks + 1/2) / (calls + 1), the estimate under Jeffreys' prior (a quarter
+    after one clean call, a sixth after two, five eighths after three calls of
+    which two were re-asks), and the expected calls and tokens are those of
+    that rate (`of`).
     """
 
     calls: float
@@ -150,7 +153,7 @@ class Proposal:
         grows = reply + _REASK_TOKENS
         attempts = meter.calls / asks
         first = max(meter.input_tokens / meter.calls - (attempts - 1) / 2 * grows, 0.0)
-        rate = (max(meter.calls - asks, 0) + 1) / (meter.calls + 2)
+        rate = (max(meter.calls - asks, 0) + 0.5) / (meter.calls + 1)
         chances = [rate**k for k in range(most // least)]  # attempt k is made at rate**k
         return cls(
             calls=least * sum(chances),

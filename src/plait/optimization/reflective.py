@@ -343,12 +343,14 @@ class ReflectiveSearch(ProgramSearch):
         is not counted again.
 
         The components take turns: a demos component's proposal runs the minibatch,
-        swaps demos, runs it again and validates the child; an instruction's runs the
-        minibatch, asks for a rewrite and, if the rewrite is usable, runs the minibatch
-        again and validates. Expected: rewrites as the sampled one went (its calls, and
-        whether it was usable), every usable child validated; low: every rewrite usable at
-        the first ask; high: every rewrite refused after all its re-asks, so the most
-        rewrites fit in the budget. Each column spends about the budget.
+        swaps demos, runs it again and validates the child if it did better; an
+        instruction's runs the minibatch, asks for a rewrite and, if the rewrite is
+        usable, runs the minibatch again and validates the child if it did better.
+        Expected: rewrites as the sampled ones went (`costs.Proposal`: their calls, and
+        the share usable), half the children better; low: every rewrite usable at the
+        first ask and every child validated (the fewest rewrites fit); high: every
+        rewrite refused after all its re-asks and no child validated, so the most
+        rewrites fit. Each column spends about the budget.
         """
         m, n = min(self.minibatch, len(train)), len(val)
         held = self._saved.reusable.get(trial_key(program.state_dict(), {}))
@@ -360,21 +362,25 @@ class ReflectiveSearch(ProgramSearch):
         asked = proposal.calls if proposal is not None else 1.0
         usable = proposal.usable if proposal is not None else 1.0
 
-        def column(rewrite_calls: float, usable: float) -> tuple[float, float, float]:
+        def column(calls: float, usable: float, better: float) -> tuple[float, float, float]:
             """Returns the proposals, runs and rewrites that fill the budget when each
-            rewrite makes ``rewrite_calls`` calls and that share of them is usable."""
-            rewritten = m + usable * (m + n)
-            per_proposal = share * (rewritten + rewrite_calls) + (1 - share) * (2 * m + n)
-            proposals = max(math.ceil(left / per_proposal), 0) if per_proposal else 0
-            runs = share * rewritten + (1 - share) * (2 * m + n)
+            rewrite makes ``calls`` calls, that share of them is usable and that share of
+            the children beats its parent on the minibatch (and is validated)."""
+            rewritten = m + usable * (m + better * n)
+            swapped = 2 * m + better * n
+            per_proposal = share * (rewritten + calls) + (1 - share) * swapped
+            proposals = max(left / per_proposal, 0) if per_proposal else 0
+            runs = share * rewritten + (1 - share) * swapped
             return proposals, proposals * runs, proposals * share
 
-        low, expected, high = column(1, 1.0), column(asked, usable), column(most, 0.0)
+        # A child beating its parent is a coin toss before the search has run: on the
+        # embedded model demo swaps mostly do and rewrites mostly do not; on a model that
+        # learns only from instructions, the other way round.
+        better = 0.5
+        low, high = column(1, 1.0, 1.0), column(most, 0.0, 0.0)
+        expected = column(asked, usable, better)
         rewrites = Range(low[2], expected[2], high[2])
-        # A demo swap's child runs its minibatch and validation with up to max_demos demos
-        # (from its minibatch); its parent's runs, and a rewrite's, have the program's.
-        swapped = (1 - share) * (m + n) * expected[0]
-        demos = min(self.max_demos, m) * swapped / expected[1] if expected[1] else 0.0
+        demos, added = self._carried(m, n, share, usable, better, proposal)
         return [
             Phase(
                 f"about {math.ceil(expected[2])} rewrites and "
@@ -382,11 +388,38 @@ class ReflectiveSearch(ProgramSearch):
                 f"until max_calls={self.max_calls}",
                 runs=Range(low[1], expected[1], high[1]),
                 demos=demos,
+                added_chars=added,
                 other=rewrites if proposal is not None else Range(*rewrites[:2], high[2] * most),
                 other_alias=self.alias,
                 proposal=proposal,
             )
         ]
+
+    def _carried(
+        self, m: int, n: int, share: float, usable: float, better: float, proposal: Any
+    ) -> tuple[float, float]:
+        """Returns the demos per step and the characters of rewritten values beyond the
+        program's own in each run's prompts, on average over a proposal's runs.
+
+        A change travels with the program that has it: a demo swap's child runs its
+        second minibatch (and, when ``better``, its validation) with up to ``max_demos``
+        demos (from its minibatch), a usable rewrite's child with the rewritten value (as
+        much longer as the sampled one); a proposal's first minibatch runs on its
+        parent, which is taken to be a changed child half the time (the pool holds the
+        program as it was beside its children), of either kind in proportion.
+        """
+        children = m + better * n
+        swapped = (1 - share) * children
+        rewritten = share * usable * children
+        runs = share * (m + usable * children) + (1 - share) * (m + children)
+        kinds = (1 - share) + share * usable
+        if not runs or not kinds:
+            return 0.0, 0.0
+        demo_parent = (1 - share) / kinds
+        demo_runs = swapped + m / 2 * demo_parent
+        text_runs = rewritten + m / 2 * (1 - demo_parent)
+        grown = proposal.grown if proposal is not None else 0.0
+        return min(self.max_demos, m) * demo_runs / runs, grown * text_runs / runs
 
     async def _sampled_proposal(
         self, program: Module, train: list[Example], resources: Any, sample: int
@@ -396,6 +429,7 @@ class ReflectiveSearch(ProgramSearch):
         brings their feedback, repeated to a minibatch's worth, and a `TextGradOptimizer`
         step asks for the new value (its re-asks included)."""
         from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
+        from plait.optimization.updates import as_text
         from plait.resources.usage import metered
 
         texts = [
@@ -420,7 +454,9 @@ class ReflectiveSearch(ProgramSearch):
             with metered() as meter:
                 report = await optimizer.step()
             changed = bool(report.accepted) and _jsonable(param.value) != old  # as `_mutate`
-            return Proposal.of(meter, 1, least=1, most=1 + optimizer.max_retries), changed
+            grown = len(as_text(param.value)) - len(as_text(old)) if changed else 0
+            most = 1 + optimizer.max_retries
+            return Proposal.of(meter, 1, least=1, most=most, grown=grown), changed
 
         first, then = await sample_twice([param], rewrite)
         # the pool's parents: the program as it was, then children it rewrote, about evenly
