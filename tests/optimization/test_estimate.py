@@ -397,3 +397,37 @@ async def test_a_random_search_estimate_samples_a_proposal_and_sizes_its_candida
     (row,) = [row for row in estimate.rows if "proposals" in row["phase"]]
     assert row["tokens"].expected > 2 * 45  # two proposals, each a 45-word reply and more
     _close(estimate, spent)
+
+
+@pytest.mark.slow
+async def test_on_the_embedded_model_reflection_and_training_spend_inside_their_estimates() -> None:
+    """SmolLM2 writes long rewrites and is often asked again; the sampled proposals see
+    it. Kept small (about 70 calls of a second or more each)."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return str(output).strip() == target
+
+    config = ResourceConfig({"*": {"provider": "local", "n_ctx": 4096}})
+    train, val = QUESTIONS[:4], CHECKS[:4]
+    search = ReflectiveSearch(max_calls=24, minibatch=2)
+    module = LLMInference("task", system_prompt=Parameter("Say even or odd.", description="task"))
+    async with ResourceManager(config) as manager:
+        training = Trainer(
+            module, exact, SFAOptimizer(module.named_parameters()), resources=manager,
+            train_set=train, val_set=val, metric=exact, epochs=1, batch_size=4, progress=False,
+        )  # fmt: skip
+        works = [
+            (
+                lambda: search.estimate(program(), trainset=train, valset=val, resources=manager),
+                lambda: search.compile(program(), trainset=train, valset=val, resources=manager),
+            ),
+            (training.estimate, training.fit),
+        ]
+        for estimated, run in works:
+            estimate = await estimated()
+            with metered() as meter:
+                await run()
+            spent = {"calls": meter.calls, "tokens": meter.input_tokens + meter.output_tokens}
+            for key, actual in spent.items():
+                guess = getattr(estimate, key)
+                assert guess.low <= actual <= guess.high, (estimate.what, key, guess, actual)

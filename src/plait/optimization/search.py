@@ -519,7 +519,9 @@ class ProgramSearch:
 
         From this search's schedule (its settings and the data sizes) and one run
         of the program measured on ``sample`` validation examples, which run for
-        real (`plait.optimization.costs`). Awaited inside a running event
+        real (`plait.optimization.costs`); a search that makes calls outside the
+        program makes one of its proposals for real too, on a copy
+        (`_sampled_proposal`). Awaited inside a running event
         loop, run to completion in a script, like `compile`.
 
         Returns:

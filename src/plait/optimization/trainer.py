@@ -227,8 +227,13 @@ class Trainer:
         step per minibatch, and a call per example for an LLM-judged loss) and
         one run of the program measured on ``sample`` validation examples,
         which run for real (`plait.optimization.costs`). An optimizer step
-        makes the calls `Optimizer.estimated_calls` renders for each learnable
-        parameter, on feedback as long as a minibatch's would be. A checkpoint
+        is sized by one made for real on copies of the program and the
+        optimizer (`Optimizer.copy_for`), the copy run in training mode on
+        ``sample`` training examples and its feedback repeated to a minibatch's
+        worth, and by a second step on the values the first gave: their calls,
+        tokens and re-asks, and what the updates add to the prompts of the runs
+        after them (these calls count in ``sample_calls``). With ``sample=0``,
+        it makes the calls `Optimizer.estimated_calls` renders. A checkpoint
         to resume from shortens the schedule. Awaited inside a running event loop, run to
         completion in a script, like `fit`.
 
