@@ -144,6 +144,9 @@ class Proposal:
     grown: float = 0.0
     """Characters the value it gave added to the parameter's (0 when it gave none): what
     the prompts of every later run carry more."""
+    then: Proposal | None = None
+    """One made on the value this one gave (`sample_twice`), when a search blends them
+    itself (`blend`)."""
 
     @classmethod
     def of(

@@ -87,7 +87,7 @@ import asyncio
 import logging
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from plait.errors import BudgetExceededError
@@ -359,6 +359,8 @@ class ReflectiveSearch(ProgramSearch):
         texts = sum(not _is_demos(program, name) for name in components)
         share = texts / len(components) if components else 0.0
         most = proposal.most if proposal is not None else 1 + DEFAULT_RETRIES
+        if proposal is not None:
+            proposal = self._rewrite_like(proposal, m, n, left, share)
         asked = proposal.calls if proposal is not None else 1.0
         usable = proposal.usable if proposal is not None else 1.0
 
@@ -394,6 +396,22 @@ class ReflectiveSearch(ProgramSearch):
                 proposal=proposal,
             )
         ]
+
+    def _rewrite_like(self, sampled: Any, m: int, n: int, left: float, share: float) -> Any:
+        """Returns the rewrite the search's proposals are expected to be like: the sampled
+        one (on the program as it was), blended with the one sampled on the value it
+        gave (``sampled.then``) for the proposals whose parent was rewritten.
+
+        Rounds are pipelined, so the first two rounds' parents are the program as it
+        was; later parents are drawn from a pool that holds it beside its children,
+        taken to be a rewritten child half the time.
+        """
+        if sampled.then is None:
+            return sampled
+        per_proposal = share * (2 * m + n + sampled.calls) + (1 - share) * (2 * m + n)
+        proposals = left / per_proposal if per_proposal else 0.0
+        later = max(proposals - 2 * self.proposals, 0.0) / proposals if proposals else 0.0
+        return sampled.blend(sampled.then, later / 2)
 
     def _carried(
         self, m: int, n: int, share: float, usable: float, better: float, proposal: Any
@@ -459,8 +477,7 @@ class ReflectiveSearch(ProgramSearch):
             return Proposal.of(meter, 1, least=1, most=most, grown=grown), changed
 
         first, then = await sample_twice([param], rewrite)
-        # the pool's parents: the program as it was, then children it rewrote, about evenly
-        return first.blend(then, 0.5) if first is not None else None
+        return None if first is None else replace(first, then=then)
 
     async def _search(
         self,
