@@ -34,12 +34,12 @@ An estimate puts together three things:
   a search also plans the rest of its schedule by what the proposals gave (a
   refused rewrite ends its reflection early; the candidates that carry a
   proposed instruction spend what one example run with it spent; an update
-  lengthens the prompts of the runs after it). Without a sample, calls outside the program (and a judge's) are
-  sized in characters by whoever makes them (an optimizer renders the prompts
-  it would send: `Optimizer.estimated_calls`) and turned into tokens at the
-  rate the sampled calls showed (characters of their messages per prompt
-  token), in a range of half to twice the prompt and a quarter to twice the
-  reply.
+  lengthens the prompts of the runs after it). Without a sample, calls
+  outside the program (and a judge's) are sized in characters by whoever
+  makes them (an optimizer renders the prompts it would send:
+  `Optimizer.estimated_calls`) and turned into tokens at the rate the sampled
+  calls showed (characters of their messages per prompt token), in a range of
+  half to twice the prompt and a quarter to twice the reply.
 
 Dollars come from the price of each endpoint in the resource configuration (or
 plait's table of list prices); an endpoint without a price makes the cost
