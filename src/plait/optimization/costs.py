@@ -32,14 +32,14 @@ An estimate puts together three things:
   tokens and their re-asks are then measured, not assumed. A model that writes
   long replies or whose proposals are refused and asked again shows it there;
   a search also plans the rest of its schedule by what the proposals gave (a
-  refused rewrite ends its reflection early; the candidates that carry a
-  proposed instruction spend what one example run with it spent; an update
-  lengthens the prompts of the runs after it). Without a sample, calls
-  outside the program (and a judge's) are sized in characters by whoever
-  makes them (an optimizer renders the prompts it would send:
-  `Optimizer.estimated_calls`) and turned into tokens at the rate the sampled
-  calls showed (characters of their messages per prompt token), in a range of
-  half to twice the prompt and a quarter to twice the reply.
+  refused rewrite ends its reflection early; a proposed instruction lengthens
+  the prompts of the candidates that carry it; an update those of the runs
+  after it). Without a sample, calls outside the program (and a judge's) are
+  sized in characters by whoever makes them (an optimizer renders the prompts
+  it would send: `Optimizer.estimated_calls`) and turned into tokens at the
+  rate the sampled calls showed (characters of their messages per prompt
+  token), in a range of half to twice the prompt and a quarter to twice the
+  reply.
 
 Dollars come from the price of each endpoint in the resource configuration (or
 plait's table of list prices); an endpoint without a price makes the cost
@@ -144,10 +144,6 @@ class Proposal:
     grown: float = 0.0
     """Characters the value it gave added to the parameter's (0 when it gave none): what
     the prompts of every later run carry more."""
-    run_tokens: tuple[float, float] = (0.0, 0.0)
-    """Prompt and reply tokens a run of the program carrying the value it gave spends
-    beyond a run without it, measured on one example (when a search measured it: an
-    instruction changes replies as well as prompts)."""
     then: Proposal | None = None
     """One made on the value this one gave (`sample_twice`), when a search blends them
     itself (`blend`)."""
@@ -248,8 +244,7 @@ class Phase:
 
     ``runs`` counts examples run through the program (with ``demos`` demos
     added to every step's prompt, and ``added_chars`` more characters in each
-    run's prompts, as a longer instruction adds, or ``added_tokens`` more
-    prompt and reply tokens, as measured); ``other`` counts calls such
+    run's prompts, as a longer instruction adds); ``other`` counts calls such
     as proposals and rewrites, each of about ``other_chars`` (prompt, reply)
     characters on the endpoint ``other_alias`` (tokens at the sample's
     characters per token). With ``proposal`` (one made for real on the
@@ -264,8 +259,6 @@ class Phase:
     other_chars: tuple[float, float] = (1600, 400)
     other_alias: str | None = None
     added_chars: float = 0.0
-    added_tokens: tuple[float, float] = (0.0, 0.0)
-    """Prompt and reply tokens each run spends beyond the sampled run's, as measured."""
     proposal: Proposal | None = None
 
 
@@ -636,10 +629,9 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
     run_calls = phase.runs * size.calls
     demo_tokens = phase.demos * size.demo_tokens
     prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
-    added = phase.added_chars / size.chars_per_token + phase.added_tokens[0]
+    added = phase.added_chars / size.chars_per_token
     prompt = run_calls * prompt_per_call + phase.runs * Range(added, added, added)
-    more = phase.added_tokens[1]
-    reply = run_calls * size.reply + phase.runs * Range(more, more, more)
+    reply = run_calls * size.reply
     if phase.proposal is not None:
         other_calls, other_prompt, other_reply = _proposals(phase.other, phase.proposal)
     else:

@@ -35,7 +35,6 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -262,24 +261,6 @@ async def _remembered_pool(
             demos[path] = sorted([*demos.get(path, []), *items], key=lambda item: item[0])
         search._saved.add_step("bootstrap", {"demos": demos, "undone": undone}, spent + meter.calls)
     return _labeled(demos, train)
-
-
-async def _run_tokens(
-    program: Module, path: str, instructions: str, train: list[Example], resources: Any
-) -> tuple[float, float]:
-    """Returns the (prompt, reply) tokens a run of ``program`` with ``instructions`` at the
-    step ``path`` spends beyond a run without them, on the first training example."""
-    from plait.optimization.evaluation import run_dataset
-
-    example = [train[0][0]]
-    plain = await run_dataset(program, example, resources=resources, progress=False)
-    shown = _with_demos(program, {}, {path: instructions})
-    carried = await run_dataset(shown, example, resources=resources, progress=False)
-    before, after = plain.rows[0], carried.rows[0]
-    return (
-        float(after.input_tokens - before.input_tokens),
-        float(after.output_tokens - before.output_tokens),
-    )
 
 
 def _instructed_steps(program: Module) -> list[tuple[str, Module]]:
@@ -577,14 +558,13 @@ class RandomSearch(ProgramSearch):
                 )
             )
         runs = await self._candidate_runs(program, train, len(val), self.num_candidates)
-        demos, chars, tokens = self._candidate_mix(program, train, proposal)
+        demos, added = self._candidate_mix(program, train, proposal)
         phases.append(
             Phase(
                 f"{self.num_candidates} candidates",
                 runs=Range(runs, runs, runs),
                 demos=demos,
-                added_chars=chars,
-                added_tokens=tokens,
+                added_chars=added,
             )
         )
         return phases
@@ -599,9 +579,7 @@ class RandomSearch(ProgramSearch):
         self, program: Module, train: list[Example], resources: Any, sample: int
     ) -> Any:
         """One instruction proposal for the first step with learnable instructions, with a
-        seed of its own (none of the run's), when the run has proposals left to ask for;
-        and what a run carrying the instruction it gave spends beyond one without it (on
-        one training example, both ways: an odd instruction can lengthen replies too)."""
+        seed of its own (none of the run's), when the run has proposals left to ask for."""
         from plait.optimization.costs import Proposal
         from plait.resources.usage import metered
 
@@ -611,43 +589,34 @@ class RandomSearch(ProgramSearch):
         seed = random.Random(f"estimate {self.seed}").randrange(2**31)
         with metered() as meter:
             text = await propose_instruction(steps[0][1], train, resources, self.alias, seed=seed)
-        proposal = Proposal.of(meter, 1, least=1, most=2, value=text)
-        if proposal is None or text is None:
-            return proposal
-        extra = await _run_tokens(program, steps[0][0], text, train, resources)
-        return replace(proposal, run_tokens=extra)
+        return Proposal.of(meter, 1, least=1, most=2, value=text)
 
     def _candidate_mix(
         self, program: Module, train: list[Example], proposal: Any
-    ) -> tuple[float, float, tuple[float, float]]:
-        """Returns the demos per step, the characters of given instructions beyond the
-        program's own in each run's prompts and the (prompt, reply) tokens a proposed one
-        adds to a run, averaged over the candidates `_candidates` plans: two with
-        ``max_demos`` demos, one per instruction of a step's pool alone, then random ones
-        (1 to ``max_demos`` demos, an instruction of the pool each). Proposed
+    ) -> tuple[float, float]:
+        """Returns the demos per step and the characters of instructions beyond the program's
+        own in each run's prompts, averaged over the candidates `_candidates` plans: two
+        with ``max_demos`` demos, one per instruction of a step's pool alone, then random
+        ones (1 to ``max_demos`` demos, an instruction of the pool each). Proposed
         instructions join the pool at the share the sampled proposal expects to be
-        usable, each adding to a run what the one it gave added (nothing without it)."""
-        plans: list[tuple[float, float, float, float]] = []  # demos, chars, prompt, reply
+        usable, each as long as the one it gave (as the current one without it)."""
+        plans: list[tuple[float, float]] = []
         if self.max_demos:
-            plans += [(float(min(self.max_demos, len(train))), 0.0, 0.0, 0.0)] * 2
-        drawn = [0.0, 0.0, 0.0]
+            plans += [(float(min(self.max_demos, len(train))), 0.0)] * 2
+        random_chars = 0.0
         for _, module in _instructed_steps(program):
             current = str(module._parameters["instructions"].value)
-            pool = [(float(len(t) - len(current)), 0.0, 0.0) for t in self.instructions]
-            pool = [entry for entry, t in zip(pool, self.instructions, strict=True) if t != current]
+            pool = [text for text in self.instructions if text != current]
+            proposed = current if proposal is None or proposal.value is None else proposal.value
             kept = self.propose if proposal is None else round(self.propose * proposal.usable)
-            extra = proposal.run_tokens if proposal is not None else (0.0, 0.0)
-            pool += [(0.0, *extra)] * kept
-            plans += [(0.0, *entry) for entry in pool]
-            for i in range(3):  # a random plan draws the current one too
-                drawn[i] += sum(entry[i] for entry in pool) / (len(pool) + 1)
+            pool += [str(proposed)] * kept  # of unknown length: as long as the current one
+            deltas = [float(len(text) - len(current)) for text in pool]
+            plans += [(0.0, delta) for delta in deltas]
+            random_chars += sum(deltas) / (len(deltas) + 1)  # the current one is drawn too
         random_demos = (1 + self.max_demos) / 2 if self.max_demos else 0.0
-        plans += [(random_demos, drawn[0], drawn[1], drawn[2])] * max(
-            self.num_candidates - len(plans), 0
-        )
+        plans += [(random_demos, random_chars)] * max(self.num_candidates - len(plans), 0)
         plans = plans[: self.num_candidates]
-        means = [sum(plan[i] for plan in plans) / len(plans) for i in range(4)]
-        return means[0], means[1], (means[2], means[3])
+        return (sum(d for d, _ in plans) / len(plans), sum(c for _, c in plans) / len(plans))
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any
