@@ -10,8 +10,9 @@ estimate's low..high range. The goal is a ratio within 0.75..1.25.
 
 The scripted model answers a parity question right once its prompt holds a
 demo of each label or the rule in its instructions, else "even"; it counts
-tokens as words. With ``--local``, BootstrapFewShot and evaluate also run on
-the embedded SmolLM2 model (free, so no dollars), with real token counts::
+tokens as words. With ``--local``, every one of them also runs on the embedded
+SmolLM2 model (free, so no dollars), with real token counts, on 8 training and
+8 validation examples and smaller settings::
 
     python benchmarks/learning_cost_bench.py [--local] [--val 30] [--train 20]
 """
@@ -90,15 +91,15 @@ def works(train: list[tuple[str, str]], val: list[tuple[str, str]], *, local: bo
         lambda res: plait.estimate(program(), val, resources=res),
         lambda res: plait.evaluate(program(), val, resources=res),
     )
-    if local:
-        return [evaluate, search("BootstrapFewShot", lambda: BootstrapFewShot(max_demos=2))]
+    # The embedded model takes about a second a call: smaller settings, same methods.
+    reflective_calls, candidates, demos = (60, 4, 2) if local else (150, 6, 4)
     return [
         evaluate,
-        search("LabeledFewShot", lambda: LabeledFewShot(k=4)),
-        search("BootstrapFewShot", lambda: BootstrapFewShot(max_demos=4)),
-        search("RandomSearch", lambda: RandomSearch(num_candidates=6, propose=2)),
+        search("LabeledFewShot", lambda: LabeledFewShot(k=demos)),
+        search("BootstrapFewShot", lambda: BootstrapFewShot(max_demos=demos)),
+        search("RandomSearch", lambda: RandomSearch(num_candidates=candidates, propose=2)),
         search("GridSearch", lambda: GridSearch(parameters={"instructions": [RULE, "Parity?"]})),
-        search("ReflectiveSearch", lambda: ReflectiveSearch(max_calls=150)),
+        search("ReflectiveSearch", lambda: ReflectiveSearch(max_calls=reflective_calls)),
         ("Trainer (SFA)", lambda res: trainer(res, train, val).estimate(),
          lambda res: trainer(res, train, val).fit()),
     ]  # fmt: skip

@@ -27,6 +27,7 @@ from plait.optimization import (
     TextGradOptimizer,
     Trainer,
 )
+from plait.resources.usage import UsageMeter, metered
 from plait.testing import ScriptedServer
 
 from .test_budget import BETTER, examples, program, respond, task, trainer
@@ -247,3 +248,186 @@ async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: Resour
         program(), trainset=TRAIN, valset=VAL, resources=config
     )
     assert estimate.calls.high == 50 and "capped by the budget" in str(estimate)
+
+
+# ------------------------------------------------- proposals sampled for real
+WORDY = " ".join(["since"] * 45)
+"""A long rationale (the longest ParameterUpdate and InstructionProposal allow): the
+scripted server counts tokens as words."""
+
+
+class Wordy:
+    """A scripted model whose calls outside the program are long and, for rewrites, refused
+    once: each rewrite's first reply is not JSON, the re-ask gets a new value (each time
+    another) with a long rationale. It answers the parity questions right once its system
+    prompt (or instructions) holds BETTER. ``asked`` lists the kind of every call."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.rewrites = itertools.count(1)
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        messages = body["messages"]
+        if "InstructionProposal" in schema:
+            self.asked.append("proposal")
+            return json.dumps({"rationale": WORDY, "instruction": BETTER})
+        if "FeedbackSummary" in schema:
+            self.asked.append("summary")
+            return json.dumps({"summary": WORDY, "changes": ["Say odd for odd numbers."]})
+        if "ParameterUpdate" in schema:
+            self.asked.append("rewrite")
+            if len(messages) <= 2:
+                return "I would change it " + " ".join(["because"] * 120)
+            value = f"{BETTER} Rule {next(self.rewrites)}."
+            return json.dumps({"new_value": value, "rationale": WORDY})
+        self.asked.append("task")
+        question = [m["content"] for m in messages if m["role"] == "user"][-1]
+        number = int(question.split("number ")[1].split()[0]) if "number " in question else 0
+        if number == 0:
+            number = int(question)
+        knows = BETTER in messages[0]["content"]
+        return ("odd" if number % 2 else "even") if knows else "even"
+
+
+def _spent(meter: UsageMeter, server: ScriptedServer) -> dict[str, Any]:
+    """What the run metered spent (not the estimate's sample), its calls as the server saw."""
+    assert meter.calls == server.stats.requests
+    return {
+        "calls": server.stats.requests,
+        "tokens": meter.input_tokens + meter.output_tokens,
+        "cost": meter.cost,
+    }
+
+
+def _close(estimate: CostEstimate, spent: dict[str, Any]) -> None:
+    for key, actual in spent.items():
+        guess = getattr(estimate, key)
+        assert guess.low <= actual <= guess.high, (key, guess, actual)
+        assert near(guess.expected, actual), (key, guess, actual)
+
+
+async def test_the_trainer_estimate_makes_an_optimizer_step_for_real_and_leaves_all_as_it_was() -> (
+    None
+):
+    """The step is sampled on copies: it asks the model (a summary, a rewrite refused once and
+    asked again), but the program's value, the optimizer's history and its step count
+    stay; its long replies and its re-ask size the estimate, which comes within 25 %."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return output == target
+
+    module = LLMInference("task", system_prompt=Parameter("Say even.", description="task"))
+    optimizer = SFAOptimizer(module.named_parameters())
+    wordy = Wordy()
+    server = ScriptedServer(responder=wordy)
+    async with server, ResourceManager(_priced(server)) as manager:
+        training = Trainer(
+            module, exact, optimizer, resources=manager, train_set=QUESTIONS,
+            val_set=CHECKS, metric=exact, epochs=2, progress=False,
+        )  # fmt: skip
+        estimate = await training.estimate()
+        sampled = list(wordy.asked)
+        assert module.system_prompt.value == "Say even."
+        assert optimizer.step_count == 0 and not any(optimizer.history.values())
+        server.reset_stats()
+        with metered() as meter:
+            await training.fit()
+        spent = _spent(meter, server)
+    # 2 sampled examples, 2 training runs, then a step (summary, rewrite asked twice) and a
+    # second one on the value it gave
+    assert sampled.count("summary") == 2 and sampled.count("rewrite") == 4
+    assert estimate.sample_calls == len(sampled)
+    _close(estimate, spent)
+
+
+async def test_without_the_sampled_step_the_trainer_estimate_misses_a_wordy_optimizer() -> None:
+    """What the sampled step is for: the same Trainer estimated from the rendered prompts
+    alone (``sample=0``) is short of what a wordy, re-asked optimizer spends."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return output == target
+
+    module = LLMInference("task", system_prompt=Parameter("Say even.", description="task"))
+    server = ScriptedServer(responder=Wordy())
+    async with server, ResourceManager(_priced(server)) as manager:
+        training = Trainer(
+            module, exact, SFAOptimizer(module.named_parameters()), resources=manager,
+            train_set=QUESTIONS, val_set=CHECKS, metric=exact, epochs=2, progress=False,
+        )  # fmt: skip
+        estimate = await training.estimate(sample=0)
+        server.reset_stats()
+        with metered() as meter:
+            await training.fit()
+        spent = _spent(meter, server)
+    assert estimate.sample_calls == 0
+    assert not near(estimate.tokens.expected, spent["tokens"])
+
+
+async def test_a_reflective_estimate_samples_a_rewrite_and_comes_close() -> None:
+    wordy = Wordy()
+    server = ScriptedServer(responder=wordy)
+    search = ReflectiveSearch(max_calls=120, conservatism=0)  # any rewrite may be kept
+    async with server, ResourceManager(_priced(server)) as manager:
+        estimate = await search.estimate(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        sampled = list(wordy.asked)
+        server.reset_stats()
+        with metered() as meter:
+            await search.compile(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        spent = _spent(meter, server)
+    # a rewrite refused once and asked again, then one more on the value it gave
+    assert sampled.count("rewrite") == 4 and estimate.sample_calls == len(sampled)
+    _close(estimate, spent)
+
+
+async def test_a_random_search_estimate_samples_a_proposal_and_sizes_its_candidates() -> None:
+    """The sampled proposal's long reply sizes the proposals; the instruction it gave
+    lengthens the prompts of the candidates that carry it."""
+    wordy = Wordy()
+    server = ScriptedServer(responder=wordy)
+    search = RandomSearch(num_candidates=6, propose=2)
+    async with server, ResourceManager(_priced(server)) as manager:
+        estimate = await search.estimate(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        sampled = list(wordy.asked)
+        server.reset_stats()
+        with metered() as meter:
+            await search.compile(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        spent = _spent(meter, server)
+    assert sampled.count("proposal") == 1 and estimate.sample_calls == len(sampled)
+    (row,) = [row for row in estimate.rows if "proposals" in row["phase"]]
+    assert row["tokens"].expected > 2 * 45  # two proposals, each a 45-word reply and more
+    _close(estimate, spent)
+
+
+@pytest.mark.slow
+async def test_on_the_embedded_model_reflection_and_training_spend_inside_their_estimates() -> None:
+    """SmolLM2 writes long rewrites and is often asked again; the sampled proposals see
+    it. Kept small (about 70 calls of a second or more each)."""
+
+    def exact(output: Any, target: Any) -> bool:
+        return str(output).strip() == target
+
+    config = ResourceConfig({"*": {"provider": "local", "n_ctx": 4096}})
+    train, val = QUESTIONS[:4], CHECKS[:4]
+    search = ReflectiveSearch(max_calls=24, minibatch=2)
+    module = LLMInference("task", system_prompt=Parameter("Say even or odd.", description="task"))
+    async with ResourceManager(config) as manager:
+        training = Trainer(
+            module, exact, SFAOptimizer(module.named_parameters()), resources=manager,
+            train_set=train, val_set=val, metric=exact, epochs=1, batch_size=4, progress=False,
+        )  # fmt: skip
+        works = [
+            (
+                lambda: search.estimate(program(), trainset=train, valset=val, resources=manager),
+                lambda: search.compile(program(), trainset=train, valset=val, resources=manager),
+            ),
+            (training.estimate, training.fit),
+        ]
+        for estimated, run in works:
+            estimate = await estimated()
+            with metered() as meter:
+                await run()
+            spent = {"calls": meter.calls, "tokens": meter.input_tokens + meter.output_tokens}
+            for key, actual in spent.items():
+                guess = getattr(estimate, key)
+                assert guess.low <= actual <= guess.high, (estimate.what, key, guess, actual)

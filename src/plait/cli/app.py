@@ -277,7 +277,8 @@ _ESTIMATE_STOPPED = "nothing ran but the sample's calls"
 estimate_options = [
     click.option("--estimate", is_flag=True,
                  help="Print the calls, tokens and dollars it would spend (low / expected / "
-                      "high), measured on --sample rows run for real; nothing else runs."),
+                      "high), measured on --sample rows run for real (for train, and one "
+                      "optimizer step on a copy); nothing else runs."),
     click.option("--sample", type=click.IntRange(min=0), default=2, show_default=True,
                  help="Rows --estimate runs for real to measure one run (0: none)."),
 ]  # fmt: skip

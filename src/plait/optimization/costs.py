@@ -6,7 +6,7 @@
     estimate = plait.estimate(program, devset, resources=config)     # for evaluate
     estimate = trainer.estimate()
 
-An estimate multiplies two things:
+An estimate puts together three things:
 
 * **the schedule** — how many times the work runs the program (examples ×
   candidates, bootstrap passes, minibatches, validations) and how many calls it
@@ -15,18 +15,31 @@ An estimate multiplies two things:
   data sizes;
 * **the size of one run** — the calls one example makes and the tokens of each
   call, measured on a small sample: ``sample`` examples (2 by default) are run
-  for real, and those calls are counted in `CostEstimate.sample_calls` (they
-  are the only calls an estimate makes; ``sample=0`` makes none, and then the
-  calls per example come from the program's graph and the tokens from the
-  text's length, with a wide reply range). What a demo adds to a prompt is
+  for real, and those calls are counted in `CostEstimate.sample_calls` (with
+  the proposals below, the only calls an estimate makes; ``sample=0`` makes
+  none, and then the calls per example come from the program's graph and the
+  tokens from the text's length, with a wide reply range). What a demo adds to a prompt is
   measured too, when the schedule shows demos: the first sampled example runs
   once more with labeled demos (without a sample, it is counted from the
-  training examples' length, about four characters a token). Calls outside the
-  program (proposals, rewrites, a judge) are sized in characters by whoever
-  makes them (an optimizer renders the prompts it would send:
-  `Optimizer.estimated_calls`) and turned into tokens at the rate the sampled
-  calls showed (characters of their messages per prompt token), in a range of
-  half to twice the prompt and a quarter to twice the reply.
+  training examples' length, about four characters a token);
+* **proposals made for real** — where a search or the Trainer makes calls
+  outside the program (RandomSearch's instruction proposals, ReflectiveSearch's
+  rewrites, an optimizer's updates), the sample also makes one of them, on a
+  copy of the program with feedback as long as a minibatch's, and (when it
+  changed the value) a second on the value it gave (`sample_twice`: later
+  proposals meet a rewritten value, which a model may propose again unchanged),
+  and counts their calls with the sample's (`Proposal`): their prompt and reply
+  tokens and their re-asks are then measured, not assumed. A model that writes
+  long replies or whose proposals are refused and asked again shows it there;
+  a search also plans the rest of its schedule by what the proposals gave (a
+  refused rewrite ends its reflection early; a proposed instruction lengthens
+  the prompts of the candidates that carry it; an update those of the runs
+  after it). Without a sample, calls outside the program (and a judge's) are
+  sized in characters by whoever makes them (an optimizer renders the prompts
+  it would send: `Optimizer.estimated_calls`) and turned into tokens at the
+  rate the sampled calls showed (characters of their messages per prompt
+  token), in a range of half to twice the prompt and a quarter to twice the
+  reply.
 
 Dollars come from the price of each endpoint in the resource configuration (or
 plait's table of list prices); an endpoint without a price makes the cost
@@ -34,8 +47,9 @@ unknown (None), which the table says.
 
 The range: *low* assumes the fewest calls the schedule allows (candidates
 identical to the program are skipped, no rewrite is needed) and the smallest
-sampled calls; *high* the most (every re-ask, the largest sampled call); the
-token range of a call is at least -20 % / +50 % around the sampled mean, as a
+sampled calls; *high* the most (every re-ask, each carrying the replies it
+refused, the largest sampled call); the token range of a call is at least
+-20 % / +50 % around the sampled mean, as a
 sample of a few examples cannot show more. The run's own budget, if set, caps
 every column.
 """
@@ -44,14 +58,14 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from plait.callbacks import BaseCallback, active_callbacks
 from plait.module import Module
 
-__all__ = ["CostEstimate", "Phase", "Range", "estimate", "from_schedule", "measure"]
+__all__ = ["CostEstimate", "Phase", "Proposal", "Range", "estimate", "from_schedule", "measure"]
 
 _CHARS_PER_TOKEN = 4
 _DEMO_OVERHEAD = 8
@@ -61,6 +75,9 @@ _UNSAMPLED_REPLY = (1, 32, 256)
 _FEEDBACK_FRAMING = 150
 """Characters a feedback item adds around a call's input and reply: the step's name,
 the loss's verdict and score."""
+_REASK_TOKENS = 80
+"""Tokens a re-ask adds to the conversation besides the reply it refused: what was
+wrong with it and what to send instead (`execution.structured.REASK`)."""
 
 
 class Range(NamedTuple):
@@ -90,13 +107,149 @@ ZERO = Range(0, 0, 0)
 
 
 @dataclass
+class Proposal:
+    """One proposal made for real on the estimate's sample, and what one is expected to spend.
+
+    A proposal is a piece of work made of calls outside the program: an
+    optimizer's update of one parameter (SFA's summary and rewrite), a
+    RandomSearch instruction proposal, a ReflectiveSearch rewrite. A phase
+    given one (`Phase.proposal`) counts proposals like it instead of calls of
+    an assumed size: each makes ``calls`` calls of ``prompt`` and ``reply``
+    tokens in all, re-asks included.
+
+    A sample of one or two proposals cannot show how often a model's replies are
+    refused (a re-ask repeats the conversation, so the refused ones cost most):
+    none refused in two calls does not make it never. The rate is taken as
+    (re-asks + 1/2) / (calls + 1), the estimate under Jeffreys' prior (a quarter
+    after one clean call, a sixth after two, five eighths after three calls of
+    which two were re-asks), and the expected calls and tokens are those of
+    that rate (`of`).
+    """
+
+    calls: float
+    """Calls one is expected to make, its re-asks included."""
+    prompt: float
+    """Prompt tokens of those calls (a re-ask's prompt holds the replies it refused)."""
+    reply: float
+    """Reply tokens of those calls."""
+    least: int = 1
+    """Calls a proposal makes when no reply is asked again."""
+    most: int = 2
+    """Calls a proposal makes when every reply is asked again as often as allowed."""
+    usable: float = 1.0
+    """The share of proposals expected to give a usable value (not refused at every
+    attempt): a search may plan the rest of its schedule by it."""
+    value: Any = None
+    """The value the sampled one proposed, when it gave one."""
+    grown: float = 0.0
+    """Characters the value it gave added to the parameter's (0 when it gave none): what
+    the prompts of every later run carry more."""
+    then: Proposal | None = None
+    """One made on the value this one gave (`sample_twice`), when a search blends them
+    itself (`blend`)."""
+
+    @classmethod
+    def of(
+        cls, meter: Any, proposals: int, *, least: int, most: int, value: Any = None,
+        grown: float = 0.0,
+    ) -> Proposal | None:  # fmt: skip
+        """Returns the expected proposal from ``proposals`` made for real, whose calls
+        ``meter`` (a `resources.usage.UsageMeter`) counted; None when nothing reached a
+        model. ``least`` / ``most``: the calls of one without a re-ask / with every one.
+
+        Each of its ``least`` asks is asked again at the rate seen (see the class docs),
+        at most ``most / least - 1`` times; a re-ask's prompt is the one before it plus
+        the reply it refused and what was wrong with it.
+        """
+        if proposals < 1 or meter.calls < 1:
+            return None
+        most = max(most, least)
+        asks = least * proposals
+        reply = meter.output_tokens / meter.calls
+        grows = reply + _REASK_TOKENS
+        attempts = meter.calls / asks
+        first = max(meter.input_tokens / meter.calls - (attempts - 1) / 2 * grows, 0.0)
+        rate = (max(meter.calls - asks, 0) + 0.5) / (meter.calls + 1)
+        chances = [rate**k for k in range(most // least)]  # attempt k is made at rate**k
+        return cls(
+            calls=least * sum(chances),
+            prompt=least * sum(w * (first + k * grows) for k, w in enumerate(chances)),
+            reply=least * sum(chances) * reply,
+            least=least,
+            most=most,
+            usable=1 - rate ** len(chances),
+            value=value,
+            grown=grown / proposals,
+        )
+
+    def blend(self, then: Proposal | None, share: float) -> Proposal:
+        """Returns the mean proposal of a run whose first proposals are like this one and a
+        ``share`` of them like ``then`` (a proposal made on the value this one gave: once
+        a parameter is rewritten, a model may propose it again unchanged, which is
+        refused and asked again). Without ``then``, this one."""
+        if then is None:
+            return self
+
+        def mean(mine: float, theirs: float) -> float:
+            return (1 - share) * mine + share * theirs
+
+        return Proposal(
+            calls=mean(self.calls, then.calls),
+            prompt=mean(self.prompt, then.prompt),
+            reply=mean(self.reply, then.reply),
+            least=self.least,
+            most=self.most,
+            usable=mean(self.usable, then.usable),
+            value=self.value,
+            grown=self.grown,
+        )
+
+
+async def sample_twice(
+    params: Sequence[Any], step: Callable[[], Awaitable[tuple[Proposal | None, bool]]]
+) -> tuple[Proposal | None, Proposal | None]:
+    """Makes a sampled proposal with ``step`` on ``params`` (which hold their feedback), and
+    when it changed them, a second one on the values it gave, shown the same feedback.
+
+    ``step`` returns the proposal and whether it changed a parameter. The second is
+    what later proposals of a run meet: a parameter already rewritten, which a model
+    may propose again unchanged (refused, then asked again). None as the second when
+    the first changed nothing: later proposals meet what it met.
+    """
+    shown = [param.get_accumulated_feedback() for param in params]
+    first, changed = await step()
+    if first is None or not changed:
+        return first, None
+    for param, items in zip(params, shown, strict=True):
+        param.zero_feedback()
+        for item in items:
+            param.accumulate_feedback(item)
+    then, _ = await step()
+    return first, then
+
+
+def repeat_feedback(params: Sequence[Any], times: float) -> None:
+    """Repeats the feedback each of ``params`` holds until it holds ``times`` as many items
+    (rounded; within the parameter's own bound), so a proposal sampled on a few examples
+    is shown as much feedback as one on a whole minibatch would be."""
+    for param in params:
+        items = param.get_accumulated_feedback()
+        for index in range(round(len(items) * times) - len(items)):
+            param.accumulate_feedback(items[index % len(items)])
+
+
+@dataclass
 class Phase:
     """One part of a schedule: runs of the program, and calls made outside it.
 
     ``runs`` counts examples run through the program (with ``demos`` demos
-    added to every step's prompt); ``other`` counts calls such as proposals
-    and rewrites, each of about ``other_chars`` (prompt, reply) characters on
-    the endpoint ``other_alias`` (tokens at the sample's characters per token).
+    added to every step's prompt, and ``added_chars`` more characters in each
+    run's prompts, as a longer instruction adds); ``other`` counts calls such
+    as proposals and rewrites, each of about ``other_chars`` (prompt, reply)
+    characters on the endpoint ``other_alias`` (tokens at the sample's
+    characters per token). With ``proposal`` (one made for real on the
+    sample), ``other`` counts proposals like it instead, each its measured
+    calls and tokens.
     """
 
     name: str
@@ -105,6 +258,8 @@ class Phase:
     other: Range = ZERO
     other_chars: tuple[float, float] = (1600, 400)
     other_alias: str | None = None
+    added_chars: float = 0.0
+    proposal: Proposal | None = None
 
 
 @dataclass
@@ -474,18 +629,43 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
     run_calls = phase.runs * size.calls
     demo_tokens = phase.demos * size.demo_tokens
     prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
-    prompt = run_calls * prompt_per_call
+    added = phase.added_chars / size.chars_per_token
+    prompt = run_calls * prompt_per_call + phase.runs * Range(added, added, added)
     reply = run_calls * size.reply
-    other_in, other_out = (chars / size.chars_per_token for chars in phase.other_chars)
-    other_prompt = phase.other * Range(other_in / 2, other_in, other_in * 2)
-    other_reply = phase.other * Range(other_out / 4, other_out, other_out * 2)
+    if phase.proposal is not None:
+        other_calls, other_prompt, other_reply = _proposals(phase.other, phase.proposal)
+    else:
+        other_in, other_out = (chars / size.chars_per_token for chars in phase.other_chars)
+        other_calls = phase.other
+        other_prompt = phase.other * Range(other_in / 2, other_in, other_in * 2)
+        other_reply = phase.other * Range(other_out / 4, other_out, other_out * 2)
     cost: Range | None = None
     other_price = _price(manager, [phase.other_alias]) if phase.other_alias else size.price
-    if size.price is not None and (other_price is not None or not phase.other.high):
+    if size.price is not None and (other_price is not None or not other_calls.high):
         cost = _dollars(size.price, prompt, reply)
-        if phase.other.high:
+        if other_calls.high:
             cost = cost + _dollars(other_price, other_prompt, other_reply)
-    return run_calls + phase.other, prompt + other_prompt, reply + other_reply, cost
+    return run_calls + other_calls, prompt + other_prompt, reply + other_reply, cost
+
+
+def _proposals(count: Range, proposal: Proposal) -> tuple[Range, Range, Range]:
+    """Returns the calls, prompt and reply tokens of ``count`` proposals like ``proposal``.
+
+    Expected: each as the sampled one was. Low: the fewest calls, each half the
+    sampled prompt and a quarter of its reply. High: every call asked again as
+    often as allowed, each reply twice the sampled one, and each prompt twice
+    the sampled one plus the replies and re-asks a last attempt carries.
+    """
+    prompt, reply = proposal.prompt / proposal.calls, proposal.reply / proposal.calls
+    again = max(proposal.most // max(proposal.least, 1) - 1, 0)
+    calls = Range(count.low * proposal.least, count.expected * proposal.calls,
+                  count.high * proposal.most)  # fmt: skip
+    high_prompt = 2 * prompt + again * (2 * reply + _REASK_TOKENS)
+    return (
+        calls,
+        Range(calls.low * prompt / 2, count.expected * proposal.prompt, calls.high * high_prompt),
+        Range(calls.low * reply / 4, count.expected * proposal.reply, calls.high * 2 * reply),
+    )
 
 
 def _within(budget: Any, calls: Range, tokens: Range, cost: Range) -> tuple[Range, Range, Range]:

@@ -263,6 +263,15 @@ async def _remembered_pool(
     return _labeled(demos, train)
 
 
+def _instructed_steps(program: Module) -> list[tuple[str, Module]]:
+    """Returns the steps whose instructions are a learnable `Parameter`, by path."""
+    return [
+        (path, module)
+        for path, module in demo_modules(program)
+        if isinstance(module._parameters.get("instructions"), Parameter)
+    ]
+
+
 def _bootstrap_runs(search: ProgramSearch, train: list[Example]) -> int:
     """Runs the bootstrap pass makes: the examples the search's checkpoint has not run."""
     held = search._saved.saved_steps.get("bootstrap")
@@ -365,7 +374,7 @@ class LabeledFewShot(ProgramSearch):
         self.seed = seed
 
     async def _schedule(
-        self, program: Module, train: list[Example], val: list[Example]
+        self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:
         n = await self._candidate_runs(program, train, len(val), 1)
         return [
@@ -427,7 +436,7 @@ class BootstrapFewShot(ProgramSearch):
         self.seed = seed
 
     async def _schedule(
-        self, program: Module, train: list[Example], val: list[Example]
+        self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:
         m = _bootstrap_runs(self, train)
         n = await self._candidate_runs(program, train, len(val), 1)
@@ -520,7 +529,7 @@ class RandomSearch(ProgramSearch):
         """Instructions the model proposed in the last search, per step (kept or not)."""
 
     async def _schedule(
-        self, program: Module, train: list[Example], val: list[Example]
+        self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:
         phases = []
         if train and self.max_demos:
@@ -528,13 +537,17 @@ class RandomSearch(ProgramSearch):
             phases.append(
                 Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m))
             )
-        steps = sum(
-            isinstance(module._parameters.get("instructions"), Parameter)
-            for _, module in demo_modules(program)
-        )
-        held = sum(key.startswith("instructions ") for key in self._saved.saved_steps)
-        asks = max(self.propose * steps - held, 0)
-        if asks:  # each may be asked again once when its reply is refused
+        asks = self._asks_left(program)
+        if asks and proposal is not None:
+            phases.append(
+                Phase(
+                    f"{asks} instruction proposals",
+                    other=Range(asks, asks, asks),
+                    other_alias=self.alias,
+                    proposal=proposal,
+                )
+            )
+        elif asks:  # each may be asked again once when its reply is refused
             shown = sum(len(as_text(x)[:300]) + len(as_text(t)[:100]) for x, t in train[:4])
             phases.append(
                 Phase(
@@ -545,14 +558,65 @@ class RandomSearch(ProgramSearch):
                 )
             )
         runs = await self._candidate_runs(program, train, len(val), self.num_candidates)
+        demos, added = self._candidate_mix(program, train, proposal)
         phases.append(
             Phase(
                 f"{self.num_candidates} candidates",
                 runs=Range(runs, runs, runs),
-                demos=self.max_demos / 2,
+                demos=demos,
+                added_chars=added,
             )
         )
         return phases
+
+    def _asks_left(self, program: Module) -> int:
+        """Returns the instruction proposals `compile` asks for: ``propose`` per step with
+        learnable instructions, less those the checkpoint holds."""
+        held = sum(key.startswith("instructions ") for key in self._saved.saved_steps)
+        return max(self.propose * len(_instructed_steps(program)) - held, 0)
+
+    async def _sampled_proposal(
+        self, program: Module, train: list[Example], resources: Any, sample: int
+    ) -> Any:
+        """One instruction proposal for the first step with learnable instructions, with a
+        seed of its own (none of the run's), when the run has proposals left to ask for."""
+        from plait.optimization.costs import Proposal
+        from plait.resources.usage import metered
+
+        steps = _instructed_steps(program)
+        if not steps or not self._asks_left(program):
+            return None
+        seed = random.Random(f"estimate {self.seed}").randrange(2**31)
+        with metered() as meter:
+            text = await propose_instruction(steps[0][1], train, resources, self.alias, seed=seed)
+        return Proposal.of(meter, 1, least=1, most=2, value=text)
+
+    def _candidate_mix(
+        self, program: Module, train: list[Example], proposal: Any
+    ) -> tuple[float, float]:
+        """Returns the demos per step and the characters of instructions beyond the program's
+        own in each run's prompts, averaged over the candidates `_candidates` plans: two
+        with ``max_demos`` demos, one per instruction of a step's pool alone, then random
+        ones (1 to ``max_demos`` demos, an instruction of the pool each). Proposed
+        instructions join the pool at the share the sampled proposal expects to be
+        usable, each as long as the one it gave (as the current one without it)."""
+        plans: list[tuple[float, float]] = []
+        if self.max_demos:
+            plans += [(float(min(self.max_demos, len(train))), 0.0)] * 2
+        random_chars = 0.0
+        for _, module in _instructed_steps(program):
+            current = str(module._parameters["instructions"].value)
+            pool = [text for text in self.instructions if text != current]
+            proposed = current if proposal is None or proposal.value is None else proposal.value
+            kept = self.propose if proposal is None else round(self.propose * proposal.usable)
+            pool += [str(proposed)] * kept  # of unknown length: as long as the current one
+            deltas = [float(len(text) - len(current)) for text in pool]
+            plans += [(0.0, delta) for delta in deltas]
+            random_chars += sum(deltas) / (len(deltas) + 1)  # the current one is drawn too
+        random_demos = (1 + self.max_demos) / 2 if self.max_demos else 0.0
+        plans += [(random_demos, random_chars)] * max(self.num_candidates - len(plans), 0)
+        plans = plans[: self.num_candidates]
+        return (sum(d for d, _ in plans) / len(plans), sum(c for _, c in plans) / len(plans))
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any

@@ -29,6 +29,7 @@ that type, not for JSON inside a string.
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import inspect
 import json
@@ -89,6 +90,10 @@ _SYSTEM = (
 ParamsArg = Iterable[Parameter] | Iterable[tuple[str, Parameter]] | Module
 
 
+DEFAULT_RETRIES = 2
+"""Re-asks an optimizer makes after an unusable reply, per call, unless told otherwise."""
+
+
 class Optimizer:
     """Base class of optimizers: bookkeeping, ordering, checks, retries and validation.
 
@@ -126,7 +131,7 @@ class Optimizer:
         params: ParamsArg,
         *,
         alias: str = "optimizer",
-        max_retries: int = 2,
+        max_retries: int = DEFAULT_RETRIES,
         conservatism: float = 0.5,
         validate: Callable[[], Awaitable[float]] | None = None,
     ) -> None:
@@ -161,6 +166,21 @@ class Optimizer:
     def named_parameters(self) -> list[tuple[str, Parameter]]:
         """Returns the optimised parameters with the names the optimizer uses."""
         return list(self._entries)
+
+    def copy_for(self, params: ParamsArg) -> Self:
+        """Returns a copy of this optimizer over ``params``: the same type, settings,
+        resources and history, without the ``validate`` hook.
+
+        For a step that must leave this optimizer and its parameters as they are
+        (a Trainer's estimate makes one on a copy of the program). Give ``params``
+        the names this optimizer uses, so the history (and momentum) is found.
+        """
+        twin = copy.copy(self)
+        twin._entries = _named_entries(params, type(self).__name__)
+        twin.history = {name: list(records) for name, records in self.history.items()}
+        twin.validate = None
+        twin._score = None
+        return twin
 
     def zero_feedback(self) -> None:
         """Clears the feedback of every optimised parameter, like ``zero_grad``."""

@@ -519,7 +519,9 @@ class ProgramSearch:
 
         From this search's schedule (its settings and the data sizes) and one run
         of the program measured on ``sample`` validation examples, which run for
-        real (`plait.optimization.costs`). Awaited inside a running event
+        real (`plait.optimization.costs`); a search that makes calls outside the
+        program makes one of its proposals for real too, on a copy
+        (`_sampled_proposal`). Awaited inside a running event
         loop, run to completion in a script, like `compile`.
 
         Returns:
@@ -538,7 +540,7 @@ class ProgramSearch:
         """The body of `estimate`."""
         from plait.optimization import costs
         from plait.resources import ResourceManager
-        from plait.resources.usage import Budget
+        from plait.resources.usage import Budget, metered
 
         resources = resources_of(program, resources, who=type(self).__name__, takes="estimate()")
         train = examples_of(train_set) if train_set is not None else []
@@ -546,9 +548,18 @@ class ProgramSearch:
         if not val:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
         program = self._open_checkpoint(program, train, val, in_place=False)
-        phases = [self._start_phase(program, val), *await self._schedule(program, train, val)]
+        proposal, proposed = None, 0
+        if sample > 0:
+            with metered() as meter:
+                proposal = await self._sampled_proposal(program, train, resources, sample)
+            proposed = meter.calls
+        phases = [
+            self._start_phase(program, val),
+            *await self._schedule(program, train, val, proposal),
+        ]
         demos = math.ceil(max(phase.demos for phase in phases))
         size, spent = await costs.measure(program, val, resources, sample, train, demos)
+        spent += proposed
         return costs.from_schedule(
             f"{type(self).__name__} on {len(train)} training / {len(val)} validation examples",
             phases,
@@ -600,10 +611,27 @@ class ProgramSearch:
             _ESTIMATING.reset(token)
         return self._left_of(candidates, n)
 
+    async def _sampled_proposal(
+        self, program: Module, train: list[tuple[Any, Any]], resources: Any, sample: int
+    ) -> Any:
+        """Makes one of the search's proposals for real, for its estimate, and returns what it
+        spent (a `plait.optimization.costs.Proposal`); None when the search makes no calls
+        outside the program, or none is left to make. Leaves ``program`` as it is.
+
+        Override this in a search that proposes with calls of its own; the estimate
+        counts its calls among the sample's.
+        """
+        return None
+
     async def _schedule(
-        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+        self,
+        program: Module,
+        train: list[tuple[Any, Any]],
+        val: list[tuple[Any, Any]],
+        proposal: Any = None,
     ) -> list[Any]:
-        """Returns the phases (`plait.optimization.costs.Phase`) after trial 0. Override this."""
+        """Returns the phases (`plait.optimization.costs.Phase`) after trial 0, its proposals
+        sized by ``proposal`` (`_sampled_proposal`'s, None without a sample). Override this."""
         raise NotImplementedError(f"{type(self).__name__} has no estimate of its schedule")
 
     async def _search(
@@ -1053,7 +1081,11 @@ class GridSearch(ProgramSearch):
         return Candidate(program, {}, "as it was", settings=self._current_settings(program))
 
     async def _schedule(
-        self, program: Module, train: list[tuple[Any, Any]], val: list[tuple[Any, Any]]
+        self,
+        program: Module,
+        train: list[tuple[Any, Any]],
+        val: list[tuple[Any, Any]],
+        proposal: Any = None,
     ) -> list[Any]:
         from plait.optimization.costs import Phase, Range
 

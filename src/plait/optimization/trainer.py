@@ -227,8 +227,13 @@ class Trainer:
         step per minibatch, and a call per example for an LLM-judged loss) and
         one run of the program measured on ``sample`` validation examples,
         which run for real (`plait.optimization.costs`). An optimizer step
-        makes the calls `Optimizer.estimated_calls` renders for each learnable
-        parameter, on feedback as long as a minibatch's would be. A checkpoint
+        is sized by one made for real on copies of the program and the
+        optimizer (`Optimizer.copy_for`), the copy run in training mode on
+        ``sample`` training examples and its feedback repeated to a minibatch's
+        worth, and by a second step on the values the first gave: their calls,
+        tokens and re-asks, and what the updates add to the prompts of the runs
+        after them (these calls count in ``sample_calls``). With ``sample=0``,
+        it makes the calls `Optimizer.estimated_calls` renders. A checkpoint
         to resume from shortens the schedule. Awaited inside a running event loop, run to
         completion in a script, like `fit`.
 
@@ -243,7 +248,7 @@ class Trainer:
         from plait.optimization import costs
         from plait.optimization.costs import Phase, Range
         from plait.resources import ResourceManager
-        from plait.resources.usage import Budget
+        from plait.resources.usage import Budget, metered
 
         size, spent = await costs.measure(
             self.module, self.val_set, self.resources, sample, self.train_set
@@ -266,19 +271,42 @@ class Trainer:
             for call in self.optimizer.estimated_calls(name, param, feedback)
         ]
         updates = steps_left * len(step_calls)
+        proposal = None
+        if sample > 0 and steps_left:
+            with metered() as meter:
+                first, then = await self._sampled_step(sample, len(step_calls))
+            spent += meter.calls
+            # the first step meets the parameters as they are, later ones what it made them
+            proposal = first.blend(then, 1 - 1 / steps_left) if first is not None else None
         validations = self.epochs - position[0]
         judge = getattr(self.step.loss, "alias", None)
+        grown = 0.0  # characters the updates add to the prompts of the runs after them
+        if proposal is not None:  # counted in updates of a parameter, each as the sampled one
+            learnable = sum(p.requires_grad for _, p in self.optimizer.named_parameters())
+            other = Range(0, steps_left * learnable, steps_left * learnable)
+            grown = proposal.grown * learnable
+        else:  # low: no update asked for; high: every call re-asked as often as allowed
+            other = Range(0, updates, (1 + self.optimizer.max_retries) * updates)
+        after_first = (examples_left - left[0]) / examples_left if left else 0.0
         phases = [
             Phase("validation before training", runs=Range(*(0 if resumed else n,) * 3)),
-            Phase(f"{steps_left} training minibatches", runs=Range(*(examples_left,) * 3)),
+            Phase(
+                f"{steps_left} training minibatches",
+                runs=Range(*(examples_left,) * 3),
+                added_chars=grown * after_first,
+            ),
             Phase(
                 f"{steps_left} optimizer steps",
-                # low: no update asked for; high: every call re-asked as often as allowed
-                other=Range(0, updates, (1 + self.optimizer.max_retries) * updates),
+                other=other,
                 other_chars=costs.mean_call(step_calls),
                 other_alias=self.optimizer.alias,
+                proposal=proposal,
             ),
-            Phase(f"{validations} validations after an epoch", runs=Range(*(validations * n,) * 3)),
+            Phase(
+                f"{validations} validations after an epoch",
+                runs=Range(*(validations * n,) * 3),
+                added_chars=grown,
+            ),
         ]
         if isinstance(judge, str):
             phases.append(
@@ -297,6 +325,62 @@ class Trainer:
             sample_calls=spent,
             budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
         )
+
+    async def _sampled_step(self, sample: int, least_calls: int) -> tuple[Any, Any]:
+        """Makes an optimizer step for real on a copy of the program, for the estimate, and
+        returns what one update of a parameter spent (a `costs.Proposal`, None when it asked
+        nothing), and what one spent in a second step on the values the first gave, when it
+        changed them (`costs.sample_twice`).
+
+        The copy runs ``sample`` training examples in training mode, backward brings
+        their feedback, repeated to a minibatch's worth, and a copy of the optimizer
+        (`Optimizer.copy_for`, without its ``validate`` hook) steps on the copy's
+        parameters: the program and the optimizer are left as they are. ``least_calls``
+        is the calls of all the updates of a step when no reply is asked again.
+        """
+        from plait.execution import run
+        from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
+        from plait.optimization.updates import as_text
+        from plait.resources.usage import metered
+
+        twin = self.step.copy()
+        paths = {id(p): path for path, p in self.step.named_parameters()}
+        twins = dict(twin.named_parameters())
+        params = [
+            (name, twins[paths[id(p)]])
+            for name, p in self.optimizer.named_parameters()
+            if id(p) in paths and p.requires_grad
+        ]
+        if not params:
+            return None, None
+        optimizer = self.optimizer.copy_for(params).bind(self.resources)
+        batch = self.train_set[: max(1, min(sample, self.batch_size))]
+        examples = on_examples(twin)
+        examples.train()
+        try:
+            losses = await run(
+                examples, list(batch), resources=self.resources,
+                max_concurrent=self.max_concurrent, on_error="collect", progress=False,
+            )  # fmt: skip
+        finally:
+            examples.eval()
+        taped = [loss for loss in losses if isinstance(loss, Value)]
+        if taped:
+            await backward(taped, resources=self.resources)
+        shown = [p for _, p in params]
+        repeat_feedback(shown, min(self.batch_size, len(self.train_set)) / len(batch))
+        least = max(round(least_calls / len(params)), 1)
+
+        async def update() -> tuple[Any, bool]:
+            before = sum(len(as_text(p.value)) for p in shown)
+            with metered() as meter:
+                report = await optimizer.step()
+            grown = sum(len(as_text(p.value)) for p in shown) - before
+            most = least * (1 + optimizer.max_retries)
+            proposal = Proposal.of(meter, len(report.updates), least=least, most=most, grown=grown)
+            return proposal, bool(report.accepted)
+
+        return await sample_twice(shown, update)
 
     def _position(self) -> tuple[int, int] | None:
         """(epoch, minibatch) the checkpoint would resume from; None without one.
