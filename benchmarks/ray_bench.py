@@ -6,7 +6,7 @@ CPU per call decides the rate. Runs the same rows through
 ``plait.distributed.map_dataset`` on a local Ray cluster (``num_cpus=2``):
 
 * 1 worker, limits="cluster"   — the baseline;
-* 2 workers, limits="cluster"  — one Ray actor per endpoint grants slots to both;
+* 2 workers, limits="cluster"  — one Ray actor per endpoint leases permits to both;
 * 2 workers, limits="shares"   — each worker holds half the limit, locally;
 * 2 workers, limits="local"    — each worker holds the whole limit (no coordination).
 
