@@ -129,6 +129,22 @@ async def test_two_busy_workers_share_the_limit_and_never_pass_it(workers):
     await until(lambda: ledger._leased == 0)
 
 
+async def test_calls_ending_together_do_not_make_a_worker_ask_again(workers):
+    ledger = LeaseLedger(max_concurrent=LIMIT)
+    group = workers(ledger)
+    limiters = [group.add()[0] for _ in range(2)]
+    wire = Wire()
+
+    async def rounds(limiter: LeasedLimiter) -> None:
+        for _ in range(30):  # 4 calls at a time, 2 on the wire: each round leaves none waiting
+            await asyncio.gather(*(wire.call(limiter, 0.002) for _ in range(LIMIT)))
+
+    await asyncio.gather(*(rounds(limiter) for limiter in limiters))
+
+    assert wire.sent == 240 and wire.peak <= LIMIT
+    assert ledger.asks < 20, "an ask stays out while calls come and go"
+
+
 async def test_a_worker_above_its_share_gives_freed_permits_to_the_waiting_one(workers):
     ledger = LeaseLedger(max_concurrent=LIMIT)
     group = workers(ledger)

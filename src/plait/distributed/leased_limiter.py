@@ -76,6 +76,7 @@ class LeasedLimiter:
         self._to_give = 0
         self._uses = 0
         self._idle_timer: asyncio.TimerHandle | None = None
+        self._withdraw_timer: asyncio.TimerHandle | None = None
         self._lapse_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._paused_until = 0.0
@@ -190,8 +191,8 @@ class LeasedLimiter:
             else:
                 with contextlib.suppress(ValueError):
                     self._waiters.remove(waiter)
-                if not self._waiters:
-                    self._withdraw()
+                if not self._waiters and self._asking:
+                    self._arm_withdraw()
             raise
 
     def _place_permits(self, granted: bool = False) -> None:
@@ -221,7 +222,7 @@ class LeasedLimiter:
         if self._waiters:
             self._ask()
         elif self._asking:
-            self._withdraw()
+            self._arm_withdraw()
         if free > 0 and self._idle_timer is None:
             loop = asyncio.get_running_loop()
             self._idle_timer = loop.call_later(self._idle, self._on_idle, self._uses)
@@ -286,11 +287,25 @@ class LeasedLimiter:
         finally:
             self._asking = False
 
-    def _withdraw(self) -> None:
-        """Tells the ledger the ask out no longer has calls waiting for it (once)."""
-        if self._epoch is not None and self._withdrawn != self._ask_seq:
-            self._withdrawn = self._ask_seq
-            self._link.send("withdraw", self.name, self._epoch, self._ask_seq)
+    def _arm_withdraw(self) -> None:
+        """Withdraws the ask out if no call waits for it ``idle`` seconds from now.
+
+        Not at once: calls that end together leave no call waiting for a moment, until
+        the next ones ask, and an ask withdrawn and sent again each time would cost two
+        messages per round of calls.
+        """
+        if self._withdraw_timer is None:
+            loop = asyncio.get_running_loop()
+            self._withdraw_timer = loop.call_later(self._idle, self._withdraw, self._ask_seq)
+
+    def _withdraw(self, seq: int) -> None:
+        """Tells the ledger the ask ``seq`` no longer has calls waiting for it (once)."""
+        self._withdraw_timer = None
+        if not self._asking or seq != self._ask_seq or any(not w.done() for w in self._waiters):
+            return
+        if self._epoch is not None and self._withdrawn != seq:
+            self._withdrawn = seq
+            self._link.send("withdraw", self.name, self._epoch, seq)
 
     def _start_watch(self) -> None:
         self._watching = True

@@ -163,10 +163,13 @@ class LeaseLedger:
         self._sweeper: asyncio.TimerHandle | None = None
         self.peak_leased = 0
         """The most permits ever leased at once."""
+        self.asks = 0
+        """Asks for permits so far (each a message that waits for an answer)."""
         self.granted = 0
         """Permits granted so far (a permit given back and granted again counts twice)."""
         self.lapsed = 0
-        """Leases that ran out without word from their worker."""
+        """Leases that ran out holding permits, without word from their worker (it died,
+        or could not reach the ledger for a whole term)."""
         self.rate_limited = 0
         """429s the workers reported."""
 
@@ -249,6 +252,7 @@ class LeaseLedger:
         return record
 
     async def _wait_for_grant(self, record: _Holder, want: int, seq: int) -> int:
+        self.asks += 1
         if record.ask is not None:  # an older ask the worker stopped waiting for
             self._answer(record.ask, 0)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -383,7 +387,7 @@ class LeaseLedger:
 
     def _expire(self, now: float) -> None:
         for record in [r for r in self._holders.values() if r.expires <= now]:
-            self.lapsed += 1
+            self.lapsed += record.permits > 0
             self._end(record)
 
     def _end(self, record: _Holder) -> None:
@@ -551,6 +555,7 @@ class LeaseLedger:
             "leased": self._leased,
             "peak_leased": self.peak_leased,
             "granted": self.granted,
+            "asks": self.asks,
             "holders": {r.name: r.permits for r in self._holders.values()},
             "asking": len(self._asks),
             "lapsed": self.lapsed,
