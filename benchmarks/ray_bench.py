@@ -6,14 +6,22 @@ CPU per call decides the rate. Runs the same rows through
 ``plait.distributed.map_dataset`` on a local Ray cluster (``num_cpus=2``):
 
 * 1 worker, limits="cluster"   — the baseline;
-* 2 workers, limits="cluster"  — one Ray actor per endpoint grants slots to both;
+* 2 workers, limits="cluster"  — one Ray actor per endpoint leases permits to both;
 * 2 workers, limits="shares"   — each worker holds half the limit, locally;
 * 2 workers, limits="local"    — each worker holds the whole limit (no coordination).
 
-Prints items/s, the speed-up over 1 worker, and the peak concurrency the
-*server* observed against the configured ``max_concurrent``.
+Prints items/s over the whole job (Ray Data's start-up of the mapper actors
+included) and over the time calls ran (the scripted server's first arrival to
+its last answer), the speed-up of each over 1 worker, and the peak
+concurrency the *server* observed against the configured ``max_concurrent``.
 
-    python benchmarks/ray_bench.py [--rows 6000] [--limit 8] [--latency 0.002]
+``--per-worker`` sets the LLM calls each worker keeps in flight (default: the
+limit). With the default, one worker alone can fill the endpoint's limit, and
+a second worker can add only what the first leaves unused; with ``--limit 16
+--per-worker 8`` the limit leaves room for two workers, and the run shows what
+coordinating them costs.
+
+    python benchmarks/ray_bench.py [--rows 6000] [--limit 8] [--per-worker 8] [--latency 0.002]
 """
 
 from __future__ import annotations
@@ -47,7 +55,9 @@ def reset(base_url: str) -> None:
     urllib.request.urlopen(urllib.request.Request(root + "/stats/reset", method="POST")).read()
 
 
-def measure(base_url: str, rows: int, workers: int, limits: str, limit: int) -> dict:
+def measure(
+    base_url: str, rows: int, workers: int, limits: str, limit: int, per_worker: int
+) -> dict:
     resources = {
         "llm": {
             "provider": "openai",
@@ -63,16 +73,20 @@ def measure(base_url: str, rows: int, workers: int, limits: str, limit: int) -> 
     started = time.perf_counter()
     out = map_dataset(
         OneCall(), ds, resources=resources, limits=limits, concurrency=workers,
-        batch_size=500, max_concurrent=limit,
+        batch_size=500, max_concurrent=per_worker,
     ).take_all()  # fmt: skip
     seconds = time.perf_counter() - started
     failed = sum(r["error"] is not None for r in out)
-    stats = fetch_stats(base_url)
+    stats = fetch_stats(base_url, include_log=True)
+    log = stats["log"]
+    calls = max(r["finished"] for r in log) - min(r["arrived"] for r in log)
     return {
         "workers": workers,
         "limits": limits,
         "items_per_s": rows / seconds,
         "seconds": seconds,
+        "calls_per_s": len(log) / calls,
+        "calls_seconds": calls,
         "failed": failed,
         "server_peak": stats["peak_concurrency"],
         "requests": stats["requests"],
@@ -83,8 +97,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=6000)
     parser.add_argument("--limit", type=int, default=8, help="the endpoint's max_concurrent")
+    parser.add_argument("--per-worker", type=int, help="LLM calls in flight per worker")
     parser.add_argument("--latency", type=float, default=0.002)
     args = parser.parse_args()
+    per_worker = args.per_worker or args.limit
     src = str(Path(__file__).resolve().parents[1] / "src")
     ray.init(
         num_cpus=2,
@@ -94,28 +110,30 @@ def main() -> None:
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        with start_server_process(latency=args.latency) as (_, base_url):
-            measure(base_url, 500, 1, "cluster", args.limit)  # warm up the cluster
+        with start_server_process(latency=args.latency, keep_log=True) as (_, base_url):
+            measure(base_url, 500, 1, "cluster", args.limit, per_worker)  # warm up the cluster
             results = [
-                measure(base_url, args.rows, 1, "cluster", args.limit),
-                measure(base_url, args.rows, 2, "cluster", args.limit),
-                measure(base_url, args.rows, 2, "shares", args.limit),
-                measure(base_url, args.rows, 2, "local", args.limit),
+                measure(base_url, args.rows, workers, limits, args.limit, per_worker)
+                for workers, limits in ((1, "cluster"), (2, "cluster"), (2, "shares"), (2, "local"))
             ]
     finally:
         ray.shutdown()
     base = results[0]["items_per_s"]
+    base_calls = results[0]["calls_per_s"]
     print(f"{args.rows} rows, 1 call each, server latency {args.latency * 1000:g} ms, "
-          f"max_concurrent={args.limit}, {os.cpu_count()} cores")  # fmt: skip
+          f"max_concurrent={args.limit}, {per_worker} in flight per worker, "
+          f"{os.cpu_count()} cores")  # fmt: skip
     print(
-        f"{'workers':>7} {'limits':>8} {'items/s':>9} {'vs 1':>6} {'server peak':>12} {'failed':>7}"
+        f"{'workers':>7} {'limits':>8} {'items/s':>9} {'vs 1':>6} {'calls/s':>9} {'vs 1':>6} "
+        f"{'server peak':>12} {'failed':>7}"
     )
     for r in results:
         held = "holds" if r["server_peak"] <= args.limit else "EXCEEDED"
         print(
             f"{r['workers']:>7} {r['limits']:>8} {r['items_per_s']:>9.0f} "
-            f"{r['items_per_s'] / base:>5.2f}x {r['server_peak']:>5} / {args.limit:<3} {held:>8} "
-            f"{r['failed']:>4}"
+            f"{r['items_per_s'] / base:>5.2f}x {r['calls_per_s']:>9.0f} "
+            f"{r['calls_per_s'] / base_calls:>5.2f}x "
+            f"{r['server_peak']:>5} / {args.limit:<3} {held:>8} {r['failed']:>4}"
         )
     print(json.dumps(results))
 

@@ -20,6 +20,8 @@ pytest.importorskip("ray.data")
 from tests.cli.sample_programs import Answer, Summarize  # noqa: E402
 
 from plait.distributed import PlaitMapper, map_dataset  # noqa: E402
+from plait.distributed.ray import cluster_limiters, endpoint_actor  # noqa: E402
+from plait.resources import ResourceConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,3 +104,35 @@ def test_the_mapper_fills_several_arguments_by_column_and_fails_a_row_without_th
 
     assert '"answer": "echo: who? | docs"' in out[0]["output"]
     assert out[1]["output"] is None and "has null in column 'q'" in out[1]["error"]
+
+
+@ray.remote(num_cpus=0)
+class Caller:
+    """A worker whose calls take permits through the cluster's limiters and never end."""
+
+    def __init__(self, namespace: str, resources: dict) -> None:
+        (endpoint,) = ResourceConfig(resources).endpoints()
+        self.limiter = cluster_limiters(namespace)(endpoint)
+
+    async def start_calls(self, count: int) -> int:
+        for _ in range(count):
+            await self.limiter.acquire()
+        return self.limiter.permits
+
+
+def test_a_killed_workers_permits_come_back_when_its_lease_lapses(cluster):
+    resources = {"llm": {"provider": "openai", "model": "m", "api_key": "k", "max_concurrent": 3}}
+    (endpoint,) = ResourceConfig(resources).endpoints()
+    # made here first, so that its lease term is this short one
+    limits = endpoint_actor("killed-worker", endpoint, lease_term=1.0)
+    dying = Caller.remote("killed-worker", resources)
+    assert ray.get(dying.start_calls.remote(3)) == 3
+    assert ray.get(limits.stats.remote())["leased"] == 3
+
+    ray.kill(dying)  # dies with three calls holding every permit
+    other = Caller.remote("killed-worker", resources)
+
+    assert ray.get(other.start_calls.remote(3), timeout=120) == 3
+    stats = ray.get(limits.stats.remote())
+    assert stats["lapsed"] == 1
+    assert stats["leased"] == 3 and list(stats["holders"].values()) == [3]

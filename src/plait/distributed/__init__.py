@@ -3,8 +3,9 @@
 `map_dataset` runs a program over a Ray Dataset (``ray.data``); `PlaitMapper`
 is the callable class behind it, for ``ds.map_batches`` directly. Endpoint
 limits (``max_concurrent``, ``rpm``, ``tpm``) hold across the whole cluster:
-every worker asks one named Ray actor per endpoint (`EndpointLimits`) for its
-slots and tokens. Ray is imported only when these names are first used.
+one named Ray actor per endpoint (`EndpointLimits`) lends every worker its
+permits and tokens in leases (`plait.distributed.leases`). Ray is imported
+only when these names are first used.
 """
 
 from __future__ import annotations

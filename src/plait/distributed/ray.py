@@ -1,24 +1,25 @@
 """A plait program over a Ray Dataset, with endpoint limits shared by the whole cluster.
 
-How a limit holds across workers: each endpoint of the configuration gets
-one named, detached-free Ray actor (``plait-limits:<namespace>:<endpoint>``)
-that holds a plain plait `Limiter` — the same FIFO slots, rpm and tpm token
-buckets and pauses a single process uses. A worker's `ResourceManager` gets a
-`RemoteLimiter` per endpoint instead of its own: ``acquire`` waits for the
-actor to grant a slot (and the request and token reservations), ``release``
-hands it back and corrects the token estimate from real usage, and a 429's
-``Retry-After`` pauses the endpoint for every worker. So 2 or 200 workers
-together never have more than ``max_concurrent`` requests in flight.
+How a limit holds across workers: each endpoint of the configuration gets one
+named Ray actor (``plait-limits:<namespace>:<endpoint>``, `EndpointLimits`)
+that owns the endpoint's ``max_concurrent``, rpm and tpm for the cluster and
+lends them out in leases (`plait.distributed.leases`). A worker's
+`ResourceManager` gets a `LeasedLimiter` per endpoint instead of its own
+`Limiter`: it holds a few permits and rate tokens at a time and reuses them
+call after call with no round trip, gives back what it has not used for 50
+ms, and gives back what is above its fair share while another worker waits
+below its own. A worker sends a request only while it holds a permit the
+actor granted it, so 2 or 200 workers together never have more than
+``max_concurrent`` requests in flight. A 429's ``Retry-After`` pauses the
+endpoint for every worker. A worker that dies stops renewing its lease, and
+its permits come back after the lease's term (10 s).
 
 The other way, ``limits="shares"``, gives each of ``concurrency`` workers
-1/``concurrency`` of every limit locally: no round trip to an actor, but a
-worker cannot use what an idle worker leaves, and it holds only while
-exactly ``concurrency`` workers run (``benchmarks/ray_bench.py`` compares
-both). ``limits="local"`` gives every worker the whole limit (what you get
-without plait.distributed: the limit multiplied by the worker count).
-
-A slot held by a worker that dies is not returned; restart the job (the
-actors go with the Ray job that created them).
+1/``concurrency`` of every limit locally: no actor at all, but a worker
+cannot use what an idle worker leaves, and it holds only while exactly
+``concurrency`` workers run (``benchmarks/ray_bench.py`` compares both).
+``limits="local"`` gives every worker the whole limit (what you get without
+plait.distributed: the limit multiplied by the worker count).
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ import asyncio
 import json
 import os
 import threading
-import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
+from plait.distributed.leased_limiter import LeasedLimiter
+from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import Limiter, limiter_shares
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EndpointLimits",
     "PlaitMapper",
-    "RemoteLimiter",
+    "RayLink",
     "build_config",
     "cluster_limiters",
     "config_spec",
@@ -58,176 +59,27 @@ Limits = str
 
 # ray's typed overloads of remote() leave out max_concurrency, an actor option it documents.
 @ray.remote(num_cpus=0, max_concurrency=100_000)  # type: ignore[call-overload]
-class EndpointLimits:
-    """A Ray actor holding one endpoint's `Limiter` for every worker of the cluster.
+class EndpointLimits(LeaseLedger):
+    """A Ray actor holding one endpoint's limits for every worker of the cluster, which
+    lends them out in leases (`plait.distributed.leases.LeaseLedger`).
 
-    Async methods, so thousands of waiting ``acquire`` calls wait on the
-    actor's event loop without a thread each.
+    Async methods, so the watches and asks of thousands of workers wait on the actor's
+    event loop without a thread each. ``stats()`` tells what is leased, to whom, and how
+    many leases lapsed.
     """
 
-    def __init__(self, max_concurrent: int | None, rpm: float | None, tpm: float | None) -> None:
-        # adaptive lowering needs 429s from every worker to be seen in one place: it is,
-        # since on_rate_limited comes here too.
-        self.limiter = Limiter(max_concurrent=max_concurrent, rpm=rpm, tpm=tpm)
-        self.peak = 0
 
-    async def acquire(self, tokens: int) -> float:
-        waited = await self.limiter.acquire(tokens)
-        self.peak = max(self.peak, self.limiter.in_flight)
-        return waited
+class RayLink:
+    """Reaches an endpoint's `EndpointLimits` actor: a message is a call of the actor."""
 
-    def release(self, reserved: int, used: int | None) -> None:
-        self.limiter.release(reserved, used)
-
-    def on_success(self) -> None:
-        self.limiter.on_success()
-
-    def on_rate_limited(self, retry_after: float | None) -> None:
-        self.limiter.on_rate_limited(retry_after)
-
-    def pause_for(self, seconds: float) -> None:
-        self.limiter.pause_for(seconds)
-
-    def stats(self) -> dict[str, Any]:
-        """In flight now, the most ever granted at once, acquisitions, waits, 429s."""
-        limiter = self.limiter
-        return {
-            "in_flight": limiter.in_flight,
-            "peak": self.peak,
-            "acquired": limiter.acquired,
-            "waited": limiter.waited,
-            "wait_time_total": limiter.wait_time_total,
-            "rate_limited": limiter.rate_limited,
-        }
-
-
-class RemoteLimiter:
-    """Stands in for a worker's `Limiter`: every slot comes from the endpoint actor.
-
-    ``release``, ``on_success`` and the 429 notes are sent without waiting
-    for an answer (Ray runs one caller's calls to an actor in order, so a
-    release never overtakes its acquire).
-
-    An endpoint limited by ``max_concurrent`` alone has slots to pass on: a
-    worker that frees a slot while its own calls wait hands it straight to
-    the next of them, with no round trip, up to ``handoffs`` times in a row;
-    then the slot goes back to the actor, whose queue is first come, first
-    served across workers, so a busy worker cannot starve the others (nor
-    hand over while a ``Retry-After`` it received pauses the endpoint). The
-    number of slots held cluster-wide never changes by a hand-over, so the
-    limit holds as before; only the actor's traffic drops. With rpm or tpm
-    every call asks the actor, which owns the token buckets.
-    """
-
-    def __init__(self, actor: Any, config: EndpointConfig, handoffs: int = 32) -> None:
+    def __init__(self, actor: Any) -> None:
         self._actor = actor
-        self.max_concurrent = config.max_concurrent
-        self.rpm = config.rpm
-        self.tpm = config.tpm
-        self._slots_only = config.rpm is None and config.tpm is None
-        self._handoffs = handoffs
-        self._chain = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        self._asking = 0
-        """Slot requests sent to the actor and not yet granted."""
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._paused_until = 0.0
-        self.in_flight = 0
-        self.queue_depth = 0
-        self.acquired = 0
-        self.waited = 0
-        self.wait_time_total = 0.0
-        self.rate_limited = 0
 
-    async def acquire(self, tokens: int = 0) -> float:
-        self.acquired += 1
-        self.queue_depth += 1
-        started = time.monotonic()
-        try:
-            if self._slots_only:
-                await self._wait_for_slot()
-            else:
-                await self._actor.acquire.remote(tokens)
-        finally:
-            self.queue_depth -= 1
-        self.in_flight += 1
-        waited = time.monotonic() - started
-        if waited > 0.001:
-            self.waited += 1
-            self.wait_time_total += waited
-        return waited
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self._actor, method).remote(*args)  # an ObjectRef, awaitable
 
-    async def _wait_for_slot(self) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        self._ask()
-        try:
-            await waiter
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._give(None)  # a slot arrived as we were cancelled: pass it on
-            else:
-                self._waiters.remove(waiter)
-            raise
-
-    def _ask(self) -> None:
-        """Asks the actor for slots until every local waiter has a request out for it."""
-        while self._asking < len(self._waiters):
-            self._asking += 1
-            task = asyncio.get_running_loop().create_task(self._granted())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _granted(self) -> None:
-        await self._actor.acquire.remote(0)
-        self._asking -= 1
-        self._chain = 0
-        self._give(None)
-
-    def _give(self, _: object) -> None:
-        """Hands a held slot to the first local waiter, or back to the actor."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._actor.release.remote(0, None)
-
-    def release(self, reserved: int = 0, used: int | None = None) -> None:
-        self.in_flight -= 1
-        if not self._slots_only:
-            self._actor.release.remote(reserved, used)
-            return
-        paused = self._paused_until > time.monotonic()  # a Retry-After: ask the actor
-        if self._waiters and self._chain < self._handoffs and not paused:
-            self._chain += 1
-            self._give(None)
-            return
-        self._chain = 0
-        self._actor.release.remote(0, None)
-        self._ask()
-
-    def on_success(self) -> None:
-        # Only a limiter lowered by 429s has anything to recover; a worker that has seen
-        # none spares the actor a message per call.
-        if self.rate_limited:
-            self._actor.on_success.remote()
-
-    def on_rate_limited(self, retry_after: float | None = None) -> None:
-        self.rate_limited += 1
-        if retry_after:
-            self._paused_until = max(self._paused_until, time.monotonic() + retry_after)
-        self._actor.on_rate_limited.remote(retry_after)
-
-    def pause_for(self, seconds: float) -> None:
-        self._paused_until = max(self._paused_until, time.monotonic() + seconds)
-        self._actor.pause_for.remote(seconds)
-
-    # EndpointStats reads these; the cluster-wide truth is `EndpointLimits.stats`.
-    effective_rpm = property(lambda self: self.rpm)
-    effective_tpm = property(lambda self: self.tpm)
-    effective_max_concurrent = property(lambda self: self.max_concurrent)
-    paused_for = property(lambda self: 0.0)
+    def send(self, method: str, *args: Any) -> None:
+        getattr(self._actor, method).remote(*args)
 
 
 def config_spec(resources: Any) -> dict[str, Any] | str:
@@ -264,25 +116,44 @@ def _actor_name(namespace: str, endpoint: str) -> str:
     return f"plait-limits:{namespace}:{endpoint}"
 
 
-def endpoint_actor(namespace: str, config: EndpointConfig, lifetime: str | None = None) -> Any:
+def endpoint_actor(
+    namespace: str,
+    config: EndpointConfig,
+    lifetime: str | None = None,
+    lease_term: float = DEFAULT_TERM,
+) -> Any:
     """Returns the limits actor of an endpoint, creating it on first use (any worker may).
 
     Args:
         lifetime: Ray's actor lifetime: None ties the actor to the worker that created
             it (it goes with the job); ``"detached"`` keeps it while the cluster runs, for
             workers that come and go, such as Ray Serve replicas.
+        lease_term: seconds after which the permits of a worker that stopped answering
+            (it died) come back; the actor's creator sets it.
     """
     # ray.remote made the class an actor class; a type checker does not apply class decorators.
     actor_class = cast("ActorClass[EndpointLimits]", EndpointLimits)
     return actor_class.options(
         name=_actor_name(namespace, config.name), get_if_exists=True, lifetime=lifetime
-    ).remote(config.max_concurrent, config.rpm, config.tpm)
+    ).remote(
+        config.max_concurrent, config.rpm, config.tpm, term=lease_term, adaptive=config.adaptive
+    )
 
 
-def cluster_limiters(namespace: str, lifetime: str | None = None) -> Callable:
-    """Returns a ``limiter_factory`` for `ResourceManager` whose limiters ask the endpoint
-    actors of ``namespace``, so each endpoint's limits hold across every worker using it."""
-    return lambda config: RemoteLimiter(endpoint_actor(namespace, config, lifetime), config)
+def cluster_limiters(
+    namespace: str, lifetime: str | None = None, lease_term: float = DEFAULT_TERM
+) -> Callable[[EndpointConfig], LeasedLimiter]:
+    """Returns a ``limiter_factory`` for `ResourceManager` whose limiters lease permits and
+    rate tokens from the endpoint actors of ``namespace``, so each endpoint's limits hold
+    across every worker using it (see `endpoint_actor` for the arguments)."""
+
+    def leased(config: EndpointConfig) -> LeasedLimiter:
+        actor = endpoint_actor(namespace, config, lifetime, lease_term)
+        return LeasedLimiter(
+            RayLink(actor), max_concurrent=config.max_concurrent, rpm=config.rpm, tpm=config.tpm
+        )
+
+    return leased
 
 
 def _limiter_factory(limits: Limits, namespace: str, workers: int) -> Callable | None:

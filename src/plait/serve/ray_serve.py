@@ -12,11 +12,13 @@ endpoint's limits held for the whole cluster (the ``serve-ray`` extra).
 
 Each replica builds the app `plait.serve.app` builds (every route: typed runs, SSE, the
 OpenAI-compatible ones, health and metrics) around a `ResourceManager` of its own whose
-limiters ask one Ray actor per endpoint (`plait.distributed`'s `EndpointLimits`) for their
-slots, rpm and tpm, so all replicas together never put more than an endpoint's
-``max_concurrent`` requests on the wire. The actors are detached, so replicas can restart
-or scale without taking the limits with them, and named after the app and its limits, so
-a redeploy with other limits gets fresh ones; they hold no CPU and go with the cluster.
+limiters lease their permits, rpm and tpm from one Ray actor per endpoint
+(`plait.distributed`'s `EndpointLimits`, see `plait.distributed.leases`), so all replicas
+together never put more than an endpoint's ``max_concurrent`` requests on the wire, and a
+replica's calls rarely wait for the actor. The actors are detached, so replicas can
+restart or scale without taking the limits with them (a replica that dies gives its
+permits back when its lease lapses), and named after the app and its limits, so a
+redeploy with other limits gets fresh ones; they hold no CPU and go with the cluster.
 
 What stays per replica: admission (``max_active`` runs, ``max_queued`` waiting), the
 response cache, usage totals and budgets, ``/metrics``, and paused runs (a paused run is
