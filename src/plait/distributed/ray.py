@@ -38,7 +38,7 @@ from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
-from plait.resources.limits import Limiter, limiter_shares
+from plait.resources.limits import limiter_shares
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
