@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
-from plait.resources.limits import TokenBucket
+from plait.resources.limits import Adaptation, TokenBucket
 
 __all__ = ["LeaseLedger", "LedgerLink", "LocalLink", "PermitReply", "RateReply"]
 
@@ -142,10 +142,7 @@ class LeaseLedger:
         self.max_concurrent = max_concurrent
         self.term = term
         self.hold = hold
-        self.adaptive = adaptive
-        self.min_scale = min_scale
-        self.recovery_step = recovery_step
-        self.decrease_interval = decrease_interval
+        self._adaptation = Adaptation(adaptive, min_scale, recovery_step, decrease_interval)
         self._clock = clock
         self._sleep = sleep
         burst = max(burst_seconds - hold, burst_seconds / 2)
@@ -158,8 +155,6 @@ class LeaseLedger:
         self._epoch = 0
         self._gate: asyncio.Lock | None = None
         self._paused_until = 0.0
-        self._scale = 1.0
-        self._last_decrease = -math.inf
         self._sweeper: asyncio.TimerHandle | None = None
         self.peak_leased = 0
         """The most permits ever leased at once."""
@@ -298,7 +293,9 @@ class LeaseLedger:
     def _reply(self, record: _Holder, granted: int) -> PermitReply:
         paused_for = max(0.0, self._paused_until - self._clock())
         keep = self._keeps().get(record, 0 if self._limit is not None else None)
-        return PermitReply(record.epoch, granted, keep, paused_for, self.term, self._scale)
+        return PermitReply(
+            record.epoch, granted, keep, paused_for, self.term, self._adaptation.scale
+        )
 
     def _answer(self, ask: _Ask, permits: int) -> None:
         """Grants ``permits`` to an ask and takes it out of the queue."""
@@ -508,8 +505,8 @@ class LeaseLedger:
         a charge) and recovers the limits by ``successes`` calls' steps."""
         if tokens and self._tokens is not None:
             self._tokens.give(tokens, self._clock())
-        if successes and self._scale < 1.0:
-            self._set_scale(min(1.0, self._scale + self.recovery_step * successes))
+        if successes and self._adaptation.recover(successes):
+            self._apply_scale()
 
     # -- pauses and adaptation ----------------------------------------------------------
 
@@ -525,13 +522,11 @@ class LeaseLedger:
         self.rate_limited += 1
         if retry_after is not None and retry_after > 0:
             await self.pause_for(retry_after)
-        now = self._clock()
-        if self.adaptive and now - self._last_decrease >= self.decrease_interval:
-            self._last_decrease = now
-            self._set_scale(max(self.min_scale, self._scale / 2))
+        if self._adaptation.lower(self._clock()):
+            self._apply_scale()
 
-    def _set_scale(self, scale: float) -> None:
-        self._scale = scale
+    def _apply_scale(self) -> None:
+        scale = self._adaptation.scale
         now = self._clock()
         for bucket in (self._requests, self._tokens):
             if bucket is not None:
@@ -560,7 +555,7 @@ class LeaseLedger:
             "asking": len(self._asks),
             "lapsed": self.lapsed,
             "rate_limited": self.rate_limited,
-            "scale": self._scale,
+            "scale": self._adaptation.scale,
             "paused_for": max(0.0, self._paused_until - self._clock()),
             "requests_left": _level(self._requests, self._clock()),
             "tokens_left": _level(self._tokens, self._clock()),

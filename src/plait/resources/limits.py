@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from plait.resources.config import EndpointConfig
 
-__all__ = ["Limiter", "TokenBucket", "limiter_shares", "too_small_to_share"]
+__all__ = ["Adaptation", "Limiter", "TokenBucket", "limiter_shares", "too_small_to_share"]
 
 _EPSILON = 1e-9
 
@@ -91,6 +91,51 @@ class TokenBucket:
         self.level = min(self.level, self.capacity)
 
 
+class Adaptation:
+    """The factor 429s scale an endpoint's limits by: halved once per episode of 429s (those
+    closer together than ``decrease_interval`` are one: a burst of in-flight requests
+    rejected together halves once), never below ``min_scale``, and raised ``recovery_step``
+    per successful call back to 1. `Limiter` and `plait.distributed.leases.LeaseLedger`
+    both keep one, so an endpoint adapts the same way on one machine and across a cluster.
+    """
+
+    __slots__ = (
+        "_last_decrease",
+        "adaptive",
+        "decrease_interval",
+        "min_scale",
+        "recovery_step",
+        "scale",
+    )
+
+    def __init__(
+        self, adaptive: bool, min_scale: float, recovery_step: float, decrease_interval: float
+    ) -> None:
+        self.adaptive = adaptive
+        self.min_scale = min_scale
+        self.recovery_step = recovery_step
+        self.decrease_interval = decrease_interval
+        self.scale = 1.0
+        """The factor now (1.0: the limits as configured)."""
+        self._last_decrease = -math.inf
+
+    def lower(self, now: float) -> bool:
+        """Halves the factor for a 429 seen at ``now``, unless adaptation is off or this
+        episode already did; returns whether it did."""
+        if not self.adaptive or now - self._last_decrease < self.decrease_interval:
+            return False
+        self._last_decrease = now
+        self.scale = max(self.min_scale, self.scale / 2)
+        return True
+
+    def recover(self, successes: int = 1) -> bool:
+        """Raises the factor by ``successes`` calls' steps; returns whether it was below 1."""
+        if self.scale >= 1.0:
+            return False
+        self.scale = min(1.0, self.scale + self.recovery_step * successes)
+        return True
+
+
 class Limiter:
     """Concurrency, rpm, tpm and pause limits of one endpoint.
 
@@ -136,10 +181,7 @@ class Limiter:
         self.max_concurrent = max_concurrent
         self.rpm = rpm
         self.tpm = tpm
-        self.adaptive = adaptive
-        self.min_scale = min_scale
-        self.recovery_step = recovery_step
-        self.decrease_interval = decrease_interval
+        self._adaptation = Adaptation(adaptive, min_scale, recovery_step, decrease_interval)
         self._clock = clock
         self._sleep = sleep
         self._requests = None if rpm is None else TokenBucket(rpm, burst_seconds, now)
@@ -150,8 +192,6 @@ class Limiter:
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self._gate = asyncio.Lock()
         self._paused_until = 0.0
-        self._scale = 1.0
-        self._last_decrease = -math.inf
         self._waiting = 0
         self.acquired = 0
         """Acquisitions so far."""
@@ -202,8 +242,8 @@ class Limiter:
 
     def on_success(self) -> None:
         """Records a successful call; recovers the adaptive factor a step."""
-        if self._scale < 1.0:
-            self._set_scale(min(1.0, self._scale + self.recovery_step))
+        if self._adaptation.scale < 1.0 and self._adaptation.recover():
+            self._apply_scale()
 
     # -- waiting ------------------------------------------------------------------------
 
@@ -291,13 +331,11 @@ class Limiter:
         self.rate_limited += 1
         if retry_after is not None and retry_after > 0:
             self.pause_for(retry_after)
-        now = self._clock()
-        if self.adaptive and now - self._last_decrease >= self.decrease_interval:
-            self._last_decrease = now
-            self._set_scale(max(self.min_scale, self._scale / 2))
+        if self._adaptation.lower(self._clock()):
+            self._apply_scale()
 
-    def _set_scale(self, scale: float) -> None:
-        self._scale = scale
+    def _apply_scale(self) -> None:
+        scale = self._adaptation.scale
         now = self._clock()
         if self._requests is not None:
             self._requests.scale(scale, now)
@@ -323,17 +361,17 @@ class Limiter:
     @property
     def scale(self) -> float:
         """The adaptive factor applied to the configured limits (1.0 = as configured)."""
-        return self._scale
+        return self._adaptation.scale
 
     @property
     def effective_rpm(self) -> float | None:
         """Requests per minute allowed now, or None when rpm is not limited."""
-        return None if self.rpm is None else self.rpm * self._scale
+        return None if self.rpm is None else self.rpm * self._adaptation.scale
 
     @property
     def effective_tpm(self) -> float | None:
         """Tokens per minute allowed now, or None when tpm is not limited."""
-        return None if self.tpm is None else self.tpm * self._scale
+        return None if self.tpm is None else self.tpm * self._adaptation.scale
 
     @property
     def effective_max_concurrent(self) -> int | None:
