@@ -95,7 +95,7 @@ class RunRoutes:
         except ValidationError as exc:
             return invalid_input(exc.errors(include_url=False), scope, where="body")
         arguments = served.arguments(given)
-        if stream or _accepts_events(scope):
+        if wants_stream(scope, stream):
             return await stream_run(scope, self.service, served, arguments)
         return await answer_run(scope, receive, self.service, served, arguments)
 
