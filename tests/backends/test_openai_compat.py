@@ -1,7 +1,7 @@
 """OpenAICompatBackend against the scripted server over real loopback HTTP.
 
-Every behaviour test runs twice, once per transport (raw aiohttp and the
-official SDK), and asserts on what the server received and answered, so
+Every behaviour test runs twice, once per transport (plait's own HTTP client and
+the official SDK), and asserts on what the server received and answered, so
 both transports are held to one contract.
 """
 
@@ -53,7 +53,7 @@ def ask(text: str = "hello world", **fields: Any) -> Request:
     return Request(messages=(Message("user", text),), **fields)
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
+@pytest.fixture(params=["http", "sdk"])
 def transport(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -517,10 +517,10 @@ def test_one_backend_serves_calls_from_successive_event_loops(transport):
     assert (first.text, second.text) == ("echo: first", "echo: second")
 
 
-def test_importing_the_backend_loads_neither_aiohttp_nor_openai():
+def test_importing_the_backend_loads_neither_an_http_client_nor_openai():
     code = (
         "import sys, plait.backends.openai, plait.testing\n"
-        "loaded = [m for m in ('aiohttp', 'openai') if m in sys.modules]\n"
+        "loaded = [m for m in ('aiohttp', 'httptools', 'openai') if m in sys.modules]\n"
         "assert not loaded, loaded\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -38,7 +38,7 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base_url
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
+@pytest.fixture(params=["http", "sdk"])
 async def backend(request: pytest.FixtureRequest, llama_server: str):
     made = OpenAICompatBackend("smollm2", base_url=llama_server, transport=request.param)
     yield made

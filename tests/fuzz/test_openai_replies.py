@@ -2,7 +2,7 @@
 
 The scripted server puts each fuzzed body on the wire byte for byte
 (`RawReply`); the call goes through `ResourceManager` and the backend's real
-transport (aiohttp, or the official SDK) into the readers of
+transport (plait's HTTP client, or the official SDK) into the readers of
 `plait.backends.openai._wire`. Any reply must give a `Response` (or streamed
 chunks) or a `BackendError`.
 """
@@ -62,7 +62,7 @@ async def scripted_wire(**options: Any) -> AsyncIterator[Wire]:
             yield Wire(script, manager)
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
+@pytest.fixture(params=["http", "sdk"])
 async def wire(request: pytest.FixtureRequest) -> AsyncIterator[Wire]:
     async with scripted_wire(transport=request.param) as ready:
         yield ready

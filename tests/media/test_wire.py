@@ -31,7 +31,7 @@ def b64(data: bytes) -> str:
 PNG, WAV = png(), wav()
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
+@pytest.fixture(params=["http", "sdk"])
 async def openai(request: pytest.FixtureRequest):
     async with ScriptedServer() as server:
         backend = OpenAICompatBackend("gpt-4o", base_url=server.base_url, transport=request.param)

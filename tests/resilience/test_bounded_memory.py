@@ -76,7 +76,7 @@ BODIES = {
 }
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+@pytest.mark.parametrize("transport", ["http", "sdk"])
 @pytest.mark.parametrize("body", list(BODIES))
 async def test_a_reply_body_beyond_max_response_bytes_is_refused_within_the_cap(
     body: str, transport: str
@@ -103,7 +103,7 @@ EVENTS = {
 }
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+@pytest.mark.parametrize("transport", ["http", "sdk"])
 @pytest.mark.parametrize("event", list(EVENTS))
 async def test_a_stream_event_beyond_max_event_bytes_is_refused_within_the_cap(
     event: str, transport: str
@@ -117,7 +117,7 @@ async def test_a_stream_event_beyond_max_event_bytes_is_refused_within_the_cap(
     assert peak < MARGIN, f"{peak / MIB:.1f} MiB held for a {SENT // MIB} MiB event"
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "sdk"])
+@pytest.mark.parametrize("transport", ["http", "sdk"])
 async def test_replies_within_the_caps_are_read_as_before(transport: str) -> None:
     caps = {"max_response_bytes": 1024, "max_event_bytes": 512}
     async with ScriptedServer() as server:

@@ -120,7 +120,7 @@ def test_an_invalid_base_url_is_refused_when_the_config_is_built(url: str) -> No
     ],
 )
 async def test_a_backend_built_with_an_invalid_url_fails_without_retry_or_secret(url: str) -> None:
-    backend = OpenAICompatBackend(MODEL, base_url=url)  # the aiohttp transport
+    backend = OpenAICompatBackend(MODEL, base_url=url)  # the default (http) transport
     try:
         with pytest.raises(BackendError, match="invalid request URL") as info:
             await backend.complete(ask())
@@ -130,15 +130,17 @@ async def test_a_backend_built_with_an_invalid_url_fails_without_retry_or_secret
     assert_no_secret(repr(backend), *(str(e) for e in chain(info.value)))
 
 
-async def test_a_redirect_to_an_invalid_url_is_not_retried() -> None:
+async def test_a_redirect_is_not_followed_nor_retried_and_names_where_it_points() -> None:
     location = f"ftp://user:{SECRET}@127.0.0.1/v1?api-key={SECRET}"
     redirect = RawReply(status=307, headers={"Location": location})
     async with ScriptedServer(responder=lambda body: redirect) as server:
         config = secret_config(server, max_retries=3)
         async with ResourceManager(config) as manager:
-            with pytest.raises(BackendError, match="invalid request URL") as info:
+            with pytest.raises(BackendError, match=r"HTTP 307.* a redirect to ftp://") as info:
                 await manager.complete("llm", ask())
         assert server.stats.requests == 1
+    assert info.value.retryable is False and info.value.status == 307
+    assert "set base_url to the address" in str(info.value)
     assert "alias 'llm'" in str(info.value)
     assert_no_secret(*(str(e) for e in chain(info.value)))
 
@@ -192,7 +194,7 @@ ODD_REPLIES = {
 }
 
 
-@pytest.fixture(params=["aiohttp", "sdk"])
+@pytest.fixture(params=["http", "sdk"])
 def transport(request: pytest.FixtureRequest) -> str:
     return request.param
 

@@ -1,6 +1,6 @@
-"""The warm-up: a configuration with an OpenAI-compatible endpoint imports aiohttp on a thread.
+"""The warm-up: a configuration with an OpenAI-compatible endpoint imports its backend on a thread.
 
-Each test runs a fresh Python process: in this one aiohttp was imported long ago.
+Each test runs a fresh Python process: in this one the backend was imported long ago.
 """
 
 from __future__ import annotations
@@ -54,12 +54,12 @@ def run_python(code: str, *args: str, path: Path | None = None) -> subprocess.Co
     )
 
 
-def test_a_config_with_an_openai_endpoint_imports_aiohttp_on_a_thread_that_then_ends():
+def test_a_config_with_an_openai_endpoint_imports_its_backend_on_a_thread_that_then_ends():
     code = """
         import sys, threading
         import plait
         from plait.backends import _imports
-        assert "aiohttp" not in sys.modules, "import plait imported aiohttp"
+        assert "httptools" not in sys.modules, "import plait imported httptools"
         from plait import ResourceConfig
         ResourceConfig({"*": {"provider": "local"}})
         ResourceConfig({"m": {"provider": "openai", "model": "m", "transport": "sdk"}})
@@ -67,11 +67,11 @@ def test_a_config_with_an_openai_endpoint_imports_aiohttp_on_a_thread_that_then_
         ResourceConfig({"llm": {"provider": "openai", "model": "m", "api_key": "k"}})
         warm_up = _imports.current()
         assert warm_up is not None and warm_up.thread.name == "plait-warm-up"
-        assert warm_up.modules == ("plait.backends.openai", "aiohttp"), warm_up.modules
+        assert warm_up.modules == ("plait.backends.openai", "httptools"), warm_up.modules
         assert warm_up.join(60)
         warm_up.thread.join(60)
         assert warm_up.error is None, warm_up.error
-        assert _imports.is_imported("aiohttp") and "plait.backends.openai" in sys.modules
+        assert _imports.is_imported("httptools") and "plait.backends.openai" in sys.modules
         assert not warm_up.thread.is_alive()
         ResourceConfig({"other": {"provider": "openai", "model": "m", "api_key": "k"}})
         assert _imports.current() is warm_up, "a second warm-up started"
@@ -84,16 +84,16 @@ def test_a_config_with_an_openai_endpoint_imports_aiohttp_on_a_thread_that_then_
     assert result.stdout.strip() == "ok"
 
 
-def test_a_cold_process_sends_its_first_request_while_aiohttp_loads_and_leaves_no_thread():
+def test_a_cold_process_calls_without_importing_aiohttp_and_leaves_no_thread():
     code = (
         PROGRAM
         + """
 print(program("otters"))
 for thread in threading.enumerate():
-    if thread.name in ("plait-warm-up", "plait-first-request"):
+    if thread.name == "plait-warm-up":
         thread.join(60)
         assert not thread.is_alive(), thread.name
-print(_imports.current().error, _imports.is_imported("aiohttp"))
+print(_imports.current().error, "aiohttp" in sys.modules)
 print(program("again"))
 """
     )
@@ -101,17 +101,18 @@ print(program("again"))
         result = run_python(code, base_url)
         log = fetch_stats(base_url, include_log=True)["log"]
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:3] == ["echo: echo: otters", "None True", "echo: echo: again"]
-    agents = [record["headers"]["user-agent"] for record in log]
-    # The first request went over http.client while aiohttp loaded; the last, over aiohttp.
-    assert agents[0].endswith(" plait"), agents
-    assert "aiohttp" in agents[-1], agents
+    expected = ["echo: echo: otters", "None False", "echo: echo: again"]
+    assert result.stdout.split("\n")[:3] == expected
+    agents = {record["headers"]["user-agent"] for record in log}
+    assert all(agent.endswith(" plait") for agent in agents), agents
 
 
-def test_a_broken_aiohttp_fails_the_first_call_with_the_fix_instead_of_hanging(tmp_path: Path):
-    broken = tmp_path / "aiohttp"
+def test_a_broken_httptools_fails_the_first_call_with_the_fix_instead_of_hanging(tmp_path: Path):
+    broken = tmp_path / "httptools"
     broken.mkdir()
-    (broken / "__init__.py").write_text('raise ImportError("this aiohttp is broken for the test")')
+    (broken / "__init__.py").write_text(
+        'raise ImportError("this httptools is broken for the test")\n'
+    )
     code = (
         PROGRAM
         + """
@@ -128,13 +129,13 @@ except Exception as exc:
     assert result.returncode == 0, result.stderr
     first, failure = result.stdout.strip().split("\n", 1)
     assert first == "ImportError"
-    assert "aiohttp transport needs aiohttp" in failure
-    assert "this aiohttp is broken for the test" in failure
-    assert "pip install --force-reinstall aiohttp" in failure
+    assert "http transport needs httptools" in failure
+    assert "this httptools is broken for the test" in failure
+    assert "pip install --force-reinstall httptools" in failure
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
-def test_a_fork_waits_for_the_imports_so_the_child_can_import_aiohttp():
+def test_a_fork_waits_for_the_imports_so_the_child_can_import_httptools():
     code = """
         import os, sys
         from plait import ResourceConfig
@@ -142,8 +143,8 @@ def test_a_fork_waits_for_the_imports_so_the_child_can_import_aiohttp():
         ResourceConfig({"llm": {"provider": "openai", "model": "m", "api_key": "k"}})
         pid = os.fork()
         if pid == 0:
-            import aiohttp
-            os._exit(0 if aiohttp.ClientSession else 1)
+            import httptools
+            os._exit(0 if httptools.HttpResponseParser else 1)
         _, status = os.waitpid(pid, 0)
         print(os.waitstatus_to_exitcode(status), _imports.current().done)
     """

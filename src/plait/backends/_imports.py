@@ -1,14 +1,12 @@
 """Imports on a background thread: a backend's heavy dependencies, loaded as a program is built.
 
-A cold process spends most of its first call importing (aiohttp alone, with
-yarl, multidict and the two TLS contexts it builds at import time, takes
-longer than the rest of plait). `import_in_background` starts such imports on
-a daemon thread, ``plait-warm-up``, once per process;
+A cold process spends part of its first call importing what that call needs
+(a backend's module and its parser). `import_in_background` starts such
+imports on a daemon thread, ``plait-warm-up``, once per process;
 `plait.resources.warm_up` calls it when a `ResourceConfig` lists an endpoint
-that will need them, and a transport that needs a module still being
-imported waits for it with `BackgroundImport.wait`, which never blocks the
-event loop (an ``import`` would, for as long as the other thread holds the
-module's lock).
+that will need them. A call that comes before they end imports the module
+itself, which waits on the module's import lock until the thread is done with
+it (the imports are a few tens of milliseconds).
 
 The thread only imports. It never fails the program: an import that raises
 is left for the code that needs the module to repeat, which raises it there
@@ -19,17 +17,12 @@ of an import would find that module's lock held forever.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
 import os
 import sys
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import asyncio
 
 __all__ = ["BackgroundImport", "current", "import_in_background", "is_imported"]
 
@@ -53,7 +46,7 @@ def is_imported(name: str) -> bool:
 
 
 class BackgroundImport:
-    """One daemon thread importing ``modules`` in order, and the event loops waiting for it.
+    """One daemon thread importing ``modules`` in order.
 
     Args:
         modules: dotted module names; the thread stops at the first that raises.
@@ -64,8 +57,6 @@ class BackgroundImport:
         self.error: BaseException | None = None
         """What the imports raised, if they did (the code needing them raises it again)."""
         self._done = threading.Event()
-        self._lock = threading.Lock()
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self.thread = threading.Thread(target=self._run, name="plait-warm-up", daemon=True)
 
     @property
@@ -82,40 +73,11 @@ class BackgroundImport:
             self.error = exc
             logger.debug("importing %s in the background failed: %r", name, exc)
         finally:
-            with self._lock:
-                self._done.set()
-                waiters, self._waiters = self._waiters, []
-            for loop, future in waiters:
-                _wake(loop, future)
+            self._done.set()
 
     def join(self, timeout: float | None = None) -> bool:
         """Blocks until the imports are done; returns whether they are (False on timeout)."""
         return self._done.wait(timeout)
-
-    async def wait(self) -> None:
-        """Waits for the imports without blocking the running event loop."""
-        if self._done.is_set():
-            return
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        with self._lock:
-            if self._done.is_set():
-                return
-            self._waiters.append((loop, future))
-        await future
-
-
-def _wake(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
-    """Settles a waiter's future on its own loop; a loop closed since has no one to wake."""
-
-    def settle() -> None:
-        if not future.done():
-            future.set_result(None)
-
-    with contextlib.suppress(RuntimeError):  # the loop was closed while it waited
-        loop.call_soon_threadsafe(settle)
 
 
 _current: BackgroundImport | None = None
@@ -131,9 +93,7 @@ def import_in_background(modules: Iterable[str]) -> BackgroundImport | None:
     """Starts importing ``modules`` on a thread, unless a background import already started.
 
     Modules already imported are left out; when none is left, nothing starts.
-    One background import runs per process (the first caller's list), so a
-    caller needing a module checks `is_imported` and, if it is not, waits for
-    `current` when that lists it.
+    One background import runs per process (the first caller's list).
 
     Returns:
         The background import now running or finished, or None.

@@ -113,7 +113,7 @@ class EndpointConfig:
     configuration file may only name one that looks like a credential (see
     `allow_api_key_env`)."""
     transport: str | None = None
-    """OpenAI-compatible transport: ``aiohttp`` (default) or ``sdk``."""
+    """OpenAI-compatible transport: ``http`` (plait's own client, default) or ``sdk``."""
     headers: Mapping[str, str] = field(default_factory=lambda: _EMPTY, repr=False)
     """Extra HTTP headers sent with every request (may hold secrets)."""
     max_connections: int | None = None

@@ -122,9 +122,9 @@ def flag(value: Any) -> tuple[str | None, Any]:
 
 
 def transport(value: Any) -> tuple[str | None, Any]:
-    if value in ("aiohttp", "sdk"):
+    if value in ("http", "sdk"):
         return None, value
-    return f"must be 'aiohttp' or 'sdk', {_got(value)}", None
+    return f"must be 'http' or 'sdk', {_got(value)}", None
 
 
 def dialect(value: Any) -> tuple[str | None, Any]:

@@ -1,13 +1,13 @@
 """Starts importing what an endpoint's first call needs as soon as its configuration is built.
 
-A cold process spent most of its first call importing aiohttp, on the event
-loop's thread, in the middle of the first request. A `ResourceConfig` that
-lists an OpenAI-compatible endpoint on the aiohttp transport (the default)
-now starts those imports on a background thread
+A cold process spent part of its first call importing, on the event loop's
+thread, in the middle of the first request. A `ResourceConfig` that lists an
+OpenAI-compatible endpoint on the http transport (the default) starts those
+imports on a background thread
 (`plait.backends._imports.import_in_background`) while the program is built
-and bound; the transport's first requests do not wait for it (they go over
-the standard library while aiohttp loads, `plait.backends.openai._first_requests`),
-and a stream waits for it without blocking the loop.
+and bound. They are small since the transport is plait's own (the backend's
+module, ~20 ms, and httptools, ~2 ms; aiohttp took ~100 ms), so a first call
+that comes before they end just waits on the module's import lock.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ if TYPE_CHECKING:
 __all__ = ["modules_for", "start_for"]
 
 # What the first call of an OpenAI-compatible endpoint imports that `import plait`
-# and `ResourceConfig` do not: the backend's module, then aiohttp (which brings
-# yarl, multidict and asyncio). Found with ``python -X importtime`` on a script
-# that builds a program and runs it against plait.testing's scripted server.
-_AIOHTTP_FIRST_CALL = ("plait.backends.openai", "aiohttp")
+# and `ResourceConfig` do not: the backend's module, then the http transport's
+# parser. Found with ``python -X importtime`` on a script that builds a program
+# and runs it against plait.testing's scripted server.
+_HTTP_FIRST_CALL = ("plait.backends.openai", "httptools")
 
 
 def modules_for(endpoint: EndpointConfig) -> tuple[str, ...]:
     """Returns the modules the first call of ``endpoint`` imports (none for most providers).
 
-    Only the OpenAI-compatible endpoint on aiohttp, the default transport, is
+    Only the OpenAI-compatible endpoint on http, the default transport, is
     warmed up: its imports are plait's own dependencies, safe to run on a
     thread. The SDKs (``transport="sdk"``, ``anthropic``) and llama-cpp are
     optional packages whose imports are not known to be thread-safe, and a
@@ -40,9 +40,9 @@ def modules_for(endpoint: EndpointConfig) -> tuple[str, ...]:
     """
     if endpoint.backend is not None or endpoint.provider != "openai":
         return ()
-    if endpoint.transport not in (None, "aiohttp"):
+    if endpoint.transport not in (None, "http"):
         return ()
-    return _AIOHTTP_FIRST_CALL
+    return _HTTP_FIRST_CALL
 
 
 def start_for(endpoints: Iterable[EndpointConfig]) -> BackgroundImport | None:

@@ -4,12 +4,13 @@
   ``response_format`` fallback, streaming);
 * `_wire.py`: request bodies and reply readers, the one mapping both
   transports and the Batch API use;
-* `_transports.py`: how a body reaches the server, over aiohttp or the
+* `_transports.py`: how a body reaches the server, over plait's own HTTP
+  client (`_http.py`: keep-alive connections, httptools' parser) or the
   official SDK, with their failures turned into plait errors;
 * `_sse.py`: the Server-Sent Events reader of streamed replies;
 * `batch.py`: the Batch API (files, batches, result files).
 
-Importing this package loads neither aiohttp nor the SDK: the transports
+Importing this package loads neither httptools nor the SDK: the transports
 import them on their first call, so that ``import plait`` stays fast.
 """
 

@@ -31,7 +31,7 @@ async def iter_sse_data(
 
     Args:
         chunks: the response body in pieces of any size, as the network
-            delivers them (aiohttp's ``response.content.iter_any()``). Lines
+            delivers them (`_http.Exchange.iter_body`). Lines
             are reassembled here, so no line-length limit of the HTTP client
             applies to a large event.
         max_event_bytes: the most data one event may hold.

@@ -1,23 +1,23 @@
-"""The two ways `OpenAICompatBackend` reaches a server: raw aiohttp, or the official SDK.
+"""The two ways `OpenAICompatBackend` reaches a server: plait's own HTTP client, or the SDK.
 
 Both take a chat-completions body (a dict), send it, and hand back the
 decoded JSON of the reply's own bytes: one value for a completion, an async
 iterator of values for a stream (whether they have the right shape is for
 `_wire` to check). Both read within the endpoint's caps
-(`_bounded`: ``max_response_bytes`` per body, ``max_event_bytes`` per event).
+(``max_response_bytes`` per body, ``max_event_bytes`` per event).
 Both map every failure onto plait's errors the same way (`_errors.py`): each
 call runs inside one `with` block (`_ForeignErrors`) that puts plait's error in
 place of the library's own, so a failure reads the same whether it stops a
 whole reply or a stream. Neither retries (the resource layer owns retries;
 SPEC §4.4).
 
-aiohttp is the default because it is cheap: one ``ClientSession`` and one
-``TCPConnector`` per endpoint, orjson for both directions, no cookie jar, a
-pre-parsed URL and cached timeout objects, so a call costs about what aiohttp
-itself costs. The SDK costs several times more CPU per call (SPEC §4.4); it
-is here for users who need its authentication or proxy features.
+`HttpTransport` is the default because it is cheap: keep-alive connections
+parsed by httptools (`_http`), the request's head built once per endpoint,
+orjson for both directions, so a call costs little more than its socket. The
+SDK costs several times more CPU per call (SPEC §4.4); it is here for users
+who need its authentication or proxy features.
 
-Neither aiohttp nor openai is imported until a transport is first used, so
+Neither httptools nor openai is imported until a transport is first used, so
 ``import plait`` stays fast.
 """
 
@@ -32,23 +32,18 @@ from urllib.parse import parse_qsl
 
 import orjson
 
-from plait.backends._bounded import read_body, read_chunks, too_large
+from plait.backends._bounded import read_chunks, too_large
 from plait.backends._errors import error_from_status
-from plait.backends._imports import import_in_background, is_imported
 from plait.backends._shapes import preview
 from plait.backends._urls import join_path, redact_url, scrub_cause, scrub_text
-from plait.backends.openai._first_requests import FirstRequests
 from plait.backends.openai._sse import DONE, iter_sse_data
 from plait.backends.openai._wire import decode_event
 from plait.errors import BackendConnectionError, BackendError, BackendTimeout
 
 if TYPE_CHECKING:
-    import aiohttp
+    from plait.backends.openai._http import ConnectionPool, Reply
 
-__all__ = ["AiohttpTransport", "SdkTransport", "Transport"]
-
-_NOT_SENT: Any = object()
-"""What `AiohttpTransport._before_aiohttp` returns when aiohttp is to send the request."""
+__all__ = ["HttpTransport", "SdkTransport", "Transport"]
 
 
 def describe_endpoint(base_url: str, model: str) -> str:
@@ -182,13 +177,15 @@ class Transport:
         raise NotImplementedError
 
 
-class AiohttpTransport(Transport):
-    """Chat completions over one lazily created aiohttp session.
+class HttpTransport(Transport):
+    """Chat completions over plait's own HTTP/1.1 client (`_http`), the default.
 
-    The session belongs to the event loop that first used it. When a later
-    call runs in another loop (``run_sync`` creates one per call), a fresh
-    session is made for it; the old one cannot be closed from a foreign loop
-    and is left to the garbage collector.
+    One `ConnectionPool` per endpoint: keep-alive connections, the request
+    line and headers built once, replies parsed by httptools, orjson both
+    ways. Its CPU per call is about a third of aiohttp's, which this
+    transport used before (``benchmarks/scheduler_bench.py``). A redirect is
+    not followed: it fails, not retried, naming where it points, so the fix
+    (the right ``base_url``) is one edit.
 
     ``base_url`` must hold no user info (the backend turns it into a header
     first); a query in it (``?api-version=...``) is kept after the path.
@@ -209,208 +206,90 @@ class AiohttpTransport(Transport):
         self._headers = dict(headers)
         self._timeout = timeout
         self._max_connections = max_connections
-        self._session: aiohttp.ClientSession | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._url: Any = None
-        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
-        self._client_error: type[BaseException] = Exception
-        self._invalid_url_errors: tuple[type[BaseException], ...] = ()
-        self._first_requests: FirstRequests | None = None
+        self._pool: ConnectionPool | None = None
+        self._client: Any = None
 
-    def _open(self, where: str) -> aiohttp.ClientSession:
-        loop = asyncio.get_running_loop()
-        session = self._session
-        if session is not None and self._loop is loop and not session.closed:
-            return session
+    def _open(self, where: str) -> ConnectionPool:
+        pool = self._pool
+        if pool is not None:
+            return pool
         try:
-            import aiohttp
+            from plait.backends.openai import _http  # imports httptools: only once a call is made
         except ImportError as exc:
             raise ImportError(
-                f"{where}: the aiohttp transport needs aiohttp, a dependency of plait, and "
+                f"{where}: the http transport needs httptools, a dependency of plait, and "
                 f"importing it failed ({type(exc).__name__}: {exc}); reinstall it with: "
-                "pip install --force-reinstall aiohttp (or set transport='sdk')"
+                "pip install --force-reinstall httptools (or set transport='sdk')"
             ) from exc
-
-        self._url = self._parse_url(where)
-        # limit=0: no connection cap here. The resource layer's max_concurrent
-        # is the one concurrency limit; a second, hidden cap of 100 (aiohttp's
-        # default) would queue calls that the scheduler believes are running.
-        connector = aiohttp.TCPConnector(limit=self._max_connections or 0, ttl_dns_cache=300)
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            headers=self._headers,
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
-        self._loop = loop
-        self._client_error = aiohttp.ClientError
-        # A redirect to ftp:// raises NonHttpUrlClientError (aiohttp >= 3.10),
-        # which is not an InvalidURL.
-        non_http = getattr(aiohttp, "NonHttpUrlClientError", aiohttp.InvalidURL)
-        self._invalid_url_errors = (aiohttp.InvalidURL, non_http)
-        self._timeouts = {}
-        return self._session
-
-    def _parse_url(self, where: str) -> Any:
-        """Returns the parsed endpoint URL; a malformed one fails before any connection."""
-        import yarl
-
+        self._client = _http
         try:
-            url = yarl.URL(self._endpoint)
-        except ValueError as exc:
-            problem = _described(exc, self._endpoint)
+            pool = _http.ConnectionPool(self._endpoint, self._headers, self._max_connections)
+        except _http.InvalidURL as exc:
+            problem = scrub_text(str(exc), self._endpoint)
             raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
-        if url.scheme not in ("http", "https"):
-            raise _invalid_url(where, f"the scheme is {url.scheme!r}, not http or https")
-        if not url.raw_host:
-            raise _invalid_url(where, "it has no host name")
-        try:
-            # The resolver encodes the host this way, and raises a bare
-            # UnicodeError (a ValueError aiohttp does not wrap) for "a..b".
-            url.raw_host.encode("idna")
-        except UnicodeError as exc:
-            problem = f"host {url.raw_host!r}: {_described(exc, self._endpoint)}"
-            raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
-        return url
-
-    def _timeout_for(self, timeout: float | None) -> aiohttp.ClientTimeout:
-        cached = self._timeouts.get(timeout)
-        if cached is None:
-            import aiohttp
-
-            cached = self._timeouts[timeout] = aiohttp.ClientTimeout(total=timeout)
-        return cached
+        self._pool = pool
+        return pool
 
     def _plait_error(
         self, exc: Exception, where: str, timeout: float | None
     ) -> BackendError | None:
-        if isinstance(exc, TimeoutError):  # first: aiohttp's timeouts are ClientErrors too
+        if isinstance(exc, TimeoutError):
             return _timeout_error(where, timeout, exc)
-        if not isinstance(exc, self._client_error):
-            return None
-        if isinstance(exc, self._invalid_url_errors):
-            return _invalid_url(where, _described(exc, self._endpoint))
-        return _connection_error(where, exc, self._endpoint)
+        if isinstance(exc, OSError):  # a dropped connection, a failed lookup, TLS
+            return _connection_error(where, exc, self._endpoint)
+        if self._client is not None and isinstance(exc, self._client.BodyTooLarge):
+            what = "its declared length" if exc.declared else "read so far"
+            return too_large(
+                where, f"a reply body ({what})", exc.size, "max_response_bytes", self._max_body
+            )
+        return None
 
-    def _send(
-        self, session: aiohttp.ClientSession, body: dict[str, Any], limit: float | None
-    ) -> Any:
-        return session.post(self._url, data=orjson.dumps(body), timeout=self._timeout_for(limit))
-
-    def _status_error(
-        self, response: aiohttp.ClientResponse, raw: bytes, where: str
-    ) -> BackendError:
+    def _status_error(self, reply: Reply, where: str) -> BackendError:
+        status = reply.status
+        if status < 400:
+            location = reply.headers.get("location")
+            shown = redact_url(location) if location else "no Location given"
+            return BackendError(
+                f"{where} answered HTTP {status} {reply.reason}, a redirect to {shown}; plait "
+                "does not follow redirects of its requests: set base_url to the address the "
+                "server points to",
+                status=status,
+                retryable=False,
+            )
         return error_from_status(
-            response.status,
-            raw,
-            response.headers,
-            where=where,
-            reason=response.reason,
-            url=self._endpoint,
+            status, reply.body, reply.headers, where=where, reason=reply.reason, url=self._endpoint
         )
 
     async def post(self, body: dict[str, Any], timeout: float | None, where: str) -> Any:
         limit = self._timeout if timeout is None else timeout
-        if self._session is None and not is_imported("aiohttp"):
-            reply = await self._before_aiohttp(body, limit, where)
-            if reply is not _NOT_SENT:
-                return reply
-        session = self._open(where)
+        pool = self._pool or self._open(where)
         with self._foreign_errors(where, limit):
-            async with self._send(session, body, limit) as response:
-                raw = await read_body(response, self._max_body, where)
-                if response.status >= 400:
-                    raise self._status_error(response, raw, where)
-        return _decode_body(raw, response.status, where)
-
-    async def _before_aiohttp(self, body: dict[str, Any], limit: float | None, where: str) -> Any:
-        """Sends a request before aiohttp is imported (`_first_requests`), or waits for aiohttp.
-
-        Returns the decoded reply, or `_NOT_SENT` when the request is for
-        aiohttp to send: aiohttp is imported by then, or its import failed
-        (`_open` then raises why), or the server redirected it.
-        """
-        importing = import_in_background(["aiohttp"])
-        if importing is None or importing.done or "aiohttp" not in importing.modules:
-            return _NOT_SENT  # imported meanwhile, failed (said by _open), or not ours to wait for
-        first = self._first_requests
-        if first is None:
-            first = self._first_requests = FirstRequests(
-                self._endpoint, self._headers, self._max_body
-            )
-        if not first.can_send():
-            await importing.wait()
-            return _NOT_SENT
-        decoded = await self._post_first(first, body, limit, where)
-        if decoded is _NOT_SENT:
-            await importing.wait()
-        return decoded
-
-    async def _post_first(
-        self, first: FirstRequests, body: dict[str, Any], limit: float | None, where: str
-    ) -> Any:
-        """Sends a request with ``http.client`` and reads its reply as `post` reads aiohttp's.
-
-        The same errors, caps and decoding; a redirect returns `_NOT_SENT`
-        (aiohttp follows it).
-        """
-        try:
-            reply = await first.post(orjson.dumps(body), limit)
-        except TimeoutError as exc:
-            raise _timeout_error(where, limit, exc) from scrub_cause(exc, self._endpoint)
-        except OSError as exc:
-            cause = scrub_cause(exc, self._endpoint)
-            raise _connection_error(where, exc, self._endpoint) from cause
-        if 300 <= reply.status < 400:  # aiohttp follows redirects: resend it there
-            return _NOT_SENT
-        if reply.declared_length is not None and reply.declared_length > self._max_body:
-            raise too_large(
-                where,
-                "a reply body (its declared length)",
-                reply.declared_length,
-                "max_response_bytes",
-                self._max_body,
-            )
-        if len(reply.body) > self._max_body:
-            raise too_large(
-                where,
-                "a reply body (read so far)",
-                len(reply.body),
-                "max_response_bytes",
-                self._max_body,
-            )
-        if reply.status >= 400:
-            raise error_from_status(
-                reply.status,
-                reply.body,
-                reply.headers,
-                where=where,
-                reason=reply.reason,
-                url=self._endpoint,
-            )
+            reply = await pool.post(orjson.dumps(body), limit, self._max_body)
+        if reply.status >= 300:
+            raise self._status_error(reply, where)
         return _decode_body(reply.body, reply.status, where)
 
     async def stream(
         self, body: dict[str, Any], timeout: float | None, where: str
     ) -> AsyncIterator[Any]:
         limit = self._timeout if timeout is None else timeout
-        if self._session is None and not is_imported("aiohttp"):
-            importing = import_in_background(["aiohttp"])
-            if importing is not None and "aiohttp" in importing.modules:
-                await importing.wait()  # not on the loop's thread: an import would block it
-        session = self._open(where)
+        pool = self._pool or self._open(where)
         with self._foreign_errors(where, limit):
-            async with self._send(session, body, limit) as response:
-                if response.status >= 400:
-                    raw = await read_body(response, self._max_body, where)
-                    raise self._status_error(response, raw, where)
-                events = iter_sse_data(response.content.iter_any(), self._max_event, where)
-                async for data in _until_done(events):
-                    yield decode_event(data, where)
+            sent = pool.stream(orjson.dumps(body), limit, self._max_body)
+            async with sent as (exchange, deadline):
+                if exchange.status < 300:
+                    chunks = exchange.iter_body(deadline)
+                    events = iter_sse_data(chunks, self._max_event, where)
+                    async for data in _until_done(events):
+                        yield decode_event(data, where)
+                    return
+                raw = await exchange.read_body(deadline)
+        raise self._status_error(exchange.reply(raw), where)
 
     async def aclose(self) -> None:
-        session, self._session = self._session, None
-        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
-            await session.close()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
 
 class SdkTransport(Transport):
@@ -418,7 +297,7 @@ class SdkTransport(Transport):
 
     The SDK sends the request and reports HTTP failures; the reply is read
     from its raw body (``with_raw_response``) and decoded here, event by event
-    for a stream, so the backend parses the very bytes aiohttp would have
+    for a stream, so the backend parses the very bytes `HttpTransport` would have
     handed it, and a malformed reply fails the same way on both transports
     instead of inside the SDK's models.
     """
@@ -456,7 +335,7 @@ class SdkTransport(Transport):
         except ImportError as exc:
             raise ImportError(
                 "OpenAICompatBackend(transport='sdk') needs the openai package; "
-                "install it with: pip install 'plait[openai]' (or use transport='aiohttp')"
+                "install it with: pip install 'plait[openai]' (or use the default transport='http')"
             ) from exc
         self._client = openai.AsyncOpenAI(
             # A local server needs no key, but the SDK refuses to start without one.

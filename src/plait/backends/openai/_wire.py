@@ -1,7 +1,7 @@
 """The chat-completions wire format: request bodies, replies and stream assembly.
 
 Pure functions over dicts, shared by both transports of
-`OpenAICompatBackend` (aiohttp and the official SDK), so the two cannot
+`OpenAICompatBackend` (plait's HTTP client and the official SDK), so the two cannot
 drift apart: the same `Request` produces the same JSON body, and the same
 JSON reply the same `Response`.
 

@@ -40,7 +40,7 @@ from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONS
 from plait.backends._urls import basic_authorization, redact_url, split_credentials
 from plait.backends.base import Backend
 from plait.backends.openai._transports import (
-    AiohttpTransport,
+    HttpTransport,
     SdkTransport,
     Transport,
     describe_endpoint,
@@ -62,10 +62,10 @@ __all__ = ["OpenAICompatBackend"]
 logger = logging.getLogger("plait.backends")
 
 Dialect = Literal["openai", "llama_cpp"]
-TransportName = Literal["aiohttp", "sdk"]
+TransportName = Literal["http", "sdk"]
 
 _DIALECTS: dict[str, WireDialect] = {"openai": OPENAI, "llama_cpp": LLAMA_CPP}
-_TRANSPORTS = ("aiohttp", "sdk")
+_TRANSPORTS = ("http", "sdk")
 # How servers refuse a response_format they do not know: 400 (OpenAI-style),
 # 422 (FastAPI validation), 500 (llama_cpp.server wraps its validation error).
 _REJECTION_STATUSES = frozenset({400, 422, 500})
@@ -74,7 +74,7 @@ _REJECTION_STATUSES = frozenset({400, 422, 500})
 def _is_openai_host(base_url: str) -> bool:
     try:
         host = (urlsplit(base_url).hostname or "").lower()
-    except ValueError:  # unparseable: the first call says so (AiohttpTransport._parse_url)
+    except ValueError:  # unparseable: the first call says so (HttpTransport._open)
         return False
     return host == "api.openai.com" or host.endswith((".openai.azure.com", ".azure.com"))
 
@@ -106,11 +106,12 @@ class OpenAICompatBackend(Backend):
         api_key_env: the environment variable to read the key from.
         timeout: seconds for a whole call (a `Request.timeout` overrides it);
             None waits forever.
-        transport: ``"aiohttp"`` (lean, the default) or ``"sdk"`` (the
-            official ``openai`` package, installed with ``plait[openai]``).
+        transport: ``"http"`` (plait's own lean HTTP/1.1 client, the default)
+            or ``"sdk"`` (the official ``openai`` package, installed with
+            ``plait[openai]``, for its proxy and authentication features).
         headers: extra HTTP headers for every request (e.g. Azure's
             ``api-key``, OpenRouter's ``HTTP-Referer``).
-        max_connections: cap on open connections (aiohttp transport); None
+        max_connections: cap on open connections (``http`` transport); None
             leaves concurrency entirely to the resource layer's limits.
         dialect: ``"openai"``, ``"llama_cpp"`` or None to choose from the URL
             and learn from the server (see the module docstring).
@@ -133,7 +134,7 @@ class OpenAICompatBackend(Backend):
         api_key: str | None = None,
         api_key_env: str | None = "OPENAI_API_KEY",
         timeout: float | None = 60.0,
-        transport: TransportName = "aiohttp",
+        transport: TransportName = "http",
         headers: Mapping[str, str] | None = None,
         max_connections: int | None = None,
         dialect: Dialect | None = None,
@@ -144,7 +145,7 @@ class OpenAICompatBackend(Backend):
             raise ConfigError("OpenAICompatBackend needs a model name; got an empty one")
         if transport not in _TRANSPORTS:
             raise ConfigError(
-                f"OpenAICompatBackend: unknown transport {transport!r}; use 'aiohttp' or 'sdk'"
+                f"OpenAICompatBackend: unknown transport {transport!r}; use 'http' or 'sdk'"
             )
         if dialect is not None and dialect not in _DIALECTS:
             raise ConfigError(
@@ -190,8 +191,8 @@ class OpenAICompatBackend(Backend):
             wire_headers["Authorization"] = basic_authorization(*url_login)
         wire_headers.update(headers or {})
         self._transport: Transport
-        if transport == "aiohttp":
-            self._transport = AiohttpTransport(
+        if transport == "http":
+            self._transport = HttpTransport(
                 url, wire_headers, timeout, max_connections, max_response_bytes, max_event_bytes
             )
         else:
