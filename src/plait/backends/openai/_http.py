@@ -125,6 +125,7 @@ class Exchange(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.headers_done = False
         self.complete = False
+        self.keep_alive = False
         self.error: BaseException | None = None
         self.chunks: list[bytes] = []
         self.size = 0
@@ -208,6 +209,8 @@ class Exchange(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
+        # Read now: once the message is complete, the parser answers for the next one.
+        self.keep_alive = self.parser.should_keep_alive()
         self._wake()
 
     # -- the waiting side ----------------------------------------------------------------
@@ -307,13 +310,9 @@ class ConnectionPool:
     ) -> None:
         self._host, self._port, self._tls, authority, target = _parse(url)
         lines = [f"POST {target} HTTP/1.1", f"Host: {authority}"]
-        names = set()
-        for name, value in headers.items():
-            if any(c in f"{name}{value}" for c in "\r\n\0") or not name or ":" in name:
-                raise InvalidURL(f"the header {name!r} holds a line break or is malformed")
-            names.add(name.lower())
-            lines.append(f"{name}: {value}")
-        if "user-agent" not in names:
+        # The backend refused names and values that would break the head (a line break).
+        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        if not any(name.lower() == "user-agent" for name in headers):
             lines.append(f"User-Agent: Python/{sys.version_info[0]}.{sys.version_info[1]} plait")
         lines.append("Content-Length: ")
         self._head = "\r\n".join(lines).encode("utf-8")
@@ -389,7 +388,7 @@ class ConnectionPool:
             exchange.complete
             and not exchange.closed
             and not self._closed
-            and exchange.parser.should_keep_alive()
+            and exchange.keep_alive
             and exchange.transport is not None
             and exchange.transport.get_protocol() is exchange
         ):

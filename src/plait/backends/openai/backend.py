@@ -152,6 +152,12 @@ class OpenAICompatBackend(Backend):
                 f"OpenAICompatBackend: unknown dialect {dialect!r}; "
                 "use 'openai', 'llama_cpp' or None (detect)"
             )
+        for name, value in (headers or {}).items():
+            if not name or ":" in name or any(c in name + value for c in "\r\n\0"):
+                raise ConfigError(
+                    f"OpenAICompatBackend: header {name!r} has a malformed name or a line "
+                    "break in its value; an HTTP header is one line 'Name: value'"
+                )
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout

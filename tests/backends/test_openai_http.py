@@ -1,0 +1,301 @@
+"""The http transport's own client (`plait.backends.openai._http`) against real loopback servers.
+
+Each test runs a small asyncio server written here, which answers byte for byte
+what the test wants (a reply cut short, a bad chunk, a connection closed while
+idle), and calls it through `OpenAICompatBackend`, so what is checked is what a
+user sees: the reply, or the plait error, and what the server received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import orjson
+import pytest
+
+from plait.backends.openai import OpenAICompatBackend
+from plait.backends.types import Message, Request
+from plait.errors import BackendConnectionError, BackendError, BackendTimeout, ConfigError
+from plait.testing import ScriptedServer
+
+COMPLETION = orjson.dumps(
+    {
+        "model": "m",
+        "choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+    }
+)
+
+
+def ok(body: bytes = COMPLETION, *extra: bytes) -> bytes:
+    """A 200 reply with a Content-Length (kept alive)."""
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n" % len(
+        body
+    )
+    return head + b"".join(extra) + b"\r\n" + body
+
+
+def chunked(*pieces: bytes) -> bytes:
+    """A 200 reply whose body is sent in ``pieces``, chunked."""
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces)
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+@dataclass
+class Seen:
+    """What a test server received."""
+
+    connections: int = 0
+    requests: list[bytes] = field(default_factory=list)
+    """Each request's head and body, as received."""
+    open_now: int = 0
+    most_open: int = 0
+
+
+Handler = Callable[[int, int, asyncio.StreamWriter], Awaitable[bool]]
+"""Answers request number n (over all connections) that is number k on its connection.
+
+Returns False to close the connection afterwards."""
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+    """Returns one request (head and body), or None when the client closed the connection."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None
+    length = 0
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return head + await reader.readexactly(length)
+
+
+@contextlib.asynccontextmanager
+async def serve(handler: Handler) -> AsyncIterator[tuple[str, Seen]]:
+    """Runs a server on a free loopback port; yields its ``/v1`` URL and what it saw."""
+    seen = Seen()
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.connections += 1
+        seen.open_now += 1
+        seen.most_open = max(seen.most_open, seen.open_now)
+        try:
+            on_this = 0
+            while (request := await read_request(reader)) is not None:
+                seen.requests.append(request)
+                on_this += 1
+                if not await handler(len(seen.requests), on_this, writer):
+                    break
+                await writer.drain()
+        except asyncio.CancelledError:  # the test's loop ends while a client still holds it
+            pass
+        finally:
+            seen.open_now -= 1
+            writer.close()
+
+    server = await asyncio.start_server(connection, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1", seen
+    finally:
+        server.close()
+
+
+def answering(reply: bytes) -> Handler:
+    async def handler(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(reply)
+        return True
+
+    return handler
+
+
+def ask(text: str = "hello") -> Request:
+    return Request(messages=(Message("user", text),))
+
+
+@contextlib.asynccontextmanager
+async def backend_for(url: str, **options: object) -> AsyncIterator[OpenAICompatBackend]:
+    backend = OpenAICompatBackend("m", base_url=url, api_key="k", **options)  # type: ignore[arg-type]
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
+async def test_successive_calls_share_one_connection_and_send_a_plain_post():
+    async with serve(answering(ok())) as (url, seen), backend_for(url) as backend:
+        for _ in range(3):
+            assert (await backend.complete(ask())).text == "hi"
+    assert seen.connections == 1 and len(seen.requests) == 3
+    head, _, body = seen.requests[0].partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0] == b"POST /v1/chat/completions HTTP/1.1"
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(b":") for line in lines[1:])}
+    assert headers[b"host"] == url.split("/")[2].encode()
+    assert headers[b"content-length"] == str(len(body)).encode()
+    assert headers[b"authorization"] == b"Bearer k"
+    assert b"accept-encoding" not in headers  # so replies come uncompressed, and caps mean bytes
+    assert orjson.loads(body)["messages"] == [{"role": "user", "content": "hello"}]
+
+
+async def test_concurrent_calls_reuse_connections_against_the_scripted_server():
+    async with ScriptedServer() as server, backend_for(server.base_url) as backend:
+        for _ in range(3):
+            replies = await asyncio.gather(*(backend.complete(ask(f"q{i}")) for i in range(8)))
+            assert [r.text for r in replies] == [f"echo: q{i}" for i in range(8)]
+        assert server.stats.requests == 24
+
+
+async def test_a_chunked_body_and_a_body_that_ends_with_the_connection_are_read_whole():
+    half = len(COMPLETION) // 2
+    halves = chunked(COMPLETION[:half], COMPLETION[half:])
+    async with serve(answering(halves)) as (url, _), backend_for(url) as backend:
+        assert (await backend.complete(ask())).text == "hi"
+
+    async def until_close(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + COMPLETION)
+        return False
+
+    async with serve(until_close) as (url, seen), backend_for(url) as backend:
+        assert (await backend.complete(ask())).text == "hi"
+        assert (await backend.complete(ask())).text == "hi"
+    assert seen.connections == 2  # a connection the server closes is not reused
+
+
+async def test_a_body_cut_short_is_a_connection_error():
+    async def half_sent(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(ok()[: -len(COMPLETION) // 2])
+        return False
+
+    async with serve(half_sent) as (url, seen), backend_for(url) as backend:
+        with pytest.raises(BackendConnectionError, match="closed the connection in the middle"):
+            await backend.complete(ask())
+    assert len(seen.requests) == 1  # not resent: the server had begun its reply
+
+
+async def test_a_body_over_the_cap_is_refused_by_its_declared_length_or_as_it_arrives():
+    big = b'{"pad": "' + b"x" * 5000 + b'"}'
+    declared = answering(ok(big))
+    async with serve(declared) as (url, _), backend_for(url, max_response_bytes=1000) as backend:
+        with pytest.raises(BackendError, match=r"its declared length.*max_response_bytes=1000"):
+            await backend.complete(ask())
+    arriving = answering(chunked(*[big[i : i + 500] for i in range(0, len(big), 500)]))
+    async with serve(arriving) as (url, _), backend_for(url, max_response_bytes=1000) as backend:
+        with pytest.raises(BackendError, match=r"read so far.*max_response_bytes=1000") as info:
+            await backend.complete(ask())
+    assert info.value.retryable is False
+
+
+async def test_a_chunked_body_with_a_bad_chunk_size_is_a_connection_error():
+    bad = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"
+    async with serve(answering(bad)) as (url, _), backend_for(url) as backend:
+        with pytest.raises(BackendConnectionError, match=r"not valid HTTP/1\.1") as info:
+            await backend.complete(ask())
+    assert info.value.retryable is True
+
+
+async def test_a_keep_alive_connection_the_server_closed_is_resent_once_on_a_new_one():
+    # The server reads the second request of each connection and closes without a
+    # byte of reply: what a client sees when an idle connection was closed under it.
+    async def closes_after_one(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        if k > 1:
+            return False
+        writer.write(ok())
+        return True
+
+    async with serve(closes_after_one) as (url, seen), backend_for(url) as backend:
+        for _ in range(3):
+            assert (await backend.complete(ask())).text == "hi"
+    # Each call after the first went out on the stale connection, then on a new one.
+    assert seen.connections == 3 and len(seen.requests) == 5
+
+
+async def test_a_new_connection_dropped_without_a_reply_is_not_resent():
+    async def drops(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        return False
+
+    async with serve(drops) as (url, seen), backend_for(url) as backend:
+        with pytest.raises(BackendConnectionError, match="closed the connection"):
+            await backend.complete(ask())
+    assert len(seen.requests) == 1  # retrying is the resource layer's decision
+
+
+async def test_a_reused_connection_dropped_after_part_of_a_reply_is_not_resent():
+    async def cuts_the_second(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(ok() if k == 1 else ok()[:20])
+        return k == 1
+
+    async with serve(cuts_the_second) as (url, seen), backend_for(url) as backend:
+        assert (await backend.complete(ask())).text == "hi"
+        with pytest.raises(BackendConnectionError, match="in the middle of its reply"):
+            await backend.complete(ask())
+    assert len(seen.requests) == 2
+
+
+async def test_a_slow_server_times_out_and_its_connection_is_not_reused():
+    release = asyncio.Event()
+
+    async def slow_first(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        if n == 1:
+            await release.wait()
+        writer.write(ok())
+        return True
+
+    async with serve(slow_first) as (url, seen), backend_for(url, timeout=0.2) as backend:
+        with pytest.raises(BackendTimeout, match=r"within 0\.2 s"):
+            await backend.complete(ask())
+        release.set()
+        assert (await backend.complete(ask())).text == "hi"
+    assert seen.connections == 2
+
+
+async def test_max_connections_caps_the_connections_open_at_once():
+    async def slowly(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        await asyncio.sleep(0.01)
+        writer.write(ok())
+        return True
+
+    async with serve(slowly) as (url, seen), backend_for(url, max_connections=2) as backend:
+        replies = await asyncio.gather(*(backend.complete(ask()) for _ in range(8)))
+    assert [r.text for r in replies] == ["hi"] * 8
+    assert seen.most_open <= 2 and len(seen.requests) == 8
+
+
+async def test_an_error_reply_of_a_stream_is_read_within_the_cap_and_mapped():
+    body = b'{"error": {"message": "slow down"}}'
+    reply = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 7\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+    async with serve(answering(reply)) as (url, seen), backend_for(url) as backend:
+        for _ in range(2):
+            with pytest.raises(BackendError, match="HTTP 429 Too Many Requests: slow down") as info:
+                async for _chunk in backend.stream(ask()):
+                    pass
+            assert info.value.retry_after == 7
+    assert seen.connections == 1  # the error body was read to its end: the connection is kept
+
+
+async def test_a_stream_sent_in_many_small_chunks_arrives_whole():
+    events = [b'data: {"choices": [{"delta": {"content": "%d "}}]}\n\n' % i for i in range(200)] + [
+        b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    ]
+    async with serve(answering(chunked(*events))) as (url, seen), backend_for(url) as backend:
+        for _ in range(2):
+            text = "".join([chunk.text async for chunk in backend.stream(ask())])
+            assert text == "".join(f"{i} " for i in range(200))
+    assert seen.connections == 1
+
+
+@pytest.mark.parametrize("transport", ["http", "sdk"])
+def test_a_header_with_a_line_break_is_refused_when_the_backend_is_built(transport: str):
+    with pytest.raises(ConfigError, match="header 'X-Bad' has a malformed name or a line break"):
+        OpenAICompatBackend(
+            "m",
+            headers={"X-Bad": "a\r\nInjected: yes"},
+            transport=transport,  # type: ignore[arg-type]
+        )
