@@ -1,8 +1,8 @@
 """plait: build, run and train programs made of LLM calls, PyTorch style.
 
 The core (modules, parameters, values, tracing) is imported eagerly and is
-pure Python; the resource and execution layers, which pull in aiohttp and
-provider SDKs, load on first use so ``import plait`` stays fast.
+pure Python; the resource and execution layers, which pull in the HTTP
+client and provider SDKs, load on first use so ``import plait`` stays fast.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class Tool:
             calls in flight, and several calls of one turn overlap. Pass
             False for a function that must run on the loop's thread, e.g.
             one that touches loop-bound objects (an ``asyncio.Queue``, an
-            aiohttp session); it then blocks everything while it runs and
+            HTTP connection); it then blocks everything while it runs and
             cannot be timed out. Async functions always run on the loop.
         timeout: seconds a call may take (`DEFAULT_TIMEOUT` unless given;
             None: no limit); a slower call becomes an error result (the

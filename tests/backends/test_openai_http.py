@@ -299,3 +299,34 @@ def test_a_header_with_a_line_break_is_refused_when_the_backend_is_built(transpo
             headers={"X-Bad": "a\r\nInjected: yes"},
             transport=transport,  # type: ignore[arg-type]
         )
+
+
+async def test_a_stream_larger_than_the_read_buffer_arrives_whole_and_in_order():
+    # Over a megabyte of events: the client stops reading the socket while it holds
+    # 256 KiB unread and starts again as the reader takes them.
+    words = [f"{i:05d}" + "x" * 500 for i in range(2500)]
+    events = [b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n' % w.encode() for w in words]
+    events.append(
+        b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
+    )
+    async with serve(answering(chunked(*events))) as (url, seen), backend_for(url) as backend:
+        text = "".join([chunk.text async for chunk in backend.stream(ask())])
+        assert text == "".join(words)
+    assert seen.connections == 1
+
+
+async def test_https_to_a_server_that_speaks_no_tls_is_a_connection_error():
+    async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(ok())  # plain HTTP where the client expects a TLS handshake
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(plain, "127.0.0.1", 0)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+    try:
+        async with backend_for(url, timeout=30) as backend:
+            with pytest.raises(BackendConnectionError, match="SSL"):
+                await backend.complete(ask())
+    finally:
+        server.close()

@@ -2,12 +2,14 @@
 
 A server decides how much it sends; without a cap, one endless SSE event or
 a body of gigabytes grows the client until it dies. Every HTTP reply plait
-reads from a provider goes through here, with the endpoint's caps
-(``max_response_bytes``, ``max_event_bytes``): reading stops as soon as a cap
-is passed, so the cost of a hostile reply is the cap, never the reply.
-Exceeding one is a `BackendError` that names the endpoint, the size, the
-setting and how to raise it; it is not retried (the same server would send
-the same again).
+reads from a provider is read within the endpoint's caps
+(``max_response_bytes``, ``max_event_bytes``): here, or, for a whole reply
+of the ``http`` transport, by its client as the bytes arrive
+(`plait.backends.openai._http`), which reports a body over the cap with
+`too_large` too. Reading stops as soon as a cap is passed, so the cost of a
+hostile reply is the cap, never the reply. Exceeding one is a `BackendError`
+that names the endpoint, the size, the setting and how to raise it; it is
+not retried (the same server would send the same again).
 
 The defaults are far above any real reply (a completion is kilobytes, a
 stream event hundreds of bytes), so they only ever stop a broken or hostile

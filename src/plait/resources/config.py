@@ -576,7 +576,7 @@ class ResourceConfig:
         self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._identity: tuple[Any, ...] | None = None
         # The program is built and bound next; meanwhile a thread imports what the
-        # first call needs (aiohttp above all), instead of the first call doing it.
+        # first call needs (the backend's module), instead of the first call doing it.
         warm_up.start_for(endpoints.values())
 
     @classmethod
