@@ -249,8 +249,9 @@ class HttpTransport(Transport):
         if status < 400:
             location = reply.headers.get("location")
             shown = redact_url(location) if location else "no Location given"
+            phrase = f" {reply.reason}" if reply.reason else ""
             return BackendError(
-                f"{where} answered HTTP {status} {reply.reason}, a redirect to {shown}; plait "
+                f"{where} answered HTTP {status}{phrase}, a redirect to {shown}; plait "
                 "does not follow redirects of its requests: set base_url to the address the "
                 "server points to",
                 status=status,
