@@ -22,8 +22,12 @@ What it does, and what it leaves out on purpose:
   too).
 * A connection that the server closed while it was idle is found out only
   when a request is sent over it. The request is sent once more over a fresh
-  connection, but only when not one byte of a reply came back: the server
-  never read it then, so sending it again cannot run it twice.
+  connection, but only when not one byte of a reply came back. A server that
+  read the request and then dropped the connection without a byte of reply
+  looks the same from here, so it gets the request a second time; the
+  resource layer would have resent it anyway (a dropped connection is
+  retryable), but this resend is not counted among its retries
+  (tests/resilience/test_faults.py shows both).
 * One deadline covers a whole call: connecting, sending and reading the reply
   (for a stream, every event), as aiohttp's ``total`` timeout did.
 
