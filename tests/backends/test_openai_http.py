@@ -214,6 +214,22 @@ async def test_a_keep_alive_connection_the_server_closed_is_resent_once_on_a_new
     assert seen.connections == 3 and len(seen.requests) == 5
 
 
+async def test_a_request_is_resent_at_most_once_and_then_on_a_new_connection():
+    async def closes_after_one(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        if k > 1:
+            return False
+        writer.write(ok())
+        return True
+
+    async with serve(closes_after_one) as (url, seen), backend_for(url) as backend:
+        await asyncio.gather(backend.complete(ask()), backend.complete(ask()))
+        assert seen.connections == 2
+        assert (await backend.complete(ask())).text == "hi"
+    # Two idle connections, both closed under the client: the request went out on
+    # one of them, then on a new one, never on the second stale one.
+    assert seen.connections == 3 and len(seen.requests) == 4
+
+
 async def test_a_new_connection_dropped_without_a_reply_is_not_resent():
     async def drops(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
         return False

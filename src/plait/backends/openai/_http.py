@@ -114,8 +114,6 @@ class Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
-        self.reused = False
-        """Whether a reply was read over this connection before the current one."""
         self._reset(0, False)
 
     def _reset(self, limit: int, streamed: bool) -> None:
@@ -355,15 +353,10 @@ class ConnectionPool:
     ) -> Exchange:
         """Sends the request; returns its exchange once the reply began (or, if whole, ended)."""
         data = b"%s%d\r\n\r\n%s" % (self._head, len(body), body)
-        idle = self._idle
+        resent = False
         while True:
-            fresh = True
-            exchange: Exchange | None = None
-            while idle:
-                candidate = idle.pop()
-                if not candidate.closed and not candidate.transport.is_closing():  # type: ignore[union-attr]
-                    exchange, fresh = candidate, False
-                    break
+            exchange = None if resent else self._take_idle()
+            fresh = exchange is None
             if exchange is None:
                 if deadline is None:
                     exchange = await self._connect(loop)
@@ -380,11 +373,22 @@ class ConnectionPool:
                 exchange.close()
                 if fresh or exchange.received:
                     raise
-                continue  # an idle connection the server had closed: once more, on a new one
+                resent = True  # an idle connection the server had closed: once more, on a new one
+                continue
             except BaseException:
                 exchange.close()
                 raise
             return exchange
+
+    def _take_idle(self) -> Exchange | None:
+        """Returns the connection used last that is still open, or None."""
+        idle = self._idle
+        while idle:
+            exchange = idle.pop()
+            transport = exchange.transport
+            if not exchange.closed and transport is not None and not transport.is_closing():
+                return exchange
+        return None
 
     def release(self, exchange: Exchange) -> None:
         """Keeps ``exchange``'s connection for the next request if its reply was read to the end."""
@@ -396,7 +400,6 @@ class ConnectionPool:
             and exchange.transport is not None
             and exchange.transport.get_protocol() is exchange
         ):
-            exchange.reused = True
             exchange.waiter = None
             exchange.chunks = []
             self._idle.append(exchange)
