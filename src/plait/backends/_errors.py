@@ -1,7 +1,7 @@
 """Maps provider HTTP failures onto plait's `BackendError` family.
 
 Every HTTP-speaking backend (and every transport of one backend) funnels its
-failures through here, so a 429 from aiohttp and a 429 from the official SDK
+failures through here, so a 429 from plait's HTTP client and a 429 from the official SDK
 become the same `RateLimitError` with the same ``retry_after``. The resource
 layer decides whether to retry from ``retryable`` and ``retry_after`` alone;
 it never looks at provider exception types.
@@ -55,8 +55,9 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     must not turn a retryable 429 into a crash.
 
     Args:
-        headers: response headers; lookup must be case-insensitive (aiohttp's
-            and httpx's header mappings are).
+        headers: response headers, looked up by lower-case names: a
+            case-insensitive mapping (httpx's, aiohttp's) or a dict with
+            lower-case keys (the http transport's).
         now: the current UNIX time, for tests; defaults to ``time.time()``.
     """
     millis = _number(headers.get("retry-after-ms"))
@@ -141,7 +142,7 @@ def error_from_status(
     Args:
         status: the HTTP status code.
         raw_body: the undecoded response body.
-        headers: the response headers (case-insensitive mapping).
+        headers: the response headers (as for `parse_retry_after`).
         where: names the endpoint and model, e.g. ``"openai-compatible
             endpoint http://127.0.0.1:8000/v1 (model 'gpt-4o-mini')"``.
         reason: the HTTP reason phrase, if the transport has it.
