@@ -207,7 +207,6 @@ class HttpTransport(Transport):
         self._timeout = timeout
         self._max_connections = max_connections
         self._pool: ConnectionPool | None = None
-        self._client: Any = None
 
     def _open(self, where: str) -> ConnectionPool:
         pool = self._pool
@@ -221,7 +220,6 @@ class HttpTransport(Transport):
                 f"importing it failed ({type(exc).__name__}: {exc}); reinstall it with: "
                 "pip install --force-reinstall httptools (or set transport='sdk')"
             ) from exc
-        self._client = _http
         try:
             pool = _http.ConnectionPool(self._endpoint, self._headers, self._max_connections)
         except _http.InvalidURL as exc:
@@ -237,7 +235,9 @@ class HttpTransport(Transport):
             return _timeout_error(where, timeout, exc)
         if isinstance(exc, OSError):  # a dropped connection, a failed lookup, TLS
             return _connection_error(where, exc, self._endpoint)
-        if self._client is not None and isinstance(exc, self._client.BodyTooLarge):
+        from plait.backends.openai._http import BodyTooLarge  # imported by `_open` already
+
+        if isinstance(exc, BodyTooLarge):
             what = "its declared length" if exc.declared else "read so far"
             return too_large(
                 where, f"a reply body ({what})", exc.size, "max_response_bytes", self._max_body
