@@ -318,16 +318,24 @@ def test_a_header_with_a_line_break_is_refused_when_the_backend_is_built(transpo
 
 
 async def test_a_stream_larger_than_the_read_buffer_arrives_whole_and_in_order():
-    # Over a megabyte of events: the client stops reading the socket while it holds
-    # 256 KiB unread and starts again as the reader takes them.
+    # Over a megabyte of events read by a slow consumer: the client stops reading the
+    # socket while it holds 256 KiB unread and starts again as the reader takes them,
+    # and what arrives while the consumer is away (the end included) is still read.
     words = [f"{i:05d}" + "x" * 500 for i in range(2500)]
     events = [b'data: {"choices": [{"delta": {"content": "%s"}}]}\n\n' % w.encode() for w in words]
     events.append(
         b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'
     )
-    async with serve(answering(chunked(*events))) as (url, seen), backend_for(url) as backend:
-        text = "".join([chunk.text async for chunk in backend.stream(ask())])
-        assert text == "".join(words)
+    async with (
+        serve(answering(chunked(*events))) as (url, seen),
+        backend_for(url, timeout=20) as backend,
+    ):
+        pieces = []
+        async for chunk in backend.stream(ask()):
+            pieces.append(chunk.text)
+            if len(pieces) % 100 == 0:  # a consumer busy with other work now and then
+                await asyncio.sleep(0.005)
+        assert "".join(pieces) == "".join(words)
     assert seen.connections == 1
 
 

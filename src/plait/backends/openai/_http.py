@@ -278,6 +278,7 @@ class Exchange(asyncio.Protocol):
             if self.chunks:
                 for chunk in self.take():
                     yield chunk
+                continue  # more may have come (and the end) while the caller held a chunk
             if self.complete:
                 return
             await self.wait(deadline)
