@@ -296,6 +296,27 @@ async def test_an_error_reply_of_a_stream_is_read_within_the_cap_and_mapped():
     assert seen.connections == 1  # the error body was read to its end: the connection is kept
 
 
+async def test_a_large_error_reply_to_a_stream_is_read_whole_without_stalling():
+    body = b'{"error": {"message": "broken' + b"." * 400_000 + b'"}}'
+    reply = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(body),
+        body,
+    )
+
+    async def in_two_parts(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(reply[:300_000])  # past the unread bytes a stream may hold
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        writer.write(reply[300_000:])
+        return True
+
+    async with serve(in_two_parts) as (url, _), backend_for(url, timeout=10) as backend:
+        with pytest.raises(BackendError, match="HTTP 500 Internal Server Error: broken") as info:
+            async for _chunk in backend.stream(ask()):
+                pass
+    assert info.value.retryable is True
+
+
 async def test_a_stream_sent_in_many_small_chunks_arrives_whole():
     events = [b'data: {"choices": [{"delta": {"content": "%d "}}]}\n\n' % i for i in range(200)] + [
         b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'

@@ -202,7 +202,7 @@ class Exchange(asyncio.Protocol):
             self._fail(BodyTooLarge(self.size, declared=False))
             return
         self.chunks.append(body)
-        if self.streamed:
+        if self.streamed and not self.limit:  # a stream's events; an error body is read whole
             self.buffered += len(body)
             if self.buffered > _PAUSE_AT and not self.paused and self.transport is not None:
                 self.paused = True
