@@ -34,7 +34,13 @@ An estimate puts together three things:
   a search also plans the rest of its schedule by what the proposals gave (a
   refused rewrite ends its reflection early; a proposed instruction lengthens
   the prompts of the candidates that carry it; an update those of the runs
-  after it). Without a sample, calls outside the program (and a judge's) are
+  after it). RandomSearch asks for the run's own first proposals instead (the
+  seeds its schedule uses) and runs the sample once more under each instruction
+  they gave (`measure_variant`): an instruction can change how long the model's
+  answers are, so the candidates that carry it are sized by what it made the
+  model write (`Phase.variants`). What the copies would warn of (a refused
+  rewrite, a step that changed nothing) is logged at debug level (`quiet`):
+  the run warns of its own. Without a sample, calls outside the program (and a judge's) are
   sized in characters by whoever makes them (an optimizer renders the prompts
   it would send: `Optimizer.estimated_calls`) and turned into tokens at the
   rate the sampled calls showed (characters of their messages per prompt
