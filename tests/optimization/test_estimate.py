@@ -404,14 +404,18 @@ async def test_a_random_search_estimate_samples_a_proposal_and_sizes_its_candida
 
 
 TALKATIVE = "Explain your reasoning in full before you answer: " + BETTER
+DOTTED = "Mark each step: " + " ".join("abcdefghijklmnopqrstuvwxyz" * 9) + ". " + BETTER
+"""An instruction of many one-letter words: twice the tokens its characters would be."""
 
 
-class Talkative:
+class Proposer:
     """A scripted model with two instruction proposals: the first seed it is asked with gets
-    BETTER, every other one TALKATIVE, under which its task replies are a 120-word
-    explanation before the answer (one word otherwise). ``asked`` as `Wordy`'s."""
+    BETTER, every other one ``other``, under which (when it is TALKATIVE) its task replies
+    are a 120-word explanation before the answer (one word otherwise). ``asked`` as
+    `Wordy`'s."""
 
-    def __init__(self) -> None:
+    def __init__(self, other: str) -> None:
+        self.other = other
         self.asked: list[str] = []
         self.first_seed: int | None = None
 
@@ -421,7 +425,7 @@ class Talkative:
             self.asked.append("proposal")
             if self.first_seed is None:
                 self.first_seed = body["seed"]
-            text = BETTER if body["seed"] == self.first_seed else TALKATIVE
+            text = BETTER if body["seed"] == self.first_seed else self.other
             return json.dumps({"rationale": "clearer", "instruction": text})
         self.asked.append("task")
         system = body["messages"][0]["content"]
@@ -432,26 +436,30 @@ class Talkative:
         return answer if BETTER in system else "even"
 
 
-async def test_a_random_search_estimate_sees_the_replies_its_proposed_instructions_bring() -> None:
-    """One of the run's two proposed instructions makes the task's replies 120 times longer;
-    its length alone does not show it. The estimate asks for the run's own proposals (its
-    seeds) and runs its sample under each instruction they gave: within 25 %."""
-    talkative = Talkative()
-    server = ScriptedServer(responder=talkative)
+@pytest.mark.parametrize("other", [TALKATIVE, DOTTED], ids=["long-replies", "many-tokens"])
+async def test_a_random_search_estimate_measures_the_runs_under_its_proposed_instructions(
+    other: str,
+) -> None:
+    """One of the run's two proposed instructions makes the task's replies 120 times longer,
+    or is twice the tokens its characters would say; its length alone shows neither. The
+    estimate asks for the run's own proposals (its seeds) and runs its sample under each
+    instruction they gave: within 25 %."""
+    proposer = Proposer(other)
+    server = ScriptedServer(responder=proposer)
     search = RandomSearch(num_candidates=4, max_demos=2, propose=2)  # no random candidate
     plain = Predict("number -> answer", adapter=PlainAdapter())
     async with server, ResourceManager(_priced(server)) as manager:
         estimate = await search.estimate(
             plain.copy(), trainset=TRAIN, valset=VAL, resources=manager
         )
-        sampled = list(talkative.asked)
+        sampled = list(proposer.asked)
         server.reset_stats()
         with metered() as meter:
             await search.compile(plain.copy(), trainset=TRAIN, valset=VAL, resources=manager)
         spent = _spent(meter, server)
     _close(estimate, spent)
     (proposed,) = search.proposals.values()
-    assert sorted(proposed) == sorted([BETTER, TALKATIVE])
+    assert sorted(proposed) == sorted([BETTER, other])
     # two proposals; the program sampled (2 examples), under each proposal (2 + 2), with demos
     assert sampled.count("proposal") == 2 and estimate.sample_calls == len(sampled) == 9
 

@@ -36,11 +36,13 @@ An estimate puts together three things:
   the prompts of the candidates that carry it; an update those of the runs
   after it). RandomSearch asks for the run's own first proposals instead (the
   seeds its schedule uses) and runs the sample once more under each instruction
-  they gave (`measure_variant`): an instruction can change how long the model's
-  answers are, so the candidates that carry it are sized by what it made the
-  model write (`Phase.variants`). What the copies would warn of (a refused
-  rewrite, a step that changed nothing) is logged at debug level (`quiet`):
-  the run warns of its own. Without a sample, calls outside the program (and a judge's) are
+  they gave (`measure_variant`): the candidates that carry an instruction are
+  sized by the prompts and replies measured under it (`Phase.variants`), as
+  its tokens (an odd text can take twice the usual tokens per character) and
+  what it makes the model write do not show in its length. What the copies
+  would warn of (a refused rewrite, a step that changed nothing) is logged at
+  debug level (`quiet`): the run warns of its own. Without a sample, calls
+  outside the program (and a judge's) are
   sized in characters by whoever makes them (an optimizer renders the prompts
   it would send: `Optimizer.estimated_calls`) and turned into tokens at the
   rate the sampled calls showed (characters of their messages per prompt
@@ -78,6 +80,7 @@ __all__ = [
     "Phase",
     "Proposal",
     "Range",
+    "Variant",
     "estimate",
     "from_schedule",
     "measure",
@@ -256,6 +259,17 @@ def repeat_feedback(params: Sequence[Any], times: float) -> None:
             param.accumulate_feedback(items[index % len(items)])
 
 
+class Variant(NamedTuple):
+    """One run of a changed program, measured on the sample (`measure_variant`)."""
+
+    calls: float
+    """Calls per example."""
+    prompt: float
+    """Prompt tokens per call."""
+    reply: float
+    """Reply tokens per call."""
+
+
 @dataclass
 class Phase:
     """One part of a schedule: runs of the program, and calls made outside it.
@@ -278,10 +292,11 @@ class Phase:
     other_alias: str | None = None
     added_chars: float = 0.0
     proposal: Proposal | None = None
-    variants: Sequence[tuple[float, float, float]] = ()
+    variants: Sequence[tuple[float, Variant]] = ()
     """Shares of ``runs`` that run the program changed (a candidate's instruction), each
-    ``(share, calls per example, reply tokens per call)`` as measured on the sample under
-    that change (`measure_variant`); the rest run as the sampled program does."""
+    ``(share, size of a run)`` as measured on the sample under that change
+    (`measure_variant`: its prompts hold the change, so ``added_chars`` leaves it out);
+    the rest run as the sampled program does."""
 
 
 @dataclass
@@ -406,10 +421,10 @@ async def measure(
 
 async def measure_variant(
     program: Module, examples: Sequence[tuple[Any, Any]], resources: Any, sample: int
-) -> tuple[float, float] | None:
-    """Returns the calls per example and the reply tokens per call of ``program`` (a changed
-    copy: a candidate) on the first ``sample`` of ``examples``, the ones `measure` runs;
-    None when no call reached a model (the cache answered, or every example failed)."""
+) -> Variant | None:
+    """Returns the size of one run of ``program`` (a changed copy: a candidate) on the first
+    ``sample`` of ``examples``, the ones `measure` runs; None when no call reached a model
+    (the cache answered, or every example failed)."""
     from plait.optimization.evaluation import run_dataset
     from plait.resources import ResourceManager
 
@@ -421,7 +436,11 @@ async def measure_variant(
     if not rows:
         return None
     calls = sum(row.calls for row in rows)
-    return calls / len(rows), sum(row.output_tokens for row in rows) / calls
+    return Variant(
+        calls=calls / len(rows),
+        prompt=sum(row.input_tokens for row in rows) / calls,
+        reply=sum(row.output_tokens for row in rows) / calls,
+    )
 
 
 _QUIET: ContextVar[bool] = ContextVar("plait_estimate_quiet", default=False)
@@ -703,12 +722,15 @@ def from_schedule(
 
 def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range, Range | None]:
     """Returns a phase's calls, prompt tokens, reply tokens and cost (None: no price)."""
-    calls_per_run, reply_per_run = _per_run(phase, size)
+    calls_per_run, prompt_per_run, reply_per_run = _per_run(phase, size)
     run_calls = phase.runs * calls_per_run
     demo_tokens = phase.demos * size.demo_tokens
-    prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
     added = phase.added_chars / size.chars_per_token
-    prompt = run_calls * prompt_per_call + phase.runs * Range(added, added, added)
+    prompt = (
+        phase.runs * prompt_per_run
+        + run_calls * Range(demo_tokens, demo_tokens, demo_tokens)
+        + phase.runs * Range(added, added, added)
+    )
     reply = phase.runs * reply_per_run
     if phase.proposal is not None:
         other_calls, other_prompt, other_reply = _proposals(phase.other, phase.proposal)
@@ -726,20 +748,19 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
     return run_calls + other_calls, prompt + other_prompt, reply + other_reply, cost
 
 
-def _per_run(phase: Phase, size: _Size) -> tuple[Range, Range]:
-    """Returns the calls and the reply tokens of one of the phase's runs: the sampled
-    program's, mixed with its ``variants`` at their shares (each with the range of the
-    sampled program's, around its own measured mean)."""
-    calls, reply = size.calls, size.calls * size.reply
-    if not phase.variants:
-        return calls, reply
-    rest = max(1 - sum(share for share, _, _ in phase.variants), 0.0)
-    calls, reply = calls * rest, reply * rest
-    for share, per_example, per_call in phase.variants:
-        its_calls = _around(size.calls, per_example)
-        calls = calls + its_calls * share
-        reply = reply + its_calls * _around(size.reply, per_call) * share
-    return calls, reply
+def _per_run(phase: Phase, size: _Size) -> tuple[Range, Range, Range]:
+    """Returns the calls, prompt tokens and reply tokens of one of the phase's runs (before
+    demos and added characters): the sampled program's, mixed with its ``variants`` at
+    their shares (each with the range of the sampled program's, around its own mean)."""
+    rest = max(1 - sum(share for share, _ in phase.variants), 0.0)
+    calls = size.calls * rest
+    prompt, reply = calls * size.prompt, calls * size.reply
+    for share, variant in phase.variants:
+        its = _around(size.calls, variant.calls) * share
+        calls = calls + its
+        prompt = prompt + its * _around(size.prompt, variant.prompt)
+        reply = reply + its * _around(size.reply, variant.reply)
+    return calls, prompt, reply
 
 
 def _around(sampled: Range, mean: float) -> Range:

@@ -45,7 +45,7 @@ from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
-from plait.optimization.costs import Phase, Proposal, Range
+from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step
 from plait.optimization.search import Candidate, ProgramSearch, _label
@@ -490,9 +490,9 @@ class _Drawn:
     """What one proposal spends, from those asked for (None: all read from the checkpoint)."""
     texts: list[str | None]
     """The first step's first proposals in the run's order (None: refused at every ask)."""
-    runs: dict[str, tuple[float, float]]
-    """Per instruction given: the program's calls per example and reply tokens per call
-    under it, on the estimate's sample."""
+    runs: dict[str, Variant]
+    """Per instruction given: the size of the program's runs under it, on the estimate's
+    sample (none when no call reached a model)."""
 
 
 class RandomSearch(ProgramSearch):
@@ -586,7 +586,7 @@ class RandomSearch(ProgramSearch):
                 runs=Range(runs, runs, runs),
                 demos=demos,
                 added_chars=added,
-                variants=[(share, *measured[t]) for t, share in shares.items() if t in measured],
+                variants=[(share, measured[text]) for text, share in shares.items()],
             )
         )
         return phases
@@ -606,7 +606,7 @@ class RandomSearch(ProgramSearch):
         sample: int,
     ) -> Any:
         """The run's own first instruction proposals for the first step with learnable
-        instructions, and the program's replies under each instruction they gave.
+        instructions, and the program's runs under each instruction they gave.
 
         The search's schedule follows its seed, so the estimate asks with the seeds
         `compile` will ask with (those the checkpoint holds are read from it), the
@@ -615,9 +615,11 @@ class RandomSearch(ProgramSearch):
         candidates will carry; on an API that samples anyway, proposals from the same
         distribution. Their calls size every proposal (`costs.Proposal`), and the
         program runs the estimate's ``sample`` validation examples once under each
-        instruction given (`costs.measure_variant`): an instruction can change how
-        long the task's replies are, which the text's length does not show. Returns
-        a `_Drawn`; None when the run has no proposal left to ask for.
+        instruction given (`costs.measure_variant`): the tokens of the candidates that
+        carry it are measured, not guessed from its length (SmolLM2's proposal of 421
+        characters is 169 tokens; another may make the task's replies longer or be
+        asked again). Returns a `_Drawn`; None when the run has no proposal left to ask
+        for.
         """
         import asyncio
 
@@ -664,14 +666,18 @@ class RandomSearch(ProgramSearch):
     ) -> tuple[float, float, dict[str, float]]:
         """Returns, averaged over the candidates `_candidates` plans, the demos per step, the
         characters of instructions beyond the program's own in each run's prompts, and
-        the share of runs under each drawn proposal (by its text).
+        the share of runs under each drawn proposal measured on the sample (by its
+        text; those runs' prompts are measured with it, so their characters are left
+        out).
 
         The plans: two with ``max_demos`` demos, one per instruction of a step's pool
         alone, then random ones (1 to ``max_demos`` demos, an instruction of the pool
         each, the current one included). The pool holds the given instructions and the
         proposals: the drawn ones as they are (a repeated one once, as `compile` keeps
-        it), those not drawn at the share the drawn ones were usable, each as long as
-        their mean and like them in its runs (as the current one without any)."""
+        it), those not drawn at the share the drawn ones were usable, each like the
+        drawn ones in its runs (as long as their mean when unmeasured; as the current
+        one without any)."""
+        measured = drawn.runs if drawn is not None else {}
         plans: list[tuple[float, float, dict[str, float]]] = []
         if self.max_demos:
             plans += [(float(min(self.max_demos, len(train))), 0.0, {})] * 2
@@ -689,12 +695,16 @@ class RandomSearch(ProgramSearch):
             for text in texts:
                 if text is not None and text not in seen:
                     seen.add(text)
-                    pool.append((float(len(text) - len(current)), {text: 1.0}))
-            like = {text: 1 / len(accepted) for text in accepted} if index == 0 else {}
-            delta = 0.0
-            if accepted:
-                delta = sum(len(text) for text in accepted) / len(accepted) - len(current)
-            pool += [(delta, like)] * round((self.propose - len(texts)) * usable)
+                    known = text in measured
+                    chars = 0.0 if known else float(len(text) - len(current))
+                    pool.append((chars, {text: 1.0} if known else {}))
+            like = [text for text in accepted if index == 0 and text in measured]
+            undrawn: tuple[float, dict[str, float]] = (0.0, {})
+            if like:
+                undrawn = (0.0, {text: 1 / len(like) for text in like})
+            elif accepted:
+                undrawn = (sum(len(t) for t in accepted) / len(accepted) - len(current), {})
+            pool += [undrawn] * round((self.propose - len(texts)) * usable)
             plans += [(0.0, chars, mix) for chars, mix in pool]
             for chars, mix in pool:  # the current one is drawn too
                 random_chars += chars / (len(pool) + 1)
