@@ -82,3 +82,14 @@ print(sorted(set(on_path) & set(sys.argv[2:])))
         )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["False", "echo: echo: otters", "[]"]
+
+
+def test_import_plait_loads_neither_the_runtime_nor_error_formatting():
+    code = "import sys, plait\nprint(sorted(m for m in sys.argv[1:] if m in sys.modules))\n"
+    # traceback (and textwrap behind it) load when an error Value is made.
+    later = ("traceback", "textwrap", "asyncio", "json", "logging", "pathlib", "hashlib")
+    result = subprocess.run(
+        [sys.executable, "-c", code, *later], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
