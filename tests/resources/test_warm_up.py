@@ -67,7 +67,9 @@ def test_a_config_with_an_openai_endpoint_imports_aiohttp_on_a_thread_that_then_
         ResourceConfig({"llm": {"provider": "openai", "model": "m", "api_key": "k"}})
         warm_up = _imports.current()
         assert warm_up is not None and warm_up.thread.name == "plait-warm-up"
-        assert warm_up.modules == ("plait.backends.openai", "aiohttp"), warm_up.modules
+        assert warm_up.modules == (
+            "plait.backends.openai", "http.client", "encodings.idna", "aiohttp"
+        ), warm_up.modules
         assert warm_up.join(60)
         warm_up.thread.join(60)
         assert warm_up.error is None, warm_up.error
