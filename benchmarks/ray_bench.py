@@ -112,7 +112,7 @@ def measure(
         "failed": failed,
         "server_peak": stats["peak_concurrency"],
         "requests": stats["requests"],
-        "actor_messages": None if ledger is None else ledger["messages"],
+        "actor_messages": None if ledger is None else ledger.get("messages"),
         "actor_asks": None if ledger is None else ledger["asks"],
     }
 
@@ -164,6 +164,8 @@ def main() -> None:
             r["calls_vs_1"] = r["calls_per_s"] / base_calls
             held = "holds" if r["server_peak"] <= args.limit else "EXCEEDED"
             talk = ""
+            if r["actor_asks"] is not None and r["actor_messages"] is None:
+                talk = f"({r['actor_asks']} asks)"
             if r["actor_messages"] is not None:
                 per_k = 1000 * r["actor_messages"] / r["requests"]
                 talk = f"{per_k:.1f} ({r['actor_asks']} asks)"
