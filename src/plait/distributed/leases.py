@@ -19,7 +19,9 @@ most calls never leave the process:
   the endpoint is paused), and each call renews the lease. A worker that dies stops
   renewing and its permits come back when the term runs out. A worker counts its lease
   from the moment it *sent* the renewing message, before the ledger received it, so it
-  stops sending before the ledger can think the lease lapsed.
+  stops sending before the ledger can think the lease lapsed. A worker may open its
+  lease as it starts (`LeaseLedger.open`, answered at once, no permits), so that its
+  first calls find the way to the ledger made and wait one short ask.
 * **Rate tokens** (``rpm`` requests, ``tpm`` tokens) come from the ledger's token
   buckets: the tokens the worker's waiting calls need, which they spend as soon as the
   answer arrives, plus as many as the worker spent since it last asked, kept for at

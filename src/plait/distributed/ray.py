@@ -12,7 +12,10 @@ below its own. A worker sends a request only while it holds a permit the
 actor granted it, so 2 or 200 workers together never have more than
 ``max_concurrent`` requests in flight. A 429's ``Retry-After`` pauses the
 endpoint for every worker. A worker that dies stops renewing its lease, and
-its permits come back after the lease's term (10 s).
+its permits come back after the lease's term (10 s). A mapper opens its leases
+(for the endpoints its program's modules name) in its constructor, before
+Ray Data sends it rows, so its first calls do not wait for Ray to find the
+actors and connect to them.
 
 The other way, ``limits="shares"``, gives each of ``concurrency`` workers
 1/``concurrency`` of every limit locally: no actor at all, but a worker
@@ -205,13 +208,15 @@ def endpoints_used(programs: Any, config: ResourceConfig) -> list[EndpointConfig
     elif isinstance(programs, Mapping):
         programs = list(programs.values())
     found: dict[str, EndpointConfig] = {}
+    seen: set[str] = set()
     for program in programs:
         if not isinstance(program, Module):
             continue
         for module in program.modules():
             alias = getattr(module, "alias", None)
-            if not isinstance(alias, str) or alias in found:
+            if not isinstance(alias, str) or alias in seen:
                 continue
+            seen.add(alias)
             try:
                 endpoints = config.fallbacks(alias)
             except UnknownAliasError:
