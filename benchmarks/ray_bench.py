@@ -20,6 +20,14 @@ workers per 1,000 calls (asks for permits among them), from the actor's
 so that it outlives the job and can be read), as a long-running job's would
 already be there.
 
+What binds: at 2 ms on a machine of 2 cores the CPU does (the server, the
+driver and both workers share the cores; a call costs ~0.5 ms of client CPU
+plus the server's), so even the uncoordinated "local" run reaches only
+~1.4-1.7 x one worker, with twice the calls in flight. With ``--limit 16
+--per-worker 8 --latency 0.02`` neither the limit nor the cores bind (one
+worker: 8 calls in flight, ~330 calls/s), and 2 workers show what the leases
+themselves cost against "shares" and "local".
+
 ``--rounds N`` runs the four in turn N times (one run's figures swing much on
 a shared machine) and prints the median of each, and the median of the
 ratios taken within each round.
