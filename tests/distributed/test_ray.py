@@ -144,16 +144,21 @@ def test_a_mapper_opens_its_lease_before_the_first_rows(cluster, server):
     (endpoint,) = ResourceConfig(resources).endpoints()
 
     mapper = PlaitMapper(Summarize(), resources, namespace="opened-early")
+    try:
+        limits = endpoint_actor("opened-early", endpoint)  # the actor the mapper made
+        before = ray.get(limits.stats.remote())
+        assert before["opened"] == 1 and before["asks"] == 0
+        assert list(before["holders"].values()) == [0], "a lease, no permits, before any row"
 
-    limits = endpoint_actor("opened-early", endpoint)  # the actor the mapper made
-    before = ray.get(limits.stats.remote())
-    assert before["opened"] == 1 and before["asks"] == 0
-    assert list(before["holders"].values()) == [0], "a lease, no permits, before any row"
+        out = mapper({"text": ["a", "b", "c"]})
 
-    out = mapper({"text": ["a", "b", "c"]})
-
-    assert out["output"] == ["echo: a", "echo: b", "echo: c"]
-    after = ray.get(limits.stats.remote())
+        assert out["output"] == ["echo: a", "echo: b", "echo: c"]
+        after = ray.get(limits.stats.remote())
+    finally:
+        # Here, not in a Ray worker: its loop would go on sending to the actor after this
+        # module's ray.shutdown(), which would start a Ray of its own in this process.
+        mapper._loop.call_soon_threadsafe(mapper._loop.stop)
+        mapper._thread.join()
     assert after["opened"] == 1 and after["asks"] >= 1
     assert list(after["holders"]) == list(before["holders"]), "the calls used the opened lease"
 
