@@ -142,7 +142,8 @@ async def measure(name: str, work: Work, config: ResourceConfig) -> dict[str, An
 
 def show(rows: list[dict[str, Any]], where: str) -> None:
     print(f"\n{where}: estimate (expected) / actual = ratio [inside low..high]")
-    print(f"{'work':<18} {'calls':<28} {'tokens':<30} {'cost $':<34}")
+    print("(sample: the calls the estimate itself made, not counted in the actual)")
+    print(f"{'work':<18} {'sample':<7} {'calls':<28} {'tokens':<30} {'cost $':<34}")
     for row in rows:
         cells = []
         for key in ("calls", "tokens", "cost"):
@@ -152,7 +153,8 @@ def show(rows: list[dict[str, Any]], where: str) -> None:
             else:
                 mark = "in" if inside else "OUT"
                 cells.append(f"{guess:.4g} / {actual:.4g} = {ratio:.2f} [{mark}]")
-        print(f"{row['work']:<18} {cells[0]:<28} {cells[1]:<30} {cells[2]:<34}")
+        sample = row["sample_calls"]
+        print(f"{row['work']:<18} {sample:<7} {cells[0]:<28} {cells[1]:<30} {cells[2]:<34}")
     ratios = [row[k][2] for row in rows for k in ("calls", "tokens", "cost") if row[k][2]]
     within = sum(0.75 <= r <= 1.25 for r in ratios)
     print(f"{within} of {len(ratios)} ratios within 0.75..1.25")

@@ -68,7 +68,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -242,6 +241,13 @@ class CallScope:
         self.token = token
 
 
+def _new_call_id() -> str:
+    """Returns a fresh call id (a UUID4 in hex); uuid loads only when callbacks listen."""
+    import uuid
+
+    return uuid.uuid4().hex
+
+
 def start_call(
     kind: str, instance: Any, inputs: dict[str, Any], callbacks: tuple[Any, ...]
 ) -> CallScope | None:
@@ -254,7 +260,7 @@ def start_call(
     """
     if not callbacks:
         return None
-    call_id = uuid.uuid4().hex
+    call_id = _new_call_id()
     for callback in callbacks:
         _safely(callback, f"on_{kind}_start", call_id, instance, inputs)
     return CallScope(kind, call_id, callbacks, _context.ACTIVE_CALL.set(call_id))
@@ -280,7 +286,7 @@ def tell(kind: str, instance: Any, inputs: dict[str, Any], callbacks: tuple[Any,
     """
     if not callbacks:
         return
-    call_id = uuid.uuid4().hex
+    call_id = _new_call_id()
     for callback in callbacks:
         _safely(callback, f"on_{kind}", call_id, instance, inputs)
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import os
 import re
 from dataclasses import dataclass, field
@@ -46,6 +45,14 @@ _DATA_URI = re.compile(r"data:([\w.+-]+/[\w.+-]+)?(;[^,]*)?,", re.ASCII)
 _HEX_KEY = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 Detail = Literal["auto", "low", "high"]
+
+
+def _sha256(data: bytes) -> str:
+    """Returns the SHA-256 of ``data`` in hex; hashlib (OpenSSL behind it) loads with the first
+    media value, since `import plait` and programs of text never hash anything."""
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def _sniff_image(data: bytes) -> str | None:
@@ -160,14 +167,14 @@ class Media(_Content):
         object.__setattr__(self, "_data", data)
         object.__setattr__(self, "media_type", self._detect(data, origin, media_type))
         object.__setattr__(self, "url", None)
-        object.__setattr__(self, "sha256", hashlib.sha256(data).hexdigest())
+        object.__setattr__(self, "sha256", _sha256(data))
         object.__setattr__(self, "name", name)
 
     def _set_url(self, url: str, media_type: str | None, name: str | None) -> None:
         object.__setattr__(self, "_data", None)
         object.__setattr__(self, "media_type", media_type)
         object.__setattr__(self, "url", url)
-        object.__setattr__(self, "sha256", hashlib.sha256(url.encode()).hexdigest())
+        object.__setattr__(self, "sha256", _sha256(url.encode()))
         object.__setattr__(self, "name", name)
 
     def _detect(self, data: bytes, origin: str, declared: str | None) -> str:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import traceback
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -470,6 +469,8 @@ def error_value(
     if sources:
         meta["sources"] = list(sources)
     if exc.__traceback__ is not None:
+        import traceback  # (and textwrap) only once something failed: `import plait` stays lean
+
         meta["traceback"] = "".join(traceback.format_exception(exc))
     return Value(ValueKind.ERROR, exc, meta=meta)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -375,3 +377,26 @@ async def test_https_to_a_server_that_speaks_no_tls_is_a_connection_error():
                 await backend.complete(ask())
     finally:
         server.close()
+
+
+def test_a_call_to_an_ascii_host_loads_no_idna_codec():
+    # Its import (stringprep, unicodedata) would cost a cold process's first call more
+    # than the rest of the URL's parse; non-ASCII names still go through it.
+    code = (
+        "import asyncio, sys\n"
+        "from plait.backends.openai import OpenAICompatBackend\n"
+        "from plait.backends.types import Message, Request\n"
+        "from plait.testing import ScriptedServer\n"
+        "async def main():\n"
+        "    async with ScriptedServer() as server:\n"
+        "        backend = OpenAICompatBackend('m', base_url=server.base_url, api_key='k')\n"
+        "        reply = await backend.complete(Request(messages=(Message('user', 'hi'),)))\n"
+        "        await backend.aclose()\n"
+        "    print(reply.text, 'encodings.idna' in sys.modules)\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["echo:", "hi", "False"]

@@ -385,3 +385,42 @@ async def test_two_managers_on_one_ledger_keep_the_servers_peak_within_the_limit
         assert 1 <= server.stats.peak_concurrency <= 3
     for link in links:
         link.close()
+
+
+async def test_an_opened_lease_holds_nothing_and_the_first_calls_ask_under_it(workers):
+    ledger = LeaseLedger(max_concurrent=LIMIT)
+    limiter, _ = workers(ledger).add()
+
+    await limiter.open()
+
+    stats = await ledger.stats()
+    assert stats["opened"] == 1 and stats["holders"] == {limiter.name: 0}
+    assert stats["leased"] == 0 and limiter.permits == 0
+    opened_epoch = limiter._epoch
+    await limiter.open()  # a lease already made is not made again
+    assert ledger.opened == 1
+
+    wire = Wire()
+    await asyncio.gather(*(wire.call(limiter, 0.002) for _ in range(12)))
+
+    assert wire.sent == 12 and wire.peak == LIMIT
+    assert limiter._epoch == opened_epoch, "the calls asked under the opened lease"
+    # the first ask got the whole limit; a second one waited for more until withdrawn
+    assert limiter.stats()["asks"] == ledger.asks == 2
+
+
+async def test_the_limiters_stats_count_its_asks_and_the_permits_it_gave_back(workers):
+    ledger = LeaseLedger(max_concurrent=LIMIT)
+    limiter, _ = workers(ledger).add()
+    wire = Wire()
+
+    await asyncio.gather(*(wire.call(limiter, 0.002) for _ in range(8)))
+    await until(lambda: limiter.permits == 0)  # unused for `idle`: given back
+
+    stats = limiter.stats()
+    assert stats["asks"] == 2 and stats["returned"] == LIMIT
+    assert stats["acquired"] == 8 and stats["in_flight"] == 0 and stats["keep"] == LIMIT
+    assert stats["waited"] >= 1  # the first calls waited for the ask's answer
+    await until(lambda: ledger._leased == 0)
+    # the ask, the watch the granted permits started, the give: the ledger counts each
+    assert ledger.messages >= 3

@@ -19,8 +19,9 @@ pytest.importorskip("ray.data")
 
 from tests.cli.sample_programs import Answer, Summarize  # noqa: E402
 
+from plait import LLMInference, Module  # noqa: E402
 from plait.distributed import PlaitMapper, map_dataset  # noqa: E402
-from plait.distributed.ray import cluster_limiters, endpoint_actor  # noqa: E402
+from plait.distributed.ray import cluster_limiters, endpoint_actor, endpoints_used  # noqa: E402
 from plait.resources import ResourceConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,3 +137,52 @@ def test_a_killed_workers_permits_come_back_when_its_lease_lapses(cluster):
     stats = ray.get(limits.stats.remote())
     assert stats["lapsed"] == 1
     assert stats["leased"] == 3 and list(stats["holders"].values()) == [3]
+
+
+def test_a_mapper_opens_its_lease_before_the_first_rows(cluster, server):
+    resources = {"llm": server.endpoint(max_concurrent=3, max_retries=0)}
+    (endpoint,) = ResourceConfig(resources).endpoints()
+
+    mapper = PlaitMapper(Summarize(), resources, namespace="opened-early")
+    try:
+        limits = endpoint_actor("opened-early", endpoint)  # the actor the mapper made
+        before = ray.get(limits.stats.remote())
+        assert before["opened"] == 1 and before["asks"] == 0
+        assert list(before["holders"].values()) == [0], "a lease, no permits, before any row"
+
+        out = mapper({"text": ["a", "b", "c"]})
+
+        assert out["output"] == ["echo: a", "echo: b", "echo: c"]
+        after = ray.get(limits.stats.remote())
+    finally:
+        # Here, not in a Ray worker: its loop would go on sending to the actor after this
+        # module's ray.shutdown(), which would start a Ray of its own in this process.
+        mapper._loop.call_soon_threadsafe(mapper._loop.stop)
+        mapper._thread.join()
+    assert after["opened"] == 1 and after["asks"] >= 1
+    assert list(after["holders"]) == list(before["holders"]), "the calls used the opened lease"
+
+
+class TwoAliases(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.draft = LLMInference("chain")
+        self.check = LLMInference("judge")
+        self.again = LLMInference("chain")
+        self.lost = LLMInference("nowhere")
+
+    def forward(self, text: str) -> str:
+        return self.check(self.draft(text))
+
+
+def test_the_endpoints_a_program_names_are_found_through_its_modules_and_chains():
+    endpoint = {"provider": "openai", "model": "m", "api_key": "k"}
+    config = ResourceConfig(
+        {"a": endpoint, "b": endpoint, "judge": endpoint, "chain": {"fallback": ["a", "b"]}}
+    )
+
+    found = endpoints_used({"one": TwoAliases(), "two": Summarize()}, config)
+
+    # "nowhere" is unknown and "llm" too (no "*" entry): their calls will say so
+    assert [e.name for e in found] == ["a", "b", "judge"]
+    assert endpoints_used(TwoAliases(), config) == found

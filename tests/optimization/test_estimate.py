@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import pytest
 
 import plait
-from plait import LLMInference, Parameter, ResourceConfig, ResourceManager
+from plait import LLMInference, Parameter, Predict, ResourceConfig, ResourceManager
 from plait.optimization import (
     BootstrapFewShot,
     CostEstimate,
@@ -28,6 +30,7 @@ from plait.optimization import (
     Trainer,
 )
 from plait.resources.usage import UsageMeter, metered
+from plait.signatures import PlainAdapter
 from plait.testing import ScriptedServer
 
 from .test_budget import BETTER, examples, program, respond, task, trainer
@@ -381,7 +384,7 @@ async def test_a_reflective_estimate_samples_a_rewrite_and_comes_close() -> None
 
 
 async def test_a_random_search_estimate_samples_a_proposal_and_sizes_its_candidates() -> None:
-    """The sampled proposal's long reply sizes the proposals; the instruction it gave
+    """The sampled proposals' long replies size the proposals; the instruction they gave
     lengthens the prompts of the candidates that carry it."""
     wordy = Wordy()
     server = ScriptedServer(responder=wordy)
@@ -393,10 +396,99 @@ async def test_a_random_search_estimate_samples_a_proposal_and_sizes_its_candida
         with metered() as meter:
             await search.compile(program(), trainset=TRAIN, valset=VAL, resources=manager)
         spent = _spent(meter, server)
-    assert sampled.count("proposal") == 1 and estimate.sample_calls == len(sampled)
+    # the run's own two proposals, then the sample under the instruction they gave
+    assert sampled.count("proposal") == 2 and estimate.sample_calls == len(sampled)
     (row,) = [row for row in estimate.rows if "proposals" in row["phase"]]
     assert row["tokens"].expected > 2 * 45  # two proposals, each a 45-word reply and more
     _close(estimate, spent)
+
+
+TALKATIVE = "Explain your reasoning in full before you answer: " + BETTER
+DOTTED = "Mark each step: " + " ".join("abcdefghijklmnopqrstuvwxyz" * 9) + ". " + BETTER
+"""An instruction of many one-letter words: twice the tokens its characters would be."""
+
+
+class Proposer:
+    """A scripted model with two instruction proposals: the first seed it is asked with gets
+    BETTER, every other one ``other``, under which (when it is TALKATIVE) its task replies
+    are a 120-word explanation before the answer (one word otherwise). ``asked`` as
+    `Wordy`'s."""
+
+    def __init__(self, other: str) -> None:
+        self.other = other
+        self.asked: list[str] = []
+        self.first_seed: int | None = None
+
+    def __call__(self, body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        if "InstructionProposal" in schema:
+            self.asked.append("proposal")
+            if self.first_seed is None:
+                self.first_seed = body["seed"]
+            text = BETTER if body["seed"] == self.first_seed else self.other
+            return json.dumps({"rationale": "clearer", "instruction": text})
+        self.asked.append("task")
+        system = body["messages"][0]["content"]
+        number = int(body["messages"][-1]["content"])
+        answer = "odd" if number % 2 else "even"
+        if TALKATIVE in system:
+            return " ".join(["because"] * 120) + " " + answer
+        return answer if BETTER in system else "even"
+
+
+@pytest.mark.parametrize("other", [TALKATIVE, DOTTED], ids=["long-replies", "many-tokens"])
+async def test_a_random_search_estimate_measures_the_runs_under_its_proposed_instructions(
+    other: str,
+) -> None:
+    """One of the run's two proposed instructions makes the task's replies 120 times longer,
+    or is twice the tokens its characters would say; its length alone shows neither. The
+    estimate asks for the run's own proposals (its seeds) and runs its sample under each
+    instruction they gave: within 25 %."""
+    proposer = Proposer(other)
+    server = ScriptedServer(responder=proposer)
+    search = RandomSearch(num_candidates=4, max_demos=2, propose=2)  # no random candidate
+    plain = Predict("number -> answer", adapter=PlainAdapter())
+    async with server, ResourceManager(_priced(server)) as manager:
+        estimate = await search.estimate(
+            plain.copy(), trainset=TRAIN, valset=VAL, resources=manager
+        )
+        sampled = list(proposer.asked)
+        server.reset_stats()
+        with metered() as meter:
+            await search.compile(plain.copy(), trainset=TRAIN, valset=VAL, resources=manager)
+        spent = _spent(meter, server)
+    _close(estimate, spent)
+    (proposed,) = search.proposals.values()
+    assert sorted(proposed) == sorted([BETTER, other])
+    # two proposals; the program sampled (2 examples), under each proposal (2 + 2), with demos
+    assert sampled.count("proposal") == 2 and estimate.sample_calls == len(sampled) == 9
+
+
+@pytest.mark.parametrize("work", ["Trainer", "ReflectiveSearch"])
+async def test_an_estimate_logs_no_warning_of_its_sampled_steps(
+    server: ScriptedServer, config: ResourceConfig, work: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sampled second rewrite proposes the value the first gave, which is refused: the
+    estimate (on copies) says so only at debug level; the Trainer's run warns of it when it
+    happens."""
+    async with ResourceManager(config) as manager:
+        if work == "Trainer":
+            training = trainer(manager, task())
+            estimated, run = training.estimate, training.fit
+        else:
+            search = ReflectiveSearch(max_calls=40, conservatism=0)
+            estimated = partial(search.estimate, program(), TRAIN, VAL, resources=manager)
+            run = None
+        with caplog.at_level(logging.DEBUG, logger="plait"):
+            await estimated()
+        said = [r.levelno for r in caplog.records if "rejected the update" in r.getMessage()]
+        assert said and set(said) == {logging.DEBUG}
+        if run is not None:
+            caplog.clear()
+            with caplog.at_level(logging.WARNING):
+                await run()
+            said = [r.levelno for r in caplog.records if "rejected the update" in r.getMessage()]
+            assert said and set(said) == {logging.WARNING}
 
 
 @pytest.mark.slow

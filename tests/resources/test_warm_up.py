@@ -151,3 +151,22 @@ def test_a_fork_waits_for_the_imports_so_the_child_can_import_httptools():
     result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "True"]
+
+
+def test_exiting_waits_for_the_imports_so_none_runs_while_the_interpreter_tears_down(
+    tmp_path: Path,
+):
+    # An import still running when the script ends may be inside C code without the GIL
+    # (aiohttp loading CA certificates) while the exit frees what that code uses: a
+    # segmentation fault. The exit waits for the imports, as a fork does.
+    (tmp_path / "slow_to_import.py").write_text(
+        "import time\ntime.sleep(0.5)\nprint('imported', flush=True)\n"
+    )
+    code = """
+        from plait.backends import _imports
+        assert _imports.import_in_background(["slow_to_import"]) is not None
+        print("exiting", flush=True)
+    """
+    result = run_python(code, path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["exiting", "imported"]

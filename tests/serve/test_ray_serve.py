@@ -90,6 +90,28 @@ def test_two_replicas_keep_the_endpoint_limit_and_both_serve(served, upstream_se
     assert 1 <= upstream_server.stats.peak_concurrency <= LIMIT
 
 
+def test_each_replica_opened_its_lease_before_taking_requests(served, upstream_server):
+    from plait.distributed.ray import _actor_name
+    from plait.resources import ResourceConfig
+    from plait.serve.ray_serve import _namespace
+
+    config = ResourceConfig(upstream(upstream_server, max_concurrent=LIMIT))
+    (endpoint,) = config.endpoints()
+    name = _actor_name(_namespace("plait", config), endpoint.name)
+    # the replicas made it, detached, in their Ray namespace
+    (where,) = [
+        actor["namespace"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["name"] == name
+    ]
+    limits = ray.get_actor(name, where)
+
+    stats = ray.get(limits.stats.remote())
+
+    assert stats["limit"] == LIMIT
+    assert stats["opened"] >= 2, "each replica opened its lease as it started"
+
+
 def test_events_and_the_openai_route_pass_through_the_proxy(served):
     async def both() -> tuple[httpx.Response, httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as client:

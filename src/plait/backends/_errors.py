@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import orjson
@@ -69,6 +68,8 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     seconds = _number(value)
     if seconds is not None:
         return seconds
+    from email.utils import parsedate_to_datetime  # only a Retry-After given as a date
+
     try:
         when = parsedate_to_datetime(value.strip())
     except (TypeError, ValueError, IndexError):

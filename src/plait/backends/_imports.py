@@ -12,11 +12,19 @@ The thread only imports. It never fails the program: an import that raises
 is left for the code that needs the module to repeat, which raises it there
 with its fix, so a broken install fails at the first call as before, never as
 a hang. A fork waits for the imports first, since a child forked in the middle
-of an import would find that module's lock held forever.
+of an import would find that module's lock held forever; so does the
+interpreter's exit, since an import may be inside C code that runs without
+the GIL (aiohttp's import, when the http transport was aiohttp, loaded the
+system's CA certificates into two TLS contexts) while exiting tears down what
+it uses (a script whose program ended
+during that load crashed at exit with a segmentation fault in OpenSSL's
+cleanup, in about 2 runs of 100 of ``benchmarks/cold_start_bench.py``'s
+client).
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import logging
 import os
@@ -28,7 +36,7 @@ __all__ = ["BackgroundImport", "current", "import_in_background", "is_imported"]
 
 logger = logging.getLogger("plait.backends")
 
-# How long a fork waits for the imports before going ahead anyway.
+# How long a fork, or the interpreter's exit, waits for the imports before going ahead anyway.
 _FORK_WAIT_SECONDS = 30.0
 
 
@@ -109,12 +117,14 @@ def import_in_background(modules: Iterable[str]) -> BackgroundImport | None:
             started = BackgroundImport(missing)
             if hasattr(os, "register_at_fork"):
                 os.register_at_fork(before=_before_fork)
+            atexit.register(_before_fork)
             started.thread.start()
             _current = started
     return _current
 
 
 def _before_fork() -> None:
+    """Waits for the imports (at most `_FORK_WAIT_SECONDS`), before a fork or the exit."""
     running = _current
     if running is None or running.done or threading.current_thread() is running.thread:
         return

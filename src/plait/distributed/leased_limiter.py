@@ -99,6 +99,46 @@ class LeasedLimiter:
         self.waited = 0
         self.wait_time_total = 0.0
         self.rate_limited = 0
+        # what `stats` adds: the messages calls waited for, and the permits given back
+        self.asks = 0
+        self.rate_asks = 0
+        self.returned = 0
+
+    async def open(self) -> None:
+        """Makes this limiter's lease at the ledger ahead of its first call.
+
+        Reaching the ledger the first time costs more than a round trip (Ray resolves the
+        actor and connects to it), and the first calls would wait for it; a worker that
+        opens its lease when it starts leaves them one short ask. Nothing is held: a
+        lease that stays unused ends after its term, and the next ask makes a new one.
+        """
+        if self._epoch is not None or self._asking or self._watching:
+            return  # a call has made (or is making) the lease already
+        sent = self._clock()
+        reply: PermitReply = await self._link.call("open", self.name, self._epoch)
+        self._on_permits(reply, sent)
+
+    def stats(self) -> dict[str, Any]:
+        """What this worker's side of the lease holds and has cost so far.
+
+        ``permits`` held now (``in_flight`` of them used), ``keep`` (what the ledger lets
+        it keep; None: no limit), ``asks`` and ``rate_asks`` (messages calls waited for:
+        permits and rate tokens), ``returned`` (permits given back, unused for ``idle``
+        seconds or above its share while another worker waited), and ``waited`` /
+        ``wait_time_total`` (calls that waited for a permit, rate tokens or a pause, and
+        the seconds they waited). The cluster-wide figures are the ledger's ``stats``.
+        """
+        return {
+            "permits": self._granted,
+            "in_flight": self.in_flight,
+            "keep": self._keep,
+            "asks": self.asks,
+            "rate_asks": self.rate_asks,
+            "returned": self.returned,
+            "acquired": self.acquired,
+            "waited": self.waited,
+            "wait_time_total": self.wait_time_total,
+        }
 
     # -- the hot path -------------------------------------------------------------------
 
@@ -249,6 +289,7 @@ class LeasedLimiter:
     def _give(self, permits: int) -> None:
         """Gives permits back; the messages of one turn of the loop go as one."""
         self._granted -= permits
+        self.returned += permits
         if not self._to_give:
             asyncio.get_running_loop().call_soon(self._send_gives)
         self._to_give += permits
@@ -273,6 +314,7 @@ class LeasedLimiter:
         try:
             while (want := self._wanted()) > 0:
                 self._ask_seq += 1
+                self.asks += 1
                 sent = self._clock()
                 reply = await self._link.call(
                     "permits", self.name, self._epoch, want, self._keep, self._ask_seq
@@ -426,6 +468,7 @@ class LeasedLimiter:
                 self._pool_requests = self._pool_tokens = 0
                 self._pool_generation += 1
                 sent = self._clock()
+                self.rate_asks += 1
                 reply: RateReply = await self._link.call("rate", needs, *extra, *returned)
                 self._pool_requests, self._pool_tokens = reply.requests, reply.tokens
                 # the ledger took them no earlier than `waited` after the ask was sent

@@ -19,7 +19,9 @@ most calls never leave the process:
   the endpoint is paused), and each call renews the lease. A worker that dies stops
   renewing and its permits come back when the term runs out. A worker counts its lease
   from the moment it *sent* the renewing message, before the ledger received it, so it
-  stops sending before the ledger can think the lease lapsed.
+  stops sending before the ledger can think the lease lapsed. A worker may open its
+  lease as it starts (`LeaseLedger.open`, answered at once, no permits), so that its
+  first calls find the way to the ledger made and wait one short ask.
 * **Rate tokens** (``rpm`` requests, ``tpm`` tokens) come from the ledger's token
   buckets: the tokens the worker's waiting calls need, which they spend as soon as the
   answer arrives, plus as many as the worker spent since it last asked, kept for at
@@ -160,6 +162,10 @@ class LeaseLedger:
         """The most permits ever leased at once."""
         self.asks = 0
         """Asks for permits so far (each a message that waits for an answer)."""
+        self.opened = 0
+        """Leases opened ahead of their worker's first call (`open`)."""
+        self.messages = 0
+        """Messages from workers so far, of every kind (asks, watches, gives, rate tokens…)."""
         self.granted = 0
         """Permits granted so far (a permit given back and granted again counts twice)."""
         self.lapsed = 0
@@ -174,6 +180,18 @@ class LeaseLedger:
         return self.term / 3
 
     # -- permits ------------------------------------------------------------------------
+
+    async def open(self, holder: str, epoch: int | None) -> PermitReply:
+        """Renews ``holder``'s lease, or makes one, and answers at once (no permits).
+
+        A worker opens its lease when it starts, so that its first calls find the link
+        to the ledger up and wait one short round trip for their permits.
+        """
+        self.messages += 1
+        self.opened += 1
+        now = self._clock()
+        self._expire(now)
+        return self._reply(self._lease(holder, epoch, now), 0)
 
     async def permits(
         self, holder: str, epoch: int | None, want: int, told_keep: int | None, seq: int = 0
@@ -194,6 +212,7 @@ class LeaseLedger:
             told_keep: the ``keep`` the worker last heard.
             seq: names the ask, for `withdraw`.
         """
+        self.messages += 1
         now = self._clock()
         self._expire(now)
         record = self._lease(holder, epoch, now)
@@ -206,6 +225,7 @@ class LeaseLedger:
 
     async def give(self, holder: str, epoch: int, permits: int) -> None:
         """Takes back ``permits`` of a lease (nothing, if that lease has ended)."""
+        self.messages += 1
         record = self._holders.get(holder)
         if record is None or record.epoch != epoch:
             return
@@ -217,6 +237,7 @@ class LeaseLedger:
 
     async def withdraw(self, holder: str, epoch: int, seq: int) -> None:
         """Answers the holder's ask ``seq`` now, with what it has got (its calls no longer wait)."""
+        self.messages += 1
         record = self._holders.get(holder)
         if record is None or record.epoch != epoch:
             return
@@ -227,6 +248,7 @@ class LeaseLedger:
 
     async def drop(self, holder: str, epoch: int) -> None:
         """Ends a lease its worker gave up, taking back all its permits."""
+        self.messages += 1
         record = self._holders.get(holder)
         if record is not None and record.epoch == epoch:
             self._end(record)
@@ -441,7 +463,8 @@ class LeaseLedger:
         Returns:
             The requests (one per call that may go, then the extras) and tokens granted.
         """
-        await self.give_rate(returned_requests, returned_tokens)
+        self.messages += 1
+        self._give_rate(returned_requests, returned_tokens)
         if self._gate is None:
             self._gate = asyncio.Lock()
         started = self._clock()
@@ -494,6 +517,10 @@ class LeaseLedger:
 
     async def give_rate(self, requests: int, tokens: int) -> None:
         """Puts unspent rate tokens back in the buckets."""
+        self.messages += 1
+        self._give_rate(requests, tokens)
+
+    def _give_rate(self, requests: int, tokens: int) -> None:
         now = self._clock()
         if requests and self._requests is not None:
             self._requests.give(requests, now)
@@ -503,6 +530,7 @@ class LeaseLedger:
     async def settle(self, tokens: int, successes: int) -> None:
         """Corrects the tpm bucket by real usage (``tokens`` over-estimated: negative for
         a charge) and recovers the limits by ``successes`` calls' steps."""
+        self.messages += 1
         if tokens and self._tokens is not None:
             self._tokens.give(tokens, self._clock())
         if successes and self._adaptation.recover(successes):
@@ -512,6 +540,10 @@ class LeaseLedger:
 
     async def pause_for(self, seconds: float) -> None:
         """Pauses the endpoint for every worker (extends, never shortens, a pause)."""
+        self.messages += 1
+        self._pause(seconds)
+
+    def _pause(self, seconds: float) -> None:
         until = self._clock() + seconds
         if until > self._paused_until:
             self._paused_until = until
@@ -519,9 +551,10 @@ class LeaseLedger:
 
     async def on_rate_limited(self, retry_after: float | None) -> None:
         """A worker's 429: pauses for ``retry_after``, lowers the limits once per episode."""
+        self.messages += 1
         self.rate_limited += 1
         if retry_after is not None and retry_after > 0:
-            await self.pause_for(retry_after)
+            self._pause(retry_after)
         if self._adaptation.lower(self._clock()):
             self._apply_scale()
 
@@ -544,13 +577,16 @@ class LeaseLedger:
     # -- observation --------------------------------------------------------------------
 
     async def stats(self) -> dict[str, Any]:
-        """Permits leased now, per holder and at most, leases lapsed, 429s, the scale."""
+        """Permits leased now, per holder and at most, messages and asks from the workers,
+        leases opened and lapsed, 429s, the scale."""
         return {
             "limit": self._limit,
             "leased": self._leased,
             "peak_leased": self.peak_leased,
             "granted": self.granted,
             "asks": self.asks,
+            "opened": self.opened,
+            "messages": self.messages,
             "holders": {r.name: r.permits for r in self._holders.values()},
             "asking": len(self._asks),
             "lapsed": self.lapsed,

@@ -12,7 +12,10 @@ below its own. A worker sends a request only while it holds a permit the
 actor granted it, so 2 or 200 workers together never have more than
 ``max_concurrent`` requests in flight. A 429's ``Retry-After`` pauses the
 endpoint for every worker. A worker that dies stops renewing its lease, and
-its permits come back after the lease's term (10 s).
+its permits come back after the lease's term (10 s). A mapper opens its leases
+(for the endpoints its program's modules name) in its constructor, before
+Ray Data sends it rows, so its first calls do not wait for Ray to find the
+actors and connect to them.
 
 The other way, ``limits="shares"``, gives each of ``concurrency`` workers
 1/``concurrency`` of every limit locally: no actor at all, but a worker
@@ -28,7 +31,7 @@ import asyncio
 import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -36,6 +39,7 @@ import ray
 
 from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
+from plait.errors import UnknownAliasError
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import limiter_shares
@@ -44,12 +48,14 @@ if TYPE_CHECKING:
     from ray.actor import ActorClass
 
 __all__ = [
+    "ClusterLimiters",
     "EndpointLimits",
     "PlaitMapper",
     "RayLink",
     "build_config",
     "cluster_limiters",
     "config_spec",
+    "endpoints_used",
     "map_dataset",
 ]
 
@@ -140,20 +146,84 @@ def endpoint_actor(
     )
 
 
+class ClusterLimiters:
+    """A ``limiter_factory`` for `ResourceManager` whose limiters lease permits and rate
+    tokens from the endpoint actors of ``namespace``, so each endpoint's limits hold
+    across every worker using it (see `endpoint_actor` for the arguments).
+
+    One limiter per endpoint: the factory keeps those it made, so `open` can make them
+    (and their leases) before the manager first asks for them.
+    """
+
+    def __init__(
+        self, namespace: str, lifetime: str | None = None, lease_term: float = DEFAULT_TERM
+    ) -> None:
+        self.namespace = namespace
+        self.lifetime = lifetime
+        self.lease_term = lease_term
+        self.limiters: dict[str, LeasedLimiter] = {}
+        """The limiters made so far, by endpoint name."""
+
+    def __call__(self, config: EndpointConfig) -> LeasedLimiter:
+        limiter = self.limiters.get(config.name)
+        if limiter is None:
+            actor = endpoint_actor(self.namespace, config, self.lifetime, self.lease_term)
+            limiter = LeasedLimiter(
+                RayLink(actor),
+                max_concurrent=config.max_concurrent,
+                rpm=config.rpm,
+                tpm=config.tpm,
+            )
+            self.limiters[config.name] = limiter
+        return limiter
+
+    async def open(self, endpoints: Iterable[EndpointConfig]) -> None:
+        """Makes the limiters of ``endpoints`` and opens their leases (`LeasedLimiter.open`).
+
+        A worker calls this as it starts, so that finding or creating the actors (a
+        blocking call to Ray) and the first connection to each are not paid by its first
+        calls, and do not stall the event loop while calls are running.
+        """
+        limiters = [self(config) for config in endpoints]
+        await asyncio.gather(*(limiter.open() for limiter in limiters))
+
+
 def cluster_limiters(
     namespace: str, lifetime: str | None = None, lease_term: float = DEFAULT_TERM
-) -> Callable[[EndpointConfig], LeasedLimiter]:
-    """Returns a ``limiter_factory`` for `ResourceManager` whose limiters lease permits and
-    rate tokens from the endpoint actors of ``namespace``, so each endpoint's limits hold
-    across every worker using it (see `endpoint_actor` for the arguments)."""
+) -> ClusterLimiters:
+    """Returns a `ClusterLimiters` factory for the endpoint actors of ``namespace``."""
+    return ClusterLimiters(namespace, lifetime, lease_term)
 
-    def leased(config: EndpointConfig) -> LeasedLimiter:
-        actor = endpoint_actor(namespace, config, lifetime, lease_term)
-        return LeasedLimiter(
-            RayLink(actor), max_concurrent=config.max_concurrent, rpm=config.rpm, tpm=config.tpm
-        )
 
-    return leased
+def endpoints_used(programs: Any, config: ResourceConfig) -> list[EndpointConfig]:
+    """Returns the endpoints ``config`` gives the aliases the modules of ``programs`` name.
+
+    ``programs`` is a `Module`, or a mapping or list of them. Only aliases a module holds
+    (`LLMInference`, `Predict`…) are found; one a program picks at run time is not, and
+    gets its limiter on first use. An alias ``config`` does not know is left out (its
+    call will tell the error).
+    """
+    if isinstance(programs, Module):
+        programs = [programs]
+    elif isinstance(programs, Mapping):
+        programs = list(programs.values())
+    found: dict[str, EndpointConfig] = {}
+    seen: set[str] = set()
+    for program in programs:
+        if not isinstance(program, Module):
+            continue
+        for module in program.modules():
+            alias = getattr(module, "alias", None)
+            if not isinstance(alias, str) or alias in seen:
+                continue
+            seen.add(alias)
+            try:
+                endpoints = config.fallbacks(alias)
+            except UnknownAliasError:
+                continue
+            for endpoint in endpoints:
+                found.setdefault(endpoint.name, endpoint)
+    return list(found.values())
 
 
 def _limiter_factory(limits: Limits, namespace: str, workers: int) -> Callable | None:
@@ -212,6 +282,11 @@ class PlaitMapper:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._manager: Any = None
+        if isinstance(self._factory, ClusterLimiters):
+            # Ray Data sends rows once the constructor returns: the leases are ready by then.
+            endpoints = endpoints_used(self.program, self.config)
+            opening = self._factory.open(endpoints)
+            asyncio.run_coroutine_threadsafe(opening, self._loop).result()
 
     async def _run(self, items: list[Any]) -> list[Any]:
         from plait.execution import run

@@ -26,7 +26,6 @@ from typing import Any
 
 from plait import _context
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
-from plait.execution.checkpoint import open_checkpoint
 from plait.execution.executor import Executor
 from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
@@ -287,6 +286,8 @@ async def run_batch(
 
     checkpoint = None
     if options["checkpoint_dir"] and items:
+        from plait.execution.checkpoint import open_checkpoint  # only a checkpointed batch
+
         graph = graphs.graph_for((items[0], *extra), kwargs)
         checkpoint = open_checkpoint(module, graph, items, options["checkpoint_dir"], executor)
     cache_token = USE_CACHE.set(options["cache"])

@@ -27,10 +27,8 @@ from plait.backends.types import (
     as_message,
 )
 from plait.errors import PlaitError
-from plait.execution.structured import ask_structured, output_type_for
 from plait.media import Media
 from plait.module import LLMInference
-from plait.streaming import FieldStreamer, is_streaming, json_fields, whole_text
 from plait.values import Value, ValueKind
 
 __all__ = ["USE_CACHE", "build_request", "call_llm", "generate"]
@@ -94,10 +92,28 @@ def build_request(module: LLMInference, prompt: Any, timeout: float | None = Non
     return Request(
         messages=_messages_of(prompt, str(system) if system else None),
         options=_sampling(module.temperature, module.max_tokens),
-        response_schema=output_type_for(fmt).schema if fmt is not None else None,
+        response_schema=_output_type(fmt).schema if fmt is not None else None,
         timeout=timeout,
         rollout_id=_context.ROLLOUT.get(),
     )
+
+
+def _output_type(fmt: Any) -> Any:
+    """Returns the reader of response format ``fmt`` (`structured.output_type_for`).
+
+    `plait.execution.structured` (and pydantic behind it) loads with the first
+    call that has a response format: a program of text calls never needs it.
+    """
+    from plait.execution.structured import output_type_for
+
+    return output_type_for(fmt)
+
+
+def _field_streamer(module: LLMInference, fmt: Any, path: str) -> Any:
+    """Returns the sink that streams a reply's text to the run's consumer, as fields."""
+    from plait.streaming import FieldStreamer, json_fields, whole_text  # only a streamed run
+
+    return FieldStreamer(module, whole_text("text") if fmt is None else json_fields, path=path)
 
 
 async def call_llm(
@@ -126,18 +142,16 @@ async def call_llm(
     request = build_request(module, prompt, timeout)
     use_cache = USE_CACHE.get()
     fmt = module.response_format
-    sink = (
-        FieldStreamer(module, whole_text("text") if fmt is None else json_fields, path=path)
-        if is_streaming()
-        else None
-    )
+    sink = _field_streamer(module, fmt, path) if _context.STREAM.get() is not None else None
     if fmt is None:
         response = await resources.complete(module.alias, request, cache=use_cache, on_text=sink)
         if sink is not None:
             await sink.finish()
         _warn_if_incomplete(module, response)
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
-    output = output_type_for(fmt)
+    from plait.execution.structured import ask_structured
+
+    output = _output_type(fmt)
 
     async def complete(request: Request, accept: Callable[[Response], bool]) -> Response:
         if sink is not None and sink.started:

@@ -34,7 +34,15 @@ An estimate puts together three things:
   a search also plans the rest of its schedule by what the proposals gave (a
   refused rewrite ends its reflection early; a proposed instruction lengthens
   the prompts of the candidates that carry it; an update those of the runs
-  after it). Without a sample, calls outside the program (and a judge's) are
+  after it). RandomSearch asks for the run's own first proposals instead (the
+  seeds its schedule uses) and runs the sample once more under each instruction
+  they gave (`measure_variant`): the candidates that carry an instruction are
+  sized by the prompts and replies measured under it (`Phase.variants`), as
+  its tokens (an odd text can take twice the usual tokens per character) and
+  what it makes the model write do not show in its length. What the copies
+  would warn of (a refused rewrite, a step that changed nothing) is logged at
+  debug level (`quiet`): the run warns of its own. Without a sample, calls
+  outside the program (and a judge's) are
   sized in characters by whoever makes them (an optimizer renders the prompts
   it would send: `Optimizer.estimated_calls`) and turned into tokens at the
   rate the sampled calls showed (characters of their messages per prompt
@@ -57,15 +65,28 @@ every column.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from plait.callbacks import BaseCallback, active_callbacks
 from plait.module import Module
 
-__all__ = ["CostEstimate", "Phase", "Proposal", "Range", "estimate", "from_schedule", "measure"]
+__all__ = [
+    "CostEstimate",
+    "Phase",
+    "Proposal",
+    "Range",
+    "Variant",
+    "estimate",
+    "from_schedule",
+    "measure",
+    "measure_variant",
+    "quiet",
+]
 
 _CHARS_PER_TOKEN = 4
 _DEMO_OVERHEAD = 8
@@ -238,6 +259,17 @@ def repeat_feedback(params: Sequence[Any], times: float) -> None:
             param.accumulate_feedback(items[index % len(items)])
 
 
+class Variant(NamedTuple):
+    """One run of a changed program, measured on the sample (`measure_variant`)."""
+
+    calls: float
+    """Calls per example."""
+    prompt: float
+    """Prompt tokens per call."""
+    reply: float
+    """Reply tokens per call."""
+
+
 @dataclass
 class Phase:
     """One part of a schedule: runs of the program, and calls made outside it.
@@ -260,6 +292,11 @@ class Phase:
     other_alias: str | None = None
     added_chars: float = 0.0
     proposal: Proposal | None = None
+    variants: Sequence[tuple[float, Variant]] = ()
+    """Shares of ``runs`` that run the program changed (a candidate's instruction), each
+    ``(share, size of a run)`` as measured on the sample under that change
+    (`measure_variant`: its prompts hold the change, so ``added_chars`` leaves it out);
+    the rest run as the sampled program does."""
 
 
 @dataclass
@@ -380,6 +417,65 @@ async def measure(
         chars_per_token=sent.per_token(),
     )
     return size, meter.calls
+
+
+async def measure_variant(
+    program: Module, examples: Sequence[tuple[Any, Any]], resources: Any, sample: int
+) -> Variant | None:
+    """Returns the size of one run of ``program`` (a changed copy: a candidate) on the first
+    ``sample`` of ``examples``, the ones `measure` runs; None when no call reached a model
+    (the cache answered, or every example failed)."""
+    from plait.optimization.evaluation import run_dataset
+    from plait.resources import ResourceManager
+
+    chosen = [x for x, _ in list(examples)[: max(sample, 0)]]
+    if not chosen:
+        return None
+    result = await run_dataset(program, chosen, resources=ResourceManager.shared(resources))
+    rows = [row for row in result.rows if row.calls]
+    if not rows:
+        return None
+    calls = sum(row.calls for row in rows)
+    return Variant(
+        calls=calls / len(rows),
+        prompt=sum(row.input_tokens for row in rows) / calls,
+        reply=sum(row.output_tokens for row in rows) / calls,
+    )
+
+
+_QUIET: ContextVar[bool] = ContextVar("plait_estimate_quiet", default=False)
+_QUIETED = ("plait.optimization", "plait.evaluation", "plait.execution")
+"""The loggers whose warnings an estimate's copies make at debug level (`quiet`)."""
+
+
+class _Demoted(logging.Filter):
+    """Turns the warnings logged inside `quiet` into debug records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _QUIET.get() and record.levelno == logging.WARNING:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_DEMOTED = _Demoted()
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Logs what the work inside says as warnings at debug level instead.
+
+    An estimate's sampled proposals and steps run on copies, and what they warn
+    of (a rewrite refused, a step that changed nothing) is not the run's: the
+    run says it again when it happens. Errors stay errors, and only the work
+    inside (its context, the tasks it starts) is affected.
+    """
+    for name in _QUIETED:
+        logging.getLogger(name).addFilter(_DEMOTED)  # once: a logger keeps one of each
+    token = _QUIET.set(True)
+    try:
+        yield
+    finally:
+        _QUIET.reset(token)
 
 
 class _PromptChars(BaseCallback):
@@ -626,12 +722,16 @@ def from_schedule(
 
 def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range, Range | None]:
     """Returns a phase's calls, prompt tokens, reply tokens and cost (None: no price)."""
-    run_calls = phase.runs * size.calls
+    calls_per_run, prompt_per_run, reply_per_run = _per_run(phase, size)
+    run_calls = phase.runs * calls_per_run
     demo_tokens = phase.demos * size.demo_tokens
-    prompt_per_call = size.prompt + Range(demo_tokens, demo_tokens, demo_tokens)
     added = phase.added_chars / size.chars_per_token
-    prompt = run_calls * prompt_per_call + phase.runs * Range(added, added, added)
-    reply = run_calls * size.reply
+    prompt = (
+        phase.runs * prompt_per_run
+        + run_calls * Range(demo_tokens, demo_tokens, demo_tokens)
+        + phase.runs * Range(added, added, added)
+    )
+    reply = phase.runs * reply_per_run
     if phase.proposal is not None:
         other_calls, other_prompt, other_reply = _proposals(phase.other, phase.proposal)
     else:
@@ -646,6 +746,28 @@ def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range
         if other_calls.high:
             cost = cost + _dollars(other_price, other_prompt, other_reply)
     return run_calls + other_calls, prompt + other_prompt, reply + other_reply, cost
+
+
+def _per_run(phase: Phase, size: _Size) -> tuple[Range, Range, Range]:
+    """Returns the calls, prompt tokens and reply tokens of one of the phase's runs (before
+    demos and added characters): the sampled program's, mixed with its ``variants`` at
+    their shares (each with the range of the sampled program's, around its own mean)."""
+    rest = max(1 - sum(share for share, _ in phase.variants), 0.0)
+    calls = size.calls * rest
+    prompt, reply = calls * size.prompt, calls * size.reply
+    for share, variant in phase.variants:
+        its = _around(size.calls, variant.calls) * share
+        calls = calls + its
+        prompt = prompt + its * _around(size.prompt, variant.prompt)
+        reply = reply + its * _around(size.reply, variant.reply)
+    return calls, prompt, reply
+
+
+def _around(sampled: Range, mean: float) -> Range:
+    """Returns the range ``sampled`` gives its mean, around ``mean`` instead."""
+    if sampled.expected <= 0:
+        return Range(0.8 * mean, mean, 1.5 * mean)
+    return sampled * (mean / sampled.expected)
 
 
 def _proposals(count: Range, proposal: Proposal) -> tuple[Range, Range, Range]:

@@ -35,6 +35,7 @@ import json
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -44,7 +45,7 @@ from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
-from plait.optimization.costs import Phase, Range
+from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step
 from plait.optimization.search import Candidate, ProgramSearch, _label
@@ -476,6 +477,24 @@ class InstructionProposal(BaseModel):
     instruction: str = Field(max_length=600)
 
 
+_DRAWN = 3
+"""The run's own instruction proposals a RandomSearch estimate asks for (the first step's
+first ones); the rest are expected to be like them."""
+
+
+@dataclass
+class _Drawn:
+    """What a RandomSearch estimate drew of the run's own proposals (`_sampled_proposal`)."""
+
+    proposal: Proposal | None
+    """What one proposal spends, from those asked for (None: all read from the checkpoint)."""
+    texts: list[str | None]
+    """The first step's first proposals in the run's order (None: refused at every ask)."""
+    runs: dict[str, Variant]
+    """Per instruction given: the size of the program's runs under it, on the estimate's
+    sample (none when no call reached a model)."""
+
+
 class RandomSearch(ProgramSearch):
     """Random search over demo sets and instruction candidates, every candidate concurrently.
 
@@ -531,6 +550,7 @@ class RandomSearch(ProgramSearch):
     async def _schedule(
         self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:
+        drawn: _Drawn | None = proposal
         phases = []
         if train and self.max_demos:
             m = _bootstrap_runs(self, train)
@@ -538,13 +558,13 @@ class RandomSearch(ProgramSearch):
                 Phase(f"bootstrap: the program on {m} training examples", runs=Range(m, m, m))
             )
         asks = self._asks_left(program)
-        if asks and proposal is not None:
+        if asks and drawn is not None and drawn.proposal is not None:
             phases.append(
                 Phase(
                     f"{asks} instruction proposals",
                     other=Range(asks, asks, asks),
                     other_alias=self.alias,
-                    proposal=proposal,
+                    proposal=drawn.proposal,
                 )
             )
         elif asks:  # each may be asked again once when its reply is refused
@@ -558,13 +578,15 @@ class RandomSearch(ProgramSearch):
                 )
             )
         runs = await self._candidate_runs(program, train, len(val), self.num_candidates)
-        demos, added = self._candidate_mix(program, train, proposal)
+        demos, added, shares = self._candidate_mix(program, train, drawn)
+        measured = drawn.runs if drawn is not None else {}
         phases.append(
             Phase(
                 f"{self.num_candidates} candidates",
                 runs=Range(runs, runs, runs),
                 demos=demos,
                 added_chars=added,
+                variants=[(share, measured[text]) for text, share in shares.items()],
             )
         )
         return phases
@@ -576,47 +598,132 @@ class RandomSearch(ProgramSearch):
         return max(self.propose * len(_instructed_steps(program)) - held, 0)
 
     async def _sampled_proposal(
-        self, program: Module, train: list[Example], resources: Any, sample: int
+        self,
+        program: Module,
+        train: list[Example],
+        val: list[Example],
+        resources: Any,
+        sample: int,
     ) -> Any:
-        """One instruction proposal for the first step with learnable instructions, with a
-        seed of its own (none of the run's), when the run has proposals left to ask for."""
-        from plait.optimization.costs import Proposal
+        """The run's own first instruction proposals for the first step with learnable
+        instructions, and the program's runs under each instruction they gave.
+
+        The search's schedule follows its seed, so the estimate asks with the seeds
+        `compile` will ask with (those the checkpoint holds are read from it), the
+        first `_DRAWN` of them: on a model that honours a request's seed (the
+        embedded one), these are the run's own proposals, and the instructions its
+        candidates will carry; on an API that samples anyway, proposals from the same
+        distribution. Their calls size every proposal (`costs.Proposal`), and the
+        program runs the estimate's ``sample`` validation examples once under each
+        instruction given (`costs.measure_variant`): the tokens of the candidates that
+        carry it are measured, not guessed from its length (SmolLM2's proposal of 421
+        characters is 169 tokens; another may make the task's replies longer or be
+        asked again). Returns a `_Drawn`; None when the run has no proposal left to ask
+        for.
+        """
+        import asyncio
+
+        from plait.optimization.costs import Proposal, measure_variant
         from plait.resources.usage import metered
 
         steps = _instructed_steps(program)
         if not steps or not self._asks_left(program):
             return None
-        seed = random.Random(f"estimate {self.seed}").randrange(2**31)
+        path, module = steps[0]
+        rng = random.Random(self.seed)  # as `_candidates`: the first step's are its first draws
+        seeds = [rng.randrange(2**31) for _ in range(self.propose)]
+        got: dict[int, str | None] = {}
+        asked: list[int] = []
+        for seed in seeds:
+            held = self._saved.saved_steps.get(f"instructions {path} {seed}")
+            if held is not None:
+                got[seed] = held["value"]
+            elif len(asked) < _DRAWN:
+                asked.append(seed)
+            else:
+                break
         with metered() as meter:
-            text = await propose_instruction(steps[0][1], train, resources, self.alias, seed=seed)
-        return Proposal.of(meter, 1, least=1, most=2, value=text)
+            texts = await asyncio.gather(
+                *(propose_instruction(module, train, resources, self.alias, seed=s) for s in asked)
+            )
+        got.update(zip(asked, texts, strict=True))
+        drawn = [got[seed] for seed in seeds if seed in got]
+        given = [text for text in dict.fromkeys(drawn) if text is not None]
+        sizes = await asyncio.gather(
+            *(
+                measure_variant(_with_demos(program, {}, {path: text}), val, resources, sample)
+                for text in given
+            )
+        )
+        return _Drawn(
+            proposal=Proposal.of(meter, len(asked), least=1, most=2),
+            texts=drawn,
+            runs={text: size for text, size in zip(given, sizes, strict=True) if size is not None},
+        )
 
     def _candidate_mix(
-        self, program: Module, train: list[Example], proposal: Any
-    ) -> tuple[float, float]:
-        """Returns the demos per step and the characters of instructions beyond the program's
-        own in each run's prompts, averaged over the candidates `_candidates` plans: two
-        with ``max_demos`` demos, one per instruction of a step's pool alone, then random
-        ones (1 to ``max_demos`` demos, an instruction of the pool each). Proposed
-        instructions join the pool at the share the sampled proposal expects to be
-        usable, each as long as the one it gave (as the current one without it)."""
-        plans: list[tuple[float, float]] = []
+        self, program: Module, train: list[Example], drawn: _Drawn | None
+    ) -> tuple[float, float, dict[str, float]]:
+        """Returns, averaged over the candidates `_candidates` plans, the demos per step, the
+        characters of instructions beyond the program's own in each run's prompts, and
+        the share of runs under each drawn proposal measured on the sample (by its
+        text; those runs' prompts are measured with it, so their characters are left
+        out).
+
+        The plans: two with ``max_demos`` demos, one per instruction of a step's pool
+        alone, then random ones (1 to ``max_demos`` demos, an instruction of the pool
+        each, the current one included). The pool holds the given instructions and the
+        proposals: the drawn ones as they are (a repeated one once, as `compile` keeps
+        it), those not drawn at the share the drawn ones were usable, each like the
+        drawn ones in its runs (as long as their mean when unmeasured; as the current
+        one without any)."""
+        measured = drawn.runs if drawn is not None else {}
+        plans: list[tuple[float, float, dict[str, float]]] = []
         if self.max_demos:
-            plans += [(float(min(self.max_demos, len(train))), 0.0)] * 2
-        random_chars = 0.0
-        for _, module in _instructed_steps(program):
+            plans += [(float(min(self.max_demos, len(train))), 0.0, {})] * 2
+        accepted = [text for text in (drawn.texts if drawn else []) if text is not None]
+        usable = drawn.proposal.usable if drawn and drawn.proposal else 1.0
+        random_chars, random_mix = 0.0, defaultdict[str, float](float)
+        for index, (_, module) in enumerate(_instructed_steps(program)):
             current = str(module._parameters["instructions"].value)
-            pool = [text for text in self.instructions if text != current]
-            proposed = current if proposal is None or proposal.value is None else proposal.value
-            kept = self.propose if proposal is None else round(self.propose * proposal.usable)
-            pool += [str(proposed)] * kept  # of unknown length: as long as the current one
-            deltas = [float(len(text) - len(current)) for text in pool]
-            plans += [(0.0, delta) for delta in deltas]
-            random_chars += sum(deltas) / (len(deltas) + 1)  # the current one is drawn too
+            given = [text for text in self.instructions if text != current]
+            pool: list[tuple[float, dict[str, float]]] = [
+                (float(len(text) - len(current)), {}) for text in given
+            ]
+            texts = drawn.texts if drawn is not None and index == 0 else []
+            seen = {current, *given}
+            for text in texts:
+                if text is not None and text not in seen:
+                    seen.add(text)
+                    known = text in measured
+                    chars = 0.0 if known else float(len(text) - len(current))
+                    pool.append((chars, {text: 1.0} if known else {}))
+            like = [text for text in accepted if index == 0 and text in measured]
+            undrawn: tuple[float, dict[str, float]] = (0.0, {})
+            if like:
+                undrawn = (0.0, {text: 1 / len(like) for text in like})
+            elif accepted:
+                undrawn = (sum(len(t) for t in accepted) / len(accepted) - len(current), {})
+            pool += [undrawn] * round((self.propose - len(texts)) * usable)
+            plans += [(0.0, chars, mix) for chars, mix in pool]
+            for chars, mix in pool:  # the current one is drawn too
+                random_chars += chars / (len(pool) + 1)
+                for text, weight in mix.items():
+                    random_mix[text] += weight / (len(pool) + 1)
         random_demos = (1 + self.max_demos) / 2 if self.max_demos else 0.0
-        plans += [(random_demos, random_chars)] * max(self.num_candidates - len(plans), 0)
+        plans += [(random_demos, random_chars, dict(random_mix))] * max(
+            self.num_candidates - len(plans), 0
+        )
         plans = plans[: self.num_candidates]
-        return (sum(d for d, _ in plans) / len(plans), sum(c for _, c in plans) / len(plans))
+        shares: dict[str, float] = defaultdict(float)
+        for _, _, mix in plans:
+            for text, weight in mix.items():
+                shares[text] += weight / len(plans)
+        return (
+            sum(d for d, _, _ in plans) / len(plans),
+            sum(c for _, c, _ in plans) / len(plans),
+            dict(shares),
+        )
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any

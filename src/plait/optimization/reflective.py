@@ -440,7 +440,12 @@ class ReflectiveSearch(ProgramSearch):
         return min(self.max_demos, m) * demo_runs / runs, grown * text_runs / runs
 
     async def _sampled_proposal(
-        self, program: Module, train: list[Example], resources: Any, sample: int
+        self,
+        program: Module,
+        train: list[Example],
+        val: list[Example],
+        resources: Any,
+        sample: int,
     ) -> Any:
         """One rewrite of the first instruction-like component, as `_mutate` asks for it: a
         copy of the program runs ``sample`` training examples in training mode, backward

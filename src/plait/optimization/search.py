@@ -550,8 +550,8 @@ class ProgramSearch:
         program = self._open_checkpoint(program, train, val, in_place=False)
         proposal, proposed = None, 0
         if sample > 0:
-            with metered() as meter:
-                proposal = await self._sampled_proposal(program, train, resources, sample)
+            with metered() as meter, costs.quiet():
+                proposal = await self._sampled_proposal(program, train, val, resources, sample)
             proposed = meter.calls
         phases = [
             self._start_phase(program, val),
@@ -612,14 +612,22 @@ class ProgramSearch:
         return self._left_of(candidates, n)
 
     async def _sampled_proposal(
-        self, program: Module, train: list[tuple[Any, Any]], resources: Any, sample: int
+        self,
+        program: Module,
+        train: list[tuple[Any, Any]],
+        val: list[tuple[Any, Any]],
+        resources: Any,
+        sample: int,
     ) -> Any:
         """Makes one of the search's proposals for real, for its estimate, and returns what it
-        spent (a `plait.optimization.costs.Proposal`); None when the search makes no calls
-        outside the program, or none is left to make. Leaves ``program`` as it is.
+        spent (a `plait.optimization.costs.Proposal`, or what the search's `_schedule`
+        reads); None when the search makes no calls outside the program, or none is left
+        to make. Leaves ``program`` as it is; what it logs as warnings is logged at debug
+        level (`costs.quiet`: the run warns of its own).
 
         Override this in a search that proposes with calls of its own; the estimate
-        counts its calls among the sample's.
+        counts its calls among the sample's (``val``'s first ``sample`` examples are
+        the ones the estimate measures the program on).
         """
         return None
 

@@ -273,7 +273,7 @@ class Trainer:
         updates = steps_left * len(step_calls)
         proposal = None
         if sample > 0 and steps_left:
-            with metered() as meter:
+            with metered() as meter, costs.quiet():  # the copy's warnings are not the run's
                 first, then = await self._sampled_step(sample, len(step_calls))
             spent += meter.calls
             # the first step meets the parameters as they are, later ones what it made them

@@ -10,10 +10,13 @@ never is, whatever the backend said. The retry runs in place: the caller's
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from plait.errors import BackendError
+
+if TYPE_CHECKING:
+    import random
 
 __all__ = ["NEVER_RETRIED", "RetryPolicy", "exhausted"]
 
@@ -56,7 +59,9 @@ class RetryPolicy:
     jitter: float = 0.5
     max_retry_after: float = 60.0
     seed: int | None = None
-    _rng: random.Random = field(init=False, repr=False, compare=False)
+    _rng: random.Random | None = field(default=None, init=False, repr=False, compare=False)
+    """The jitter's generator, made at the first jittered delay (`random` is not on a
+    program's first call)."""
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
@@ -65,7 +70,6 @@ class RetryPolicy:
             raise ValueError(f"jitter must be in [0, 1], got {self.jitter}")
         if self.base_delay < 0 or self.max_delay < 0:
             raise ValueError("base_delay and max_delay must be >= 0")
-        object.__setattr__(self, "_rng", random.Random(self.seed))
 
     @staticmethod
     def is_retryable(error: BaseException) -> bool:
@@ -89,8 +93,17 @@ class RetryPolicy:
         exponent = min(attempts - 1, 62)  # 2**62 already exceeds any sane max_delay
         delay = min(self.max_delay, self.base_delay * (2.0**exponent))
         if self.jitter:
-            delay *= 1.0 - self.jitter * self._rng.random()
+            delay *= 1.0 - self.jitter * self._generator().random()
         return delay
+
+    def _generator(self) -> random.Random:
+        rng = self._rng
+        if rng is None:
+            import random
+
+            rng = random.Random(self.seed)
+            object.__setattr__(self, "_rng", rng)
+        return rng
 
     def delay(self, attempts: int, error: BaseException | None = None) -> float:
         """Returns the seconds to wait before the next attempt.

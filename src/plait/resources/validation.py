@@ -198,11 +198,27 @@ def _url_problem(url: str) -> str | None:
         return f"the scheme is {parts.scheme!r}; plait speaks http and https only"
     if not parts.hostname:
         return "it has no host name"
-    try:
-        parts.hostname.encode("idna")  # what the resolver does with it
-    except UnicodeError:
+    if not _encodes_as_idna(parts.hostname):
         return f"the host name {parts.hostname!r} has an empty or over-long label"
     return None
+
+
+def _encodes_as_idna(hostname: str) -> bool:
+    """Whether ``hostname.encode("idna")`` succeeds (what the resolver does with it).
+
+    An ASCII name is checked here as the codec checks it (every label but a
+    trailing one 1 to 63 characters long), since loading the codec (with
+    ``stringprep`` and ``unicodedata``) costs a cold process more than the
+    rest of the check; any other name goes to the codec.
+    """
+    if hostname.isascii():
+        *labels, last = hostname.split(".")
+        return all(0 < len(label) < 64 for label in labels) and len(last) < 64
+    try:
+        hostname.encode("idna")
+    except UnicodeError:
+        return False
+    return True
 
 
 def options(value: Any) -> tuple[str | None, Any]:

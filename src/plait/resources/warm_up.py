@@ -25,7 +25,10 @@ __all__ = ["modules_for", "start_for"]
 # What the first call of an OpenAI-compatible endpoint imports that `import plait`
 # and `ResourceConfig` do not: the backend's module, then the http transport's
 # parser. Found with ``python -X importtime`` on a script that builds a program
-# and runs it against plait.testing's scripted server.
+# and runs it against plait.testing's scripted server. (With aiohttp as the
+# transport, this also held `http.client` and the IDNA codec for the first
+# requests sent while aiohttp loaded; plait's own client needs neither: it
+# encodes an ASCII host name without the codec.)
 _HTTP_FIRST_CALL = ("plait.backends.openai", "httptools")
 
 

@@ -46,14 +46,22 @@ class AccessLog:
     of its own: a request only puts its fields on a queue, and the thread makes the line and
     hands it to the logger's handlers (whose writes may block on a slow terminal or pipe).
 
+    The queue holds at most ``max_queued`` lines, so a log output that stalls for good cannot
+    grow the server's memory without end: while it is full, new lines are dropped and
+    counted (``dropped``), and the writer says how many were lost in a line of its own
+    (``{"dropped_lines": n}``) before the next one it writes.
+
     The thread starts with the first line and stops, having written every line queued, at
     `close` (the app's shutdown).
     """
 
-    def __init__(self) -> None:
-        self._lines: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
+    def __init__(self, max_queued: int = 10_000) -> None:
+        self._lines: queue.Queue[tuple[Any, ...] | None] = queue.Queue(max_queued)
         self._writer: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.dropped = 0
+        """Lines dropped so far because the queue was full."""
+        self._dropped_said = 0
 
     def add(self, fields: tuple[Any, ...]) -> None:
         """Queues one request's ``(request_id, method, path, status, seconds, client)``."""
@@ -64,18 +72,33 @@ class AccessLog:
                         target=self._write, name="plait-access-log", daemon=True
                     )
                     self._writer.start()
-        self._lines.put(fields)
+        try:
+            self._lines.put_nowait(fields)
+        except queue.Full:
+            self.dropped += 1  # only the event loop's thread adds: no lock needed
 
-    def close(self) -> None:
-        """Writes the lines queued, then stops the thread (a later line starts another)."""
+    def close(self, wait: float = 5.0) -> None:
+        """Writes the lines queued, then stops the thread (a later line starts another).
+
+        Waits at most about ``wait`` seconds for each of room on the queue and the writer's
+        end, so an output stalled for good cannot hold the server's shutdown; the daemon
+        writer is then left behind with what it had not written.
+        """
         with self._lock:
             writer, self._writer = self._writer, None
-        if writer is not None:
-            self._lines.put(None)
-            writer.join()
+        if writer is None:
+            return
+        try:
+            self._lines.put(None, timeout=wait)
+        except queue.Full:
+            return
+        writer.join(timeout=wait)
+        if not writer.is_alive():
+            self._say_dropped()
 
     def _write(self) -> None:
         while (fields := self._lines.get()) is not None:
+            self._say_dropped()
             request_id, method, path, status, seconds, client = fields
             line = {
                 "request_id": request_id,
@@ -86,6 +109,12 @@ class AccessLog:
                 "client": f"{client[0]}:{client[1]}" if client else None,
             }
             access_logger.info(orjson.dumps(line).decode())
+
+    def _say_dropped(self) -> None:
+        dropped = self.dropped
+        if dropped > self._dropped_said:
+            lost, self._dropped_said = dropped - self._dropped_said, dropped
+            access_logger.warning(orjson.dumps({"dropped_lines": lost}).decode())
 
 
 class ObservedRequests:

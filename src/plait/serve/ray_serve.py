@@ -15,7 +15,9 @@ OpenAI-compatible ones, health and metrics) around a `ResourceManager` of its ow
 limiters lease their permits, rpm and tpm from one Ray actor per endpoint
 (`plait.distributed`'s `EndpointLimits`, see `plait.distributed.leases`), so all replicas
 together never put more than an endpoint's ``max_concurrent`` requests on the wire, and a
-replica's calls rarely wait for the actor. The actors are detached, so replicas can
+replica's calls rarely wait for the actor. A replica opens its leases (for the endpoints its
+programs' modules name) before it takes requests, so finding the actors and the first
+connection to them are not on a request's path. The actors are detached, so replicas can
 restart or scale without taking the limits with them (a replica that dies gives its
 permits back when its lease lapses), and named after the app and its limits, so a
 redeploy with other limits gets fresh ones; they hold no CPU and go with the cluster.
@@ -50,7 +52,7 @@ except ModuleNotFoundError as exc:
         f"plait.serve.ray_serve needs {exc.name}: pip install 'plait[serve-ray]'"
     ) from None
 
-from plait.distributed.ray import build_config, cluster_limiters, config_spec
+from plait.distributed.ray import build_config, cluster_limiters, config_spec, endpoints_used
 from plait.resources.config import ResourceConfig
 from plait.serve.options import ServeOptions, check_exposure
 
@@ -81,9 +83,12 @@ class PlaitReplica:
         from plait.serve import app
 
         programs = self._programs() if _is_builder(self._programs) else self._programs
+        config = build_config(self._resources)
         # "detached": the limits outlive any one replica, which Ray may restart or remove.
         limiters = cluster_limiters(self._namespace, lifetime="detached")
-        self._manager = ResourceManager(build_config(self._resources), limiter_factory=limiters)
+        # Before the replica takes requests: reaching the actors is not on a request's path.
+        await limiters.open(endpoints_used(programs, config))
+        self._manager = ResourceManager(config, limiter_factory=limiters)
         return app(programs, self._manager, **vars(self._options))
 
     async def __del__(self) -> None:

@@ -18,8 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
-import json as _json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -55,9 +53,13 @@ class Slot:
 
     def render(self, payload: Any) -> str:
         """Returns the text this slot stands for, given its node's payload."""
-        if self.json and self.quoted and self.mode == "v":
+        if not self.json:
+            return format(repr(payload) if self.mode == "r" else payload, self.spec)
+        import json  # only a slot inside JSON text, which few programs build
+
+        if self.quoted and self.mode == "v":
             try:
-                return _json.dumps(payload, ensure_ascii=self.json == "ascii")
+                return json.dumps(payload, ensure_ascii=self.json == "ascii")
             except (TypeError, ValueError) as exc:
                 raise TypeError(
                     f"json.dumps of the output of {self.ref} (a {type(payload).__name__}) "
@@ -66,9 +68,7 @@ class Slot:
                     "in an `async def forward` with real values"
                 ) from exc
         text = format(repr(payload) if self.mode == "r" else payload, self.spec)
-        if not self.json:
-            return text
-        escaped = _json.dumps(text, ensure_ascii=self.json == "ascii")
+        escaped = json.dumps(text, ensure_ascii=self.json == "ascii")
         return escaped if self.quoted else escaped[1:-1]
 
 
@@ -330,7 +330,9 @@ class InferenceGraph:
         results written by a different program.
         """
         if self._hash is None:
-            digest = hashlib.sha256()
+            from hashlib import sha256  # only a checkpoint asks: not on a program's first call
+
+            digest = sha256()
             for node in self.nodes.values():
                 kind_name = node.name or node.kind
                 digest.update(

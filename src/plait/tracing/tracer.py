@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json as _json
 import linecache
 import os
 import re
 import sys
-import sysconfig
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -505,6 +503,8 @@ def _user_site() -> tuple[str | None, str | None, str | None]:
 
 @functools.cache
 def _stdlib_dirs() -> tuple[str, ...]:
+    import sysconfig  # only for an error's message: reading its paths takes a cold process ~14 ms
+
     paths = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
     return tuple(os.path.join(path, "") for path in paths if path)
 
@@ -579,9 +579,11 @@ def _holds_mark(text: str) -> bool:
 
 def _json_slot(match: re.Match[str], text: str) -> tuple[Slot, int, int] | None:
     """Returns the slot of a JSON-escaped token, taking in its quotes when it is a whole string."""
+    import json  # only text with JSON-escaped tokens, which few programs build
+
     opening, mode, escaped = match.groups()
     try:
-        spec, ref = _json.loads(f'"{escaped}"').split("|", 1)
+        spec, ref = json.loads(f'"{escaped}"').split("|", 1)
     except ValueError:
         return None  # not what json.dumps writes: left as text, reported as damaged
     encoding = "unicode" if opening == "\ue000" else "ascii"

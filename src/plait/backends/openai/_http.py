@@ -490,11 +490,7 @@ def _parse(url: str) -> tuple[str, int, bool, str, str]:
         ascii_host = host
         shown = f"[{host}]"
     else:
-        try:
-            ascii_host = host.encode("idna").decode("ascii")
-        except UnicodeError as exc:
-            raise InvalidURL(f"host {host!r}: {type(exc).__name__}: {exc}") from exc
-        shown = ascii_host
+        ascii_host = shown = _ascii_host(host)
     tls = parts.scheme == "https"
     default = 443 if tls else 80
     authority = shown if port is None or port == default else f"{shown}:{port}"
@@ -502,3 +498,22 @@ def _parse(url: str) -> tuple[str, int, bool, str, str]:
     if parts.query:
         target += "?" + quote(parts.query, safe=_TARGET_SAFE)
     return ascii_host, port or default, tls, authority, target
+
+
+def _ascii_host(host: str) -> str:
+    """Returns ``host`` as the resolver and the ``Host`` header take it (IDNA for non-ASCII).
+
+    An ASCII name is checked as the codec would check it (every label but a
+    trailing one 1 to 63 characters long) without loading the codec, whose
+    import (``stringprep``, ``unicodedata``) costs a cold process's first call
+    more than the rest of this parse.
+    """
+    if host.isascii():
+        *labels, last = host.split(".")
+        if all(0 < len(label) < 64 for label in labels) and len(last) < 64:
+            return host
+        raise InvalidURL(f"the host name {host!r} has an empty or over-long label")
+    try:
+        return host.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise InvalidURL(f"host {host!r}: {type(exc).__name__}: {exc}") from exc
