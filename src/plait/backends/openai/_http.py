@@ -22,14 +22,13 @@ What it does, and what it leaves out on purpose:
   ``POST``, and following it elsewhere is the user's decision.
 * No proxy, no cookies (aiohttp's session ignored the environment's proxy
   too).
-* A connection that the server closed while it was idle is found out only
-  when a request is sent over it. The request is sent once more over a fresh
-  connection, but only when not one byte of a reply came back. A server that
-  read the request and then dropped the connection without a byte of reply
-  looks the same from here, so it gets the request a second time; the
-  resource layer would have resent it anyway (a dropped connection is
-  retryable), but this resend is not counted among its retries
-  (tests/resilience/test_faults.py shows both).
+* A connection the server closed while it was idle is dropped from the pool
+  when its close arrives, before any request could use it. A request that is
+  dropped without a reply on a reused connection is not sent again here: the
+  server may have read it (a POST is not safe to repeat unseen), so it fails
+  as a dropped connection and the resource layer decides, counting the retry
+  as any other (tests/resilience/test_faults.py holds the counts to the
+  server's log).
 * A stream's socket stops being read while 256 KiB of it wait unread, and
   reading starts again as the consumer takes them.
 * One deadline covers a whole call: connecting, sending and reading the reply
@@ -358,32 +357,23 @@ class ConnectionPool:
     ) -> Exchange:
         """Sends the request; returns its exchange once the reply began (or, if whole, ended)."""
         data = b"%s%d\r\n\r\n%s" % (self._head, len(body), body)
-        resent = False
-        while True:
-            exchange = None if resent else self._take_idle()
-            fresh = exchange is None
-            if exchange is None:
-                if deadline is None:
+        exchange = self._take_idle()
+        if exchange is None:
+            if deadline is None:
+                exchange = await self._connect(loop)
+            else:
+                async with asyncio.timeout_at(deadline):
                     exchange = await self._connect(loop)
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        exchange = await self._connect(loop)
-            exchange._reset(limit, streamed)
-            try:
-                assert exchange.transport is not None
-                exchange.transport.write(data)
-                while not (exchange.complete or (streamed and exchange.headers_done)):
-                    await exchange.wait(deadline)
-            except ConnectionError:
-                exchange.close()
-                if fresh or exchange.received:
-                    raise
-                resent = True  # an idle connection the server had closed: once more, on a new one
-                continue
-            except BaseException:
-                exchange.close()
-                raise
-            return exchange
+        exchange._reset(limit, streamed)
+        try:
+            assert exchange.transport is not None
+            exchange.transport.write(data)
+            while not (exchange.complete or (streamed and exchange.headers_done)):
+                await exchange.wait(deadline)
+        except BaseException:
+            exchange.close()
+            raise
+        return exchange
 
     def _take_idle(self) -> Exchange | None:
         """Returns the connection used last that is still open, or None."""
