@@ -489,6 +489,8 @@ async def test_a_cloud_endpoint_without_a_key_fails_before_any_request(transport
 def test_bad_options_are_config_errors_naming_the_value():
     with pytest.raises(ConfigError, match="transport 'httpx'"):
         OpenAICompatBackend("m", transport="httpx")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"'aiohttp' is now 'http'\); use 'http' or 'sdk'"):
+        OpenAICompatBackend("m", transport="aiohttp")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="dialect 'vllm'"):
         OpenAICompatBackend("m", dialect="vllm")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="model name"):

@@ -124,6 +124,8 @@ def flag(value: Any) -> tuple[str | None, Any]:
 def transport(value: Any) -> tuple[str | None, Any]:
     if value in ("http", "sdk"):
         return None, value
+    if value == "aiohttp":
+        return "'aiohttp' is now 'http' (plait's own HTTP client, the default); use 'http'", None
     return f"must be 'http' or 'sdk', {_got(value)}", None
 
 

@@ -66,6 +66,8 @@ TransportName = Literal["http", "sdk"]
 
 _DIALECTS: dict[str, WireDialect] = {"openai": OPENAI, "llama_cpp": LLAMA_CPP}
 _TRANSPORTS = ("http", "sdk")
+_OLD_TRANSPORTS: dict[str, str] = {"aiohttp": "http"}
+"""Transports renamed: a config written for the old name is told the new one."""
 # How servers refuse a response_format they do not know: 400 (OpenAI-style),
 # 422 (FastAPI validation), 500 (llama_cpp.server wraps its validation error).
 _REJECTION_STATUSES = frozenset({400, 422, 500})
@@ -144,8 +146,11 @@ class OpenAICompatBackend(Backend):
         if not model:
             raise ConfigError("OpenAICompatBackend needs a model name; got an empty one")
         if transport not in _TRANSPORTS:
+            new_name = _OLD_TRANSPORTS.get(transport)
+            renamed = f" ({transport!r} is now {new_name!r})" if new_name else ""
             raise ConfigError(
-                f"OpenAICompatBackend: unknown transport {transport!r}; use 'http' or 'sdk'"
+                f"OpenAICompatBackend: unknown transport {transport!r}{renamed}; "
+                "use 'http' or 'sdk'"
             )
         if dialect is not None and dialect not in _DIALECTS:
             raise ConfigError(
