@@ -37,7 +37,6 @@ from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONS
 from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
-from plait.resources import warm_up
 from plait.resources.model_strings import entry_for
 from plait.resources.usage import Price, price_for
 from plait.resources.validation import suggestion as _suggest
@@ -575,9 +574,6 @@ class ResourceConfig:
         # the managers live exactly as long as this configuration.
         self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._identity: tuple[Any, ...] | None = None
-        # The program is built and bound next; meanwhile a thread imports what the
-        # first call needs (the backend's module), instead of the first call doing it.
-        warm_up.start_for(endpoints.values())
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ResourceConfig:
