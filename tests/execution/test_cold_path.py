@@ -28,14 +28,15 @@ sys.meta_path.insert(0, Watch())
 
 # Loaded on use: a checkpointed batch, provider Batch APIs, response formats, streamed
 # runs, JSON slots in templates, error sites, media and checkpoint hashes, callbacks'
-# call ids, retry jitter, Retry-After dates. (json and uuid are not listed: orjson, the
-# http transport's body encoder, imports both when it loads.)
+# call ids, retry jitter, Retry-After dates, files (configuration, media). json and uuid
+# are not listed: orjson, the http transport's body encoder, imports both when it loads.
 UNUSED_BY_A_FIRST_CALL = (
     "plait.execution.checkpoint",
     "plait.execution.batch_api",
     "plait.execution.structured",
     "plait.streaming",
     "sysconfig",
+    "pathlib",
     "hashlib",
     "random",
     "email.utils",

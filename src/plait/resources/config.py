@@ -29,9 +29,8 @@ import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
@@ -40,6 +39,9 @@ from plait.resources import validation as check
 from plait.resources.model_strings import entry_for
 from plait.resources.usage import Price, price_for
 from plait.resources.validation import suggestion as _suggest
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "PROVIDERS",
@@ -589,6 +591,8 @@ class ResourceConfig:
                 expanded), or its content is invalid; the message names the
                 file (and the offending byte).
         """
+        from pathlib import Path  # only a configuration read from a file needs it
+
         file = Path(path)
         suffix = file.suffix.lower()
         if suffix not in _READERS:
