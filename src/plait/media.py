@@ -31,10 +31,12 @@ import binascii
 import os
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from plait.errors import MediaError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = ["DEFAULT_MAX_BYTES", "Audio", "File", "Image", "Media", "is_media_key"]
 
@@ -147,6 +149,8 @@ class Media(_Content):
                 _decode_data_uri(source, self.kind), "a data URI", media_type, name, cap
             )
         elif isinstance(source, str | os.PathLike):
+            from pathlib import Path  # only media read from a file need it
+
             path = Path(source)
             data = _read_file(path, self.kind, cap)
             self._set_bytes(data, repr(str(path)), media_type, name or path.name, cap)

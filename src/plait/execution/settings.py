@@ -22,12 +22,14 @@ import contextvars
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait import _context
 from plait.errors import PlaitError
 from plait.module import bound_resources
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "DEFAULTS",

@@ -29,18 +29,19 @@ import re
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
-from plait.resources import warm_up
 from plait.resources.model_strings import entry_for
 from plait.resources.usage import Price, price_for
 from plait.resources.validation import suggestion as _suggest
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "PROVIDERS",
@@ -575,9 +576,6 @@ class ResourceConfig:
         # the managers live exactly as long as this configuration.
         self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._identity: tuple[Any, ...] | None = None
-        # The program is built and bound next; meanwhile a thread imports what the
-        # first call needs (the backend's module), instead of the first call doing it.
-        warm_up.start_for(endpoints.values())
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ResourceConfig:
@@ -593,6 +591,8 @@ class ResourceConfig:
                 expanded), or its content is invalid; the message names the
                 file (and the offending byte).
         """
+        from pathlib import Path  # only a configuration read from a file needs it
+
         file = Path(path)
         suffix = file.suffix.lower()
         if suffix not in _READERS:
