@@ -200,6 +200,30 @@ async def test_a_chunked_body_with_a_bad_chunk_size_is_a_connection_error():
     assert info.value.retryable is True
 
 
+async def test_an_endless_header_is_refused_at_64_kib_not_read_until_the_timeout():
+    sent = asyncio.Event()
+
+    async def endless_header(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+        for _ in range(512):  # 32 MiB of one header's value (more than socket buffers hold)
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        sent.set()
+        return True
+
+    async with serve(endless_header) as (url, _), backend_for(url, timeout=30) as backend:
+        with pytest.raises(BackendConnectionError, match="headers passed 64 KiB"):
+            await backend.complete(ask())
+    assert not sent.is_set()  # refused while the server was still sending
+
+
+async def test_a_large_body_in_the_same_read_as_its_headers_is_read_whole():
+    message = {"role": "assistant", "content": "x" * 200_000}
+    body = orjson.dumps({"model": "m", "choices": [{"message": message, "finish_reason": "stop"}]})
+    async with serve(answering(ok(body))) as (url, _), backend_for(url) as backend:
+        assert len((await backend.complete(ask())).text) == 200_000
+
+
 async def test_a_keep_alive_connection_the_server_closed_while_idle_is_not_used_again():
     async def closes_after_replying(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
         writer.write(ok())

@@ -59,6 +59,9 @@ __all__ = ["BodyTooLarge", "ConnectionPool", "Exchange", "InvalidURL", "Reply"]
 
 _PAUSE_AT = 256 * 1024
 """Bytes of a streamed body held unread before the socket stops being read."""
+_MAX_HEAD = 64 * 1024
+"""The most bytes a reply's status line and headers may take (a hostile server's endless
+header is refused here: httptools buffers a header until its line ends)."""
 
 # Characters left as they are in the request target: what may stand in a URL
 # unescaped. Anything else (a space, a control character, non-ASCII) is
@@ -129,6 +132,7 @@ class Exchange(asyncio.Protocol):
         self.reason = ""
         self.headers: dict[str, str] = {}
         self.headers_done = False
+        self.head_size = 0
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
@@ -151,6 +155,13 @@ class Exchange(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"the reply is not valid HTTP/1.1 ({exc})"))
+            return
+        if not self.headers_done and self.error is None:
+            # Bytes fed while the head is still unfinished (one read is at most the
+            # loop's read size, so what the parser holds stays near the bound).
+            self.head_size += len(data)
+            if self.head_size > _MAX_HEAD:
+                self._fail(ConnectionError(f"the reply's headers passed {_MAX_HEAD // 1024} KiB"))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
