@@ -217,6 +217,23 @@ async def test_an_endless_header_is_refused_at_64_kib_not_read_until_the_timeout
     assert not sent.is_set()  # refused while the server was still sending
 
 
+async def test_an_endless_trailer_after_a_chunked_body_is_refused_past_the_cap():
+    async def endless_trailer(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"%x\r\n%s\r\n0\r\nX-Trailer: " % (len(COMPLETION), COMPLETION))
+        for _ in range(512):  # 32 MiB of one trailer's value, never ended
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        return True
+
+    async with (
+        serve(endless_trailer) as (url, _),
+        backend_for(url, timeout=30, max_response_bytes=100_000) as backend,
+    ):
+        with pytest.raises(BackendError, match="max_response_bytes"):
+            await backend.complete(ask())
+
+
 async def test_a_large_body_in_the_same_read_as_its_headers_is_read_whole():
     message = {"role": "assistant", "content": "x" * 200_000}
     body = orjson.dumps({"model": "m", "choices": [{"message": message, "finish_reason": "stop"}]})

@@ -132,7 +132,8 @@ class Exchange(asyncio.Protocol):
         self.reason = ""
         self.headers: dict[str, str] = {}
         self.headers_done = False
-        self.head_size = 0
+        self.fed = 0
+        """Bytes of the current reply given to the parser: head, framing, body and trailers."""
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
@@ -156,12 +157,17 @@ class Exchange(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(ConnectionError(f"the reply is not valid HTTP/1.1 ({exc})"))
             return
-        if not self.headers_done and self.error is None:
-            # Bytes fed while the head is still unfinished (one read is at most the
-            # loop's read size, so what the parser holds stays near the bound).
-            self.head_size += len(data)
-            if self.head_size > _MAX_HEAD:
-                self._fail(ConnectionError(f"the reply's headers passed {_MAX_HEAD // 1024} KiB"))
+        if self.error is None:
+            # What the parser may hold beyond the body it hands on: a header, or a
+            # trailer, is buffered until its line ends. One read is at most the
+            # loop's read size, so the bytes held stay near these bounds.
+            self.fed += len(data)
+            if not self.headers_done:
+                if self.fed > _MAX_HEAD:
+                    passed = f"the reply's headers passed {_MAX_HEAD // 1024} KiB"
+                    self._fail(ConnectionError(passed))
+            elif self.limit and self.fed > self.limit + _MAX_HEAD:
+                self._fail(BodyTooLarge(self.fed, declared=False))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
