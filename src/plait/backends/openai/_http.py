@@ -16,6 +16,9 @@ What it does, and what it leaves out on purpose:
 * Bodies with a ``Content-Length``, chunked bodies, and bodies that end when
   the server closes the connection; a body over the cap is refused as soon as
   its declared length, or what has arrived, passes it (`BodyTooLarge`).
+* A reply's status line and headers may take 64 KiB, and a capped reply its
+  cap plus 64 KiB of framing and trailers, counted as fed to the parser (which
+  buffers a header or trailer until its line ends): an endless one is refused.
 * No ``Accept-Encoding`` is sent, so replies come uncompressed and a cap on
   the bytes read is a cap on the body.
 * Redirects are not followed (the caller reports them): a chat request is a
