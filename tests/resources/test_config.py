@@ -89,7 +89,7 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
         ({**OPENAI, "price": {"input": 1}}, "key 'price' must be {\"input\""),
         ({**OPENAI, "price": {"input": -1, "output": 1}}, "with finite numbers >= 0"),
         ({**OPENAI, "transport": "grpc"}, "key 'transport' must be 'http' or 'sdk'"),
-        ({**OPENAI, "transport": "aiohttp"}, "'aiohttp' is now 'http'"),
+        ({**OPENAI, "transport": "aiohttp"}, "'transport' names 'aiohttp', which is now 'http'"),
         ({**OPENAI, "headers": {"X-A": 1}}, "key 'headers' must be a mapping of header names"),
         ({**OPENAI, "cache": 3}, "key 'cache' must be true, false or a path"),
         ({**OPENAI, "model": ""}, "key 'model' must be a non-empty string"),

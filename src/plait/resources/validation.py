@@ -125,7 +125,7 @@ def transport(value: Any) -> tuple[str | None, Any]:
     if value in ("http", "sdk"):
         return None, value
     if value == "aiohttp":
-        return "'aiohttp' is now 'http' (plait's own HTTP client, the default); use 'http'", None
+        return "names 'aiohttp', which is now 'http' (plait's own HTTP client, the default)", None
     return f"must be 'http' or 'sdk', {_got(value)}", None
 
 
