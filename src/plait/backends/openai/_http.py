@@ -63,8 +63,9 @@ __all__ = ["BodyTooLarge", "ConnectionPool", "Exchange", "InvalidURL", "Reply"]
 _PAUSE_AT = 256 * 1024
 """Bytes of a streamed body held unread before the socket stops being read."""
 _MAX_HEAD = 64 * 1024
-"""The most bytes a reply's status line and headers may take (a hostile server's endless
-header is refused here: httptools buffers a header until its line ends)."""
+"""The most bytes a reply's status line and headers may take, and what a capped reply may
+take beyond its cap for chunk framing and trailers (a hostile server's endless header or
+trailer is refused here: httptools buffers one until its line ends)."""
 
 # Characters left as they are in the request target: what may stand in a URL
 # unescaped. Anything else (a space, a control character, non-ASCII) is
