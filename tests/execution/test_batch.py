@@ -187,6 +187,50 @@ async def test_run_items_reports_exceptions_per_item_and_can_be_stopped():
         await run_items([0, 1, 2, 3], run_item, 2, stop)
 
 
+def cleaning_up_slowly(cleaned: list[int]):
+    """A run_item that waits until cancelled; then items other than "quick" clean up for 50 ms."""
+
+    async def run_item(index: int, item: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            if item != "quick":
+                await asyncio.sleep(0.05)
+                cleaned.append(index)
+            raise
+
+    return run_item
+
+
+async def test_a_cancelled_batch_lets_every_items_clean_up_finish():
+    # One item stops at once; the batch must not cancel the others a second time
+    # (aborting their clean-up) when it sees that one end.
+    cleaned: list[int] = []
+    items = ["quick", "slow", "slow", "slow"]
+    batch = asyncio.create_task(
+        run_items(items, cleaning_up_slowly(cleaned), 4, lambda result: None)
+    )
+    await asyncio.sleep(0.01)  # every item is running
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert sorted(cleaned) == [1, 2, 3]
+
+
+async def test_a_second_cancel_ends_the_clean_ups_at_once():
+    cleaned: list[int] = []
+    batch = asyncio.create_task(
+        run_items(["slow"] * 3, cleaning_up_slowly(cleaned), 3, lambda result: None)
+    )
+    await asyncio.sleep(0.01)
+    batch.cancel()
+    await asyncio.sleep(0.01)  # the clean-ups have started
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert cleaned == []
+
+
 def test_batch_result_ok_follows_error():
     assert BatchResult(0, "x", "out").ok
     failed = BatchResult(1, "y", error=ValueError("no"))

@@ -87,7 +87,9 @@ async def run_items(
     item) and raise to stop the whole batch (remaining items are cancelled).
     ``reserve`` more items may run at once from when ``reserve_after()`` returns.
     ``last_admitted`` is called once the last item has started and at most
-    ``window`` items are unfinished.
+    ``window`` items are unfinished. Cancelled, it cancels each running item
+    once and waits for them all, so an item's clean-up on cancel runs to its
+    end; cancelled again while it waits, it ends those clean-ups too.
     """
     reserve_opens = asyncio.get_running_loop().create_future()
     pending = _Admission(len(items), skip, window, last_admitted, reserve_opens)
@@ -127,7 +129,10 @@ async def run_items(
         if later > 0:
             opener.cancel()
         for task in workers:
-            task.cancel()
+            # A worker the caller's cancel already reached (through the gather) is
+            # not cancelled again: a program's clean-up on cancel runs to its end.
+            if not task.cancelling():
+                task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
         if later > 0:
             await asyncio.gather(opener, return_exceptions=True)
