@@ -234,6 +234,116 @@ async def test_an_endless_trailer_after_a_chunked_body_is_refused_past_the_cap()
             await backend.complete(ask())
 
 
+SSE = (
+    b'data: {"choices": [{"delta": {"content": "hi"}}]}\n\n',
+    b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n',
+)
+"""A whole stream's events: the text "hi", its end, and ``[DONE]``."""
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
+
+
+async def test_an_interim_100_continue_sent_apart_from_the_reply_is_skipped():
+    async def continue_then_ok(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)  # so the client most likely reads the interim reply alone
+        writer.write(ok())
+        return True
+
+    async with serve(continue_then_ok) as (url, seen), backend_for(url) as backend:
+        for _ in range(2):
+            assert (await backend.complete(ask())).text == "hi"
+    assert seen.connections == 1
+
+
+async def test_early_hints_before_a_reply_are_skipped_and_the_connection_stays_in_step():
+    # The 103 carries headers of its own (which are not the reply's); the second call on the
+    # same connection gets its own reply, not a leftover of the first.
+    async def hints_then_ok(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        body = COMPLETION.replace(b'"hi"', b'"reply %d"' % n)
+        processing = b"HTTP/1.1 102 Processing\r\n\r\n"
+        writer.write(processing + EARLY_HINTS + ok(body, b"X-Final: %d\r\n" % n))
+        return True
+
+    async with serve(hints_then_ok) as (url, seen), backend_for(url) as backend:
+        assert (await backend.complete(ask())).text == "reply 1"
+        assert (await backend.complete(ask())).text == "reply 2"
+    assert seen.connections == 1 and len(seen.requests) == 2
+
+
+async def test_early_hints_before_a_streamed_reply_are_skipped():
+    async with (
+        serve(answering(EARLY_HINTS + chunked(*SSE))) as (url, seen),
+        backend_for(url) as backend,
+    ):
+        for _ in range(2):
+            assert "".join([chunk.text async for chunk in backend.stream(ask())]) == "hi"
+    assert seen.connections == 1
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_101_switching_protocols_is_a_connection_error_naming_it(
+    streamed: bool, caplog: pytest.LogCaptureFixture
+):
+    switch = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+    )
+    async with serve(answering(switch + b"\x81\x02hi")) as (url, seen), backend_for(url) as backend:
+        for _ in range(2):  # each on a new connection: an upgraded one is not HTTP any more
+            with pytest.raises(BackendConnectionError, match=r"101 Switching Protocols.*not ask"):
+                if streamed:
+                    async for _chunk in backend.stream(ask()):
+                        pass
+                else:
+                    await backend.complete(ask())
+    assert seen.connections == 2
+    assert not [r for r in caplog.records if r.name == "asyncio"]  # no parser error escaped
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_an_endless_series_of_interim_replies_is_refused_at_64_kib(streamed: bool):
+    sent = asyncio.Event()
+
+    async def endless_hints(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        for _ in range(512):  # 32 MiB of interim replies (more than socket buffers hold)
+            writer.write(EARLY_HINTS * (65536 // len(EARLY_HINTS)))
+            await writer.drain()
+        sent.set()
+        return True
+
+    async with serve(endless_hints) as (url, _), backend_for(url, timeout=30) as backend:
+        with pytest.raises(
+            BackendConnectionError, match=r"\d+ interim \(1xx\) replies.*passed 64 KiB"
+        ):
+            if streamed:
+                async for _chunk in backend.stream(ask()):
+                    pass
+            else:
+                await backend.complete(ask())
+    assert not sent.is_set()  # refused while the server was still sending
+
+
+async def test_an_endless_trailer_after_a_streamed_body_is_refused_at_64_kib():
+    sent = asyncio.Event()
+
+    async def endless_trailer(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        writer.write(chunked(*SSE)[: -len(b"\r\n")] + b"X-Trailer: ")
+        for _ in range(512):  # 32 MiB of one trailer's value, never ended
+            writer.write(b"a" * 65536)
+            await writer.drain()
+        sent.set()
+        return True
+
+    async with serve(endless_trailer) as (url, _), backend_for(url, timeout=30) as backend:
+        texts = []
+        with pytest.raises(BackendConnectionError, match="passed 64 KiB after the body"):
+            async for chunk in backend.stream(ask()):
+                texts.append(chunk.text)
+    assert texts == ["hi"]  # the events came; the trailer after them was refused
+    assert not sent.is_set()  # while the server was still sending
+
+
 async def test_a_large_body_in_the_same_read_as_its_headers_is_read_whole():
     message = {"role": "assistant", "content": "x" * 200_000}
     body = orjson.dumps({"model": "m", "choices": [{"message": message, "finish_reason": "stop"}]})

@@ -16,9 +16,15 @@ What it does, and what it leaves out on purpose:
 * Bodies with a ``Content-Length``, chunked bodies, and bodies that end when
   the server closes the connection; a body over the cap is refused as soon as
   its declared length, or what has arrived, passes it (`BodyTooLarge`).
-* A reply's status line and headers may take 64 KiB, and a capped reply its
-  cap plus 64 KiB of framing and trailers, counted as fed to the parser (which
-  buffers a header or trailer until its line ends): an endless one is refused.
+* Interim replies (``100 Continue``, ``102 Processing``, ``103 Early Hints``)
+  are skipped, their headers dropped, and the final reply after them is read;
+  a ``101 Switching Protocols`` fails the call and closes its connection (no
+  upgrade is ever asked for).
+* A reply's status line and headers, with any interim replies before them,
+  may take 64 KiB; a capped reply its cap plus 64 KiB of framing and trailers;
+  an uncapped body (a stream's) 64 KiB of framing and trailers after the last
+  read that brought it a byte. All counted as fed to the parser (which buffers
+  a header or trailer until its line ends): an endless one is refused.
 * No ``Accept-Encoding`` is sent, so replies come uncompressed and a cap on
   the bytes read is a cap on the body.
 * Redirects are not followed (the caller reports them): a chat request is a
@@ -38,10 +44,11 @@ What it does, and what it leaves out on purpose:
   (for a stream, every event), as aiohttp's ``total`` timeout did.
 
 Failures raise `TimeoutError`, `OSError` (a `ConnectionError` for a dropped
-connection or a reply that is not HTTP, `ssl.SSLError`, a failed name
-lookup), `BodyTooLarge` or `InvalidURL`; the transport turns them into
-plait's errors. httptools is imported with this module, which the transport
-imports at its first call (``import plait`` stays fast).
+connection, a reply that is not HTTP, a ``101``, or a head or an uncapped
+body's trailers past 64 KiB; `ssl.SSLError`, a failed name lookup),
+`BodyTooLarge` (a capped reply past its cap) or `InvalidURL`; the transport
+turns them into plait's errors. httptools is imported with this module, which
+the transport imports at its first call (``import plait`` stays fast).
 """
 
 from __future__ import annotations
@@ -63,9 +70,12 @@ __all__ = ["BodyTooLarge", "ConnectionPool", "Exchange", "InvalidURL", "Reply"]
 _PAUSE_AT = 256 * 1024
 """Bytes of a streamed body held unread before the socket stops being read."""
 _MAX_HEAD = 64 * 1024
-"""The most bytes a reply's status line and headers may take, and what a capped reply may
-take beyond its cap for chunk framing and trailers (a hostile server's endless header or
-trailer is refused here: httptools buffers one until its line ends)."""
+"""The most bytes a reply's status line and headers may take (interim 1xx replies before
+them included), what a capped reply may take beyond its cap for chunk framing and trailers,
+and what an uncapped body may take of them in a row without a body byte (a hostile server's
+endless header or trailer is refused here: httptools buffers one until its line ends)."""
+
+_SWITCHED = "the server answered 101 Switching Protocols, an upgrade plait did not ask for"
 
 # Characters left as they are in the request target: what may stand in a URL
 # unescaped. Anything else (a space, a control character, non-ASCII) is
@@ -137,7 +147,12 @@ class Exchange(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.headers_done = False
         self.fed = 0
-        """Bytes of the current reply given to the parser: head, framing, body and trailers."""
+        """Bytes of the current reply given to the parser: interim replies, head, framing,
+        body and trailers."""
+        self.interims = 0
+        """Interim (1xx) replies skipped before the current one's head."""
+        self.tail = 0
+        """Bytes of an uncapped body's framing and trailers read since its body last grew."""
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
@@ -156,9 +171,10 @@ class Exchange(asyncio.Protocol):
         self.received = True
         if self.error is not None:
             return
+        size, in_body = self.size, self.headers_done  # to see what this read brought
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(ConnectionError(f"the reply is not valid HTTP/1.1 ({exc})"))
             return
         if self.error is None:
@@ -168,10 +184,19 @@ class Exchange(asyncio.Protocol):
             self.fed += len(data)
             if not self.headers_done:
                 if self.fed > _MAX_HEAD:
-                    passed = f"the reply's headers passed {_MAX_HEAD // 1024} KiB"
-                    self._fail(ConnectionError(passed))
-            elif self.limit and self.fed > self.limit + _MAX_HEAD:
-                self._fail(BodyTooLarge(self.fed, declared=False))
+                    self._fail(ConnectionError(self._head_too_long()))
+            elif self.limit:
+                if self.fed > self.limit + _MAX_HEAD:
+                    self._fail(BodyTooLarge(self.fed, declared=False))
+            elif in_body and self.size == size:
+                # An uncapped body (a stream's) got no byte from this read, only framing
+                # or a trailer: at most 64 KiB of those are taken in a row.
+                self.tail += len(data)
+                if self.tail > _MAX_HEAD:
+                    passed = f"the reply's framing and trailers passed {_MAX_HEAD // 1024} KiB"
+                    self._fail(ConnectionError(f"{passed} after the body's last byte"))
+            else:
+                self.tail = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -205,7 +230,11 @@ class Exchange(asyncio.Protocol):
         self.headers[key] = text if known is None else f"{known}, {text}"
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
+        self.status = status = self.parser.get_status_code()
+        if status < 200:  # an interim reply (100 Continue, 103 Early Hints): skipped when complete
+            if status == 101:  # what follows it is another protocol's
+                self._fail(ConnectionError(_SWITCHED))
+            return
         self.headers_done = True
         if self.streamed and self.status < 300:
             self.limit = 0
@@ -234,12 +263,28 @@ class Exchange(asyncio.Protocol):
             self._wake()
 
     def on_message_complete(self) -> None:
+        if self.status < 200:
+            # An interim reply ends at its head (the parser reads no body for a 1xx), and
+            # the final reply follows on the connection; its bytes stay counted in `fed`,
+            # so an endless series of them meets the head's bound.
+            self.interims += 1
+            self.status = 0
+            self.reason = ""
+            self.headers = {}
+            return
         self.complete = True
         # Read now: once the message is complete, the parser answers for the next one.
         self.keep_alive = self.parser.should_keep_alive()
         self._wake()
 
     # -- the waiting side ----------------------------------------------------------------
+
+    def _head_too_long(self) -> str:
+        passed = f"passed {_MAX_HEAD // 1024} KiB"
+        if self.interims:
+            interim = f"the {self.interims} interim (1xx) replies before them"
+            return f"the reply's headers and {interim} {passed}"
+        return f"the reply's headers {passed}"
 
     def _has_length(self) -> bool:
         headers = self.headers
