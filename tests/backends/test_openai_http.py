@@ -344,6 +344,14 @@ async def test_an_endless_trailer_after_a_streamed_body_is_refused_at_64_kib():
     assert not sent.is_set()  # while the server was still sending
 
 
+async def test_a_short_trailer_after_a_streamed_body_is_read_and_the_connection_kept():
+    trailed = chunked(*SSE)[: -len(b"\r\n")] + b"X-Trailer: " + b"t" * 1000 + b"\r\n\r\n"
+    async with serve(answering(trailed)) as (url, seen), backend_for(url) as backend:
+        for _ in range(2):
+            assert "".join([chunk.text async for chunk in backend.stream(ask())]) == "hi"
+    assert seen.connections == 1
+
+
 async def test_a_large_body_in_the_same_read_as_its_headers_is_read_whole():
     message = {"role": "assistant", "content": "x" * 200_000}
     body = orjson.dumps({"model": "m", "choices": [{"message": message, "finish_reason": "stop"}]})
