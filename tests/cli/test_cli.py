@@ -453,3 +453,33 @@ def test_train_with_a_budget_stops_within_it_and_exits_3(server, resources, tmp_
     assert done.code == 3, done.stderr
     assert server.stats.requests <= 7
     assert "stopped by the budget" in done.stderr and saved.exists()
+
+
+@pytest.mark.parametrize(
+    ("max_calls", "validation", "reason"),
+    [
+        # cut inside the validation before training: no score to show, not 0 -> 0
+        ("2", "validation: none finished (the program is saved as it was)",
+         "kept the program as it was: nothing was validated"),
+        # cut inside the first epoch: no epoch's validation to list, not "()"
+        ("11", "validation: 0.5000 -> 0.5000 (best epoch 0)",
+         "no epoch ended, so the 1 update(s) applied during training were never validated"),
+    ],
+    ids=["in the first validation", "in the first epoch"],
+)  # fmt: skip
+def test_train_stopped_by_its_budget_says_what_it_validated(
+    server, resources, tmp_path, max_calls, validation, reason
+):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved),
+                     "--max-calls", max_calls, "--no-progress")  # fmt: skip
+
+    assert done.code == 3, done.stderr
+    assert done.stdout.startswith(validation), done.stdout
+    assert reason in done.stdout and "()" not in done.stdout

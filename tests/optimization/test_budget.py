@@ -11,12 +11,15 @@ every search's).
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from plait import LLMInference, Parameter, Predict, ResourceConfig, ResourceManager
+from plait.errors import UnknownAliasError
 from plait.optimization import (
     BootstrapFewShot,
     GridSearch,
@@ -184,6 +187,98 @@ async def test_every_search_stops_within_its_budget_with_the_best_it_finished(
     assert report.stopped_by_budget and report.spent["calls"] == server.stats.requests
     assert not report.best.unevaluated
     assert "call(s) refused" in report.left_undone
+
+
+async def test_a_search_stopped_with_no_trial_cut_short_says_so_in_words(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # ReflectiveSearch's max_calls stops its rounds; every trial it validated is whole
+    report = await ReflectiveSearch(max_calls=23, minibatch=4, proposals=2).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert report.stopped_by_budget and not any(t.unevaluated for t in report.trials)
+    assert "0 trial(s)" not in report.left_undone
+    assert report.left_undone.endswith(
+        "no trial was left half-evaluated; the steps after the last one were not run"
+    )
+
+
+async def test_a_budgeted_evaluation_warns_once_and_calls_no_undone_example_failed(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        result = await evaluate(program(), examples(range(10)), resources=config, max_calls=4)
+    assert result.unevaluated == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        "evaluate: the budget left 6 of 10 examples undone (max_calls=4 are spent)"
+    ]
+
+
+async def test_a_budgeted_search_leaves_its_budget_to_its_report_not_a_warning_per_trial(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    search = RandomSearch(num_candidates=6, propose=2, max_calls=29, max_concurrent=16)
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        report = await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    assert report.stopped_by_budget and "call(s) refused" in report.left_undone
+    told = [r.getMessage() for r in caplog.records]
+    assert not [m for m in told if m.startswith("evaluate:")], told
+
+
+# --------------------------------------------- the alias of a search's own calls
+
+
+ONLY_THE_PROGRAM = "the resources do not serve (they serve: 'task')"
+
+
+@pytest.mark.parametrize(
+    ("make", "who"),
+    [
+        (lambda: RandomSearch(num_candidates=2, propose=1), "RandomSearch's instruction proposals"),
+        (lambda: ReflectiveSearch(max_calls=40), "ReflectiveSearch's rewrites"),
+    ],
+    ids=["RandomSearch", "ReflectiveSearch"],
+)
+@pytest.mark.parametrize("method", ["compile", "estimate"])
+async def test_a_search_whose_own_alias_is_not_served_is_refused_before_any_call(
+    server: ScriptedServer, make: Any, who: str, method: str
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    qa = Predict(PARITY, alias="task", adapter=PlainAdapter())
+    with pytest.raises(UnknownAliasError) as raised:
+        await getattr(make(), method)(qa, trainset=TRAIN, valset=VAL, resources=only_task)
+    message = str(raised.value)
+    assert message.startswith(f"{who} call the alias 'optimizer', which {ONLY_THE_PROGRAM}")
+    assert "set " in message and "(alias=...) to one of those" in message
+    assert server.stats.requests == 0  # before: trial 0 and the bootstrap were paid first
+
+
+async def test_a_search_that_makes_no_call_of_its_own_needs_no_alias_for_it(
+    server: ScriptedServer,
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    qa = Predict(PARITY, alias="task", adapter=PlainAdapter())
+    report = await RandomSearch(num_candidates=2, propose=0).compile(
+        qa, trainset=TRAIN, valset=VAL, resources=only_task
+    )
+    assert len(report.trials) == 3
+
+
+@pytest.mark.parametrize("method", ["fit", "estimate"])
+async def test_a_trainer_whose_optimizer_alias_is_not_served_is_refused_before_any_call(
+    server: ScriptedServer, method: str
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    module = task()
+    optimizer = SFAOptimizer(module.named_parameters())  # alias "optimizer"
+    run = Trainer(
+        module, lambda output, target: output == target, optimizer, resources=only_task,
+        train_set=TRAIN[:4], val_set=VAL[:4], progress=False,
+    )  # fmt: skip
+    told = "SFAOptimizer's updates (the Trainer's optimizer) call the alias 'optimizer', which "
+    with pytest.raises(UnknownAliasError, match=re.escape(told + ONLY_THE_PROGRAM)):
+        await getattr(run, method)()
+    assert server.stats.requests == 0
 
 
 # ------------------------------------------------------------------- trainer

@@ -146,7 +146,7 @@ async def test_training_that_hurts_ends_with_the_initial_parameters(
     assert [(h["accepted"], h["discarded"]) for h in report.history] == [(0, 1)] * 4
     assert report.reason == (
         "kept the initial parameters: validation after each epoch (0, 0) never beat the "
-        "start (0.5); the 4 updates applied during training were discarded"
+        "start (0.5); the 4 update(s) applied during training were discarded"
     )
 
 

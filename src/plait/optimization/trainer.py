@@ -47,6 +47,7 @@ from typing import Any
 from plait import _context, _files
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.progress import progress_bar
+from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
@@ -60,6 +61,7 @@ from plait.optimization.events import (
 )
 from plait.optimization.optimizers import Optimizer, StepReport
 from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
+from plait.resources.usage import active_budgets
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -203,6 +205,15 @@ class Trainer:
         self.max_cost = max_cost
         self._examples = on_examples(step)
 
+    def _check_optimizer_alias(self) -> None:
+        """Raises before any call when the optimizer's resources do not serve its alias."""
+        resources = self.optimizer.resources or self.resources
+        alias = getattr(self.optimizer, "alias", None)
+        if resources is not None and isinstance(alias, str):
+            name = type(self.optimizer).__name__
+            who = f"{name}'s updates (the Trainer's optimizer)"
+            check_served(resources, alias, who=who, setting=f"{name}(alias=...)")
+
     # ------------------------------------------------------------------ public
     async def evaluate(self) -> float:
         """Returns the program's validation score with its current parameters.
@@ -250,6 +261,7 @@ class Trainer:
         from plait.resources import ResourceManager
         from plait.resources.usage import Budget, metered
 
+        self._check_optimizer_alias()
         size, spent = await costs.measure(
             self.module, self.val_set, self.resources, sample, self.train_set
         )
@@ -417,6 +429,7 @@ class Trainer:
         profiler = _context.PROFILE.get()
         if profiler is not None:  # its report names the program's modules as validation does
             profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
+        self._check_optimizer_alias()
         budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
         report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
         with budgeted(budget):
@@ -424,7 +437,7 @@ class Trainer:
         if budget is not None:
             _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
         if state is None:
-            report.reason = "kept the program as it was: nothing was validated"
+            report.reason = NOTHING_VALIDATED
         else:
             with updates_told(self.module):
                 self.module.load_state_dict(state["best"]["parameters"])
@@ -515,7 +528,8 @@ class Trainer:
         finally:
             self._examples.eval()
         taped = [loss for loss in losses if isinstance(loss, Value)]
-        if len(taped) < len(losses):
+        refused = any(budget.stopped for budget in active_budgets())
+        if len(taped) < len(losses) and not refused:  # a refusal ends the step: told once
             logger.warning(
                 "Trainer: %d of %d examples of a minibatch failed; training on the rest",
                 len(losses) - len(taped),
@@ -671,6 +685,9 @@ def _tell_budget(
     )
 
 
+NOTHING_VALIDATED = "kept the program as it was: nothing was validated"
+"""The reason of a run stopped before its first validation ended (its scores are 0, unmeasured)."""
+
 KEEP_BEST_RULE = "keep-best: an epoch's parameters are kept if they score above the best so far"
 """The rule the Trainer keeps parameters by, as its decisions tell it."""
 
@@ -729,11 +746,16 @@ def _reason(report: TrainReport) -> str:
             f"kept the initial parameters: the optimizer applied no update "
             f"({report.rejected} rejected); see optimizer.history for why"
         )
+    applied = f"{report.discarded} update(s) applied during training"
+    if not report.scores:  # the budget stopped training within its first epoch
+        return (
+            f"kept the initial parameters (validation {report.initial_score:.3g}): no epoch "
+            f"ended, so the {applied} were never validated"
+        )
     scores = ", ".join(f"{score:.3g}" for score in report.scores)
     return (
         f"kept the initial parameters: validation after each epoch ({scores}) never beat the "
-        f"start ({report.initial_score:.3g}); the {report.discarded} updates applied during "
-        "training were discarded"
+        f"start ({report.initial_score:.3g}); the {applied} were discarded"
     )
 
 
