@@ -189,6 +189,24 @@ async def test_every_search_stops_within_its_budget_with_the_best_it_finished(
     assert "call(s) refused" in report.left_undone
 
 
+async def test_a_candidate_step_the_budget_cut_short_says_how_much_it_left(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    from plait.report.learning import LearningLog
+
+    search = BootstrapFewShot(max_calls=13, max_concurrent=16)
+    with LearningLog() as learning:
+        report = await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    [cut] = [t for t in report.trials if t.unevaluated]
+    told = {
+        step["inputs"]["candidate"]: step["outputs"]
+        for step in learning.steps
+        if step["kind"] == "candidate"
+    }
+    assert told[cut.number]["unevaluated"] == cut.unevaluated > 0
+    assert "unevaluated" not in told[0]  # trial 0 was evaluated whole
+
+
 async def test_a_search_stopped_with_no_trial_cut_short_says_so_in_words(
     server: ScriptedServer, config: ResourceConfig
 ) -> None:

@@ -735,6 +735,8 @@ class ProgramSearch:
                 "cost": result.cost,
                 "seconds": time.perf_counter() - started,
             }
+            if result.unevaluated:  # its score counts them as 0: say it is not a whole one
+                step.outputs["unevaluated"] = result.unevaluated
         labels = _label_like(val)
         balance = labels if self.balance == "auto" else bool(self.balance)
         scores = list(before.scores) if before is not None else [0.0] * len(val)
