@@ -252,6 +252,11 @@ async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: Resour
     )
     assert estimate.calls.high == 50 and "capped by the budget" in str(estimate)
     assert "capped by the budget this run may spend: max_calls=50" in str(estimate)
+    roomy = await BootstrapFewShot(max_calls=1000, max_cost=5.0).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert roomy.calls.high < 1000 and "capped" not in str(roomy)
+    assert "within the budget this run may spend: max_calls=1000, max_cost=$5" in str(roomy)
 
 
 async def test_a_resumed_reflective_estimate_is_capped_by_what_its_budget_has_left(

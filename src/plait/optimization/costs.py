@@ -707,6 +707,7 @@ def from_schedule(
         rows.append({"phase": phase.name, "calls": calls, "tokens": tokens, "cost": cost})
         total_calls, total_tokens = total_calls + calls, total_tokens + tokens
         total_cost = total_cost + (cost or ZERO)
+    whole = total_calls
     if budget is not None:
         total_calls, total_tokens, total_cost = _within(
             budget, total_calls, total_tokens, total_cost
@@ -719,7 +720,8 @@ def from_schedule(
             f"max_{name}=${value:g}" if name == "cost" else f"max_{name}={value:g}"
             for name, value in budget.limits().items()
         )
-        notes.append(f"totals capped by the budget this run may spend: {limits}")
+        capped = "totals capped by" if total_calls != whole else "within"
+        notes.append(f"{capped} the budget this run may spend: {limits}")
     return CostEstimate(
         what=what,
         rows=rows,
