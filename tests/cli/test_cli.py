@@ -453,6 +453,9 @@ def test_train_with_a_budget_stops_within_it_and_exits_3(server, resources, tmp_
     assert done.code == 3, done.stderr
     assert server.stats.requests <= 7
     assert "stopped by the budget" in done.stderr and saved.exists()
+    # told in the command's words: its option, not the Trainer's argument
+    assert "add --checkpoint-dir DIR to make it resumable" in done.stderr
+    assert "checkpoint_dir" not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
@@ -478,8 +481,10 @@ def test_train_stopped_by_its_budget_says_what_it_validated(
 
     done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
                      "-r", str(resources), "--batch-size", "2", "--save", str(saved),
-                     "--max-calls", max_calls, "--no-progress")  # fmt: skip
+                     "--max-calls", max_calls, "--no-progress",
+                     "--checkpoint-dir", str(tmp_path / "ck"))  # fmt: skip
 
     assert done.code == 3, done.stderr
     assert done.stdout.startswith(validation), done.stdout
     assert reason in done.stdout and "()" not in done.stdout
+    assert "a rerun on the same --checkpoint-dir with a larger budget" in done.stderr

@@ -641,11 +641,18 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     training = report.training or {}
     click.echo(report.summary(), err=True)
     click.echo(f"{_validation_line(training)}; saved {save}; report {report_path}")
-    click.echo(f"training {training.get('reason')}")
+    click.echo(f"training {_as_options(training.get('reason', ''))}")
     if training.get("stopped_by_budget"):
-        click.echo(f"plait: stopped by the budget: {training.get('left_undone')}", err=True)
+        left = _as_options(training.get("left_undone", ""))
+        click.echo(f"plait: stopped by the budget: {left}", err=True)
         sys.exit(EXIT_ABORTED)
     sys.exit(EXIT_OK)
+
+
+def _as_options(text: str) -> str:
+    """The Trainer's words with its settings named as this command's options."""
+    text = text.replace("give checkpoint_dir to", "add --checkpoint-dir DIR to")
+    return text.replace("the same checkpoint_dir", "the same --checkpoint-dir")
 
 
 def _validation_line(training: dict[str, Any]) -> str:
