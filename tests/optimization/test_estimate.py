@@ -568,3 +568,20 @@ async def test_on_the_embedded_model_reflection_and_training_spend_inside_their_
             for key, actual in spent.items():
                 guess = getattr(estimate, key)
                 assert guess.low <= actual <= guess.high, (estimate.what, key, guess, actual)
+
+
+@pytest.mark.parametrize("sample", [-1, "2", 1.5, True])
+async def test_a_sample_that_is_not_a_count_is_refused_before_any_call(
+    server: ScriptedServer, config: ResourceConfig, sample: Any
+) -> None:
+    refused = f"sample must be a whole number >= 0 .* got {sample!r}"
+    with pytest.raises(ValueError, match=refused):
+        await plait.estimate(program(), VAL, resources=config, sample=sample)
+    with pytest.raises(ValueError, match=refused):
+        await RandomSearch(propose=0).estimate(
+            program(), trainset=TRAIN, valset=VAL, resources=config, sample=sample
+        )
+    async with ResourceManager(config) as manager:
+        with pytest.raises(ValueError, match=refused):
+            await trainer(manager, task()).estimate(sample)
+    assert server.stats.requests == 0

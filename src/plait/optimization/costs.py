@@ -81,6 +81,7 @@ __all__ = [
     "Proposal",
     "Range",
     "Variant",
+    "check_sample",
     "estimate",
     "from_schedule",
     "measure",
@@ -655,8 +656,22 @@ def estimate(
     """
     from plait.execution.run import awaitable_or_result
 
+    check_sample(sample)
     budget = _budget(max_calls, max_tokens, max_cost)
     return awaitable_or_result(_estimate_evaluation(program, dataset, resources, sample, budget))
+
+
+def check_sample(sample: Any) -> None:
+    """Raises when ``sample`` (the examples an estimate runs for real) is not a count.
+
+    Raises:
+        ValueError: a negative number, or not a whole number (a bool neither).
+    """
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise ValueError(
+            f"sample must be a whole number >= 0 (the examples an estimate runs for real; "
+            f"0: none), got {sample!r}"
+        )
 
 
 async def _estimate_evaluation(

@@ -541,7 +541,9 @@ class ProgramSearch:
             phase; ``print(estimate)`` shows the table.
         """
         from plait.execution.run import awaitable_or_result
+        from plait.optimization.costs import check_sample
 
+        check_sample(sample)
         train = _either("trainset", trainset, "train_set", train_set)
         val = _either("valset", valset, "val_set", val_set)
         return awaitable_or_result(self._estimate(program, train, val, resources, sample))

@@ -252,7 +252,9 @@ class Trainer:
             A `CostEstimate`; ``print(estimate)`` shows the table.
         """
         from plait.execution.run import awaitable_or_result
+        from plait.optimization.costs import check_sample
 
+        check_sample(sample)
         return awaitable_or_result(self._estimate(sample))
 
     async def _estimate(self, sample: int) -> Any:
