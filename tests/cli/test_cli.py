@@ -487,4 +487,9 @@ def test_train_stopped_by_its_budget_says_what_it_validated(
     assert done.code == 3, done.stderr
     assert done.stdout.startswith(validation), done.stdout
     assert reason in done.stdout and "()" not in done.stdout
+    if max_calls == "2":  # the validation examples the budget refused: undone, not failed
+        summary = done.stderr.splitlines()[0]
+        assert summary.startswith("4 items: 2 ok, 0 failed, 2 left undone by the budget")
+        report = json.loads(saved.with_name("learned.run.json").read_text())
+        assert report["items"]["refused"] == 2
     assert "a rerun on the same --checkpoint-dir with a larger budget" in done.stderr
