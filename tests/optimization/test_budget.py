@@ -369,3 +369,39 @@ async def test_an_estimate_and_a_budgeted_search_on_the_embedded_model() -> None
         sent = sum(s.requests for s in manager.stats().values()) - sent_before
     assert sent <= 9 and report.stopped_by_budget
     assert not report.improved and report.best is report.start  # the candidate was cut short
+
+
+async def test_a_budget_refusal_in_an_optimizer_step_cancels_the_sibling_update_in_flight() -> None:
+    # two parameters update concurrently: the demos' rewrite hangs at the server while the
+    # instructions' rewrite is refused and asked again, which the budget refuses
+    import asyncio
+
+    release = asyncio.Event()  # set once the test has looked: the server may then finish
+
+    async def responder(body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        if "FeedbackSummary" in schema:
+            return json.dumps({"summary": "Wrong.", "changes": ["Say odd."]})
+        if "ParameterUpdate" in schema:
+            if "Part of the program: demos" in body["messages"][-1]["content"]:
+                await release.wait()  # in flight when the step ends
+            return json.dumps({"rationale": "empty", "new_value": ""})  # refused: asked again
+        return "even"
+
+    async with ScriptedServer(responder=responder) as server:
+        config = ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
+        module = program()
+        optimizer = SFAOptimizer(module.named_parameters(), conservatism=0)
+        run = Trainer(
+            module, lambda output, target: output.parity == target, optimizer,
+            resources=config, train_set=examples([1, 3]), val_set=examples([5, 7]),
+            batch_size=2, progress=False, max_calls=8,
+        )  # fmt: skip
+        try:
+            report = await run.fit()
+            left = [t for t in asyncio.all_tasks() if "_proposal" in repr(t.get_coro())]
+        finally:
+            release.set()
+        assert report.stopped_by_budget and "call(s) refused" in report.left_undone
+        assert left == []  # the demos' update was cancelled, not left running
+        assert server.stats.requests == 8
