@@ -493,3 +493,33 @@ def test_train_stopped_by_its_budget_says_what_it_validated(
         report = json.loads(saved.with_name("learned.run.json").read_text())
         assert report["items"]["refused"] == 2
     assert "a rerun on the same --checkpoint-dir with a larger budget" in done.stderr
+
+
+def test_train_on_a_checkpoint_of_other_settings_or_data_stops_before_any_call(
+    server, resources, tmp_path
+):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    checkpoint = tmp_path / "ck"
+    command = ("train", program("Task"), "--train", str(train), "--val", str(val),
+               "-r", str(resources), "--batch-size", "2", "--save", str(tmp_path / "l.json"),
+               "--checkpoint-dir", str(checkpoint), "--max-calls", "6",
+               "--no-progress")  # fmt: skip
+    assert plait_cli(*command).code == 3
+    server.reset_stats()
+    other_val = write_jsonl(tmp_path / "other.jsonl", [{"text": "w:no", "target": "no"}] * 4)
+
+    for changed, told in [
+        (("--batch-size", "3"), "was written for batch_size=2 (this Trainer has 3)"),
+        (("--val", str(other_val)), "was written for another validation set"),
+    ]:
+        done = plait_cli(*command, *changed)
+        assert done.code == 2, done.stderr
+        assert done.stderr.startswith("plait: error: ") and done.stderr.count("\n") == 1
+        assert told in done.stderr and "use another --checkpoint-dir" in done.stderr
+    (checkpoint / "trainer.json").write_text('{"format": "plait.trainer/1"')
+    done = plait_cli(*command)
+    assert done.code == 2 and "trainer.json is not valid JSON" in done.stderr, done.stderr
+    assert server.stats.requests == 0

@@ -632,6 +632,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
             _check_priced(kwargs["resources"], resources, calls)
         graph = trace_program(mapper.module, (train[0][0],))
     trainer = _trainer(mapper, train, val, metric, resources, alias, kwargs)
+    _check_training_checkpoint(trainer)
     if kwargs["estimate"]:
         click.echo(str(_handled(_awaited(trainer.estimate, kwargs["sample"]), _ESTIMATE_STOPPED)))
         sys.exit(EXIT_OK)
@@ -649,9 +650,21 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     sys.exit(EXIT_OK)
 
 
+def _check_training_checkpoint(trainer: Any) -> None:
+    """Stops before any call when --checkpoint-dir holds a training of other settings or
+    data, or a file plait cannot resume from."""
+    from plait.execution.checkpoint_codec import CheckpointError
+
+    try:
+        trainer._read_checkpoint()
+    except (ValueError, CheckpointError) as exc:
+        _fail(_as_options(str(exc)))
+
+
 def _as_options(text: str) -> str:
     """The Trainer's words with its settings named as this command's options."""
     text = text.replace("give checkpoint_dir to", "add --checkpoint-dir DIR to")
+    text = text.replace("another checkpoint_dir", "another --checkpoint-dir")
     return text.replace("the same checkpoint_dir", "the same --checkpoint-dir")
 
 

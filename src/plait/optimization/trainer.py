@@ -204,6 +204,7 @@ class Trainer:
         self.max_tokens = max_tokens
         self.max_cost = max_cost
         self._examples = on_examples(step)
+        self._data_digests: tuple[str, str] | None = None
 
     def _check_optimizer_alias(self) -> None:
         """Raises before any call when the optimizer's resources do not serve its alias."""
@@ -579,12 +580,35 @@ class Trainer:
 
     # ----------------------------------------------------------- checkpoint
     def _settings(self) -> dict[str, Any]:
+        """What a checkpoint must have been written for to be resumed by this Trainer (the
+        data digested once: every minibatch's checkpoint writes them)."""
+        from plait.optimization.search_checkpoint import digest
+
+        if self._data_digests is None:
+            self._data_digests = (digest(self.train_set), digest(self.val_set))
+        train, val = self._data_digests
         return {
             "train_size": len(self.train_set),
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
             "seed": self.seed,
+            "train_set": train,
+            "val_set": val,
         }
+
+    def _other_settings(self, written: Any) -> list[str]:
+        """Returns what differs between the settings a checkpoint was ``written`` for and
+        this Trainer's, in words; a file written before the data were digested is checked
+        on the settings it has."""
+        mine = self._settings()
+        if not isinstance(written, dict):
+            return [f"settings {written!r}"]
+        words = {"train_set": "another training set", "val_set": "another validation set"}
+        return [
+            words.get(key, f"{key}={written[key]!r} (this Trainer has {mine[key]!r})")
+            for key in mine
+            if key in written and written[key] != mine[key]
+        ] + [f"the setting {key!r}" for key in written if key not in mine]
 
     def _save(self, state: dict[str, Any]) -> None:
         if self.checkpoint_dir is None:
@@ -602,23 +626,12 @@ class Trainer:
             json.dump(data, file, ensure_ascii=False, indent=1)
 
     def _load(self) -> dict[str, Any] | None:
-        if self.checkpoint_dir is None:
-            return None
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        remedy = "delete it to start over, or use another checkpoint_dir"
-        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        data = self._read_checkpoint()
         if data is None:
             return None
-        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
-        missing = [key for key in _CHECKPOINT_KEYS if key not in data]
-        if missing:
-            raise CheckpointError(f"{path} has no {', '.join(missing)}: {remedy}")
-        if data["settings"] != self._settings():
-            raise ValueError(
-                f"{path} was written for {data['settings']}; this Trainer has "
-                f"{self._settings()}. Use another checkpoint_dir, or delete the file to start over"
-            )
+        assert self.checkpoint_dir is not None  # a checkpoint was read from it
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
         try:
             self.module.load_state_dict(data["parameters"])
             self.optimizer.load_state_dict(data["optimizer"])
@@ -632,6 +645,34 @@ class Trainer:
             data["batch"],
         )
         return {key: data[key] for key in _PROGRESS_KEYS}
+
+    def _read_checkpoint(self) -> dict[str, Any] | None:
+        """Reads and checks the checkpoint, changing nothing (`plait train` asks before it
+        runs); None when there is none.
+
+        Raises:
+            ValueError: a file of another kind, or written for other settings or data.
+            CheckpointError: unreadable, or without a field a resume needs.
+        """
+        if self.checkpoint_dir is None:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
+        missing = [key for key in _CHECKPOINT_KEYS if key not in data]
+        if missing:
+            raise CheckpointError(f"{path} has no {', '.join(missing)}: {remedy}")
+        other = self._other_settings(data["settings"])
+        if other:
+            raise ValueError(
+                f"{path} was written for {', '.join(other)}; use another checkpoint_dir, or "
+                "delete the file to start over"
+            )
+        return data
 
 
 _PROGRESS_KEYS = ("epoch", "batch", "initial_score", "scores", "best")
