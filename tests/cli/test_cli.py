@@ -453,3 +453,73 @@ def test_train_with_a_budget_stops_within_it_and_exits_3(server, resources, tmp_
     assert done.code == 3, done.stderr
     assert server.stats.requests <= 7
     assert "stopped by the budget" in done.stderr and saved.exists()
+    # told in the command's words: its option, not the Trainer's argument
+    assert "add --checkpoint-dir DIR to make it resumable" in done.stderr
+    assert "checkpoint_dir" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    ("max_calls", "validation", "reason"),
+    [
+        # cut inside the validation before training: no score to show, not 0 -> 0
+        ("2", "validation: none finished (the program is saved as it was)",
+         "kept the program as it was: nothing was validated"),
+        # cut inside the first epoch: no epoch's validation to list, not "()"
+        ("11", "validation: 0.5000 -> 0.5000 (best epoch 0)",
+         "no epoch ended, so the 1 update(s) applied during training were never validated"),
+    ],
+    ids=["in the first validation", "in the first epoch"],
+)  # fmt: skip
+def test_train_stopped_by_its_budget_says_what_it_validated(
+    server, resources, tmp_path, max_calls, validation, reason
+):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    saved = tmp_path / "learned.json"
+
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--batch-size", "2", "--save", str(saved),
+                     "--max-calls", max_calls, "--no-progress",
+                     "--checkpoint-dir", str(tmp_path / "ck"))  # fmt: skip
+
+    assert done.code == 3, done.stderr
+    assert done.stdout.startswith(validation), done.stdout
+    assert reason in done.stdout and "()" not in done.stdout
+    if max_calls == "2":  # the validation examples the budget refused: undone, not failed
+        summary = done.stderr.splitlines()[0]
+        assert summary.startswith("4 items: 2 ok, 0 failed, 2 left undone by the budget")
+        report = json.loads(saved.with_name("learned.run.json").read_text())
+        assert report["items"]["refused"] == 2
+    assert "a rerun on the same --checkpoint-dir with a larger budget" in done.stderr
+
+
+def test_train_on_a_checkpoint_of_other_settings_or_data_stops_before_any_call(
+    server, resources, tmp_path
+):
+    from tests.optimization.test_trainer import model
+
+    server.responder = model("GOOD")
+    train, val = _training_files(tmp_path)
+    checkpoint = tmp_path / "ck"
+    command = ("train", program("Task"), "--train", str(train), "--val", str(val),
+               "-r", str(resources), "--batch-size", "2", "--save", str(tmp_path / "l.json"),
+               "--checkpoint-dir", str(checkpoint), "--max-calls", "6",
+               "--no-progress")  # fmt: skip
+    assert plait_cli(*command).code == 3
+    server.reset_stats()
+    other_val = write_jsonl(tmp_path / "other.jsonl", [{"text": "w:no", "target": "no"}] * 4)
+
+    for changed, told in [
+        (("--batch-size", "3"), "was written for batch_size=2 (this Trainer has 3)"),
+        (("--val", str(other_val)), "was written for another validation set"),
+    ]:
+        done = plait_cli(*command, *changed)
+        assert done.code == 2, done.stderr
+        assert done.stderr.startswith("plait: error: ") and done.stderr.count("\n") == 1
+        assert told in done.stderr and "use another --checkpoint-dir" in done.stderr
+    (checkpoint / "trainer.json").write_text('{"format": "plait.trainer/1"')
+    done = plait_cli(*command)
+    assert done.code == 2 and "trainer.json is not valid JSON" in done.stderr, done.stderr
+    assert server.stats.requests == 0

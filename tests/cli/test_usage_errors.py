@@ -175,7 +175,7 @@ MISTAKES = {
     # resources
     "resources file missing": (
         (*RUN[:-1], "missing.toml"),
-        "missing.toml: cannot read config file",
+        "--resources missing.toml: no such file; check the path (read from ",
     ),
     "resources not TOML": ((*RUN[:-1], "broken.toml"), "broken.toml: invalid TOML"),
     "resources invalid": ((*RUN[:-1], "wrong.toml"), "unknown provider 'nosuch'"),
@@ -255,6 +255,52 @@ MISTAKES = {
         (*TRAIN[:7], "llm.toml", *TRAIN[8:], "--optimizer-alias", "judge"),
         "the optimizer calls the alias 'judge', which llm.toml does not serve",
     ),
+    "train target column missing": (
+        (*TRAIN, "--target", "label"),
+        "in.jsonl: row 0 has no target column 'label'; its columns: text, target. Name the "
+        "target with --target COLUMN",
+    ),
+    # budgets: a value that is no number, a negative one, a cost nothing can price
+    "budget not a number": (
+        (*TRAIN, "--max-cost", "abc"),
+        "Invalid value for '--max-cost': 'abc' is not a valid number; see 'plait train --help'",
+    ),
+    "budget not a whole number": (
+        (*TRAIN, "--max-calls", "1.5"),
+        "Invalid value for '--max-calls': '1.5' is not a valid whole number",
+    ),
+    "budget negative": ((*TRAIN, "--max-cost", "-1"), "-1.0 is not in the range x>=0"),
+    "max cost without a price": (
+        (*TRAIN, "--max-cost", "1"),
+        "--max-cost needs the price of every endpoint, and '*' (the program's alias 'llm') has "
+        'none; add price = {input = 0.15, output = 0.60} (dollars per million tokens) to ["*"] '
+        "in res.toml, or budget with --max-calls / --max-tokens",
+    ),
+    "max cost without a price, estimated": (
+        (*TRAIN, "--max-cost", "1", "--estimate"),
+        "--max-cost needs the price of every endpoint",
+    ),
+    # estimates check what the run would
+    "estimate metric unknown": (
+        (*EVAL, "--estimate", "--metric", "nosuch"),
+        "metric 'nosuch' is neither exact_match nor contains",
+    ),
+    "estimate target column missing": (
+        (*EVAL, "--estimate", "--target", "label"),
+        "in.jsonl: row 0 has no target column 'label'; its columns: text, target",
+    ),
+    "estimate input missing": (
+        ("eval", "progs.py:Summarize", "-i", "none.jsonl", *RUN[4:], "--estimate"),
+        "none.jsonl: no such file; check the path",
+    ),
+    "estimate sample not a number": (
+        (*EVAL, "--estimate", "--sample", "x"),
+        "'x' is not a valid whole number; see 'plait eval --help'",
+    ),
+    "train estimate resources missing": (
+        (*TRAIN[:7], "missing.toml", *TRAIN[8:], "--estimate"),
+        "--resources missing.toml: no such file",
+    ),
     # graph and report
     "graph output folder missing": (
         ("graph", "progs.py:Summarize", "-o", "sub/g.md"),
@@ -283,3 +329,4 @@ def test_a_mistake_is_one_line_saying_what_and_what_to_do_with_exit_2(
     assert done.stderr.count("\n") == 1, done.stderr
     assert message in done.stderr, done.stderr
     assert not (workdir / "out.jsonl").exists()
+    assert not (workdir / "learned.json").exists()

@@ -11,12 +11,15 @@ every search's).
 from __future__ import annotations
 
 import json
+import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from plait import LLMInference, Parameter, Predict, ResourceConfig, ResourceManager
+from plait.errors import UnknownAliasError
 from plait.optimization import (
     BootstrapFewShot,
     GridSearch,
@@ -186,6 +189,116 @@ async def test_every_search_stops_within_its_budget_with_the_best_it_finished(
     assert "call(s) refused" in report.left_undone
 
 
+async def test_a_candidate_step_the_budget_cut_short_says_how_much_it_left(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    from plait.report.learning import LearningLog
+
+    search = BootstrapFewShot(max_calls=13, max_concurrent=16)
+    with LearningLog() as learning:
+        report = await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    [cut] = [t for t in report.trials if t.unevaluated]
+    told = {
+        step["inputs"]["candidate"]: step["outputs"]
+        for step in learning.steps
+        if step["kind"] == "candidate"
+    }
+    assert told[cut.number]["unevaluated"] == cut.unevaluated > 0
+    assert "unevaluated" not in told[0]  # trial 0 was evaluated whole
+
+
+async def test_a_search_stopped_with_no_trial_cut_short_says_so_in_words(
+    server: ScriptedServer, config: ResourceConfig
+) -> None:
+    # ReflectiveSearch's max_calls stops its rounds; every trial it validated is whole
+    report = await ReflectiveSearch(max_calls=23, minibatch=4, proposals=2).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert report.stopped_by_budget and not any(t.unevaluated for t in report.trials)
+    assert "0 trial(s)" not in report.left_undone
+    assert report.left_undone.endswith(
+        "no trial was left half-evaluated; the steps after the last one were not run"
+    )
+
+
+async def test_a_budgeted_evaluation_warns_once_and_calls_no_undone_example_failed(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        result = await evaluate(program(), examples(range(10)), resources=config, max_calls=4)
+    assert result.unevaluated == 6
+    assert [r.getMessage() for r in caplog.records] == [
+        "evaluate: the budget left 6 of 10 examples undone (max_calls=4 are spent)"
+    ]
+
+
+async def test_a_budgeted_search_leaves_its_budget_to_its_report_not_a_warning_per_trial(
+    server: ScriptedServer, config: ResourceConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    search = RandomSearch(num_candidates=6, propose=2, max_calls=29, max_concurrent=16)
+    with caplog.at_level(logging.WARNING, logger="plait"):
+        report = await search.compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    assert report.stopped_by_budget and "call(s) refused" in report.left_undone
+    told = [r.getMessage() for r in caplog.records]
+    assert not [m for m in told if m.startswith("evaluate:")], told
+
+
+# --------------------------------------------- the alias of a search's own calls
+
+
+ONLY_THE_PROGRAM = "the resources do not serve (they serve: 'task')"
+
+
+@pytest.mark.parametrize(
+    ("make", "who"),
+    [
+        (lambda: RandomSearch(num_candidates=2, propose=1), "RandomSearch's instruction proposals"),
+        (lambda: ReflectiveSearch(max_calls=40), "ReflectiveSearch's rewrites"),
+    ],
+    ids=["RandomSearch", "ReflectiveSearch"],
+)
+@pytest.mark.parametrize("method", ["compile", "estimate"])
+async def test_a_search_whose_own_alias_is_not_served_is_refused_before_any_call(
+    server: ScriptedServer, make: Any, who: str, method: str
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    qa = Predict(PARITY, alias="task", adapter=PlainAdapter())
+    with pytest.raises(UnknownAliasError) as raised:
+        await getattr(make(), method)(qa, trainset=TRAIN, valset=VAL, resources=only_task)
+    message = str(raised.value)
+    assert message.startswith(f"{who} call the alias 'optimizer', which {ONLY_THE_PROGRAM}")
+    assert "set " in message and "(alias=...) to one of those" in message
+    assert server.stats.requests == 0  # before: trial 0 and the bootstrap were paid first
+
+
+async def test_a_search_that_makes_no_call_of_its_own_needs_no_alias_for_it(
+    server: ScriptedServer,
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    qa = Predict(PARITY, alias="task", adapter=PlainAdapter())
+    report = await RandomSearch(num_candidates=2, propose=0).compile(
+        qa, trainset=TRAIN, valset=VAL, resources=only_task
+    )
+    assert len(report.trials) == 3
+
+
+@pytest.mark.parametrize("method", ["fit", "estimate"])
+async def test_a_trainer_whose_optimizer_alias_is_not_served_is_refused_before_any_call(
+    server: ScriptedServer, method: str
+) -> None:
+    only_task = ResourceConfig({"task": server.endpoint(max_retries=0)})
+    module = task()
+    optimizer = SFAOptimizer(module.named_parameters())  # alias "optimizer"
+    run = Trainer(
+        module, lambda output, target: output == target, optimizer, resources=only_task,
+        train_set=TRAIN[:4], val_set=VAL[:4], progress=False,
+    )  # fmt: skip
+    told = "SFAOptimizer's updates (the Trainer's optimizer) call the alias 'optimizer', which "
+    with pytest.raises(UnknownAliasError, match=re.escape(told + ONLY_THE_PROGRAM)):
+        await getattr(run, method)()
+    assert server.stats.requests == 0
+
+
 # ------------------------------------------------------------------- trainer
 
 
@@ -256,3 +369,39 @@ async def test_an_estimate_and_a_budgeted_search_on_the_embedded_model() -> None
         sent = sum(s.requests for s in manager.stats().values()) - sent_before
     assert sent <= 9 and report.stopped_by_budget
     assert not report.improved and report.best is report.start  # the candidate was cut short
+
+
+async def test_a_budget_refusal_in_an_optimizer_step_cancels_the_sibling_update_in_flight() -> None:
+    # two parameters update concurrently: the demos' rewrite hangs at the server while the
+    # instructions' rewrite is refused and asked again, which the budget refuses
+    import asyncio
+
+    release = asyncio.Event()  # set once the test has looked: the server may then finish
+
+    async def responder(body: dict[str, Any]) -> str:
+        schema = json.dumps(body.get("response_format") or {})
+        if "FeedbackSummary" in schema:
+            return json.dumps({"summary": "Wrong.", "changes": ["Say odd."]})
+        if "ParameterUpdate" in schema:
+            if "Part of the program: demos" in body["messages"][-1]["content"]:
+                await release.wait()  # in flight when the step ends
+            return json.dumps({"rationale": "empty", "new_value": ""})  # refused: asked again
+        return "even"
+
+    async with ScriptedServer(responder=responder) as server:
+        config = ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
+        module = program()
+        optimizer = SFAOptimizer(module.named_parameters(), conservatism=0)
+        run = Trainer(
+            module, lambda output, target: output.parity == target, optimizer,
+            resources=config, train_set=examples([1, 3]), val_set=examples([5, 7]),
+            batch_size=2, progress=False, max_calls=8,
+        )  # fmt: skip
+        try:
+            report = await run.fit()
+            left = [t for t in asyncio.all_tasks() if "_proposal" in repr(t.get_coro())]
+        finally:
+            release.set()
+        assert report.stopped_by_budget and "call(s) refused" in report.left_undone
+        assert left == []  # the demos' update was cancelled, not left running
+        assert server.stats.requests == 8

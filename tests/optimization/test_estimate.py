@@ -251,6 +251,51 @@ async def test_a_budget_caps_the_estimate(server: ScriptedServer, config: Resour
         program(), trainset=TRAIN, valset=VAL, resources=config
     )
     assert estimate.calls.high == 50 and "capped by the budget" in str(estimate)
+    assert "capped by the budget this run may spend: max_calls=50" in str(estimate)
+    roomy = await BootstrapFewShot(max_calls=1000, max_cost=5.0).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert roomy.calls.high < 1000 and "capped" not in str(roomy)
+    assert "within the budget this run may spend: max_calls=1000, max_cost=$5" in str(roomy)
+
+
+async def test_a_resumed_reflective_estimate_is_capped_by_what_its_budget_has_left(
+    server: ScriptedServer, config: ResourceConfig, tmp_path: Any
+) -> None:
+    # max_calls counts the whole search: the calls its checkpoint holds are spent already
+    checkpoint = tmp_path / "reflective.json"
+    search = partial(ReflectiveSearch, minibatch=4, proposals=2, checkpoint=checkpoint)
+    first = await search(max_calls=60).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    assert first.stopped_by_budget
+    estimate = await search(max_calls=120).estimate(
+        program(), trainset=TRAIN, valset=VAL, resources=config, sample=0
+    )
+    held = json.loads(checkpoint.read_text())["state"]["rounds"]["spent"]
+    left = 120 - held
+    assert estimate.calls.high == left, (estimate.calls, left)
+    assert f"capped by the budget this run may spend: max_calls={left}" in str(estimate)
+    server.reset_stats()
+    await search(max_calls=120).compile(program(), trainset=TRAIN, valset=VAL, resources=config)
+    assert server.stats.requests <= left
+
+
+def test_an_estimate_range_is_ordered_and_float_error_adds_no_call() -> None:
+    from plait.optimization.costs import Phase, Range, _Size, from_schedule
+
+    # a schedule whose columns each fill a budget: the high one a hair under the expected,
+    # which a sum's float error put above 55 (it must not round up to 56)
+    phase = Phase("rounds until the budget", runs=Range(54.6, 55 + 1e-9, 55.0))
+    size = _Size(
+        calls=Range(1, 1, 1), prompt=Range(10, 10, 10), reply=Range(2, 2, 2), price=None,
+        demo_tokens=0, measured=True,
+    )  # fmt: skip
+    estimate = from_schedule("a search", [phase], size, manager=None)
+    assert estimate.calls == (55, 55, 55), estimate.calls
+    assert estimate.rows[0]["calls"].high >= estimate.rows[0]["calls"].expected
+    [total] = [line for line in str(estimate).splitlines() if line.startswith("total")]
+    assert "55 / 55 / 55" in total, total
 
 
 # ------------------------------------------------- proposals sampled for real
@@ -523,3 +568,20 @@ async def test_on_the_embedded_model_reflection_and_training_spend_inside_their_
             for key, actual in spent.items():
                 guess = getattr(estimate, key)
                 assert guess.low <= actual <= guess.high, (estimate.what, key, guess, actual)
+
+
+@pytest.mark.parametrize("sample", [-1, "2", 1.5, True])
+async def test_a_sample_that_is_not_a_count_is_refused_before_any_call(
+    server: ScriptedServer, config: ResourceConfig, sample: Any
+) -> None:
+    refused = f"sample must be a whole number >= 0 .* got {sample!r}"
+    with pytest.raises(ValueError, match=refused):
+        await plait.estimate(program(), VAL, resources=config, sample=sample)
+    with pytest.raises(ValueError, match=refused):
+        await RandomSearch(propose=0).estimate(
+            program(), trainset=TRAIN, valset=VAL, resources=config, sample=sample
+        )
+    async with ResourceManager(config) as manager:
+        with pytest.raises(ValueError, match=refused):
+            await trainer(manager, task()).estimate(sample)
+    assert server.stats.requests == 0

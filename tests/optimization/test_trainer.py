@@ -146,7 +146,7 @@ async def test_training_that_hurts_ends_with_the_initial_parameters(
     assert [(h["accepted"], h["discarded"]) for h in report.history] == [(0, 1)] * 4
     assert report.reason == (
         "kept the initial parameters: validation after each epoch (0, 0) never beat the "
-        "start (0.5); the 4 updates applied during training were discarded"
+        "start (0.5); the 4 update(s) applied during training were discarded"
     )
 
 
@@ -261,8 +261,41 @@ async def test_a_checkpoint_of_other_settings_is_refused(
     server: ScriptedServer, manager: ResourceManager, tmp_path: Path
 ) -> None:
     await trainer_for(program(), manager, checkpoint_dir=tmp_path).fit()
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match=r"batch_size=2 \(this Trainer has 3\)"):
         await trainer_for(program(), manager, checkpoint_dir=tmp_path, batch_size=3).fit()
+
+
+@pytest.mark.parametrize(
+    ("data", "told"),
+    [
+        ({"train_set": examples("u", 4)}, "another training set"),  # as many rows, other ones
+        ({"val_set": examples("w", 4)}, "another validation set"),
+    ],
+    ids=["training set", "validation set"],
+)
+async def test_a_checkpoint_of_other_data_is_refused_before_any_call(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path, data: Any, told: str
+) -> None:
+    # resumed on other examples, the saved scores and position would mean nothing
+    await trainer_for(program(), manager, checkpoint_dir=tmp_path).fit()
+    server.reset_stats()
+    refused = f"trainer.json was written for {told}; use another checkpoint_dir"
+    with pytest.raises(ValueError, match=refused):
+        await trainer_for(program(), manager, checkpoint_dir=tmp_path, **data).fit()
+    assert server.stats.requests == 0
+
+
+async def test_a_checkpoint_written_before_the_data_were_digested_still_resumes(
+    server: ScriptedServer, manager: ResourceManager, tmp_path: Path
+) -> None:
+    await trainer_for(program(), manager, checkpoint_dir=tmp_path, epochs=1).fit()
+    saved = tmp_path / "trainer.json"
+    data = json.loads(saved.read_text())
+    for key in ("train_set", "val_set"):
+        del data["settings"][key]
+    saved.write_text(json.dumps(data))
+    report = await trainer_for(program(), manager, checkpoint_dir=tmp_path, epochs=2).fit()
+    assert report.resumed_from is not None
 
 
 async def test_links_planted_in_the_checkpoint_dir_are_never_written_through(

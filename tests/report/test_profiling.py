@@ -138,3 +138,27 @@ async def test_no_profile_no_records_and_the_table_summarises():
 
 def test_an_empty_profiler_has_no_wall_time():
     assert Profiler().wall_time == 0.0
+
+
+async def test_a_request_cancelled_in_flight_counts_as_a_request_not_a_call():
+    # a budget ending a step, or Ctrl-C, cancels requests the provider already has: the
+    # report counts them as the budget does (they were sent), as neither calls nor failures
+    import asyncio
+    import contextlib
+
+    from plait.backends.types import Message, Request
+
+    async with ScriptedServer(latency=30) as server, ResourceManager(config_for(server)) as manager:
+        with profile() as prof:
+            request = Request(messages=(Message("user", "hi"),))
+            task = asyncio.create_task(manager.complete("llm", request))
+            while server.stats.in_flight < 1:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    totals = prof.alias_totals["llm"]
+    assert (totals["requests"], totals["calls"], totals["failures"]) == (1, 0, 0)
+    [timing] = prof.requests
+    assert timing.status is None and timing.error is not None
+    assert timing.error.startswith("CancelledError")

@@ -262,3 +262,54 @@ def test_a_second_ctrl_c_during_a_slow_stop_exits_at_once(tmp_path: Path, where:
 
     assert all(line.startswith(("plait: ", "job: ")) for line in child.lines), child.stderr
     assert "Traceback" not in child.stderr
+
+
+TASK = f"{Path(__file__).parents[1] / 'cli' / 'sample_programs.py'}:Task"
+
+
+@pytest.mark.timeout(240)
+def test_one_ctrl_c_stops_a_budgeted_plait_train_and_the_rerun_resumes_within_its_budget(
+    tmp_path: Path,
+) -> None:
+    checkpoint = tmp_path / "ck"
+    rows = [{"text": f"t{i}", "target": "yes"} for i in range(16)]
+    val = [{"text": f"v{i}", "target": "yes"} for i in range(4)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in val))
+    with start_server_process(latency=0.05, keep_log=True) as (_server, base_url):
+        _, resources = write_inputs(tmp_path, base_url)
+        command = [sys.executable, "-m", "plait", "train", TASK, "--train",
+                   str(tmp_path / "train.jsonl"), "--val", str(tmp_path / "val.jsonl"),
+                   "-r", str(resources), "--batch-size", "2", "--save", str(tmp_path / "l.json"),
+                   "--checkpoint-dir", str(checkpoint), "--max-calls", "400",
+                   "--no-progress"]  # fmt: skip
+        child = Child(command)
+        try:
+            saved = checkpoint / "trainer.json"
+            wait_until(saved.exists, "the training state checkpointed", child)
+            set_faults(base_url, "POST", [{"kind": "slow", "delay": STALL}])
+            hanging = lambda: fetch_stats(base_url)["in_flight"] > 0  # noqa: E731
+            wait_until(hanging, "a request hanging", child)
+            child.process.send_signal(signal.SIGINT)
+            assert child.finish(timeout=STALL / 2) == 130, child.stderr
+        finally:
+            child.kill()
+        position = json.loads(saved.read_text())
+        resume(base_url)
+        rerun = subprocess.run(
+            command, env={**os.environ, "PYTHONPATH": str(SRC)},
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        rerun_texts = answered_texts(base_url)
+        rerun_requests = fetch_stats(base_url)["requests"]
+
+    assert all(line.startswith("plait: ") for line in child.lines), child.stderr  # no tracebacks
+    stopped = [line for line in child.lines if line.startswith("plait: stopped by Ctrl-C")]
+    assert len(stopped) == 1 and str(checkpoint) in stopped[0], child.stderr
+    assert "rerun the same command to resume" in stopped[0]
+    assert position["initial_score"] is not None  # the state of the training so far
+    assert rerun.returncode == 0, rerun.stderr
+    assert rerun_requests <= 400
+    # the validation before training is in the checkpoint: the rerun validates only after
+    # the epoch, each validation example once
+    assert sorted(t for t in rerun_texts if t.startswith("v")) == [f"v{i}" for i in range(4)]

@@ -126,6 +126,8 @@ def _resources(path: Path | None, program: Any) -> Any:
     from plait.resources import ResourceConfig
 
     if path is not None:
+        if not path.exists():
+            _fail(f"--resources {path}: no such file; check the path (read from {Path.cwd()})")
         return ResourceConfig.from_file(path)
     if program._bound_resources is not None:
         return program._bound_resources
@@ -157,6 +159,26 @@ def _check_aliases(path: Path | None, resources: Any, calls: list[tuple[str, str
                 f"{who} calls the alias {alias!r}, which {path} does not serve (it serves: "
                 f"{served}); add {entry} to it, or '*' for every alias"
             )
+
+
+def _check_priced(path: Path | None, resources: Any, calls: list[tuple[str, str]]) -> None:
+    """Stops before any call when --max-cost is given and an endpoint called has no price:
+    the budget could price none of its calls, and would refuse every one."""
+    config = getattr(resources, "config", resources)  # a manager's, or a config itself
+    if not hasattr(config, "fallbacks"):
+        return  # a mapping bound in code: the budget itself names an unpriced endpoint
+    toml = path is not None and path.suffix == ".toml"
+    price = "price = {input = 0.15, output = 0.60}" if toml else '"price": {"input": 0.15, ...}'
+    for who, alias in calls:
+        for endpoint in config.fallbacks(alias):
+            if endpoint.effective_price is None:
+                table = '["*"]' if endpoint.name == "*" else f"[{endpoint.name}]"
+                where = f"{table} in {path}" if toml else f"its entry in {path or 'code'}"
+                _fail(
+                    f"--max-cost needs the price of every endpoint, and {endpoint.name!r} "
+                    f"({who}'s alias {alias!r}) has none; add {price} (dollars per "
+                    f"million tokens) to {where}, or budget with --max-calls / --max-tokens"
+                )
 
 
 def _renames(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -274,12 +296,26 @@ common_run_options = [
 
 _ESTIMATE_STOPPED = "nothing ran but the sample's calls"
 
+
+class _WholeNumber(click.IntRange):
+    """A count of at least ``min``; "'abc' is not a valid whole number", not click's
+    "... integer range", which reads as if a range were wanted."""
+
+    name = "whole number"
+
+
+class _Amount(click.FloatRange):
+    """An amount such as dollars, of at least ``min``; "'abc' is not a valid number"."""
+
+    name = "number"
+
+
 estimate_options = [
     click.option("--estimate", is_flag=True,
                  help="Print the calls, tokens and dollars it would spend (low / expected / "
-                      "high), measured on --sample rows run for real (for train, and one "
+                      "high), measured on --sample rows run for real (train also makes one "
                       "optimizer step on a copy); nothing else runs."),
-    click.option("--sample", type=click.IntRange(min=0), default=2, show_default=True,
+    click.option("--sample", type=_WholeNumber(min=0), default=2, show_default=True,
                  help="Rows --estimate runs for real to measure one run (0: none)."),
 ]  # fmt: skip
 
@@ -409,10 +445,11 @@ def eval_command(program_spec: str, metric: str, target_column: str,
     mean score. With --estimate, prints what the evaluation would spend
     instead (calls, tokens, dollars) and writes nothing.
     """
+    with _usage_errors():
+        scorer = load_metric(metric)  # a wrong metric stops an estimate too, as it would the run
     if estimate:
         _estimate_eval(program_spec, target_column, sample, kwargs)
     with _usage_errors():
-        scorer = load_metric(metric)
         run = _file_run(program_spec, kwargs, target_column=target_column, metric=scorer)
     outcome = _handled(_profiled_run(run, program_spec, "eval", kwargs), _resume_hint(kwargs))
     score = outcome.score or 0.0
@@ -451,7 +488,10 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     pairs = []
     for number, row in read_rows(path, fmt):
         if target not in row:
-            raise ProgramError(f"{path}: row {number} has no target column {target!r}")
+            raise ProgramError(
+                f"{path}: row {number} has no target column {target!r}; its columns: "
+                f"{', '.join(row) or 'none'}. Name the target with --target COLUMN"
+            )
         pairs.append((mapper.item(number, row, str(path)), row[target]))
     if not pairs:
         raise ProgramError(f"{path} has no rows")
@@ -535,8 +575,8 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
 @click.option("--target", "target_column", default="target", show_default=True)
 @click.option("--metric", default="exact_match", show_default=True)
 @click.option("--optimizer-alias", help="Alias of the optimizer's LLM (default: the program's).")
-@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--epochs", type=_WholeNumber(min=1), default=1, show_default=True)
+@click.option("--batch-size", type=_WholeNumber(min=1), default=8, show_default=True)
 @click.option(
     "--save",
     "save_path",
@@ -555,11 +595,11 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     help="Default: beside --save, *.run.json.",
 )
 @click.option("--progress/--no-progress", default=None)
-@click.option("--max-calls", type=click.IntRange(min=0), help="Most model calls to send.")
-@click.option("--max-tokens", type=click.IntRange(min=0), help="Most tokens to spend.")
+@click.option("--max-calls", type=_WholeNumber(min=0), help="Most model calls to send.")
+@click.option("--max-tokens", type=_WholeNumber(min=0), help="Most tokens to spend.")
 @click.option(
     "--max-cost",
-    type=click.FloatRange(min=0),
+    type=_Amount(min=0),
     help="Most dollars to spend (every endpoint needs a price).",
 )
 @_with(estimate_options)
@@ -588,8 +628,11 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")
         calls = [("the program", name) for name in aliases] + [("the optimizer", alias)]
         _check_aliases(kwargs["resources"], resources, calls)
+        if kwargs["max_cost"] is not None:
+            _check_priced(kwargs["resources"], resources, calls)
         graph = trace_program(mapper.module, (train[0][0],))
     trainer = _trainer(mapper, train, val, metric, resources, alias, kwargs)
+    _check_training_checkpoint(trainer)
     if kwargs["estimate"]:
         click.echo(str(_handled(_awaited(trainer.estimate, kwargs["sample"]), _ESTIMATE_STOPPED)))
         sys.exit(EXIT_OK)
@@ -598,15 +641,43 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     report.save(report_path)
     training = report.training or {}
     click.echo(report.summary(), err=True)
-    click.echo(
-        f"validation: {training.get('initial_score', 0):.4f} -> {training.get('best_score', 0):.4f}"
-        f" (best epoch {training.get('best_epoch')}); saved {save}; report {report_path}"
-    )
-    click.echo(f"training {training.get('reason')}")
+    click.echo(f"{_validation_line(training)}; saved {save}; report {report_path}")
+    click.echo(f"training {_as_options(training.get('reason', ''))}")
     if training.get("stopped_by_budget"):
-        click.echo(f"plait: stopped by the budget: {training.get('left_undone')}", err=True)
+        left = _as_options(training.get("left_undone", ""))
+        click.echo(f"plait: stopped by the budget: {left}", err=True)
         sys.exit(EXIT_ABORTED)
     sys.exit(EXIT_OK)
+
+
+def _check_training_checkpoint(trainer: Any) -> None:
+    """Stops before any call when --checkpoint-dir holds a training of other settings or
+    data, or a file plait cannot resume from."""
+    from plait.execution.checkpoint_codec import CheckpointError
+
+    try:
+        trainer._read_checkpoint()
+    except (ValueError, CheckpointError) as exc:
+        _fail(_as_options(str(exc)))
+
+
+def _as_options(text: str) -> str:
+    """The Trainer's words with its settings named as this command's options."""
+    text = text.replace("give checkpoint_dir to", "add --checkpoint-dir DIR to")
+    text = text.replace("another checkpoint_dir", "another --checkpoint-dir")
+    return text.replace("the same checkpoint_dir", "the same --checkpoint-dir")
+
+
+def _validation_line(training: dict[str, Any]) -> str:
+    """The scores a training run ends with, or that it has none to show."""
+    from plait.optimization.trainer import NOTHING_VALIDATED
+
+    if training.get("reason", "").endswith(NOTHING_VALIDATED):
+        return "validation: none finished (the program is saved as it was)"
+    return (
+        f"validation: {training.get('initial_score', 0):.4f} -> {training.get('best_score', 0):.4f}"
+        f" (best epoch {training.get('best_epoch')})"
+    )
 
 
 def _training_resume_hint(kwargs: dict[str, Any]) -> str:

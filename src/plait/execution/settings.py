@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULTS",
     "OPTION_NAMES",
     "ExecutionSettings",
+    "check_served",
     "effective_options",
     "find_resources",
     "resources_of",
@@ -168,6 +169,40 @@ def find_resources(explicit: Any = None, *, bound: Any = None, module: Any = Non
         if found is not None:
             return found
     return _context.setting("resources")
+
+
+def check_served(resources: Any, alias: str, *, who: str, setting: str) -> None:
+    """Raises before any call when ``resources`` do not serve ``alias``, which ``who`` calls.
+
+    For the calls a search or a Trainer makes outside the program (proposals,
+    rewrites, optimizer updates): found only when the first of them is made, the
+    error would come after the program's own calls were paid for.
+
+    Args:
+        who: the calls, in words ("RandomSearch's instruction proposals").
+        setting: how to name another alias ("RandomSearch(..., alias=...)").
+
+    Raises:
+        UnknownAliasError: no entry and no ``"*"``; says who calls it and how to fix it.
+    """
+    from collections.abc import Mapping
+
+    from plait.errors import UnknownAliasError
+    from plait.resources import ResourceConfig, ResourceManager
+
+    config = resources.config if isinstance(resources, ResourceManager) else resources
+    if isinstance(config, Mapping):
+        config = ResourceConfig(config)
+    if not isinstance(config, ResourceConfig) or alias in config:
+        return
+    error = UnknownAliasError(alias, config.aliases())
+    served = ", ".join(repr(name) for name in config.aliases()) or "none"
+    error.args = (
+        f"{who} call the alias {alias!r}, which the resources do not serve (they serve: "
+        f"{served}); set {setting} to one of those, or add an entry {alias!r} (or '*') to "
+        "the resources",
+    )
+    raise error
 
 
 def resources_of(program: Any, explicit: Any = None, *, who: str, takes: str) -> Any:

@@ -81,6 +81,7 @@ __all__ = [
     "Proposal",
     "Range",
     "Variant",
+    "check_sample",
     "estimate",
     "from_schedule",
     "measure",
@@ -116,6 +117,12 @@ class Range(NamedTuple):
 
     def __add__(self, other: Any) -> Range:
         return Range(self.low + other.low, self.expected + other.expected, self.high + other.high)
+
+    def ordered(self) -> Range:
+        """Returns the range with low <= expected <= high: where a schedule's columns each
+        fill a budget, the most expensive calls can make the high column's total a little
+        lower than the expected one, which a range must not show."""
+        return Range(min(self.low, self.expected), self.expected, max(self.high, self.expected))
 
     def capped(self, limit: float | None) -> Range:
         """Returns the range with no column above ``limit`` (None: as it is)."""
@@ -363,7 +370,7 @@ class CostEstimate:
 
 
 def _cell(value: Range) -> str:
-    return " / ".join(f"{round(v):,}" for v in value)
+    return " / ".join(f"{v:,}" for v in _rounded(value))
 
 
 def _money(value: Range | None) -> str:
@@ -649,8 +656,22 @@ def estimate(
     """
     from plait.execution.run import awaitable_or_result
 
+    check_sample(sample)
     budget = _budget(max_calls, max_tokens, max_cost)
     return awaitable_or_result(_estimate_evaluation(program, dataset, resources, sample, budget))
+
+
+def check_sample(sample: Any) -> None:
+    """Raises when ``sample`` (the examples an estimate runs for real) is not a count.
+
+    Raises:
+        ValueError: a negative number, or not a whole number (a bool neither).
+    """
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        raise ValueError(
+            f"sample must be a whole number >= 0 (the examples an estimate runs for real; "
+            f"0: none), got {sample!r}"
+        )
 
 
 async def _estimate_evaluation(
@@ -696,10 +717,12 @@ def from_schedule(
     for phase in phases:
         calls, prompt, reply, cost = _phase(phase, size, manager)
         unknown_price = unknown_price or cost is None
-        tokens = prompt + reply
+        calls, tokens = calls.ordered(), (prompt + reply).ordered()
+        cost = cost.ordered() if cost is not None else None
         rows.append({"phase": phase.name, "calls": calls, "tokens": tokens, "cost": cost})
         total_calls, total_tokens = total_calls + calls, total_tokens + tokens
         total_cost = total_cost + (cost or ZERO)
+    whole = total_calls
     if budget is not None:
         total_calls, total_tokens, total_cost = _within(
             budget, total_calls, total_tokens, total_cost
@@ -708,13 +731,18 @@ def from_schedule(
     if unknown_price:
         notes.append("an endpoint has no price: set 'price' in the resource configuration")
     if budget is not None:
-        notes.append(f"totals capped by the budget {budget.limits()}")
+        limits = ", ".join(
+            f"max_{name}=${value:g}" if name == "cost" else f"max_{name}={value:g}"
+            for name, value in budget.limits().items()
+        )
+        capped = "totals capped by" if total_calls != whole else "within"
+        notes.append(f"{capped} the budget this run may spend: {limits}")
     return CostEstimate(
         what=what,
         rows=rows,
-        calls=_rounded(total_calls),
-        tokens=_rounded(total_tokens),
-        cost=None if unknown_price else total_cost,
+        calls=_rounded(total_calls.ordered()),
+        tokens=_rounded(total_tokens.ordered()),
+        cost=None if unknown_price else total_cost.ordered(),
         sample_calls=sample_calls,
         notes=notes,
     )
@@ -813,7 +841,9 @@ def _dollars(price: Any, prompt: Range, reply: Range) -> Range:
 
 
 def _rounded(value: Range) -> Range:
-    return Range(*(math.ceil(v) for v in value))
+    """Rounds each column up (an estimate does not shave a call off), after dropping the
+    float error of its sums: 55.0000001 calls are 55, not 56."""
+    return Range(*(math.ceil(round(v, 6)) for v in value))
 
 
 def _sample_note(size: _Size, sample_calls: int) -> str:

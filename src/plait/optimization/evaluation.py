@@ -613,7 +613,10 @@ async def _evaluate(
     ):
         call.outputs = await _scored(module, pairs, scorer, resources, max_concurrent, progress)
     if call.outputs.stopped_by_budget:
-        logger.warning(
+        # The budget of a search or a Trainer around this evaluation is theirs to report
+        # (once, in their report); a warning per candidate would only repeat it.
+        logger.log(
+            logging.WARNING if budget is not None else logging.DEBUG,
             "evaluate: the budget left %d of %d examples undone (%s)",
             call.outputs.unevaluated,
             len(pairs),
@@ -651,7 +654,7 @@ async def _scored(
         judged = [(row, next(done) if inspect.isawaitable(r) else r) for row, r in judged]
     for row, result in judged:
         row.score, row.feedback = _as_score(metric, result)
-    failed = sum(row.error is not None for row in rows)
-    if failed:
+    failed = sum(row.error is not None and not row.refused for row in rows)
+    if failed:  # the examples a budget left undone are told apart, by `_evaluate`
         logger.warning("evaluate: %d of %d examples failed and scored 0", failed, len(pairs))
     return EvaluationResult.from_rows(rows)

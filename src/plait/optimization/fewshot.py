@@ -547,6 +547,9 @@ class RandomSearch(ProgramSearch):
         self.proposals: dict[str, list[str]] = {}
         """Instructions the model proposed in the last search, per step (kept or not)."""
 
+    def _own_calls(self, program: Module) -> list[tuple[str, str]]:
+        return [("instruction proposals", self.alias)] if self._asks_left(program) else []
+
     async def _schedule(
         self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:

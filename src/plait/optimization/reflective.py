@@ -336,6 +336,14 @@ class ReflectiveSearch(ProgramSearch):
         self.log: list[str] = []
         """What each proposal of the last search did, in words."""
 
+    def _own_calls(self, program: Module) -> list[tuple[str, str]]:
+        texts = [
+            name
+            for name, param in program.named_parameters()
+            if param.requires_grad and not _is_demos(program, name)
+        ]
+        return [("rewrites", self.alias)] if texts else []
+
     async def _schedule(
         self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
     ) -> list[Any]:

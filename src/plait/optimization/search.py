@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from plait.execution.settings import resources_of
+from plait.execution.settings import check_served, resources_of
 from plait.module import Module
 from plait.optimization.evaluation import (
     EvaluationResult,
@@ -348,6 +348,7 @@ class ProgramSearch:
             raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
         self._open_checkpoint(program, train, val)  # may take the program back to its start
+        self._check_own_aliases(program, resources)
         budget = Budget.of(*self._limits())
         with metered() as meter, budgeted(budget):
             start = await self._start(program, val, resources)
@@ -389,6 +390,17 @@ class ProgramSearch:
     def _start_candidate(self, program: Module) -> Candidate:
         """Trial 0's candidate: the program itself, as it is."""
         return Candidate(program, {}, "as it was")
+
+    def _own_calls(self, program: Module) -> list[tuple[str, str]]:
+        """The calls this search makes outside the program, as ``(who, alias)``: none here;
+        a search that proposes with a model of its own says so."""
+        return []
+
+    def _check_own_aliases(self, program: Module, resources: Any) -> None:
+        """Raises before any call when the resources do not serve an alias of `_own_calls`."""
+        name = type(self).__name__
+        for who, alias in self._own_calls(program):
+            check_served(resources, alias, who=f"{name}'s {who}", setting=f"{name}(alias=...)")
 
     def _limits(self) -> tuple[Any, Any, Any]:
         """This run's hard budget: ``max_calls``, ``max_tokens``, ``max_cost``."""
@@ -529,7 +541,9 @@ class ProgramSearch:
             phase; ``print(estimate)`` shows the table.
         """
         from plait.execution.run import awaitable_or_result
+        from plait.optimization.costs import check_sample
 
+        check_sample(sample)
         train = _either("trainset", trainset, "train_set", train_set)
         val = _either("valset", valset, "val_set", val_set)
         return awaitable_or_result(self._estimate(program, train, val, resources, sample))
@@ -548,6 +562,7 @@ class ProgramSearch:
         if not val:
             raise ValueError(f"{type(self).__name__}.estimate needs a non-empty valset or trainset")
         program = self._open_checkpoint(program, train, val, in_place=False)
+        self._check_own_aliases(program, resources)
         proposal, proposed = None, 0
         if sample > 0:
             with metered() as meter, costs.quiet():
@@ -566,7 +581,7 @@ class ProgramSearch:
             size,
             ResourceManager.shared(resources),
             sample_calls=spent,
-            budget=Budget.of(self.max_calls, self.max_tokens, self.max_cost),
+            budget=Budget.of(*self._limits()),  # a resumed ReflectiveSearch: what is left
         )
 
     def _start_phase(self, program: Module, val: list[tuple[Any, Any]]) -> Any:
@@ -722,6 +737,8 @@ class ProgramSearch:
                 "cost": result.cost,
                 "seconds": time.perf_counter() - started,
             }
+            if result.unevaluated:  # its score counts them as 0: say it is not a whole one
+                step.outputs["unevaluated"] = result.unevaluated
         labels = _label_like(val)
         balance = labels if self.balance == "auto" else bool(self.balance)
         scores = list(before.scores) if before is not None else [0.0] * len(val)
@@ -864,11 +881,13 @@ def _tell_budget(report: SearchReport, budget: Any) -> None:
         return
     report.stopped_by_budget = True
     partial = [t.number for t in report.trials if t.unevaluated]
-    report.left_undone = (
-        f"{budget.refused} call(s) refused ({budget.refusal}); "
-        f"{len(partial)} trial(s) not evaluated in full"
-        + (f" (trials {', '.join(map(str, partial))}), never chosen" if partial else "")
+    undone = (
+        f"{len(partial)} trial(s) not evaluated in full (trials {', '.join(map(str, partial))}), "
+        "never chosen"
+        if partial
+        else "no trial was left half-evaluated; the steps after the last one were not run"
     )
+    report.left_undone = f"{budget.refused} call(s) refused ({budget.refusal}); {undone}"
     report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
 
 

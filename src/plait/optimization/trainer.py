@@ -47,6 +47,7 @@ from typing import Any
 from plait import _context, _files
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.progress import progress_bar
+from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.backward import backward
@@ -60,6 +61,7 @@ from plait.optimization.events import (
 )
 from plait.optimization.optimizers import Optimizer, StepReport
 from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
+from plait.resources.usage import active_budgets
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -202,6 +204,16 @@ class Trainer:
         self.max_tokens = max_tokens
         self.max_cost = max_cost
         self._examples = on_examples(step)
+        self._data_digests: tuple[str, str] | None = None
+
+    def _check_optimizer_alias(self) -> None:
+        """Raises before any call when the optimizer's resources do not serve its alias."""
+        resources = self.optimizer.resources or self.resources
+        alias = getattr(self.optimizer, "alias", None)
+        if resources is not None and isinstance(alias, str):
+            name = type(self.optimizer).__name__
+            who = f"{name}'s updates (the Trainer's optimizer)"
+            check_served(resources, alias, who=who, setting=f"{name}(alias=...)")
 
     # ------------------------------------------------------------------ public
     async def evaluate(self) -> float:
@@ -241,7 +253,9 @@ class Trainer:
             A `CostEstimate`; ``print(estimate)`` shows the table.
         """
         from plait.execution.run import awaitable_or_result
+        from plait.optimization.costs import check_sample
 
+        check_sample(sample)
         return awaitable_or_result(self._estimate(sample))
 
     async def _estimate(self, sample: int) -> Any:
@@ -250,6 +264,7 @@ class Trainer:
         from plait.resources import ResourceManager
         from plait.resources.usage import Budget, metered
 
+        self._check_optimizer_alias()
         size, spent = await costs.measure(
             self.module, self.val_set, self.resources, sample, self.train_set
         )
@@ -417,6 +432,7 @@ class Trainer:
         profiler = _context.PROFILE.get()
         if profiler is not None:  # its report names the program's modules as validation does
             profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
+        self._check_optimizer_alias()
         budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
         report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
         with budgeted(budget):
@@ -424,7 +440,7 @@ class Trainer:
         if budget is not None:
             _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
         if state is None:
-            report.reason = "kept the program as it was: nothing was validated"
+            report.reason = NOTHING_VALIDATED
         else:
             with updates_told(self.module):
                 self.module.load_state_dict(state["best"]["parameters"])
@@ -515,7 +531,8 @@ class Trainer:
         finally:
             self._examples.eval()
         taped = [loss for loss in losses if isinstance(loss, Value)]
-        if len(taped) < len(losses):
+        refused = any(budget.stopped for budget in active_budgets())
+        if len(taped) < len(losses) and not refused:  # a refusal ends the step: told once
             logger.warning(
                 "Trainer: %d of %d examples of a minibatch failed; training on the rest",
                 len(losses) - len(taped),
@@ -563,12 +580,35 @@ class Trainer:
 
     # ----------------------------------------------------------- checkpoint
     def _settings(self) -> dict[str, Any]:
+        """What a checkpoint must have been written for to be resumed by this Trainer (the
+        data digested once: every minibatch's checkpoint writes them)."""
+        from plait.optimization.search_checkpoint import digest
+
+        if self._data_digests is None:
+            self._data_digests = (digest(self.train_set), digest(self.val_set))
+        train, val = self._data_digests
         return {
             "train_size": len(self.train_set),
             "batch_size": self.batch_size,
             "shuffle": self.shuffle,
             "seed": self.seed,
+            "train_set": train,
+            "val_set": val,
         }
+
+    def _other_settings(self, written: Any) -> list[str]:
+        """Returns what differs between the settings a checkpoint was ``written`` for and
+        this Trainer's, in words; a file written before the data were digested is checked
+        on the settings it has."""
+        mine = self._settings()
+        if not isinstance(written, dict):
+            return [f"settings {written!r}"]
+        words = {"train_set": "another training set", "val_set": "another validation set"}
+        return [
+            words.get(key, f"{key}={written[key]!r} (this Trainer has {mine[key]!r})")
+            for key in mine
+            if key in written and written[key] != mine[key]
+        ] + [f"the setting {key!r}" for key in written if key not in mine]
 
     def _save(self, state: dict[str, Any]) -> None:
         if self.checkpoint_dir is None:
@@ -586,23 +626,12 @@ class Trainer:
             json.dump(data, file, ensure_ascii=False, indent=1)
 
     def _load(self) -> dict[str, Any] | None:
-        if self.checkpoint_dir is None:
-            return None
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        remedy = "delete it to start over, or use another checkpoint_dir"
-        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        data = self._read_checkpoint()
         if data is None:
             return None
-        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
-        missing = [key for key in _CHECKPOINT_KEYS if key not in data]
-        if missing:
-            raise CheckpointError(f"{path} has no {', '.join(missing)}: {remedy}")
-        if data["settings"] != self._settings():
-            raise ValueError(
-                f"{path} was written for {data['settings']}; this Trainer has "
-                f"{self._settings()}. Use another checkpoint_dir, or delete the file to start over"
-            )
+        assert self.checkpoint_dir is not None  # a checkpoint was read from it
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
         try:
             self.module.load_state_dict(data["parameters"])
             self.optimizer.load_state_dict(data["optimizer"])
@@ -616,6 +645,34 @@ class Trainer:
             data["batch"],
         )
         return {key: data[key] for key in _PROGRESS_KEYS}
+
+    def _read_checkpoint(self) -> dict[str, Any] | None:
+        """Reads and checks the checkpoint, changing nothing (`plait train` asks before it
+        runs); None when there is none.
+
+        Raises:
+            ValueError: a file of another kind, or written for other settings or data.
+            CheckpointError: unreadable, or without a field a resume needs.
+        """
+        if self.checkpoint_dir is None:
+            return None
+        path = self.checkpoint_dir / CHECKPOINT_FILE
+        remedy = "delete it to start over, or use another checkpoint_dir"
+        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        if data is None:
+            return None
+        if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{path} is not a plait Trainer checkpoint: {remedy}")
+        missing = [key for key in _CHECKPOINT_KEYS if key not in data]
+        if missing:
+            raise CheckpointError(f"{path} has no {', '.join(missing)}: {remedy}")
+        other = self._other_settings(data["settings"])
+        if other:
+            raise ValueError(
+                f"{path} was written for {', '.join(other)}; use another checkpoint_dir, or "
+                "delete the file to start over"
+            )
+        return data
 
 
 _PROGRESS_KEYS = ("epoch", "batch", "initial_score", "scores", "best")
@@ -670,6 +727,9 @@ def _tell_budget(
         + rerun
     )
 
+
+NOTHING_VALIDATED = "kept the program as it was: nothing was validated"
+"""The reason of a run stopped before its first validation ended (its scores are 0, unmeasured)."""
 
 KEEP_BEST_RULE = "keep-best: an epoch's parameters are kept if they score above the best so far"
 """The rule the Trainer keeps parameters by, as its decisions tell it."""
@@ -729,11 +789,16 @@ def _reason(report: TrainReport) -> str:
             f"kept the initial parameters: the optimizer applied no update "
             f"({report.rejected} rejected); see optimizer.history for why"
         )
+    applied = f"{report.discarded} update(s) applied during training"
+    if not report.scores:  # the budget stopped training within its first epoch
+        return (
+            f"kept the initial parameters (validation {report.initial_score:.3g}): no epoch "
+            f"ended, so the {applied} were never validated"
+        )
     scores = ", ".join(f"{score:.3g}" for score in report.scores)
     return (
         f"kept the initial parameters: validation after each epoch ({scores}) never beat the "
-        f"start ({report.initial_score:.3g}); the {report.discarded} updates applied during "
-        "training were discarded"
+        f"start ({report.initial_score:.3g}); the {applied} were discarded"
     )
 
 

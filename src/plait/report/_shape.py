@@ -25,6 +25,7 @@ class Items(TypedDict):
     ok: int
     failed: int
     restored: NotRequired[int]  # reports written before it counted them have none
+    refused: NotRequired[int]  # nor these: failed items a budget left undone
 
 
 class ModuleLatency(TypedDict):

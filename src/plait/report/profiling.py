@@ -281,6 +281,8 @@ class Profiler:
         """Batch items that failed."""
         self.items_restored = 0
         """Batch items among ``items_ok`` whose output came from a checkpoint, not a run."""
+        self.items_refused = 0
+        """Batch items among ``items_failed`` that a budget left undone (it refused a call)."""
         self.unpriced: set[str] = set()
         """Aliases whose endpoint has no price: their cost is unknown, not zero."""
         self.nodes_seen = 0
@@ -463,6 +465,7 @@ class Profiler:
             self.items_restored += restored
             return
         self.items_failed += 1
+        self.items_refused += _refused_by_budget(error)
         if len(self.failures) < self._max_failures:
             node = getattr(error, "node_id", None)
             if node is not None:
@@ -544,3 +547,18 @@ _ALIAS_KEYS = (
 def profile(max_records: int | None = None) -> Profiler:
     """Returns a profiler to use as ``with profile() as prof:`` (see `Profiler`)."""
     return Profiler(max_records)
+
+
+def _refused_by_budget(error: BaseException) -> bool:
+    """Whether a budget's refusal (`BudgetExceededError`) is what made an item fail: it is
+    then work left undone, told apart from a failure."""
+    from plait.errors import BudgetExceededError
+
+    seen: BaseException | None = error
+    for _ in range(8):  # an item's error wraps its cause a level or two deep
+        if seen is None:
+            return False
+        if isinstance(seen, BudgetExceededError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

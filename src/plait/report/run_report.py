@@ -83,8 +83,9 @@ class RunReport:
     wall_time: float = 0.0
     """Seconds from the start of profiling to the report."""
     items: dict[str, int] = field(default_factory=lambda: {"ok": 0, "failed": 0, "restored": 0})
-    """Batch items that finished, that failed, and of the finished ones, those whose output
-    was read back from a checkpoint instead of run (``restored``)."""
+    """Batch items that finished, that failed, of the finished ones those whose output
+    was read back from a checkpoint instead of run (``restored``), and, when a budget
+    refused calls, of the failed ones those it left undone (``refused``)."""
     aliases: dict[str, dict[str, float]] = field(default_factory=dict)
     """Per alias: calls, cache_hits, requests, retries, rate_limited, failures, tokens, cost."""
     modules: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -157,7 +158,8 @@ class RunReport:
                 "ok": profiler.items_ok,
                 "failed": profiler.items_failed,
                 "restored": profiler.items_restored,
-            },
+            }
+            | ({"refused": profiler.items_refused} if profiler.items_refused else {}),
             aliases={alias: dict(t) for alias, t in sorted(profiler.alias_totals.items())},
             modules=_module_latencies(profiler),
             timeline=_timelines(profiler),
@@ -206,11 +208,13 @@ class RunReport:
         return "\n".join(lines)
 
     def items_text(self) -> str:
-        """Returns ``"6 ok (4 from the checkpoint), 1 failed"``: the items as they finished."""
+        """Returns ``"6 ok (4 from the checkpoint), 1 failed"``: the items as they finished
+        (``", 3 left undone by the budget"`` after it, when a budget refused their calls)."""
         items = self.items
-        restored = items.get("restored", 0)
+        restored, refused = items.get("restored", 0), items.get("refused", 0)
         from_checkpoint = f" ({restored} from the checkpoint)" if restored else ""
-        return f"{items['ok']} ok{from_checkpoint}, {items['failed']} failed"
+        undone = f", {refused} left undone by the budget" if refused else ""
+        return f"{items['ok']} ok{from_checkpoint}, {items['failed'] - refused} failed{undone}"
 
     def cost_text(self) -> str:
         """Returns the cost as far as it is known: ``$0.0123``, naming the aliases that have

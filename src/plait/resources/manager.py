@@ -602,10 +602,18 @@ class ResourceManager:
             except MediaError as exc:  # the endpoint cannot take an input: say which alias
                 route.endpoint.limiter.release(reserved, 0)
                 raise MediaError(f"alias {route.alias!r}: {exc}") from None
-            except BaseException:
+            except BaseException as exc:
                 route.endpoint.limiter.release(reserved, 0)
                 if held is not None:
                     held.settle(None)
+                if observer is not None and isinstance(exc, asyncio.CancelledError):
+                    # Sent and then cancelled (Ctrl-C, or a budget that ended its step): the
+                    # request counts, as it does against a budget and may at the provider.
+                    observer.record_request(
+                        route.endpoint.name, route.alias, call, attempts, queued, sent,
+                        status=None, error=exc, final=False,
+                        priced=route.endpoint.price is not None,
+                    )  # fmt: skip
                 raise
             else:
                 self._end_attempt(route, reserved, response.usage, held)
