@@ -421,6 +421,62 @@ def test_eval_estimate_prints_the_table_and_makes_only_the_sample_calls(
     assert server.stats.requests == 1 and not out.exists()
 
 
+def test_eval_with_a_budget_writes_every_row_marks_the_undone_and_resumes(
+    server, resources, tmp_path
+):
+    rows = [{"text": f"t{i}", "target": f"echo: t{i}"} for i in range(6)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "scored.jsonl"
+    command = ("eval", program("Summarize"), "-i", str(source), "-o", str(out),
+               "-r", str(resources), "--no-progress", "--max-concurrent", "1",
+               "--checkpoint-dir", str(tmp_path / "ck"))  # fmt: skip
+
+    done = plait_cli(*command, "--max-calls", "2")
+
+    assert done.code == 3, done.stderr
+    assert server.stats.requests == 2
+    score = "score: 0.3333 (exact_match over 6 rows, 4 of them left undone and scored 0)"
+    assert done.stdout == score + "\n"
+    stop = done.stderr.splitlines()[-1]
+    assert stop.startswith("plait: stopped by the budget: max_calls=2 are spent (2 calls, ")
+    assert "4 of 6 rows left undone" in stop and "rerun the same command with a larger" in stop
+    written = read_jsonl(out)
+    assert [row["score"] for row in written] == [1.0, 1.0, 0, 0, 0, 0]
+    assert all(row["error"].startswith("left undone by the budget: ") for row in written[2:])
+    assert "more failed rows" not in done.stderr and "row 2:" not in done.stderr
+    report = json.loads(out.with_name("scored.run.json").read_text())
+    assert report["items"]["refused"] == 4 and report["items"]["failed"] == 4
+    assert done.stderr.startswith("6 items: 2 ok, 0 failed, 4 left undone by the budget")
+
+    # a larger budget goes on from the checkpoint: only the rows left undone are sent
+    server.reset_stats()
+    done = plait_cli(*command, "--max-calls", "4")
+
+    assert done.code == 0, done.stderr
+    assert server.stats.requests == 4 and "stopped by the budget" not in done.stderr
+    assert [row["score"] for row in read_jsonl(out)] == [1.0] * 6
+
+
+def test_eval_stopped_by_its_budget_without_a_checkpoint_says_a_rerun_starts_over(
+    server, resources, tmp_path
+):
+    rows = [{"text": f"t{i}", "target": f"echo: t{i}"} for i in range(4)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "scored.jsonl"
+
+    done = plait_cli("eval", program("Summarize"), "-i", str(source), "-o", str(out),
+                     "-r", str(resources), "--no-progress", "--max-tokens", "1",
+                     "--fail-under", "0.9")  # fmt: skip
+
+    assert done.code == 3, done.stderr  # the budget's stop, not the score's 4
+    assert server.stats.requests == 0
+    stop = done.stderr.splitlines()[-1]
+    assert stop.startswith("plait: stopped by the budget: max_tokens=1 leave no room")
+    assert "(0 calls, 0 tokens spent); 4 of 4 rows left undone" in stop
+    assert "nothing was checkpointed (add --checkpoint-dir DIR to make it resumable)" in stop
+    assert len(read_jsonl(out)) == 4
+
+
 def test_train_estimate_prints_the_table_and_saves_nothing(server, resources, tmp_path):
     from tests.optimization.test_trainer import model
 

@@ -280,6 +280,26 @@ MISTAKES = {
         (*TRAIN, "--max-cost", "1", "--estimate"),
         "--max-cost needs the price of every endpoint",
     ),
+    # eval takes the same budget, checked the same way
+    "eval budget not a number": (
+        (*EVAL, "--max-cost", "abc"),
+        "Invalid value for '--max-cost': 'abc' is not a valid number; see 'plait eval --help'",
+    ),
+    "eval budget not a whole number": (
+        (*EVAL, "--max-tokens", "1.5"),
+        "Invalid value for '--max-tokens': '1.5' is not a valid whole number",
+    ),
+    "eval budget negative": ((*EVAL, "--max-calls", "-1"), "-1 is not in the range x>=0"),
+    "eval max cost without a price": (
+        (*EVAL, "--max-cost", "1"),
+        "--max-cost needs the price of every endpoint, and '*' (the program's alias 'llm') has "
+        'none; add price = {input = 0.15, output = 0.60} (dollars per million tokens) to ["*"] '
+        "in res.toml, or budget with --max-calls / --max-tokens",
+    ),
+    "eval max cost without a price, estimated": (
+        (*EVAL, "--max-cost", "1", "--estimate"),
+        "--max-cost needs the price of every endpoint",
+    ),
     # estimates check what the run would
     "estimate metric unknown": (
         (*EVAL, "--estimate", "--metric", "nosuch"),

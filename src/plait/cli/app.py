@@ -320,6 +320,15 @@ estimate_options = [
 ]  # fmt: skip
 
 
+budget_options = [
+    click.option("--max-calls", type=_WholeNumber(min=0), help="Most model calls to send."),
+    click.option("--max-tokens", type=_WholeNumber(min=0), help="Most tokens to spend."),
+    click.option("--max-cost", type=_Amount(min=0),
+                 help="Most dollars to spend (every endpoint needs a price)."),
+]  # fmt: skip
+"""The hard budget of ``plait train`` and ``plait eval`` (`plait.resources.usage.Budget`)."""
+
+
 def _with(options: list[Any]) -> Any:
     def decorate(function: Any) -> Any:
         for option in reversed(options):
@@ -355,7 +364,10 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
     _check_checkpoint_dir(kwargs["checkpoint_dir"])
     program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
     resources = _resources(kwargs["resources"], program)
-    _check_aliases(kwargs["resources"], resources, [("the program", a) for a in _aliases(program)])
+    calls = [("the program", alias) for alias in _aliases(program)]
+    _check_aliases(kwargs["resources"], resources, calls)
+    if kwargs.get("max_cost") is not None:
+        _check_priced(kwargs["resources"], resources, calls)
     options = {"timeout": kwargs["timeout"]} if kwargs["timeout"] else {}
     run = FileRun(
         program=program,
@@ -371,10 +383,19 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
         progress=kwargs["progress"],
         keep_inputs=not kwargs["no_inputs"],
         options=options,
+        budget=_budget(kwargs),
         **extra,
     )
     _check_first_row(run)
     return run
+
+
+def _budget(kwargs: dict[str, Any]) -> Any:
+    """Returns the `Budget` of ``--max-calls``, ``--max-tokens`` and ``--max-cost`` (None
+    when none is given, or the command has none)."""
+    from plait.resources.usage import Budget
+
+    return Budget.of(kwargs.get("max_calls"), kwargs.get("max_tokens"), kwargs.get("max_cost"))
 
 
 async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) -> Any:
@@ -394,8 +415,9 @@ async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) 
     click.echo(report.summary(), err=True)
     for line in outcome.first_failures:
         click.echo(f"  {line}", err=True)
-    if outcome.failed > len(outcome.first_failures):
-        click.echo(f"  … {outcome.failed - len(outcome.first_failures)} more failed rows", err=True)
+    unlisted = outcome.failed - outcome.undone - len(outcome.first_failures)
+    if unlisted > 0:
+        click.echo(f"  … {unlisted} more failed rows", err=True)
     click.echo(f"outputs: {run.output}; report: {report_path}", err=True)
     return outcome
 
@@ -435,6 +457,7 @@ def run_command(program_spec: str, **kwargs: Any) -> None:
     help="The column outputs are scored against.",
 )
 @click.option("--fail-under", type=float, help="Exit 4 when the mean score is below this.")
+@_with(budget_options)
 @_with(estimate_options)
 def eval_command(program_spec: str, metric: str, target_column: str,
                  fail_under: float | None, estimate: bool, sample: int,
@@ -442,8 +465,12 @@ def eval_command(program_spec: str, metric: str, target_column: str,
     """Run PROGRAM on every row of --input and score each output against --target.
 
     Writes outputs with a `score` column; a failed row scores 0. Prints the
-    mean score. With --estimate, prints what the evaluation would spend
-    instead (calls, tokens, dollars) and writes nothing.
+    mean score. --max-calls, --max-tokens and --max-cost are a hard budget:
+    once it is spent, the rows not yet run are written left undone (scored 0,
+    their `error` says so) and the command exits 3; rerunning with
+    --checkpoint-dir and a larger budget runs only those. With --estimate,
+    prints what the evaluation would spend instead (calls, tokens, dollars)
+    and writes nothing.
     """
     with _usage_errors():
         scorer = load_metric(metric)  # a wrong metric stops an estimate too, as it would the run
@@ -453,10 +480,38 @@ def eval_command(program_spec: str, metric: str, target_column: str,
         run = _file_run(program_spec, kwargs, target_column=target_column, metric=scorer)
     outcome = _handled(_profiled_run(run, program_spec, "eval", kwargs), _resume_hint(kwargs))
     score = outcome.score or 0.0
-    click.echo(f"score: {score:.4f} ({metric} over {outcome.rows} rows)")
+    undone = f", {outcome.undone} of them left undone and scored 0" if outcome.undone else ""
+    click.echo(f"score: {score:.4f} ({metric} over {outcome.rows} rows{undone})")
+    if outcome.undone:
+        click.echo(f"plait: stopped by the budget: {_left_undone(run, outcome, kwargs)}", err=True)
+        sys.exit(EXIT_ABORTED)
     if fail_under is not None and score < fail_under:
         sys.exit(EXIT_BELOW_THRESHOLD)
     sys.exit(EXIT_ROWS_FAILED if outcome.failed else EXIT_OK)
+
+
+def _left_undone(run: Any, outcome: Any, kwargs: dict[str, Any]) -> str:
+    """What a budget let ``plait eval`` spend, what it left undone and how to go on."""
+    budget = run.budget
+    if budget is None:  # the resource configuration's own 'budget' (dollars) refused
+        spent = "the budget in the resource configuration is spent"
+    else:
+        used = budget.spent()
+        cost = f", ${used['cost']:.4f}" if budget.max_cost is not None or used["cost"] else ""
+        why = budget.refusal or "the budget in the resource configuration is spent"
+        spent = f"{why} ({used['calls']} calls, {used['tokens']} tokens{cost} spent)"
+    undone = (
+        f"{outcome.undone} of {outcome.rows} rows left undone (scored 0; their error column "
+        "says so)"
+    )
+    if kwargs["checkpoint_dir"] is not None:
+        rerun = (
+            f"finished rows are checkpointed in {kwargs['checkpoint_dir']}: rerun the same "
+            "command with a larger budget to run only those left undone"
+        )
+    else:
+        rerun = "nothing was checkpointed (add --checkpoint-dir DIR to make it resumable)"
+    return f"{spent}; {undone}; {rerun}"
 
 
 def _estimate_eval(spec: str, target: str, sample: int, kwargs: dict[str, Any]) -> NoReturn:
@@ -467,9 +522,10 @@ def _estimate_eval(spec: str, target: str, sample: int, kwargs: dict[str, Any]) 
         program, mapper = _prepare(spec, kwargs["load"], kwargs["columns"])
         pairs = _pairs(kwargs["input_path"], kwargs["input_format"], mapper, target)
         resources = _resources(kwargs["resources"], program)
-        _check_aliases(
-            kwargs["resources"], resources, [("the program", a) for a in _aliases(program)]
-        )
+        calls = [("the program", alias) for alias in _aliases(program)]
+        _check_aliases(kwargs["resources"], resources, calls)
+        if kwargs["max_cost"] is not None:  # as the run would be refused
+            _check_priced(kwargs["resources"], resources, calls)
     told = _handled(
         _awaited(estimate, mapper.module, pairs, resources=resources, sample=sample),
         _ESTIMATE_STOPPED,
@@ -595,13 +651,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     help="Default: beside --save, *.run.json.",
 )
 @click.option("--progress/--no-progress", default=None)
-@click.option("--max-calls", type=_WholeNumber(min=0), help="Most model calls to send.")
-@click.option("--max-tokens", type=_WholeNumber(min=0), help="Most tokens to spend.")
-@click.option(
-    "--max-cost",
-    type=_Amount(min=0),
-    help="Most dollars to spend (every endpoint needs a price).",
-)
+@_with(budget_options)
 @_with(estimate_options)
 def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     """Train PROGRAM's parameters on --train, keeping the best on --val.

@@ -54,6 +54,10 @@ class FileRun:
     metric: Callable[[Any, Any], Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     """More execution options (``timeout``, ``deadline``, ``cache``)."""
+    budget: Any = None
+    """A `plait.resources.usage.Budget` every call of the file run is held to (``eval
+    --max-calls`` …): a row whose call it refuses is left undone, and the run goes on
+    through the rest (refused at once, nothing sent) so every row is written."""
     graphs: Any = field(default=None, init=False)
     """The `RunGraphs` of the whole file run: the first row's check before any call and
     every chunk look each input shape up once, so a program is traced once per shape."""
@@ -76,6 +80,8 @@ class RunOutcome:
     """Whether rows were scored (``eval``); a run without a metric has no score."""
     rows: int = 0
     failed: int = 0
+    undone: int = 0
+    """Rows among ``failed`` that a budget left undone (it refused their calls)."""
     score_total: float = 0.0
     first_failures: list[str] = field(default_factory=list)
     graphs: Any = None
@@ -146,6 +152,7 @@ async def run_file(run: FileRun) -> RunOutcome:
         CheckpointError: the checkpoint belongs to another program or input.
     """
     from plait.execution.progress import BatchProgress
+    from plait.resources.usage import budgeted
 
     source = str(run.input)
     total = count_rows(run.input, run.input_format)
@@ -154,7 +161,7 @@ async def run_file(run: FileRun) -> RunOutcome:
         _check_state(run.checkpoint_dir, run)
     writer = open_writer(run.output, run.output_format)
     try:
-        with BatchProgress(total, run.progress) as progress:
+        with BatchProgress(total, run.progress) as progress, budgeted(run.budget):
             rows = read_rows(run.input, run.input_format)
             for number, chunk in enumerate(_chunks(rows, run.chunk_size)):
                 await _run_chunk(run, number, chunk, source, writer, progress, outcome)
@@ -207,8 +214,9 @@ async def _run_chunk(
                        progress, outcome)  # fmt: skip
             elif next_position in results:
                 result = results.pop(next_position)
-                error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
-                _write(run, chunk[next_position], result.output, error, writer, progress, outcome)
+                error, undone = (None, False) if result.ok else _error_text(result.error)
+                _write(run, chunk[next_position], result.output, error, writer, progress, outcome,
+                       undone)  # fmt: skip
             else:
                 return
             next_position += 1
@@ -224,6 +232,17 @@ async def _run_chunk(
     flush()
 
 
+def _error_text(error: BaseException) -> tuple[str, bool]:
+    """Returns what a failed row's ``error`` column says, and whether a budget left the row
+    undone (it refused a call: the row is said to be left undone, not to have failed)."""
+    from plait.report.profiling import budget_refusal
+
+    refusal = budget_refusal(error)
+    if refusal is None:
+        return f"{type(error).__name__}: {error}", False
+    return f"left undone by the budget: {refusal}", True
+
+
 def _write(
     run: FileRun,
     entry: tuple[int, dict],
@@ -232,6 +251,7 @@ def _write(
     writer: Any,
     progress: Any,
     outcome: RunOutcome,
+    undone: bool = False,
 ) -> None:
     row_number, row = entry
     record = _record(run, row_number, row, output_columns(output) if error is None else {})
@@ -244,7 +264,8 @@ def _write(
     outcome.rows += 1
     if error is not None:
         outcome.failed += 1
-        if len(outcome.first_failures) < 5:
+        outcome.undone += undone
+        if not undone and len(outcome.first_failures) < 5:
             outcome.first_failures.append(f"row {row_number}: {error}")
     progress.advance(error is None)
 

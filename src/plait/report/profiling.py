@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from plait import _context
 
 if TYPE_CHECKING:
+    from plait.errors import BudgetExceededError
     from plait.report import RunReport
 
 __all__ = [
@@ -465,7 +466,7 @@ class Profiler:
             self.items_restored += restored
             return
         self.items_failed += 1
-        self.items_refused += _refused_by_budget(error)
+        self.items_refused += budget_refusal(error) is not None
         if len(self.failures) < self._max_failures:
             node = getattr(error, "node_id", None)
             if node is not None:
@@ -549,16 +550,16 @@ def profile(max_records: int | None = None) -> Profiler:
     return Profiler(max_records)
 
 
-def _refused_by_budget(error: BaseException) -> bool:
-    """Whether a budget's refusal (`BudgetExceededError`) is what made an item fail: it is
-    then work left undone, told apart from a failure."""
+def budget_refusal(error: BaseException) -> BudgetExceededError | None:
+    """Returns the budget's refusal (`BudgetExceededError`) that made an item fail, if that
+    is what did: the item is then work left undone, told apart from a failure."""
     from plait.errors import BudgetExceededError
 
     seen: BaseException | None = error
     for _ in range(8):  # an item's error wraps its cause a level or two deep
         if seen is None:
-            return False
+            return None
         if isinstance(seen, BudgetExceededError):
-            return True
+            return seen
         seen = seen.__cause__ or seen.__context__
-    return False
+    return None
