@@ -22,7 +22,6 @@ its parameters:
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections import defaultdict
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from plait import _context
 from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
+from plait.optimization._together import together
 from plait.optimization.events import learning_step
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
@@ -110,7 +110,7 @@ async def backward(
     told = {"outputs": len(values), "tapes": len(jobs)}
     try:
         with learning_step("backward", None, told) as step:
-            await asyncio.gather(*(_backward_tape(tape, text, report) for tape, text in jobs))
+            await together(*(_backward_tape(tape, text, report) for tape, text in jobs))
             step.outputs = {
                 "parameters": _program_names(report.parameters),
                 "nodes": len(report.nodes),
@@ -218,9 +218,7 @@ async def _backward_tape(tape: Tape, feedback: str, report: BackwardReport) -> N
             _to_parameter(tape.parameters[output_id], output_id[6:], feedback, report, last)
     for wave in _waves(tape, sites, owner):
         ready = [site for site in wave if pending.get(site.id) and site.kind != "input"]
-        await asyncio.gather(
-            *(_visit(tape, site, pending, report, levels, route) for site in ready)
-        )
+        await together(*(_visit(tape, site, pending, report, levels, route) for site in ready))
 
 
 def _combined(items: list[str]) -> str:
@@ -252,7 +250,7 @@ async def _visit(
         result = await result
     result = await _resolved(site.module, site.id, result)
     _apply(tape, site, ctx, result, pending, report, level, route)
-    await asyncio.gather(
+    await together(
         *(_replay_inner_call(tape, site, call, feedback, report, level) for call in ctx.inner_calls)
     )
 
@@ -274,7 +272,7 @@ async def _resolved(module: Any, where: str, result: Any) -> BackwardResult:
         (table, key) for table in tables for key, v in table.items() if inspect.isawaitable(v)
     ]
     if waiting:
-        values = await asyncio.gather(*(table[key] for table, key in waiting))
+        values = await together(*(table[key] for table, key in waiting))
         for (table, key), value in zip(waiting, values, strict=True):
             table[key] = value
     for table in tables:

@@ -22,7 +22,6 @@ to completion and return the result, as a module call does (no ``await``).
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
@@ -35,6 +34,7 @@ from typing import Any
 from plait import _files
 from plait.feedback import Feedback
 from plait.module import Module
+from plait.optimization._together import together
 
 __all__ = [
     "EvaluationResult",
@@ -650,7 +650,7 @@ async def _scored(
             judged.append((row, metric(row.output, target)))
     waiting = [result for _, result in judged if inspect.isawaitable(result)]
     if waiting:  # an LLM judge: every example's judgement concurrently
-        done = iter(await asyncio.gather(*waiting))
+        done = iter(await together(*waiting))
         judged = [(row, next(done) if inspect.isawaitable(r) else r) for row, r in judged]
     for row, result in judged:
         row.score, row.feedback = _as_score(metric, result)

@@ -45,6 +45,7 @@ from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
+from plait.optimization._together import together
 from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step
@@ -624,7 +625,6 @@ class RandomSearch(ProgramSearch):
         asked again). Returns a `_Drawn`; None when the run has no proposal left to ask
         for.
         """
-        import asyncio
 
         from plait.optimization.costs import Proposal, measure_variant
         from plait.resources.usage import metered
@@ -646,13 +646,13 @@ class RandomSearch(ProgramSearch):
             else:
                 break
         with metered() as meter:
-            texts = await asyncio.gather(
+            texts = await together(
                 *(propose_instruction(module, train, resources, self.alias, seed=s) for s in asked)
             )
         got.update(zip(asked, texts, strict=True))
         drawn = [got[seed] for seed in seeds if seed in got]
         given = [text for text in dict.fromkeys(drawn) if text is not None]
-        sizes = await asyncio.gather(
+        sizes = await together(
             *(
                 measure_variant(_with_demos(program, {}, {path: text}), val, resources, sample)
                 for text in given
@@ -775,7 +775,6 @@ class RandomSearch(ProgramSearch):
         rng: random.Random,
     ) -> dict[str, list[str]]:
         """Returns per step: its current instructions, then the given and proposed ones."""
-        import asyncio
 
         pools: dict[str, list[str]] = {}
         self.proposals = {}
@@ -787,7 +786,7 @@ class RandomSearch(ProgramSearch):
             pool = [current, *(t for t in self.instructions if t != current)]
             if self.propose:
                 seeds = [rng.randrange(2**31) for _ in range(self.propose)]
-                proposed = await asyncio.gather(
+                proposed = await together(
                     *(
                         self._remembered(
                             f"instructions {path} {seed}",

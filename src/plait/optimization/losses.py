@@ -32,6 +32,7 @@ from plait.execution.llm_call import generate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.module import Module
+from plait.optimization._together import together
 from plait.optimization.evaluation import as_metric
 
 __all__ = [
@@ -689,7 +690,7 @@ class CompositeLoss(Loss):
     async def forward(self, output: Any, target: Any = None) -> Feedback:
         calls = [loss(output, target) for loss in self.losses]
         pending = [(i, call) for i, call in enumerate(calls) if inspect.isawaitable(call)]
-        done = await asyncio.gather(*(call for _, call in pending))
+        done = await together(*(call for _, call in pending))
         for (i, _), result in zip(pending, done, strict=True):
             calls[i] = result
         return self._merge(calls)

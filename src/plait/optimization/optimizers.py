@@ -28,7 +28,6 @@ that type, not for JSON inside a string.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import hashlib
 import inspect
@@ -47,6 +46,7 @@ from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
+from plait.optimization._together import together
 from plait.optimization.events import learning_step, tell_decision, tell_update
 from plait.optimization.updates import (
     WORD_FLOOR,
@@ -220,8 +220,8 @@ class Optimizer:
         for level, group in _levels(todo):
             report.levels.append([name for name, _ in group])
             upstream = [record for record, _ in applied]
-            records = await _together(
-                [self._proposal(manager, name, param, level, upstream) for name, param in group]
+            records = await together(
+                *(self._proposal(manager, name, param, level, upstream) for name, param in group)
             )
             for record, (_, param) in zip(records, group, strict=True):
                 if record.status == "accepted":
@@ -846,18 +846,3 @@ class TextGradOptimizer(Optimizer):
                 )
             )
         return parts
-
-
-async def _together(steps: list[Any]) -> list[Any]:
-    """Awaits ``steps`` concurrently, like `asyncio.gather`; when one raises, the others are
-    cancelled, and awaited, before its error is raised: a budget that refused one proposal's
-    call ends the step, and its sibling's call in flight must not outlive it (gather alone
-    leaves it running, unseen by the run's report, after the Trainer has returned)."""
-    tasks = [asyncio.ensure_future(step) for step in steps]
-    try:
-        return list(await asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise

@@ -83,7 +83,6 @@ about 150 lines here, in plait's terms.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import random
@@ -93,6 +92,7 @@ from typing import Any
 from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
+from plait.optimization._together import together
 from plait.optimization.backward import backward
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
@@ -529,9 +529,9 @@ class ReflectiveSearch(ProgramSearch):
                 if not proposals and not state.pending:
                     break
                 with metered() as meter:
-                    children, members = await asyncio.gather(
-                        asyncio.gather(*proposals),
-                        asyncio.gather(*(self._validate(c, val, resources) for c in state.pending)),
+                    children, members = await together(
+                        together(*proposals),
+                        together(*(self._validate(c, val, resources) for c in state.pending)),
                     )
                 state.spent += meter.calls
                 for member in members:

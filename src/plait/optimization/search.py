@@ -50,7 +50,6 @@ evolutionary search in `plait.optimization.reflective`.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import itertools
 import json
@@ -66,6 +65,7 @@ from typing import Any
 
 from plait.execution.settings import check_served, resources_of
 from plait.module import Module
+from plait.optimization._together import together
 from plait.optimization.evaluation import (
     EvaluationResult,
     Metric,
@@ -699,7 +699,7 @@ class ProgramSearch:
         A candidate whose trial the checkpoint holds is not evaluated again.
         """
         return list(
-            await asyncio.gather(
+            await together(
                 *(
                     self._evaluated(first + i, candidate, val, resources)
                     for i, candidate in enumerate(candidates)
