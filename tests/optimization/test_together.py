@@ -20,6 +20,7 @@ from plait import Predict, ResourceConfig
 from plait.errors import BackendError
 from plait.optimization import GridSearch, RandomSearch, ReflectiveSearch
 from plait.optimization._together import together
+from plait.optimization.evaluation import evaluate
 from plait.signatures import PlainAdapter
 from plait.testing import ScriptedServer
 
@@ -167,6 +168,28 @@ async def test_reflective_search_validation_failing_cancels_the_next_rounds_prop
     assert isinstance(error, ValueError) and "the metric failed" in str(error)
     assert left == []
     assert after == seen
+
+
+async def test_an_llm_judge_failing_cancels_the_other_judgements() -> None:
+    # evaluate judges every example at once: one judgement waits (as on its judge's reply),
+    # another raises
+    ended: list[str] = []
+
+    async def judge(output: Any, target: Any) -> float:
+        if target == "odd":
+            raise ValueError("the judge failed")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            ended.append(target)
+        return 1.0
+
+    async with ScriptedServer(responder=lambda body: "even") as server:
+        config = ResourceConfig({"*": server.endpoint(max_retries=0)})
+        with pytest.raises(ValueError, match="the judge failed"):
+            await evaluate(program(), examples([2, 3]), judge, resources=config)
+
+    assert ended == ["even"]  # cancelled and awaited before evaluate raised
 
 
 async def test_together_cancels_the_others_once_one_raises_and_waits_for_them() -> None:
