@@ -352,3 +352,33 @@ def test_trainer_arguments_are_checked(manager: ResourceManager) -> None:
         Trainer(task, exact, optimizer, resources=manager, train_set=[], val_set=data)
     with pytest.raises(ValueError, match="example 0"):
         Trainer(task, exact, optimizer, resources=manager, train_set=["x"], val_set=data)
+
+
+async def test_a_cancelled_fit_keeps_the_best_validated_parameters_and_says_so(
+    server: ScriptedServer, manager: ResourceManager
+) -> None:
+    # the first minibatch's update is applied; the second minibatch's calls hang, and
+    # the fit is cancelled there (Ctrl-C in `plait train`)
+    hanging = asyncio.Event()
+    updated = model("GOOD")
+
+    async def respond(body: dict[str, Any]) -> str:
+        if schema_of(body) is None and "GOOD" in system_of(body):
+            hanging.set()
+            await asyncio.Event().wait()
+        return updated(body)
+
+    server.responder = respond
+    task = program()
+    trainer = trainer_for(task, manager)
+    fit = asyncio.ensure_future(trainer.fit())
+    await hanging.wait()
+    assert task.system_prompt.value == "PLAIN GOOD"  # applied, never validated
+    fit.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await fit
+
+    assert task.system_prompt.value == "PLAIN"  # the best validated: the start
+    assert trainer.report is not None and trainer.report.initial_score == 0.5
+    assert trainer.report.reason.startswith("cancelled: ")
+    assert "1 update(s) applied during training were never validated" in trainer.report.reason

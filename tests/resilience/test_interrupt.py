@@ -295,6 +295,8 @@ def test_one_ctrl_c_stops_a_budgeted_plait_train_and_the_rerun_resumes_within_it
         finally:
             child.kill()
         position = json.loads(saved.read_text())
+        kept = json.loads((tmp_path / "l.json").read_text())
+        report = json.loads((tmp_path / "l.run.json").read_text())
         resume(base_url)
         rerun = subprocess.run(
             command, env={**os.environ, "PYTHONPATH": str(SRC)},
@@ -308,6 +310,13 @@ def test_one_ctrl_c_stops_a_budgeted_plait_train_and_the_rerun_resumes_within_it
     assert len(stopped) == 1 and str(checkpoint) in stopped[0], child.stderr
     assert "rerun the same command to resume" in stopped[0]
     assert position["initial_score"] is not None  # the state of the training so far
+    # what ran is reported, and the best parameters validated so far are saved
+    told = "saved the best parameters validated so far (epoch 0, validation "
+    assert told in stopped[0] and f"to {tmp_path / 'l.json'}; report " in stopped[0]
+    best = position["best"]["parameters"]
+    assert {name: entry["value"] for name, entry in kept["parameters"].items()} == best
+    assert report["kind"] == "train" and report["training"]["reason"].startswith("cancelled: ")
+    assert report["items"]["ok"] >= 4  # the validation before training, at least
     assert rerun.returncode == 0, rerun.stderr
     assert rerun_requests <= 400
     # the validation before training is in the checkpoint: the rerun validates only after

@@ -15,7 +15,8 @@ Exit codes scripts can rely on:
   that could not be written); rows already written and checkpointed stay;
 * 4 — ``eval`` finished but its score is below ``--fail-under``;
 * 130 — stopped by Ctrl-C, 143 — stopped by SIGTERM: requests in flight were
-  cancelled and finished rows kept; with ``--checkpoint-dir``, rerunning the
+  cancelled and finished rows kept (``train``: its report written and the best
+  parameters validated so far saved); with ``--checkpoint-dir``, rerunning the
   same command resumes (a second signal during the stop quits at once).
 """
 

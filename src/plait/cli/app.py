@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -229,10 +229,11 @@ def _check_first_row(run: Any) -> None:
     trace_program(run.mapper.module, (item,), graphs=run.graphs)
 
 
-def _handled(work: Any, on_stop: str) -> Any:
+def _handled(work: Any, on_stop: str | Callable[[], str]) -> Any:
     """Runs a coroutine, turning plait's errors and stopping signals into messages and exit codes.
 
-    ``on_stop`` tells the user what was kept and how to resume after Ctrl-C or SIGTERM.
+    ``on_stop`` tells the user what was kept and how to resume after Ctrl-C or SIGTERM (a
+    function: asked once the work has stopped).
     """
     from plait.cli.stopping import Stopped, run_stoppable
     from plait.execution.checkpoint_codec import CheckpointError
@@ -240,7 +241,8 @@ def _handled(work: Any, on_stop: str) -> Any:
     try:
         return run_stoppable(work)
     except Stopped as stop:
-        click.echo(f"plait: stopped by {stop.name}; {on_stop}", err=True)
+        told = on_stop() if callable(on_stop) else on_stop
+        click.echo(f"plait: stopped by {stop.name}; {told}", err=True)
         sys.exit(stop.exit_code)
     except (ProgramError, DatasetError, ConfigError) as exc:
         _fail(str(exc))
@@ -660,8 +662,10 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     optimizer (SFA) rewrites the prompts; the best parameters are saved.
     --max-calls, --max-tokens and --max-cost are a hard budget: training stops
     before passing it, saves the best parameters so far and exits 3; rerunning
-    with --checkpoint-dir and a larger budget goes on. With --estimate, prints
-    what training would spend instead and saves nothing.
+    with --checkpoint-dir and a larger budget goes on. Ctrl-C or SIGTERM
+    stops it the same way (exit 130 / 143): the report of what ran is
+    written, and the best parameters validated so far are saved. With
+    --estimate, prints what training would spend instead and saves nothing.
     """
     save = kwargs["save_path"]
     report_path = kwargs["report_path"] or save.with_name(save.name.split(".")[0] + ".run.json")
@@ -686,7 +690,11 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     if kwargs["estimate"]:
         click.echo(str(_handled(_awaited(trainer.estimate, kwargs["sample"]), _ESTIMATE_STOPPED)))
         sys.exit(EXIT_OK)
-    report = _handled(_train(trainer, program_spec, graph, kwargs), _training_resume_hint(kwargs))
+    kept: list[str] = []  # what a stopped training wrote
+    report = _handled(
+        _train(trainer, program_spec, graph, kwargs, (program, save, report_path), kept),
+        lambda: "; ".join([*kept, _training_resume_hint(kwargs)]),
+    )
     program.save(save)
     report.save(report_path)
     training = report.training or {}
@@ -772,19 +780,54 @@ def _trainer(
     )
 
 
-async def _train(trainer: Any, spec: str, graph: Any, kwargs: dict[str, Any]) -> Any:
-    from dataclasses import asdict
+async def _train(
+    trainer: Any,
+    spec: str,
+    graph: Any,
+    kwargs: dict[str, Any],
+    written: tuple[Any, Path, Path],
+    kept: list[str],
+) -> Any:
+    """Trains; returns the run report. Stopped (Ctrl-C, SIGTERM), it still writes the report
+    of what ran to --report and, when a validation finished, the program with the best
+    parameters validated so far to --save (``written``: the program and those two paths),
+    and says in ``kept`` what it wrote."""
+    import asyncio
 
+    from plait.optimization.trainer import NOTHING_VALIDATED
     from plait.report.learning import LearningLog
     from plait.report.profiling import Profiler
 
     with Profiler(max_records=_REPORT_SAMPLE) as profiler, LearningLog() as learning:
-        result = await trainer.fit()
+        try:
+            await trainer.fit()
+        except asyncio.CancelledError:
+            program, save, report_path = written
+            _train_report(trainer, profiler, learning, spec, graph, kwargs).save(report_path)
+            told = trainer.report
+            if told.reason.endswith(NOTHING_VALIDATED):
+                kept.append(f"nothing was validated, so nothing saved; report {report_path}")
+            else:
+                program.save(save)
+                kept.append(
+                    f"saved the best parameters validated so far (epoch {told.best_epoch}, "
+                    f"validation {told.best_score:.4f}) to {save}; report {report_path}"
+                )
+            raise
+    return _train_report(trainer, profiler, learning, spec, graph, kwargs)
+
+
+def _train_report(
+    trainer: Any, profiler: Any, learning: Any, spec: str, graph: Any, kwargs: dict[str, Any]
+) -> Any:
+    """The run report of ``plait train`` (of a stopped one too: its ``training`` says so)."""
+    from dataclasses import asdict
+
     return profiler.report(
         program=spec,  # as the user typed it, like `plait run`
         kind="train",
         graph=graph,
-        training=asdict(result),
+        training=asdict(trainer.report),
         learning=learning.steps,
         metrics={"train": str(kwargs["train_path"]), "val": str(kwargs["val_path"])},
     )

@@ -34,6 +34,7 @@ written through, and no fixed temporary name is used that a link could take.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -205,6 +206,12 @@ class Trainer:
         self.max_cost = max_cost
         self._examples = on_examples(step)
         self._data_digests: tuple[str, str] | None = None
+        self.report: TrainReport | None = None
+        """The `TrainReport` of the last `fit`, also of one that was cancelled: the program
+        then holds the best parameters validated before the cancel, and ``reason`` says so."""
+        self._reached: dict[str, Any] | None = None
+        """The training state the running `fit` has reached (None before its first
+        validation ended)."""
 
     def _check_optimizer_alias(self) -> None:
         """Raises before any call when the optimizer's resources do not serve its alias."""
@@ -419,7 +426,8 @@ class Trainer:
 
         Returns the `TrainReport`: awaited inside a running event loop
         (``report = await trainer.fit()``), directly from a script with no
-        loop running, as a module call does.
+        loop running, as a module call does. Cancelled, it leaves the program
+        with the best parameters validated so far and its report in `report`.
         """
         from plait.execution.run import awaitable_or_result
 
@@ -434,21 +442,34 @@ class Trainer:
             profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
         self._check_optimizer_alias()
         budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
-        report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
-        with budgeted(budget):
-            state = await self._train(report, budget)
+        report = self.report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
+        self._reached = None
+        try:
+            with budgeted(budget):
+                state = await self._train(report, budget)
+        except asyncio.CancelledError:
+            # Cancelled (Ctrl-C in `plait train`): the step cut short is dropped as a
+            # budget's would be, and the program keeps the best it validated.
+            self._keep_best(report, self._reached)
+            report.reason = f"cancelled: {report.reason}"
+            logger.info("Trainer: %s", report.reason)
+            raise
         if budget is not None:
             _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
-        if state is None:
-            report.reason = NOTHING_VALIDATED
-        else:
-            with updates_told(self.module):
-                self.module.load_state_dict(state["best"]["parameters"])
-            _settle(report)
+        self._keep_best(report, state)
         if report.stopped_by_budget:
             report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"
         logger.info("Trainer: %s", report.reason)
         return report
+
+    def _keep_best(self, report: TrainReport, state: dict[str, Any] | None) -> None:
+        """Gives the program the best parameters ``state`` validated; says so in ``report``."""
+        if state is None:
+            report.reason = NOTHING_VALIDATED
+            return
+        with updates_told(self.module):
+            self.module.load_state_dict(state["best"]["parameters"])
+        _settle(report)
 
     async def _train(self, report: TrainReport, budget: Any) -> dict[str, Any] | None:
         """Runs the remaining epochs into ``report``; returns the state reached.
@@ -476,6 +497,7 @@ class Trainer:
             self._save(state)
         else:
             resumed = (state["epoch"], state["batch"])
+        self._reached = state  # updated in place as training goes
         report.initial_score = state["initial_score"]
         report.best_score, report.best_epoch = state["best"]["score"], state["best"]["epoch"]
         report.scores, report.resumed_from = state["scores"], resumed
