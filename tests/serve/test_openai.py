@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
 
-from plait import History, LLMInference, Module, ResourceConfig, run
+from plait import History, LLMInference, Module, Predict, ResourceConfig, run
 from plait.serve import app
 from plait.testing import ScriptedServer
+from plait.testing._replies import default_responder
 from serve.support import serving, upstream
 
 
@@ -79,3 +82,53 @@ async def test_plait_calls_a_served_plait_program_as_its_model() -> None:
     assert answer == "echo: hi there"
     assert streamed[-1] == "echo: again"
     assert 'route="/v1/chat/completions",status="200"} 2.0' in metrics
+
+
+class Pipeline(Module):
+    """Drafts, then rewrites: two calls of one module, only the second is the reply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm", "Be brief.")
+
+    def forward(self, text: str) -> str:
+        return self.llm(self.llm(text))
+
+
+async def _streamed(client: openai.AsyncOpenAI, model: str, text: str) -> list[str]:
+    """Returns the content deltas of a streamed completion (empty ones left out)."""
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": text}], stream=True
+    )
+    deltas = [c.choices[0].delta.content async for c in stream if c.choices]
+    return [delta for delta in deltas if delta]
+
+
+async def test_a_streamed_reply_is_the_text_of_the_plain_reply() -> None:
+    """A program of several output fields replies with JSON whole or streamed (its fields'
+    text deltas are not the reply); a program returning one inner call's output as it is
+    streams that call's text as it comes; one calling its module twice streams only the
+    reply, never the draft."""
+
+    def answer(body: dict[str, Any]) -> str:
+        if "ticket" in str(body["messages"]):
+            return '{"queue": "bug", "urgent": false}'
+        return default_responder(body)
+
+    triage = Predict("ticket -> queue, urgent: bool", alias="llm")
+    async with ScriptedServer(responder=answer, stream_pieces=4) as server:
+        programs = {"triage": triage, "chat": Chat(), "pipeline": Pipeline()}
+        async with serving(app(programs, upstream(server))) as url:
+            client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
+            plain = await client.chat.completions.create(
+                model="triage", messages=[{"role": "user", "content": "app crashes"}]
+            )
+            triaged = await _streamed(client, "triage", "app crashes")
+            chatted = await _streamed(client, "chat", "tell me a long story")
+            piped = await _streamed(client, "pipeline", "tell me a long story")
+            await client.close()
+    assert plain.choices[0].message.content == '{"queue": "bug", "urgent": false}'
+    assert "".join(triaged) == plain.choices[0].message.content
+    assert "".join(chatted) == "echo: tell me a long story"
+    assert len(chatted) == 4  # the upstream's four pieces, each passed on as it came
+    assert "".join(piped) == "echo: echo: tell me a long story"

@@ -8,9 +8,11 @@ the last user message. The reply is the output's text (a single text field as it
 anything else as JSON).
 
 Sampling options of the request (``temperature``, ``max_tokens`` …) are accepted and ignored:
-the program sets its own. A streamed reply sends the text of the program's own call as it is
-written and whatever the final output adds at the end (the text of inner calls, say, of a
-pipeline whose last step is not the program itself, arrives whole). A run that pauses for
+the program sets its own. A streamed reply sends the text of the call whose output the program
+returns as it is written (the program's own, or the one inner call its ``forward`` returns
+as it is), and whatever the final output adds at the end; a reply that is JSON (an output of
+several fields, or of one that is not text) arrives whole, so streamed and plain replies are
+the same text. A run that pauses for
 approval answers its question as the reply text with ``finish_reason: "stop"`` and the
 paused run (its id and pending calls) in an extra ``plait`` field, which OpenAI clients ignore.
 """
@@ -120,11 +122,11 @@ class _Reply:
         sent = ""
         started = False
         try:
-            async for name, data, own in events:
+            async for name, data, in_reply in events:
                 if not started:
                     started = True
                     yield self._chunk({"role": "assistant", "content": ""}, None)
-                if name == "text" and own:
+                if name == "text" and in_reply:
                     sent += data["delta"]
                     if data["delta"]:
                         yield self._chunk({"content": data["delta"]}, None)

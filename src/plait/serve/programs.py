@@ -105,6 +105,10 @@ class ServedProgram:
     paused_model: type[BaseModel]
     chat_form: ChatForm | None
     history_fields: frozenset[str]
+    reply_field: str | None = ""
+    """Which text field of the reply's module is the chat reply as it streams: ``""`` any
+    (the output is text, or undeclared), a name (the output is that one text field), or
+    None: the reply is the output as JSON, which no field's text spells, so it comes whole."""
 
     @classmethod
     def build(cls, name: str, module: Module) -> ServedProgram:
@@ -147,6 +151,7 @@ class ServedProgram:
             paused_model,
             _chat_form(module, fields, histories),
             frozenset(histories),
+            _reply_field(output_type),
         )
 
     def arguments(self, body: BaseModel) -> dict[str, Any]:
@@ -174,6 +179,18 @@ class ServedProgram:
             if message.get("role") == "user":
                 return {name: _text_of(message.get("content"))}
         raise ValueError("the conversation has no user message for the program to answer")
+
+    def reply_streams(self, arguments: dict[str, Any]) -> tuple[Module, str] | None:
+        """Returns the module and field whose streamed text is this run's chat reply as it
+        is written (field ``""``: any), or None when the reply can only come whole.
+
+        That module is the program itself, or, when its ``forward`` returns one inner call's
+        output as it is (``return self.llm(history)``), that call's module, if the program
+        calls it only there: the text of the other calls (a draft, a judge) is not the reply.
+        """
+        if self.reply_field is None:
+            return None
+        return _reply_module(self.module, arguments), self.reply_field
 
     def reply_text(self, output: Any) -> str:
         """Returns the output as the text of a chat reply: text as it is, a single text field
@@ -318,6 +335,34 @@ def _output_type(module: Module) -> Any:
     if declared is not None:
         return declared
     return str if isinstance(module, LLMInference) else Any
+
+
+def _reply_field(output_type: Any) -> str | None:
+    """Returns `ServedProgram.reply_field` for a program's declared output type."""
+    if output_type in (str, Any):
+        return ""
+    if isinstance(output_type, type) and issubclass(output_type, BaseModel):
+        fields = output_type.model_fields
+        if len(fields) == 1 and next(iter(fields.values())).annotation is str:
+            return next(iter(fields))
+    return None
+
+
+def _reply_module(module: Module, arguments: dict[str, Any]) -> Module:
+    """Returns the module whose output is the program's output as it is (see
+    `ServedProgram.reply_streams`): the one call its traced graph returns, else itself."""
+    from plait.execution.graph_cache import trace_cached
+    from plait.values import ValueRef
+
+    try:
+        graph = trace_cached(module, (), arguments)
+    except Exception:  # not traceable here (the run will say why): stream its own text only
+        return module
+    node = graph.nodes.get(graph.output.ref) if isinstance(graph.output, ValueRef) else None
+    if node is None or node.kind != "call":
+        return module
+    calls = [other for other in graph if other.kind == "call" and other.module is node.module]
+    return node.module if len(calls) == 1 else module
 
 
 def _chat_form(module: Module, fields: dict[str, Any], histories: list[str]) -> ChatForm | None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from plait.confirmation import ConfirmationRequired, ResumeState
 from plait.errors import ConfigError, ConfirmationRejected
+from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.limits import limiter_shares, too_small_to_share
 from plait.resources.usage import UsageMeter, metered
@@ -262,16 +263,19 @@ class RunService:
     async def stream(
         self, served: ServedProgram, arguments: dict[str, Any], resume: ResumeState | None = None
     ) -> AsyncIterator[tuple[str, Any, bool]]:
-        """Yields ``(name, data, own)`` of each event of one run, then its last event:
+        """Yields ``(name, data, in_reply)`` of each event of one run, then its last event:
         ``output``, ``paused`` or ``rejected`` (see `finish`).
 
-        ``own`` tells an event the program's own call made (not one of its children).
+        ``in_reply`` tells a text event that is part of the chat reply as it is written
+        (`ServedProgram.reply_streams`: the text of the call whose output the program
+        returns, of the field that is the reply); the text of other calls is not.
         Stopping the iteration (the client left) cancels the run and its requests.
 
         Raises:
             PlaitError: the program failed (after the events it made before failing).
         """
         outcome = Outcome(uuid.uuid4().hex, UsageMeter())
+        reply = served.reply_streams(arguments)
         with metered(outcome.usage):
             events = served.module.astream(**self._call_options(resume), **arguments)
             try:
@@ -280,7 +284,7 @@ class RunService:
                         outcome.pause = item.confirmation
                     elif isinstance(item, StreamEvent) and not _is_output(item):
                         name, data = event_data(item)
-                        yield name, data, getattr(item, "module", None) is served.module
+                        yield name, data, _in_reply(item, reply)
                     else:
                         outcome.output = item
             except ConfirmationRequired as pause:
@@ -409,6 +413,13 @@ def check_shares(resources: Any, workers: int) -> None:
             f"{', '.join(small)} cannot be split that way; lower --workers or raise "
             "max_concurrent"
         )
+
+
+def _in_reply(event: StreamEvent, reply: tuple[Module, str] | None) -> bool:
+    """Whether ``event`` is text of the chat reply's module and field (see `stream`)."""
+    if reply is None or getattr(event, "module", None) is not reply[0]:
+        return False
+    return not reply[1] or getattr(event, "field_name", None) == reply[1]
 
 
 def _pending_store(options: ServeOptions) -> PendingStore:
