@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -74,6 +75,32 @@ def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         assert len(lines) == 1 and lines[0].startswith("plait: error: "), done.stderr
         assert expected in lines[0]
     assert not (tmp_path / "elsewhere.sqlite").exists()
+
+
+def test_a_port_in_use_is_one_line_with_exit_2(tmp_path: Path) -> None:
+    """A port another server holds is said on one line (not uvicorn's log line, exit 3),
+    for `plait serve` and for `plait mcp --transport http`."""
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for command in (
+            ["serve", f"{program}:make", "-r", str(resources), "--port", port],
+            ["serve", f"{program}:make", "-r", str(resources), "--port", port, "--workers", "2"],
+            ["mcp", f"{program}:make", "-r", str(resources), "--transport", "http", "--port", port],
+        ):
+            done = subprocess.run(
+                plait_command(*command), capture_output=True, text=True, env=environment(),
+                timeout=120, stdin=subprocess.DEVNULL,
+            )  # fmt: skip
+            assert done.returncode == 2, (command, done.stderr)
+            lines = [line for line in done.stderr.splitlines() if line.startswith("plait: error")]
+            assert lines == [
+                f"plait: error: port {port} on 127.0.0.1 is in use (another server listens "
+                "there); stop it, or pass --port with a free port"
+            ], done.stderr
+            assert "Traceback" not in done.stderr and "ERROR" not in done.stderr
 
 
 async def test_sigterm_drains_the_runs_in_flight_and_readiness_goes_false(tmp_path: Path) -> None:

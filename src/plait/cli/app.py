@@ -602,6 +602,8 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
         except (ValueError, TypeError, ImportError) as exc:
             raise ProgramError(str(exc)) from None
     if transport == "http":
+        _check_port(host, port)
+    if transport == "http":
         click.echo(f"plait: serving {', '.join(mcp_server.entries)} over MCP at "
                    f"http://{host}:{port}/mcp", err=True)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a served program stops
@@ -1072,6 +1074,8 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         check_exposure(host, serve_options)
         if ray_replicas is not None and workers > 1:
             _fail("--ray-replicas and --workers both run copies of the server; choose one")
+        if ray_replicas is None:  # Ray Serve's proxy takes the port on the cluster's node
+            _check_port(host, port)
         if workers > 1:
             from plait.serve.runs import check_shares
             from plait.serve.server import serve_workers
@@ -1113,6 +1117,34 @@ def _serve_on_ray(
 
     loader = programs_loader(named)
     run(loader, config, replicas=replicas, host=host, port=port, blocking=True, **vars(options))
+
+
+def _check_port(host: str, port: int) -> None:
+    """Stops with one line when the server could not listen on ``host:port`` (a port another
+    server holds, an address not of this machine), before the programs load.
+
+    The port is bound as uvicorn binds it (``SO_REUSEADDR``) and let go at once, so what
+    this finds free the server then takes, unless another process takes it in between.
+    """
+    import errno
+    import socket
+
+    if port == 0:
+        return  # the system picks a free one
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            _fail(
+                f"port {port} on {host} is in use (another server listens there); stop it, "
+                "or pass --port with a free port"
+            )
+        _fail(f"cannot listen on {host} port {port}: {exc.strerror or exc}; pass another --host")
 
 
 def _served_name(spec: str) -> tuple[str, str]:
