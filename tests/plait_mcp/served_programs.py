@@ -39,3 +39,7 @@ def answerer() -> Predict:
 
 
 ALL = [Shout, Mirror(), add]
+
+
+triage = Predict("ticket -> queue", alias="llm")
+qa = Predict("question -> answer", alias="llm")

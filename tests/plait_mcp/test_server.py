@@ -99,3 +99,45 @@ def test_plait_mcp_names_a_bad_program_on_one_line() -> None:
     (line,) = done.stderr.splitlines()
     assert line.startswith("plait: error: program 'served_programs.py:Nothing': ")
     assert "has no 'Nothing'" in line
+
+
+async def test_plait_mcp_serves_programs_under_the_names_given(tmp_path: Path) -> None:
+    """`NAME=PROGRAM` names a program's tool, as for `plait serve`: two programs of one
+    class (two Predicts) are served side by side, each with its own signature."""
+    async with ScriptedServer(responder=lambda body: '{"queue": "bug", "answer": "4"}') as llm:
+        resources = tmp_path / "res.toml"
+        resources.write_text(
+            f'[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "{llm.base_url}"\napi_key = "k"\n'
+        )
+        specs = ["triage=served_programs.py:triage", "qa=served_programs.py:qa"]
+        async with Client(stdio_params(*specs, "-r", str(resources))) as client:
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            answered = await client.call_tool("qa", {"question": "2 + 2?"})
+    assert list(tools) == ["triage", "qa"]
+    assert tools["triage"].input_schema["required"] == ["ticket"]
+    assert tools["qa"].input_schema["required"] == ["question"]
+    assert (answered.is_error, answered.structured_content) == (False, {"answer": "4"})
+
+
+def test_plait_mcp_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
+    """Two programs that would share a tool name are told how to name them; a program that
+    calls a model and has no resources is refused before serving (every call would fail);
+    a name given to a list of programs is refused."""
+    resources = tmp_path / "res.toml"
+    resources.write_text('llm = "openai:m"\n')
+    cases = [
+        (
+            ["served_programs.py:triage", "served_programs.py:qa", "-r", str(resources)],
+            "name them (on the command line NAME=PROGRAM, e.g. predict2=prog.py:Name",
+        ),
+        (["served_programs.py:triage"], "Predict calls the alias 'llm' and has no resources"),
+        (["all=served_programs.py:ALL"], "NAME=PROGRAM names one program"),
+    ]
+    for args, expected in cases:
+        done = subprocess.run(
+            [*PLAIT_MCP, *args], cwd=HERE, env={**os.environ, "PYTHONPATH": SRC},
+            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 2, (args, done.stderr)
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("plait: error: ") and expected in line, line

@@ -181,6 +181,21 @@ def _check_priced(path: Path | None, resources: Any, calls: list[tuple[str, str]
                 )
 
 
+def _check_bound(programs: list[tuple[str, Any]]) -> None:
+    """Stops before serving when a program calls a model and has no resources (no
+    ``--resources``, none bound in code nor configured), since every call would fail."""
+    from plait.execution.settings import find_resources
+
+    for who, program in programs:
+        aliases = _aliases(program)
+        if aliases and find_resources(bound=program._bound_resources, module=program) is None:
+            _fail(
+                f"{who} calls the alias {aliases[0]!r} and has no resources: pass --resources "
+                "res.toml (a file of alias -> endpoint settings), or bind them where the "
+                "program is built"
+            )
+
+
 def _renames(pairs: tuple[str, ...]) -> dict[str, str]:
     renames = {}
     for pair in pairs:
@@ -579,24 +594,27 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     """Serve each PROGRAM as an MCP tool, so other agents and apps can call it.
 
     A PROGRAM is a Module (class, instance or builder), a plait Tool, or a list
-    of them. A program's arguments are forward's parameters or its signature's
+    of them, named after its class; NAME=PROGRAM names it. A program's arguments are forward's parameters or its signature's
     input fields; its result comes back as text and structured content.
     Serves stdio until the client leaves, or HTTP at http://HOST:PORT/mcp
     until stopped. Needs the mcp extra: pip install 'plait[mcp]'.
     """
     with _usage_errors():
-        from plait.mcp.serving import load_served, server
+        from plait.mcp.serving import load_named, server
         from plait.tools import Tool
 
-        served = load_served(program_specs)
+        served = load_named(program_specs)
+        items = served.items() if isinstance(served, dict) else ((None, p) for p in served)
+        programs = [(who or type(p).__name__, p) for who, p in items if not isinstance(p, Tool)]
         config = None
         if resources is not None:
             from plait.resources import ResourceConfig
 
             config = ResourceConfig.from_file(resources)
-            programs = [item for item in served if not isinstance(item, Tool)]
-            calls = [(type(p).__name__, alias) for p in programs for alias in _aliases(p)]
+            calls = [(who, alias) for who, p in programs for alias in _aliases(p)]
             _check_aliases(resources, config, calls)
+        else:
+            _check_bound(programs)
         try:
             mcp_server = server(served, config, name=name)
         except (ValueError, TypeError, ImportError) as exc:

@@ -1,7 +1,7 @@
 """Serving plait programs and tools over MCP, so other agents and apps can call them.
 
 `server(...)` makes a `ProgramServer`: one MCP tool per program (named after
-its class; arguments from ``forward``'s parameters, or from the input fields
+its class, or by the name a mapping gives it; arguments from ``forward``'s parameters, or from the input fields
 of the `Signature` that drives it, with their types and descriptions) and one
 per plait `Tool` (its own schema). A program's result comes back as text (a
 string as it is, anything else as JSON) and, when it is data, as structured
@@ -17,19 +17,23 @@ from __future__ import annotations
 
 import inspect
 import logging
+import re
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from plait.cli.programs import inputs_of, load_object, one_line, program_of
+from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
 from plait.mcp.client import require_sdk
 from plait.module import Module
 from plait.tools import Tool
 
-__all__ = ["ProgramServer", "load_served", "server"]
+__all__ = ["ProgramServer", "load_named", "load_served", "server"]
 
 logger = logging.getLogger("plait.mcp")
+
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+"""What a name given to a program may be: what model APIs accept as a tool name (and '.')."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class ProgramServer:
 
 
 def server(
-    programs: Module | Tool | Iterable[Module | Tool],
+    programs: Module | Tool | Iterable[Module | Tool] | Mapping[str, Module | Tool],
     resources: Any = None,
     *,
     name: str = "plait",
@@ -138,7 +142,9 @@ def server(
 
     Args:
         programs: a `Module`, a `Tool`, or several of them; each becomes one
-            MCP tool. A program is named after its class, a tool keeps its name.
+            MCP tool. A program is named after its class, a tool keeps its name;
+            a mapping of ``name -> program or tool`` names each (two programs of
+            one class, say two ``Predict``s, need names).
         resources: what the programs' LLM calls use (a ``ResourceConfig``, a
             mapping, or a manager), bound to every program; None leaves each
             program as it is (bound already, or making no LLM calls).
@@ -146,21 +152,28 @@ def server(
 
     Raises:
         TypeError: something given is neither a Module nor a Tool.
-        ValueError: two of them would have one tool name.
+        ValueError: two of them would have one tool name, or a name given is not one.
 
     Example::
 
         plait.mcp.server(Summarize(), ResourceConfig.from_file("res.toml")).run()
+        plait.mcp.server({"triage": triage, "qa": qa}, resources).run("http", port=8000)
     """
-    items = [programs] if isinstance(programs, Module | Tool) else list(programs)
+    if isinstance(programs, Mapping):
+        named: list[tuple[str | None, Any]] = [(str(key), item) for key, item in programs.items()]
+    elif isinstance(programs, Module | Tool):
+        named = [(None, programs)]
+    else:
+        named = [(None, item) for item in programs]
     entries: list[_Entry] = []
-    for item in items:
-        entry = _entry_of(item, resources)
-        if any(other.name == entry.name for other in entries):
+    for given, item in named:
+        if given is not None and not _TOOL_NAME.match(given):
             raise ValueError(
-                f"two programs or tools would both be the MCP tool {entry.name!r}; "
-                "give a tool another name (Tool(fn, name=...)) or serve one program per server"
+                f"{given!r} cannot name an MCP tool: use 1 to 64 letters, digits, '_', '-' or '.'"
             )
+        entry = _entry_of(item, resources, given)
+        if any(other.name == entry.name for other in entries):
+            raise ValueError(_named_twice(entry.name))
         entries.append(entry)
     return ProgramServer(entries, name)
 
@@ -182,10 +195,50 @@ def load_served(specs: Iterable[str]) -> list[Module | Tool]:
     return served
 
 
+def load_named(specs: Iterable[str]) -> list[Module | Tool] | dict[str, Module | Tool]:
+    """Returns what ``plait mcp`` serves, as `load_served`, with the names that
+    ``NAME=PROGRAM`` specs give: a mapping when any spec names its program (the others
+    keep their class's or tool's name), else the list.
+
+    Raises:
+        ProgramError: a spec names nothing servable, or a name is given to a list.
+    """
+    named: list[tuple[str | None, Module | Tool]] = []
+    for spec in specs:
+        given, sep, target = spec.partition("=")
+        if not sep or ":" in given:  # a plain spec (a path may hold '=' after its ':')
+            named.extend((None, item) for item in load_served([spec]))
+            continue
+        items = load_served([target])
+        if len(items) != 1:
+            raise ProgramError(
+                f"{spec!r}: NAME=PROGRAM names one program, but {target} holds "
+                f"{len(items)}; serve the list as it is, or name each program of it"
+            )
+        named.append((given, items[0]))
+    if all(label is None for label, _ in named):
+        return [item for _, item in named]
+    by_name: dict[str, Module | Tool] = {}
+    for label, item in named:
+        key = label or (item.name if isinstance(item, Tool) else type(item).__name__)
+        if key in by_name:
+            raise ProgramError(_named_twice(key))
+        by_name[key] = item
+    return by_name
+
+
+def _named_twice(name: str) -> str:
+    return (
+        f"two programs or tools would both be the MCP tool {name!r}; name them (on the "
+        f"command line NAME=PROGRAM, e.g. {name.lower()}2=prog.py:Name; in Python a mapping "
+        "of name -> program, or Tool(fn, name=...))"
+    )
+
+
 # ------------------------------------------------------------------ entries
-def _entry_of(item: Any, resources: Any) -> _Entry:
+def _entry_of(item: Any, resources: Any, name: str | None = None) -> _Entry:
     if isinstance(item, Tool):
-        return _Entry(item.name, item.description, dict(item.parameters), item)
+        return _Entry(name or item.name, item.description, dict(item.parameters), item)
     if not isinstance(item, Module):
         raise TypeError(
             f"plait.mcp.server serves Modules and Tools, got {type(item).__name__}; wrap a "
@@ -195,7 +248,7 @@ def _entry_of(item: Any, resources: Any) -> _Entry:
         item.bind(resources)
     model = _arguments_model(item)
     schema = _without_titles(model.model_json_schema())
-    return _Entry(type(item).__name__, _description_of(item), schema, item, model)
+    return _Entry(name or type(item).__name__, _description_of(item), schema, item, model)
 
 
 def _arguments_model(program: Module) -> Any:
