@@ -254,8 +254,11 @@ def test_file_errors_name_the_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"invalid\.yml: invalid ResourceConfig") as info:
         ResourceConfig.from_file(invalid)
     assert "unknown key 'modle'; did you mean 'model'?" in str(info.value)
-    with pytest.raises(ConfigError, match=r"missing\.json: cannot read config file"):
+    with pytest.raises(ConfigError, match=r"missing\.json: no such file; check the path"):
         ResourceConfig.from_file(tmp_path / "missing.json")
+    (tmp_path / "folder.toml").mkdir()
+    with pytest.raises(ConfigError, match=r"folder\.toml is a folder; name the config file"):
+        ResourceConfig.from_file(tmp_path / "folder.toml")
     with pytest.raises(ConfigError, match=r"unknown config file type '\.ini'"):
         ResourceConfig.from_file(tmp_path / "r.ini")
 

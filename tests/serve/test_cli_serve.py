@@ -55,7 +55,11 @@ def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         ([f"{program}:make", "-r", str(resources), "--host", "0.0.0.0"], "without API keys"),
         ([f"{program}:nothing", "-r", str(resources)], "has no 'nothing'"),
         ([f"{program}:make", "--api-key-env", "PLAIT_TEST_UNSET_KEY"], "PLAIT_TEST_UNSET_KEY"),
-        ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml"),
+        ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml: no such file"),
+        (
+            [f"{program}:make", "--api-key-file", "no-keys.txt"],
+            "--api-key-file no-keys.txt: cannot read it (No such file or directory); name a",
+        ),
         (
             [f"{program}:make", "-r", str(resources), "--approval-key-env", "PLAIT_TEST_UNSET"],
             "--approval-key-env PLAIT_TEST_UNSET",

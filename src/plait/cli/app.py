@@ -594,8 +594,9 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     """Serve each PROGRAM as an MCP tool, so other agents and apps can call it.
 
     A PROGRAM is a Module (class, instance or builder), a plait Tool, or a list
-    of them, named after its class; NAME=PROGRAM names it. A program's arguments are forward's parameters or its signature's
-    input fields; its result comes back as text and structured content.
+    of them, named after its class; NAME=PROGRAM names it. A program's arguments
+    are forward's parameters or its signature's input fields; its result comes
+    back as text and structured content.
     Serves stdio until the client leaves, or HTTP at http://HOST:PORT/mcp
     until stopped. Needs the mcp extra: pip install 'plait[mcp]'.
     """

@@ -1,8 +1,9 @@
 """Serving plait programs and tools over MCP, so other agents and apps can call them.
 
 `server(...)` makes a `ProgramServer`: one MCP tool per program (named after
-its class, or by the name a mapping gives it; arguments from ``forward``'s parameters, or from the input fields
-of the `Signature` that drives it, with their types and descriptions) and one
+its class, or by the name a mapping gives it; arguments from ``forward``'s
+parameters, or from the input fields of the `Signature` that drives it, with
+their types and descriptions) and one
 per plait `Tool` (its own schema). A program's result comes back as text (a
 string as it is, anything else as JSON) and, when it is data, as structured
 content too. A failure (bad arguments, an error in the program) is a tool

@@ -602,6 +602,12 @@ class ResourceConfig:
             )
         try:
             raw = file.read_bytes()
+        except FileNotFoundError:
+            raise ConfigError(
+                f"{file}: no such file; check the path (it is read from {Path.cwd()})"
+            ) from None
+        except IsADirectoryError:
+            raise ConfigError(f"{file} is a folder; name the config file in it") from None
         except OSError as exc:
             raise ConfigError(f"{file}: cannot read config file: {exc.strerror or exc}") from exc
         try:

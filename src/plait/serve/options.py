@@ -130,7 +130,10 @@ def read_api_keys(env_names: Iterable[str] = (), files: Iterable[str | Path] = (
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or type(exc).__name__
-            raise ConfigError(f"--api-key-file {path}: cannot read it ({reason})") from None
+            raise ConfigError(
+                f"--api-key-file {path}: cannot read it ({reason}); name a UTF-8 text file "
+                f"with one key a line (a relative path is read from {Path.cwd()})"
+            ) from None
         found = [
             line.strip() for line in text.splitlines() if line.strip() and line.strip()[0] != "#"
         ]
