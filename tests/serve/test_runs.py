@@ -101,6 +101,7 @@ async def test_the_run_route_answers_like_a_typed_route_for_other_methods_and_qu
             on = await client.post(f"{url}/programs/qa/run?stream=1", json={"question": "hi"})
             empty = await client.post(f"{url}/programs/qa/run")
             other = await client.post(f"{url}/programs/nope/run", json={"question": "hi"})
+            nowhere = await client.get(f"{url}/nowhere")
     assert got.status_code == 405 and got.headers["allow"] == "POST"
     assert got.json()["error"]["type"] == "method_not_allowed"
     assert bad_stream.status_code == 422
@@ -111,6 +112,11 @@ async def test_the_run_route_answers_like_a_typed_route_for_other_methods_and_qu
     assert sse_events(on.text)[-1][0] == "output"
     assert empty.status_code == 422 and empty.json()["error"]["message"].startswith("body: ")
     assert other.status_code == 404 and other.json()["error"]["type"] == "not_found"
+    assert other.json()["error"]["message"] == (
+        "no program named 'nope' is served here; the programs: 'qa'"
+    )
+    assert nowhere.status_code == 404
+    assert nowhere.json()["error"]["message"] == "no route GET /nowhere; /docs lists the routes"
     assert server.stats.requests == 2
 
 

@@ -80,7 +80,7 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     app.state.runs = service
     app.state.options = options
     metrics = app.state.metrics = ServerMetrics(service)
-    _add_error_handlers(app)
+    _add_error_handlers(app, list(served))
     _add_operations(app, service, metrics)
     for program in served.values():
         _add_program(app, service, program)
@@ -173,13 +173,16 @@ def _resources(resources: Any, served: dict[str, ServedProgram]) -> Any:
     )
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def _add_error_handlers(app: FastAPI, names: list[str]) -> None:
     async def invalid(request: Request, exc: RequestValidationError) -> JsonResponse:
         return invalid_input(exc.errors(), request.scope)
 
     async def http_error(request: Request, exc: HTTPException) -> JsonResponse:
         kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(exc.status_code, kind, str(exc.detail), request.scope)
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":  # no route, not a run of ours
+            message = _no_route(request, names)
+        return error_response(exc.status_code, kind, message, request.scope)
 
     async def unexpected(request: Request, exc: Exception) -> JsonResponse:
         return failure_response(exc, request.scope)
@@ -187,6 +190,15 @@ def _add_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, unexpected)
+
+
+def _no_route(request: Request, names: list[str]) -> str:
+    """Says what a path that matched no route should have been: a program's name, or a route."""
+    parts = request.url.path.strip("/").split("/")
+    if len(parts) >= 2 and parts[0] == "programs" and parts[1] not in names:
+        known = ", ".join(repr(name) for name in names)
+        return f"no program named {parts[1]!r} is served here; the programs: {known}"
+    return f"no route {request.method} {request.url.path}; /docs lists the routes"
 
 
 def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -> None:
