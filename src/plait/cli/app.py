@@ -13,6 +13,7 @@ import click
 from plait.cli import (
     EXIT_ABORTED,
     EXIT_BELOW_THRESHOLD,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_ROWS_FAILED,
     EXIT_USAGE,
@@ -87,15 +88,20 @@ def _one_line_usage() -> Iterator[None]:
 
 class _Plait(click.Group):
     """The ``plait`` group: click's usage errors (an unknown option or command, a bad
-    option value) are one line too."""
+    option value) are one line too, and so is a Ctrl-C while a command loads its program
+    (exit 130, as for a Ctrl-C later; click would say "Aborted!" and exit 1)."""
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         with _one_line_usage():
             return super().make_context(*args, **kwargs)
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _one_line_usage():
-            return super().invoke(ctx)
+        try:
+            with _one_line_usage():
+                return super().invoke(ctx)
+        except KeyboardInterrupt:  # Ctrl-C before the command's own handling (loading it)
+            click.echo("plait: stopped by Ctrl-C", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
 
 def _check_writable(path: Path | None, option: str) -> None:
