@@ -274,6 +274,45 @@ class Media(_Content):
     def __copy__(self) -> Media:
         return self
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        """Tells pydantic how to take this kind from data: an item as it is, or a ``data:``
+        URI or ``http(s)`` URL built as the constructor builds it (the format read from the
+        bytes, the cap applied). A path is refused: data reaching pydantic comes from outside
+        (a served program's request, an MCP tool's arguments), which must not name the
+        server's files. As data, an item is its `summary`."""
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_plain_validator_function(
+            cls._from_data,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                lambda medium: medium.summary()
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "format": "uri",
+            "description": f"The {cls.kind} as a data: URI (data:<type>;base64,...) or an "
+            f"http(s) URL; {cls.accepts}.",
+        }
+
+    @classmethod
+    def _from_data(cls, value: Any) -> Media:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value.startswith(("data:", "http://", "https://")):
+            try:
+                return cls(value)
+            except MediaError as exc:
+                raise ValueError(str(exc)) from None
+        raise ValueError(
+            f"give the {cls.kind} as a data: URI (data:<type>;base64,...) or an http(s) URL"
+            + ("; a path is not read from a request" if isinstance(value, str) else "")
+        )
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Media:
         return self
 

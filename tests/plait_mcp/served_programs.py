@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from plait import Module, Predict, tool
+from plait import Image, InputField, Module, OutputField, Predict, Signature, tool
 
 
 class Shout(Module):
@@ -43,3 +43,14 @@ ALL = [Shout, Mirror(), add]
 
 triage = Predict("ticket -> queue", alias="llm")
 qa = Predict("question -> answer", alias="llm")
+
+
+class ReadInvoice(Signature):
+    """Read the invoice."""
+
+    scan: Image = InputField()
+    total: float = OutputField()
+
+
+def invoice_reader() -> Predict:
+    return Predict(ReadInvoice)

@@ -7,6 +7,7 @@ whose model is the scripted server.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -15,11 +16,12 @@ from pathlib import Path
 
 from mcp import Client, StdioServerParameters
 
+from media.samples import GIF
 from plait import ResourceConfig
 from plait.mcp import server
 from plait.testing import ScriptedServer
 
-from .served_programs import answerer
+from .served_programs import answerer, invoice_reader
 from .support import SRC, free_port, http_process
 
 HERE = Path(__file__).parent
@@ -141,3 +143,22 @@ def test_plait_mcp_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         assert done.returncode == 2, (args, done.stderr)
         (line,) = done.stderr.splitlines()
         assert line.startswith("plait: error: ") and expected in line, line
+
+
+async def test_a_served_program_takes_an_image_argument_as_a_data_uri() -> None:
+    """An `Image` argument is a string in the tool's schema, a ``data:`` URI or URL that
+    reaches the model as an image; a path is an error result, never read."""
+    uri = "data:image/gif;base64," + base64.b64encode(GIF).decode()
+    async with ScriptedServer(responder=lambda body: '{"total": 3.0}') as llm:
+        mcp_server = server(invoice_reader(), ResourceConfig({"*": llm.endpoint()}))
+        async with Client(mcp_server.sdk_server) as client:
+            (info,) = (await client.list_tools()).tools
+            read = await client.call_tool("Predict", {"scan": uri})
+            path = await client.call_tool("Predict", {"scan": "/etc/hosts"})
+    assert info.input_schema["properties"]["scan"]["format"] == "uri"
+    assert (read.is_error, read.structured_content) == (False, {"total": 3.0})
+    assert {"type": "image_url", "image_url": {"url": uri}} in llm.stats.log[0].body["messages"][
+        -1
+    ]["content"]
+    assert path.is_error and "a path is not read from a request" in path.content[0].text
+    assert llm.stats.requests == 1

@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import httpx
 from pydantic import BaseModel
 
-from plait import LLMInference, Module, Predict, ReAct, tool
+from media.samples import png
+from plait import (
+    Image,
+    InputField,
+    LLMInference,
+    Module,
+    OutputField,
+    Predict,
+    ReAct,
+    Signature,
+    tool,
+)
 from plait.serve import app
 from plait.testing import ScriptedServer
 from serve.support import Gate, serving, sse_events, until, upstream
+
+
+class ReadInvoice(Signature):
+    """Read the invoice."""
+
+    scan: Image = InputField()
+    total: float = OutputField()
 
 
 class Summary(BaseModel):
@@ -222,3 +241,42 @@ def asyncio_task(work: Any) -> Any:
     import asyncio
 
     return asyncio.ensure_future(work)
+
+
+async def test_an_image_input_is_sent_as_a_data_uri_or_url_never_as_a_path() -> None:
+    """A program with an `Image` input is served with that input as a string: a ``data:``
+    URI or an ``http(s)`` URL, built into an Image as plait builds one (its format read from
+    its bytes); a path is refused (a client must not name the server's files), and so are
+    bytes that are not an image, each a 422 naming the field."""
+    uri = "data:image/png;base64," + base64.b64encode(png()).decode()
+    async with ScriptedServer(responder=lambda body: '{"total": 12.5}') as server:
+        served = app({"invoice": Predict(ReadInvoice)}, upstream(server))
+        async with serving(served) as url, httpx.AsyncClient() as client:
+            listed = (await client.get(f"{url}/programs")).json()
+            read = await client.post(f"{url}/programs/invoice/run", json={"scan": uri})
+            linked = await client.post(
+                f"{url}/programs/invoice/run", json={"scan": "https://example.com/scan.png"}
+            )
+            path = await client.post(f"{url}/programs/invoice/run", json={"scan": "/etc/hosts"})
+            text = await client.post(
+                f"{url}/programs/invoice/run", json={"scan": "data:image/png;base64,aGVsbG8="}
+            )
+    scan = listed[0]["input_schema"]["properties"]["scan"]
+    assert (scan["type"], scan["format"]) == ("string", "uri")
+    assert read.status_code == 200 and read.json()["output"] == {"total": 12.5}
+    parts = server.stats.log[0].body["messages"][-1]["content"]
+    assert {"type": "image_url", "image_url": {"url": uri}} in parts
+    assert linked.status_code == 200
+    assert server.stats.log[1].body["messages"][-1]["content"][1]["image_url"] == {
+        "url": "https://example.com/scan.png"
+    }
+    assert path.status_code == 422
+    assert path.json()["error"]["message"] == (
+        "scan: Value error, give the image as a data: URI (data:<type>;base64,...) or an "
+        "http(s) URL; a path is not read from a request"
+    )
+    assert text.status_code == 422
+    assert text.json()["error"]["message"].startswith(
+        "scan: Value error, Image from a data URI: the bytes are not a PNG, JPEG, GIF or WebP"
+    )
+    assert server.stats.requests == 2
