@@ -49,6 +49,8 @@ def files(tmp_path: Path, base_url: str) -> tuple[Path, Path]:
 
 def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
     program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    other = tmp_path / "other.toml"
+    other.write_text('other = "openai:m"\n')
     planted = tmp_path / "pending.sqlite"
     planted.symlink_to(tmp_path / "elsewhere.sqlite")
     cases = [
@@ -56,6 +58,10 @@ def test_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
         ([f"{program}:nothing", "-r", str(resources)], "has no 'nothing'"),
         ([f"{program}:make", "--api-key-env", "PLAIT_TEST_UNSET_KEY"], "PLAIT_TEST_UNSET_KEY"),
         ([f"{program}:make", "-r", str(tmp_path / "missing.toml")], "missing.toml: no such file"),
+        (
+            [f"{program}:make", "-r", str(other), "--workers", "2"],
+            "make calls the alias 'llm', which",
+        ),
         (
             [f"{program}:make", "--api-key-file", "no-keys.txt"],
             "--api-key-file no-keys.txt: cannot read it (No such file or directory); name a",

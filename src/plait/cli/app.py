@@ -1106,8 +1106,11 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             from plait.serve.server import serve_workers
 
             # found wrong here, once, rather than in every worker
-            loaded = [load_program(spec) for _, spec in named]
-            check_shares(_resources(resources, loaded[0]), workers)
+            loaded = {name: load_program(spec) for name, spec in named}
+            config = _resources(resources, next(iter(loaded.values())))
+            for name, program in loaded.items():
+                _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
+            check_shares(config, workers)
             serve_workers(
                 named, str(resources) if resources else None,
                 host=host, port=port, options=serve_options,
