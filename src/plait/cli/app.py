@@ -1099,8 +1099,6 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         check_exposure(host, serve_options)
         if ray_replicas is not None and workers > 1:
             _fail("--ray-replicas and --workers both run copies of the server; choose one")
-        if ray_replicas is None:  # Ray Serve's proxy takes the port on the cluster's node
-            _check_port(host, port)
         if workers > 1:
             from plait.serve.runs import check_shares
             from plait.serve.server import serve_workers
@@ -1111,6 +1109,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             for name, program in loaded.items():
                 _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
             check_shares(config, workers)
+            _check_port(host, port)
             serve_workers(
                 named, str(resources) if resources else None,
                 host=host, port=port, options=serve_options,
@@ -1120,9 +1119,10 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         config = _resources(resources, next(iter(programs.values())))
         for name, program in programs.items():
             _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
-        if ray_replicas is not None:
+        if ray_replicas is not None:  # Ray Serve's proxy takes the port on the cluster's node
             _serve_on_ray(named, config, ray_replicas, host, port, serve_options)
             return
+        _check_port(host, port)
         from plait.serve import app, serve
 
         try:
@@ -1149,7 +1149,8 @@ def _serve_on_ray(
 
 def _check_port(host: str, port: int) -> None:
     """Stops with one line when the server could not listen on ``host:port`` (a port another
-    server holds, an address not of this machine), before the programs load.
+    server holds, an address not of this machine), once the programs and resources are
+    found right (a mistake in them is the more useful thing to hear first).
 
     The port is bound as uvicorn binds it (``SO_REUSEADDR``) and let go at once, so what
     this finds free the server then takes, unless another process takes it in between.
