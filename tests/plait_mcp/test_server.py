@@ -14,11 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mcp import Client, StdioServerParameters
 
 from media.samples import GIF
 from plait import ResourceConfig
-from plait.mcp import server
+from plait.errors import MCPError
+from plait.mcp import MCPToolset, server
 from plait.testing import ScriptedServer
 
 from .served_programs import answerer, invoice_reader
@@ -162,3 +164,30 @@ async def test_a_served_program_takes_an_image_argument_as_a_data_uri() -> None:
     ]["content"]
     assert path.is_error and "a path is not read from a request" in path.content[0].text
     assert llm.stats.requests == 1
+
+
+async def test_plait_mcp_over_http_to_other_machines_needs_api_keys(tmp_path: Path) -> None:
+    """Over HTTP a served program is run by whoever reaches it: off loopback `plait mcp`
+    refuses to start without API keys (as `plait serve` does), and with keys a request
+    without the bearer token is refused."""
+    refused = subprocess.run(
+        [*PLAIT_MCP, "served_programs.py:ALL", "--transport", "http", "--host", "0.0.0.0"],
+        cwd=HERE, env={**os.environ, "PYTHONPATH": SRC}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines() == [
+        "plait: error: refusing to serve MCP on 0.0.0.0 without API keys: anyone who can "
+        "reach it could run the programs at your expense; pass --api-key-env NAME or "
+        "--api-key-file PATH, or bind 127.0.0.1"
+    ]
+    port = free_port()
+    command = [*PLAIT_MCP, str(HERE / "served_programs.py:ALL"), "--transport", "http",
+               "--port", str(port), "--api-key-env", "MCP_TEST_KEYS"]  # fmt: skip
+    with http_process(command, port, MCP_TEST_KEYS="first-key-1234,second-key-5678") as url:
+        async with MCPToolset(url, headers={"Authorization": "Bearer second-key-5678"}) as keyed:
+            added = await next(tool for tool in keyed if tool.name == "add")(a=2, b=3)
+        with pytest.raises(MCPError, match="could not be started or reached"):
+            async with MCPToolset(url, connect_timeout=20):
+                pass
+    assert added == "5"

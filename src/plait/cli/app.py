@@ -595,8 +595,23 @@ def _pairs(path: Path, fmt: str | None, mapper: RowMapper, target: str) -> list[
     help="Endpoints file (.toml, .yaml, .json) for the programs' LLM calls.",
 )
 @click.option("--name", default="plait", show_default=True, help="The server's name.")
+@click.option(
+    "--api-key-env",
+    "api_key_envs",
+    multiple=True,
+    metavar="NAME",
+    help="HTTP: environment variable holding API key(s), comma-separated.",
+)
+@click.option(
+    "--api-key-file",
+    "api_key_files",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="HTTP: file of API keys, one a line.",
+)
 def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port: int,
-                resources: Path | None, name: str) -> None:  # fmt: skip
+                resources: Path | None, name: str, api_key_envs: tuple[str, ...],
+                api_key_files: tuple[Path, ...]) -> None:  # fmt: skip
     """Serve each PROGRAM as an MCP tool, so other agents and apps can call it.
 
     A PROGRAM is a Module (class, instance or builder), a plait Tool, or a list
@@ -604,11 +619,19 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     are forward's parameters or its signature's input fields; its result comes
     back as text and structured content.
     Serves stdio until the client leaves, or HTTP at http://HOST:PORT/mcp
-    until stopped. Needs the mcp extra: pip install 'plait[mcp]'.
+    until stopped; off loopback it needs API keys (--api-key-env, --api-key-file),
+    sent as Authorization: Bearer <key>. Needs the mcp extra: pip install 'plait[mcp]'.
     """
     with _usage_errors():
-        from plait.mcp.serving import load_named, server
+        from plait.mcp.serving import check_exposure, load_named, server
+        from plait.serve.options import read_api_keys
         from plait.tools import Tool
+
+        keys = read_api_keys(api_key_envs, api_key_files)
+        if keys and transport != "http":
+            _fail("--api-key-env and --api-key-file are for --transport http")
+        if transport == "http":
+            check_exposure(host, keys)
 
         served = load_named(program_specs)
         items = served.items() if isinstance(served, dict) else ((None, p) for p in served)
@@ -632,7 +655,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
         click.echo(f"plait: serving {', '.join(mcp_server.entries)} over MCP at "
                    f"http://{host}:{port}/mcp", err=True)  # fmt: skip
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a served program stops
-        mcp_server.run(transport, host=host, port=port)
+        mcp_server.run(transport, host=host, port=port, api_keys=keys)
 
 
 @cli.command("train", epilog=_RESOURCES_HELP)

@@ -20,16 +20,17 @@ import inspect
 import logging
 import re
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
+from plait.errors import ConfigError
 from plait.mcp.client import require_sdk
 from plait.module import Module
 from plait.tools import Tool
 
-__all__ = ["ProgramServer", "load_named", "load_served", "server"]
+__all__ = ["ProgramServer", "check_exposure", "load_named", "load_served", "server"]
 
 logger = logging.getLogger("plait.mcp")
 
@@ -82,26 +83,51 @@ class ProgramServer:
                 read_stream, write_stream, self.sdk_server.create_initialization_options()
             )
 
-    async def serve_http(self, host: str = "127.0.0.1", port: int = 8000) -> None:
-        """Serves streamable HTTP at ``http://host:port/mcp`` until cancelled (or Ctrl-C)."""
+    async def serve_http(
+        self, host: str = "127.0.0.1", port: int = 8000, *, api_keys: Sequence[str] = ()
+    ) -> None:
+        """Serves streamable HTTP at ``http://host:port/mcp`` until cancelled (or Ctrl-C).
+
+        With ``api_keys``, a request must carry ``Authorization: Bearer <one of them>``
+        (else 401), as `plait serve` asks; without any, only this machine may connect.
+
+        Raises:
+            ConfigError: ``host`` is reachable from other machines and no key is given.
+        """
         import uvicorn
 
-        app = self.sdk_server.streamable_http_app(host=host)
+        check_exposure(host, api_keys)
+        app: Any = self.sdk_server.streamable_http_app(host=host)
+        if api_keys:
+            from plait.serve.middleware import RequireApiKey
+
+            app = RequireApiKey(app, tuple(api_keys))
         config = uvicorn.Config(app, host=host, port=port, log_level="warning")
         await uvicorn.Server(config).serve()
 
-    def run(self, transport: str = "stdio", *, host: str = "127.0.0.1", port: int = 8000) -> None:
-        """Serves until the client leaves (stdio) or the process is stopped (http).
+    def run(
+        self,
+        transport: str = "stdio",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_keys: Sequence[str] = (),
+    ) -> None:
+        """Serves until the client leaves (stdio) or the process is stopped (http; see
+        `serve_http` for ``api_keys``).
 
         Raises:
             ValueError: ``transport`` is neither ``"stdio"`` nor ``"http"``.
+            ConfigError: over HTTP, ``host`` is reachable from other machines and no key
+                is given.
         """
         import anyio
 
         if transport == "stdio":
             anyio.run(self.serve_stdio)
         elif transport == "http":
-            anyio.run(lambda: self.serve_http(host, port))
+            check_exposure(host, api_keys)
+            anyio.run(lambda: self.serve_http(host, port, api_keys=api_keys))
         else:
             raise ValueError(f"transport must be 'stdio' or 'http', got {transport!r}")
 
@@ -131,6 +157,23 @@ class ProgramServer:
 
     def __repr__(self) -> str:
         return f"ProgramServer({self.name!r}, tools=[{', '.join(self.entries)}])"
+
+
+def check_exposure(host: str, api_keys: Sequence[str]) -> None:
+    """Refuses to serve MCP over HTTP on a host other machines reach, without API keys.
+
+    Raises:
+        ConfigError: ``host`` is not loopback and no key is given.
+    """
+    from plait.serve.options import is_loopback
+
+    if api_keys or is_loopback(host):
+        return
+    raise ConfigError(
+        f"refusing to serve MCP on {host} without API keys: anyone who can reach it could "
+        "run the programs at your expense; pass --api-key-env NAME or --api-key-file PATH, "
+        "or bind 127.0.0.1"
+    )
 
 
 def server(
