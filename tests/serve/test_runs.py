@@ -221,6 +221,14 @@ async def test_a_client_that_leaves_a_stream_cancels_its_run_and_upstream_reques
             gate.opened.set()
             assert server.stats.requests == 1
             assert server.stats.log[0].status is None  # never answered: cancelled
+            # counted (and logged) as the client leaving, 499, not as the 200 its head said
+            left = 'plait_http_requests_total{method="POST",route="/programs/llm/run",status='
+            async with httpx.AsyncClient() as client:
+                for _ in range(500):
+                    metrics = (await client.get(f"{url}/metrics")).text.splitlines()
+                    if any(line.startswith(left) for line in metrics):
+                        break
+            assert [line for line in metrics if line.startswith(left)] == [f'{left}"499"}} 1.0']
 
 
 async def test_a_client_that_leaves_a_plain_run_cancels_it() -> None:

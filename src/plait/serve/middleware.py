@@ -122,7 +122,9 @@ class ObservedRequests:
     returns it in the ``X-Request-ID`` header, counts the request in the metrics, and has
     ``access_log`` write one JSON line when it is answered (when the logger
     ``plait.serve.access`` takes INFO lines). An exception no layer handled becomes the 500
-    with an error id (see `plait.serve.errors`)."""
+    with an error id (see `plait.serve.errors`). A response that started but never ended
+    (an event stream the client left) is counted and logged as 499, as a plain run the
+    client left is."""
 
     def __init__(self, app: App, metrics: Any, access_log: AccessLog | None = None) -> None:
         self.app = app
@@ -136,7 +138,7 @@ class ObservedRequests:
         given = _header(scope, b"x-request-id")
         request_id = given if given and _CLIENT_ID.match(given) else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
-        answer = {"status": 500, "started": False}
+        answer = {"status": 500, "started": False, "ended": False}
         start = time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
@@ -144,11 +146,15 @@ class ObservedRequests:
                 answer["status"], answer["started"] = message["status"], True
                 headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
                 message = {**message, "headers": headers}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                answer["ended"] = True
             await send(message)
 
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
+            if answer["started"] and not answer["ended"]:
+                answer["status"] = 499  # a stream the client left: its head said 200
         except Exception as exc:
             if answer["started"]:
                 raise  # the answer is under way: the server closes the connection
