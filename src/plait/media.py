@@ -380,6 +380,11 @@ def _read_file(path: Path, kind: str, cap: int) -> bytes:
             )
         with path.open("rb") as file:
             return file.read(cap + 1)
+    except FileNotFoundError as exc:
+        raise MediaError(
+            f"cannot read {kind} file {str(path)!r}: {exc.strerror}; check the path (it is read "
+            f"from {os.getcwd()}), or give an http(s) URL or a data: URI"
+        ) from None
     except OSError as exc:
         raise MediaError(f"cannot read {kind} file {str(path)!r}: {exc.strerror}") from None
 

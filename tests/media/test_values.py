@@ -59,6 +59,8 @@ def test_bytes_of_another_kind_are_refused_naming_the_source(tmp_path: Path):
 def test_a_missing_file_is_a_one_line_media_error(tmp_path: Path):
     with pytest.raises(MediaError, match=r"cannot read image file '.*nope\.png': No such file"):
         Image(tmp_path / "nope.png")
+    with pytest.raises(MediaError, match=r"; check the path \(it is read from .*\), or give an "):
+        Image("example.com/cat.jpg")  # a URL without its scheme is a path
 
 
 def test_each_item_is_capped_and_the_error_names_the_input_and_the_cap(tmp_path: Path):
