@@ -178,6 +178,10 @@ MISTAKES = {
         "--resources missing.toml: no such file; check the path (read from ",
     ),
     "resources not TOML": ((*RUN[:-1], "broken.toml"), "broken.toml: invalid TOML"),
+    "resources not TOML, what to do": (
+        (*RUN[:-1], "broken.toml"),
+        "(at line 1, column 5); correct the file there",
+    ),
     "resources invalid": ((*RUN[:-1], "wrong.toml"), "unknown provider 'nosuch'"),
     "resources of another type": ((*RUN[:-1], "in.jsonl"), "unknown config file type"),
     "no resources": (RUN[:-2], "Summarize has no resources: pass --resources"),

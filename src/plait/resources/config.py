@@ -807,6 +807,10 @@ def _not_utf8(file: Path, exc: UnicodeDecodeError) -> ConfigError:
     )
 
 
+_FIX_THERE = "correct the file there"
+"""What to do about a file that does not parse: its message says where."""
+
+
 def _read_json(text: str, file: Path) -> Any:
     import json
 
@@ -815,7 +819,9 @@ def _read_json(text: str, file: Path) -> Any:
     try:
         return loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from exc
+        raise ConfigError(
+            f"{file}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}; {_FIX_THERE}"
+        ) from exc
     except ValueError as exc:  # nested too deeply, or an integer of too many digits
         raise ConfigError(f"{file}: invalid JSON: {exc}") from None
 
@@ -826,7 +832,7 @@ def _read_toml(text: str, file: Path) -> Any:
     try:
         return tomllib.loads(text)
     except ValueError as exc:  # TOMLDecodeError, or an integer of too many digits
-        raise ConfigError(f"{file}: invalid TOML: {exc}") from exc
+        raise ConfigError(f"{file}: invalid TOML: {exc}; {_FIX_THERE}") from exc
     except RecursionError:
         raise ConfigError(f"{file}: invalid TOML: it is nested too deeply to read") from None
 
@@ -844,7 +850,7 @@ def _read_yaml(text: str, file: Path) -> Any:
     except RecursionError:
         raise ConfigError(f"{file}: invalid YAML: it is nested too deeply to read") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: invalid YAML: {exc}") from exc
+        raise ConfigError(f"{file}: invalid YAML: {exc}; {_FIX_THERE}") from exc
     # PyYAML lets a value it cannot build raise whatever Python raised (``2020-13-45``
     # or ``!!float x``: ValueError; ``!!timestamp x``: AttributeError). safe_load runs
     # no code of ours, so anything it raises means the file is not YAML it can read.
