@@ -160,6 +160,10 @@ MISTAKES = {
         "No module named 'no_such_dependency_zz' (needs_dep.py:1); install",
     ),
     "package not found": (program("no_such_pkg_zz:S"), "no module named 'no_such_pkg_zz'"),
+    "a data file as the program": (
+        program("in.jsonl:S"),
+        "in.jsonl is not a .py file nor a module name; name a Python file",
+    ),
     "cannot be traced": (
         program("progs.py:Decides"),
         f"Decides ({line_of('decides')}) used a traced value in an `if`/`while` condition",

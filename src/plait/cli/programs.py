@@ -85,6 +85,11 @@ def load_object(spec: str, what: str = "program") -> Any:
 
 
 def _import_module(module_name: str, spec: str, what: str) -> Any:
+    if "/" in module_name or "\\" in module_name or Path(module_name).is_file():
+        raise ProgramError(
+            f"{what} {spec!r}: {module_name} is not a .py file nor a module name; name a "
+            "Python file (path/to/file.py:Name) or a module (pkg.module:Name)"
+        )
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
