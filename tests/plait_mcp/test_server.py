@@ -13,12 +13,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters
 
 from media.samples import GIF
-from plait import ResourceConfig
+from plait import ReAct, ResourceConfig, tool
 from plait.errors import MCPError
 from plait.mcp import MCPToolset, server
 from plait.testing import ScriptedServer
@@ -191,3 +192,34 @@ async def test_plait_mcp_over_http_to_other_machines_needs_api_keys(tmp_path: Pa
             async with MCPToolset(url, connect_timeout=20):
                 pass
     assert added == "5"
+
+
+async def test_a_program_that_asks_for_a_confirmation_ends_as_an_error_saying_why() -> None:
+    """A call over MCP cannot pause for a person: the result says so and what to do,
+    and the tool that needed the yes never runs."""
+    ran: list[str] = []
+
+    @tool(require_confirmation=True)
+    def delete_file(path: str) -> str:
+        """Deletes a file."""
+        ran.append(path)
+        return "deleted"
+
+    def call_then_answer(body: dict[str, Any]) -> Any:
+        if any(message["role"] == "tool" for message in body["messages"]):
+            return '{"answer": "done"}'
+        return {"tool_calls": [{"name": "delete_file", "arguments": {"path": "/tmp/x"}}]}
+
+    async with ScriptedServer(responder=call_then_answer) as llm:
+        agent = ReAct("request -> answer", tools=[delete_file])
+        mcp_server = server({"agent": agent}, ResourceConfig({"*": llm.endpoint()}))
+        async with Client(mcp_server.sdk_server) as client:
+            result = await client.call_tool("agent", {"request": "clean up"})
+    assert result.is_error
+    assert result.content[0].text == (
+        'agent stopped to ask a person: Run the tool delete_file with {"path": "/tmp/x"}? '
+        "A call over MCP cannot pause for an answer; serve the program with plait serve "
+        "(which keeps the run for its approval), or make the tool without "
+        "require_confirmation"
+    )
+    assert ran == []

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
+from plait.confirmation import ConfirmationRequired
 from plait.errors import ConfigError
 from plait.mcp.client import require_sdk
 from plait.module import Module
@@ -376,6 +377,12 @@ async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
         output = entry.target(**kwargs)
         if inspect.isawaitable(output):
             output = await output
+    except ConfirmationRequired as pause:  # no person on the other end to answer it
+        return _error_result(
+            f"{entry.name} stopped to ask a person: {one_line(str(pause))} A call over MCP "
+            "cannot pause for an answer; serve the program with plait serve (which keeps the "
+            "run for its approval), or make the tool without require_confirmation"
+        )
     except Exception as exc:  # the program's failure goes back to the caller, not up the server
         message = f"{entry.name} failed: {type(exc).__name__}: {one_line(str(exc))}"
         logger.warning("%s", message)
