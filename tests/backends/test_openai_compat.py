@@ -472,15 +472,38 @@ def test_a_login_in_base_url_and_an_api_key_are_refused_together():
     assert "s3cr3t-pw" not in str(info.value)
 
 
-async def test_a_cloud_endpoint_without_a_key_fails_before_any_request(transport, monkeypatch):
+def test_a_cloud_endpoint_without_a_key_is_refused_when_built(transport, monkeypatch):
     monkeypatch.delenv("PLAIT_TEST_NO_KEY", raising=False)
-    backend = OpenAICompatBackend(
-        "gpt-4o-mini", api_key_env="PLAIT_TEST_NO_KEY", transport=transport
+    with pytest.raises(ConfigError, match=r"needs an API key: set the environment variable "
+                       r"PLAIT_TEST_NO_KEY, or give api_key"):  # fmt: skip
+        OpenAICompatBackend("gpt-4o-mini", api_key_env="PLAIT_TEST_NO_KEY", transport=transport)
+    assert "PLAIT_TEST_NO_KEY" in OpenAICompatBackend.missing_credential(
+        api_key_env="PLAIT_TEST_NO_KEY"
     )
-    with pytest.raises(BackendError, match="PLAIT_TEST_NO_KEY") as caught:
-        await backend.complete(ask())
-    assert not caught.value.retryable
-    assert backend.dialect == "openai"
+    monkeypatch.setenv("PLAIT_TEST_NO_KEY", "sk-test")
+    assert OpenAICompatBackend.missing_credential(api_key_env="PLAIT_TEST_NO_KEY") is None
+    OpenAICompatBackend("gpt-4o-mini", api_key_env="PLAIT_TEST_NO_KEY", transport=transport)
+
+
+def test_what_counts_as_the_credential_of_a_cloud_endpoint(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    missing = OpenAICompatBackend.missing_credential
+    assert missing(api_key="") is not None  # an empty key is none
+    assert missing(api_key_env=None) == (
+        "needs an API key: give api_key, or name the variable that holds it with api_key_env"
+    )
+    azure = "https://x.openai.azure.com/openai/v1"
+    assert missing(base_url=azure) is not None
+    assert missing(base_url=azure, headers={"api-key": "k"}) is None
+    assert missing(base_url="https://u:p@api.openai.com/v1") is None
+    assert missing(base_url="http://127.0.0.1:8080/v1") is None  # a server of your own
+
+
+async def test_a_server_of_your_own_needs_no_key(connect, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    async with ScriptedServer() as server:
+        reply = await connect(server).complete(ask("hi"))
+    assert reply.text == "echo: hi"
 
 
 # -- construction, lifecycle, imports ---------------------------------------------------

@@ -85,6 +85,12 @@ NO_SERVER = (
 row (exit 1), not stop with exit 2."""
 
 
+NO_KEY = (
+    '[llm]\nprovider = "openai"\nmodel = "gpt-4o-mini"\napi_key_env = "PLAIT_NO_SUCH_API_KEY"\n'
+)
+"""Resources for OpenAI's own host whose key is nowhere (the variable is unset in the tests)."""
+
+
 def line_of(marker: str) -> str:
     """Returns ``progs.py:<n>`` for the line of `PROGRAMS` ending in ``# <marker>``."""
     lines = PROGRAMS.splitlines()
@@ -103,6 +109,12 @@ def workdir(tmp_path: Path) -> Path:
     (tmp_path / "res.toml").write_text(NO_SERVER)
     (tmp_path / "other.toml").write_text(NO_SERVER.replace('["*"]', '["other"]'))
     (tmp_path / "llm.toml").write_text(NO_SERVER.replace('["*"]', '["llm"]'))
+    (tmp_path / "nokey.toml").write_text(NO_KEY)
+    (tmp_path / "chain.toml").write_text(
+        NO_SERVER.replace('["*"]', "[local]")
+        + '[cloud]\nprovider = "anthropic"\nmodel = "claude-x"\n'
+        + '[llm]\nfallback = ["local", "cloud"]\n'
+    )
     (tmp_path / "broken.toml").write_text('["*"\nprovider = "openai"\n')
     (tmp_path / "wrong.toml").write_text('["*"]\nprovider = "nosuch"\n')
     (tmp_path / "params.json").write_text("not json\n")
@@ -124,7 +136,30 @@ def program(spec: str, command: tuple[str, ...] = RUN) -> tuple[str, ...]:
     return (command[0], spec, *command[2:])
 
 
+NO_KEY_LINE = (
+    "the program calls the alias 'llm', whose endpoint 'llm' (openai gpt-4o-mini) needs an "
+    "API key: set the environment variable PLAIT_NO_SUCH_API_KEY, or give api_key "
+    "([llm] in nokey.toml)"
+)
+
 MISTAKES = {
+    # an endpoint called that has no API key: every call would fail unsent
+    "no key, run": ((*RUN[:-1], "nokey.toml"), NO_KEY_LINE),
+    "no key, eval": ((*EVAL[:-1], "nokey.toml"), NO_KEY_LINE),
+    "no key, train": ((*TRAIN[:-3], "nokey.toml", *TRAIN[-2:]), NO_KEY_LINE),
+    "no key, serve": (
+        ("serve", "progs.py:Summarize", "-r", "nokey.toml", "--port", "9"),
+        "Summarize calls the alias 'llm', whose endpoint 'llm' (openai gpt-4o-mini) needs",
+    ),
+    "no key, mcp": (
+        ("mcp", "progs.py:Summarize", "-r", "nokey.toml"),
+        "Summarize calls the alias 'llm', whose endpoint 'llm' (openai gpt-4o-mini) needs",
+    ),
+    "no key, one endpoint of a chain": (
+        (*RUN[:-1], "chain.toml"),
+        "alias 'llm', whose endpoint 'cloud' (anthropic claude-x) needs an API key: set the "
+        "environment variable ANTHROPIC_API_KEY, or give api_key ([cloud] in chain.toml)",
+    ),
     # the program named on the command line
     "no colon": (program("progs"), "program 'progs' must look like pkg.module:Name"),
     "file not found": (program("nofile.py:S"), "program file nofile.py does not exist"),

@@ -7,9 +7,20 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from plait import LLMInference, Module
 from plait.backends.types import Message, Request, SamplingOptions
-from plait.resources import ResourceConfig, RetryPolicy
-from plait.resources.endpoint import Endpoint, create_backend, estimate_tokens
+from plait.errors import ExecutionError
+from plait.report.profiling import Profiler
+from plait.resources import ResourceConfig, ResourceManager, RetryPolicy
+from plait.resources.endpoint import (
+    Endpoint,
+    create_backend,
+    estimate_tokens,
+    missing_credential,
+)
+from plait.testing import ScriptedServer
 
 
 def test_estimate_counts_prompt_characters_and_the_reply_budget() -> None:
@@ -72,3 +83,56 @@ def test_building_a_manager_imports_no_provider_module() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert result.stdout.strip() == "[]"
+
+
+# -- credentials: a missing key is found before anything is counted or sent ----------------
+
+
+class _Cloud(Module):
+    def __init__(self, alias: str) -> None:
+        super().__init__()
+        self.llm = LLMInference(alias, "Answer.")
+
+    def forward(self, text: str) -> str:
+        return self.llm(text)
+
+
+def test_missing_credential_names_the_endpoint_and_the_variable(monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    config = ResourceConfig(
+        {
+            "fast": "openai:gpt-4o-mini",
+            "smart": {"provider": "anthropic", "model": "claude-x", "api_key_env": "MY_API_KEY"},
+            "mine": {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"},
+            "l": {"provider": "local"},
+        }
+    )
+    monkeypatch.delenv("MY_API_KEY", raising=False)
+    assert missing_credential(config.resolve("fast")) == (
+        "endpoint 'fast' (openai gpt-4o-mini) needs an API key: set the environment variable "
+        "OPENAI_API_KEY, or give api_key"
+    )
+    assert "MY_API_KEY" in (missing_credential(config.resolve("smart")) or "")
+    assert missing_credential(config.resolve("mine")) is None
+    assert missing_credential(config.resolve("l")) is None
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")  # read when asked, not when configured
+    assert missing_credential(config.resolve("fast")) is None
+
+
+async def test_a_call_without_its_key_fails_once_unsent_and_other_aliases_still_run(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    async with ScriptedServer() as server:
+        mine = server.endpoint()
+        del mine["api_key"]  # a server of your own: no key needed
+        config = ResourceConfig({"mine": mine, "cloud": "openai:gpt-4o-mini"})
+        assert await _Cloud("mine").bind(config)("hi") == "echo: hi"
+        refused = pytest.raises(ExecutionError, match=r"endpoint 'cloud' .* OPENAI_API_KEY")
+        with Profiler() as profiler, refused:
+            await _Cloud("cloud").bind(config)("hi")
+        stats = ResourceManager.shared(config).stats()["cloud"]
+    assert (stats.requests, stats.failures) == (0, 0)
+    assert profiler.requests == []
+    assert "0 requests" in profiler.report(program="p", kind="run").summary()

@@ -68,6 +68,20 @@ class Backend(ABC):
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Releases connections or models. Override when the backend holds any."""
 
+    @classmethod
+    def missing_credential(cls, **settings: Any) -> str | None:
+        """Returns what a backend built with ``settings`` lacks to make any call, or None.
+
+        ``settings`` are the constructor's keyword arguments. The resource layer
+        asks before an endpoint's first call, and ``plait run`` before a run, so
+        a missing key is one error naming the endpoint, found before anything is
+        sent, instead of a failure per call. The text starts with what is missing
+        and says how to give it ("needs an API key: set the environment variable
+        OPENAI_API_KEY, or give api_key"). Override this when the backend needs a
+        credential; the constructor should raise `ConfigError` with the same text.
+        """
+        return None
+
     # Mellea's spelling: the calls go straight to this backend, bypassing the
     # resource layer's limits, retries and cache (see `plait.porting.mellea`).
     def generate_from_context(self, *args: Any, **kwargs: Any) -> tuple[ModelOutputThunk, Context]:

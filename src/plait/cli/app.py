@@ -167,6 +167,26 @@ def _check_aliases(path: Path | None, resources: Any, calls: list[tuple[str, str
             )
 
 
+def _check_credentials(path: Path | None, resources: Any, calls: list[tuple[str, str]]) -> None:
+    """Stops before any call when an endpoint an alias called is served by lacks its API key
+    (the variable unset, none in the file): every call would fail without being sent."""
+    from plait.resources import ResourceConfig
+    from plait.resources.endpoint import missing_credential
+
+    config = getattr(resources, "config", resources)  # a manager's, or a config itself
+    if not isinstance(config, ResourceConfig):
+        return  # a mapping bound in code: its first call says the same
+    for who, alias in calls:
+        if alias not in config:
+            continue  # bound in code and not served: the program's own business
+        for endpoint in config.fallbacks(alias):
+            missing = missing_credential(endpoint)
+            if missing is not None:
+                table = '["*"]' if endpoint.name == "*" else f"[{endpoint.name}]"
+                where = f"{table} in {path}" if path is not None else "its entry in code"
+                _fail(f"{who} calls the alias {alias!r}, whose {missing} ({where})")
+
+
 def _check_priced(path: Path | None, resources: Any, calls: list[tuple[str, str]]) -> None:
     """Stops before any call when --max-cost is given and an endpoint called has no price:
     the budget could price none of its calls, and would refuse every one."""
@@ -389,6 +409,7 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
     resources = _resources(kwargs["resources"], program)
     calls = [("the program", alias) for alias in _aliases(program)]
     _check_aliases(kwargs["resources"], resources, calls)
+    _check_credentials(kwargs["resources"], resources, calls)
     if kwargs.get("max_cost") is not None:
         _check_priced(kwargs["resources"], resources, calls)
     options = {"timeout": kwargs["timeout"]} if kwargs["timeout"] else {}
@@ -547,6 +568,7 @@ def _estimate_eval(spec: str, target: str, sample: int, kwargs: dict[str, Any]) 
         resources = _resources(kwargs["resources"], program)
         calls = [("the program", alias) for alias in _aliases(program)]
         _check_aliases(kwargs["resources"], resources, calls)
+        _check_credentials(kwargs["resources"], resources, calls)
         if kwargs["max_cost"] is not None:  # as the run would be refused
             _check_priced(kwargs["resources"], resources, calls)
     told = _handled(
@@ -643,6 +665,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
             config = ResourceConfig.from_file(resources)
             calls = [(who, alias) for who, p in programs for alias in _aliases(p)]
             _check_aliases(resources, config, calls)
+            _check_credentials(resources, config, calls)
         else:
             _check_bound(programs)
         try:
@@ -732,6 +755,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")
         calls = [("the program", name) for name in aliases] + [("the optimizer", alias)]
         _check_aliases(kwargs["resources"], resources, calls)
+        _check_credentials(kwargs["resources"], resources, calls)
         if kwargs["max_cost"] is not None:
             _check_priced(kwargs["resources"], resources, calls)
         graph = trace_program(mapper.module, (train[0][0],))
@@ -1130,7 +1154,9 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             loaded = {name: load_program(spec) for name, spec in named}
             config = _resources(resources, next(iter(loaded.values())))
             for name, program in loaded.items():
-                _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
+                calls = [(name, alias) for alias in _aliases(program)]
+                _check_aliases(resources, config, calls)
+                _check_credentials(resources, config, calls)
             check_shares(config, workers)
             _check_port(host, port)
             serve_workers(
@@ -1141,7 +1167,9 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         programs = {name: _prepare(spec, None, ())[0] for name, spec in named}
         config = _resources(resources, next(iter(programs.values())))
         for name, program in programs.items():
-            _check_aliases(resources, config, [(name, alias) for alias in _aliases(program)])
+            calls = [(name, alias) for alias in _aliases(program)]
+            _check_aliases(resources, config, calls)
+            _check_credentials(resources, config, calls)
         if ray_replicas is not None:  # Ray Serve's proxy takes the port on the cluster's node
             _serve_on_ray(named, config, ray_replicas, host, port, serve_options)
             return

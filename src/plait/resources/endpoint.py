@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, Usage
+from plait.errors import ConfigError
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Limiter
@@ -30,6 +31,7 @@ __all__ = [
     "backend_class",
     "create_backend",
     "estimate_tokens",
+    "missing_credential",
 ]
 
 _BACKENDS = {
@@ -72,10 +74,54 @@ def create_backend(config: EndpointConfig) -> Backend:
     The endpoint's own keys become constructor arguments, then
     ``backend_options`` add the rest (`ResourceConfig` has checked that they
     name parameters of the class and none of those keys).
+
+    Raises:
+        ConfigError: the backend could make no call (`missing_credential`);
+            nothing is built.
     """
-    if config.backend is not None:
-        return _user_backend(config)
+    backend = config.backend
+    if backend is not None and not isinstance(backend, type):
+        return backend  # a user's instance, built by them
+    missing = missing_credential(config)
+    if missing is not None:
+        raise ConfigError(missing)
+    cls, kwargs = _constructor(config)
+    return cls(**kwargs)
+
+
+def missing_credential(config: EndpointConfig) -> str | None:
+    """Returns why an endpoint's backend could make no call for want of a credential, or None.
+
+    One line naming the endpoint, what is missing and how to give it
+    (`Backend.missing_credential` of its class, asked with the settings it
+    would be built with, so the environment is read now). The manager asks
+    before the endpoint's first call, the commands before a run: either way
+    nothing has been sent.
+    """
+    backend = config.backend
+    if backend is not None and not isinstance(backend, type):
+        return None
+    cls, kwargs = _constructor(config)
+    missing = cls.missing_credential(**kwargs)
+    if missing is None:
+        return None
+    model = f" {config.model}" if config.model else ""
+    return f"endpoint {config.name!r} ({config.provider}{model}) {missing}"
+
+
+def _constructor(config: EndpointConfig) -> tuple[type[Backend], dict[str, Any]]:
+    """Returns the class an endpoint's backend is built from and its keyword arguments.
+
+    A user's class gets ``model=`` when the configuration names one and the
+    constructor takes it, then ``backend_options``.
+    """
     kwargs: dict[str, Any] = {}
+    backend = config.backend
+    if isinstance(backend, type):
+        if config.model is not None and "model" in inspect.signature(backend).parameters:
+            kwargs["model"] = config.model
+        kwargs.update(config.backend_options)
+        return backend, kwargs
     if config.provider == "local":
         kwargs["model_path"] = config.model_path
         if config.n_ctx is not None:
@@ -97,23 +143,7 @@ def create_backend(config: EndpointConfig) -> Backend:
             kwargs["max_response_bytes"] = config.max_response_bytes
             kwargs["max_event_bytes"] = config.max_event_bytes
     kwargs.update(config.backend_options)
-    return backend_class(config.provider)(**kwargs)
-
-
-def _user_backend(config: EndpointConfig) -> Backend:
-    """Returns a user-written backend: the instance given, or the class built now.
-
-    The class gets ``model=`` when the configuration names one and the
-    constructor takes it, then ``backend_options``.
-    """
-    backend = config.backend
-    if not isinstance(backend, type):
-        return backend
-    kwargs: dict[str, Any] = {}
-    if config.model is not None and "model" in inspect.signature(backend).parameters:
-        kwargs["model"] = config.model
-    kwargs.update(config.backend_options)
-    return backend(**kwargs)
+    return backend_class(config.provider), kwargs
 
 
 def estimate_tokens(request: Request) -> int:

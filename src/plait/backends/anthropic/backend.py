@@ -92,12 +92,10 @@ class AnthropicBackend(Backend):
         timeout: float = 60.0,
         max_tokens_default: int = 1024,
     ) -> None:
-        key = api_key if api_key is not None else os.environ.get(api_key_env)
-        if not key:
-            raise ConfigError(
-                f"AnthropicBackend(model={model!r}) has no API key: pass api_key=..., or set "
-                f"the environment variable {api_key_env}."
-            )
+        missing = self.missing_credential(api_key=api_key, api_key_env=api_key_env)
+        if missing is not None:
+            raise ConfigError(f"AnthropicBackend(model={model!r}) {missing}")
+        key = api_key or os.environ[api_key_env]
         self.model = model
         self.base_url = base_url
         self.timeout = timeout
@@ -105,6 +103,18 @@ class AnthropicBackend(Backend):
         self._api_key = key
         self._client: AsyncAnthropic | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def missing_credential(cls, **settings: Any) -> str | None:
+        """Returns the API key the Messages API needs and was not given, or None.
+
+        Every endpoint needs one, a proxy's too (the SDK sends it on every call);
+        see `Backend.missing_credential`.
+        """
+        variable = settings.get("api_key_env", "ANTHROPIC_API_KEY")
+        if settings.get("api_key") or os.environ.get(variable):
+            return None
+        return f"needs an API key: set the environment variable {variable}, or give api_key"
 
     def __repr__(self) -> str:
         shown = None if self.base_url is None else redact_url(self.base_url)

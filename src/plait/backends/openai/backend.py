@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
@@ -71,6 +71,32 @@ _OLD_TRANSPORTS: dict[str, str] = {"aiohttp": "http"}
 # How servers refuse a response_format they do not know: 400 (OpenAI-style),
 # 422 (FastAPI validation), 500 (llama_cpp.server wraps its validation error).
 _REJECTION_STATUSES = frozenset({400, 422, 500})
+
+
+_DEFAULT_BASE_URL = "https://api.openai.com/v1"
+_DEFAULT_KEY_ENV = "OPENAI_API_KEY"
+_CREDENTIAL_HEADERS = frozenset({"authorization", "api-key"})
+
+
+def _missing_key(
+    base_url: str, api_key: str | None, api_key_env: str | None, headers: Mapping[str, str] | None
+) -> str | None:
+    """Returns why a call to ``base_url`` would go without the key it needs, or None.
+
+    Only OpenAI's and Azure's hosts are known to need one: a server of your
+    own (llama.cpp, Ollama, vLLM) often takes none, and would say so itself.
+    A key, ``user:password@`` in the URL or a credential header (Azure's
+    ``api-key``) counts; an empty key or variable does not.
+    """
+    if api_key or split_credentials(base_url)[1] is not None:
+        return None
+    if {name.lower() for name in headers or {}} & _CREDENTIAL_HEADERS:
+        return None
+    if not _is_openai_host(base_url) or (api_key_env and os.environ.get(api_key_env)):
+        return None
+    if api_key_env:
+        return f"needs an API key: set the environment variable {api_key_env}, or give api_key"
+    return "needs an API key: give api_key, or name the variable that holds it with api_key_env"
 
 
 def _is_openai_host(base_url: str) -> bool:
@@ -122,9 +148,10 @@ class OpenAICompatBackend(Backend):
         max_event_bytes: the most data one event of a stream may hold (16 MiB).
 
     Raises:
-        ConfigError: an unknown ``transport`` or ``dialect``, an empty model, or
+        ConfigError: an unknown ``transport`` or ``dialect``, an empty model,
             a ``user:password@`` in ``base_url`` together with ``api_key`` or
-            an ``Authorization`` header (a request carries one of them).
+            an ``Authorization`` header (a request carries one of them), or
+            OpenAI's or Azure's host with no key at all (`missing_credential`).
     """
 
     provider = "openai"
@@ -132,9 +159,9 @@ class OpenAICompatBackend(Backend):
     def __init__(
         self,
         model: str,
-        base_url: str = "https://api.openai.com/v1",
+        base_url: str = _DEFAULT_BASE_URL,
         api_key: str | None = None,
-        api_key_env: str | None = "OPENAI_API_KEY",
+        api_key_env: str | None = _DEFAULT_KEY_ENV,
         timeout: float | None = 60.0,
         transport: TransportName = "http",
         headers: Mapping[str, str] | None = None,
@@ -168,27 +195,21 @@ class OpenAICompatBackend(Backend):
         self.timeout = timeout
         self.transport_name: TransportName = transport
         url, url_login = split_credentials(self.base_url)
-        credential_headers = {name.lower() for name in headers or {}} & {"authorization", "api-key"}
+        credential_headers = {name.lower() for name in headers or {}} & _CREDENTIAL_HEADERS
         if url_login is not None and (api_key is not None or "authorization" in credential_headers):
             raise ConfigError(
                 f"OpenAICompatBackend({redact_url(self.base_url)!r}): base_url holds "
                 "user:password@ and an api_key or Authorization header is given too; a request "
                 "carries one Authorization, so remove one of them"
             )
+        missing = _missing_key(self.base_url, api_key, api_key_env, headers)
+        if missing is not None:
+            raise ConfigError(f"{describe_endpoint(self.base_url, model)} {missing}")
         # Credentials written into this endpoint's URL win over the key of a
         # variable that every endpoint shares (api_key_env).
-        key = api_key
+        key = api_key or None
         if key is None and url_login is None:
             key = os.environ.get(api_key_env or "") or None
-        # A cloud endpoint with no credential at all fails at the first call with
-        # the fix, instead of a bare 401; a key in headers (Azure's api-key) counts.
-        self._missing_key = (
-            key is None
-            and url_login is None
-            and not credential_headers
-            and _is_openai_host(self.base_url)
-        )
-        self._api_key_env = api_key_env
         if dialect is not None:
             self._wire, self._dialect_settled = _DIALECTS[dialect], True
         elif _is_openai_host(self.base_url):
@@ -222,6 +243,20 @@ class OpenAICompatBackend(Backend):
             f"transport={self.transport_name!r}, dialect={self.dialect!r})"
         )
 
+    @classmethod
+    def missing_credential(cls, **settings: Any) -> str | None:
+        """Returns the API key OpenAI's or Azure's host needs and was not given, or None.
+
+        Any other ``base_url`` (a server of your own) needs none here; see
+        `Backend.missing_credential`.
+        """
+        return _missing_key(
+            settings.get("base_url", _DEFAULT_BASE_URL),
+            settings.get("api_key"),
+            settings.get("api_key_env", _DEFAULT_KEY_ENV),
+            settings.get("headers"),
+        )
+
     async def complete(self, request: Request) -> Response:
         """Makes one chat-completions call and returns the whole reply.
 
@@ -231,7 +266,6 @@ class OpenAICompatBackend(Backend):
             BackendConnectionError: the connection was refused, reset or dropped.
             BackendError: any other failure; ``retryable`` for 408 and 5xx.
         """
-        self._check_key()
         wire = self._wire
         where = describe_endpoint(self.base_url, request.model or self.model)
         body = build_body(request, self.model, wire, stream=False)
@@ -255,7 +289,6 @@ class OpenAICompatBackend(Backend):
         Failures raise as in `complete`; a stream that ends before the
         server said why it stopped raises `BackendConnectionError`.
         """
-        self._check_key()
         wire = self._wire
         where = describe_endpoint(self.base_url, request.model or self.model)
         started = False
@@ -293,14 +326,6 @@ class OpenAICompatBackend(Backend):
     async def aclose(self) -> None:
         """Closes the connection pool; a later call opens a new one."""
         await self._transport.aclose()
-
-    def _check_key(self) -> None:
-        if self._missing_key:
-            raise BackendError(
-                f"{describe_endpoint(self.base_url, self.model)} needs an API key and none "
-                f"was given: pass api_key= or set the environment variable "
-                f"{self._api_key_env or 'OPENAI_API_KEY'}"
-            )
 
     def _settle(self, request: Request, wire: WireDialect) -> None:
         """Records that the server accepted ``wire``'s structured-output form."""
