@@ -24,6 +24,7 @@ from plait.backends.base import Backend
 from plait.backends.types import Request, Response
 from plait.errors import ExecutionError, MediaError
 from plait.execution.checkpoint import CheckpointError
+from plait.resources.usage import Budget, budgeted
 from plait.testing import ScriptedServer
 
 from .samples import PDF, png
@@ -167,6 +168,15 @@ async def test_the_embedded_model_refuses_media_naming_the_alias():
     with pytest.raises(ExecutionError, match=pattern) as failure:
         await run(LLMInference("reader"), ["What is it?", Image(png())], resources=config)
     assert isinstance(failure.value.__cause__, MediaError)
+
+
+async def test_a_call_refused_for_its_media_is_not_counted_as_a_request_nor_spent():
+    config = ResourceConfig({"reader": {"provider": "local"}})
+    with budgeted(Budget(max_calls=1)) as budget, pytest.raises(ExecutionError):
+        await run(LLMInference("reader"), ["What is it?", Image(png())], resources=config)
+    assert ResourceManager.shared(config).stats()["reader"].requests == 0
+    assert budget is not None
+    assert budget.spent()["calls"] == 0  # the next call still has room
 
 
 async def test_reports_and_callbacks_show_a_description_not_the_bytes(tmp_path: Path):

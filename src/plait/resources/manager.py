@@ -176,6 +176,11 @@ class _BudgetHold:
         for budget in self.budgets:
             budget.settle(self.tokens, self.cost, usage)
 
+    def release(self) -> None:
+        """Gives the hold back: the request was never sent."""
+        for budget in self.budgets:
+            budget.release(self.tokens, self.cost)
+
 
 class ResourceManager:
     """Runs model calls for the aliases of a `ResourceConfig`, within their limits.
@@ -555,6 +560,15 @@ class ResourceManager:
         if held is not None:
             held.settle(usage)
 
+    def _unsent(self, route: _Route, reserved: int, held: _BudgetHold | None) -> None:
+        """Undoes an attempt its backend refused before sending anything (an input it
+        cannot take): the slot is freed, and neither the endpoint's requests nor the
+        run's budgets count it, as a profiler is never told of it."""
+        route.endpoint.limiter.release(reserved, 0)
+        route.endpoint.requests -= 1
+        if held is not None:
+            held.release()
+
     async def _replay(
         self, route: _Route, response: Response, on_text: TextSink | None
     ) -> Response:
@@ -600,7 +614,7 @@ class ResourceManager:
             except BackendError as exc:
                 error = exc
             except MediaError as exc:  # the endpoint cannot take an input: say which alias
-                route.endpoint.limiter.release(reserved, 0)
+                self._unsent(route, reserved, held)
                 raise MediaError(f"alias {route.alias!r}: {exc}") from None
             except BaseException as exc:
                 route.endpoint.limiter.release(reserved, 0)
@@ -774,7 +788,7 @@ class ResourceManager:
             except BackendError as exc:
                 error = exc
             except MediaError as exc:
-                endpoint.limiter.release(reserved, 0)
+                self._unsent(route, reserved, held)
                 raise MediaError(f"alias {alias!r}: {exc}") from None
             except BaseException:
                 endpoint.limiter.release(reserved, 0)
