@@ -159,6 +159,14 @@ async def test_run_with_batch_api_needs_a_batch_and_an_openai_endpoint():
         await run(TwoLevels(), ["one"], resources={"llm": {"provider": "local"}}, batch_api=True)
 
 
+async def test_run_with_batch_api_refuses_an_endpoint_without_its_key_before_any_call(
+    monkeypatch,
+):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match=r"alias 'llm': endpoint 'llm' .* OPENAI_API_KEY"):
+        await run(TwoLevels(), ["one"], resources={"llm": "openai:gpt-4o-mini"}, batch_api=True)
+
+
 async def test_anthropic_message_batches_through_the_official_sdk_level_by_level():
     pytest.importorskip("anthropic")
     async with ScriptedServer() as server:

@@ -128,8 +128,10 @@ def test_plait_mcp_mistakes_are_one_line_with_exit_2(tmp_path: Path) -> None:
     """Two programs that would share a tool name are told how to name them; a program that
     calls a model and has no resources is refused before serving (every call would fail);
     a name given to a list of programs is refused."""
-    resources = tmp_path / "res.toml"
-    resources.write_text('llm = "openai:m"\n')
+    resources = tmp_path / "res.toml"  # a server of your own: no key needed, none called
+    resources.write_text(
+        '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+    )
     cases = [
         (
             ["served_programs.py:triage", "served_programs.py:qa", "-r", str(resources)],

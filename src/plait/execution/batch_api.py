@@ -56,11 +56,16 @@ _UNKNOWN_STATUS_POLLS = 3
 
 
 def _check_endpoint(alias: str, endpoint: Any) -> None:
+    from plait.resources.endpoint import missing_credential
+
     if endpoint.provider not in ("openai", "anthropic"):
         raise ConfigError(
             f"alias {alias!r} is a {endpoint.provider!r} endpoint; batch_api=True needs an "
             "'openai' endpoint whose server has the Batch API, or an 'anthropic' one"
         )
+    missing = missing_credential(endpoint)
+    if missing is not None:  # the Batch API's clients are built outside the manager
+        raise ConfigError(f"alias {alias!r}: {missing}")
 
 
 def _client_for(endpoint: Any) -> Any:
