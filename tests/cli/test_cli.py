@@ -52,6 +52,23 @@ def test_run_streams_outputs_in_input_order_and_writes_a_report(server, resource
     assert report["aliases"]["llm"]["calls"] == 7
 
 
+def test_a_server_of_your_own_needs_no_api_key(server, tmp_path, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    keyless = tmp_path / "keyless.toml"
+    keyless.write_text(
+        f'llm = {{provider = "openai", model = "m", base_url = "{server.base_url}"}}\n'
+    )
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "a"}, {"text": "b"}])
+
+    done = plait_cli(
+        "run", program("Summarize"), "-i", str(source), "-o", str(tmp_path / "out.jsonl"),
+        "-r", str(keyless),
+    )  # fmt: skip
+
+    assert done.code == 0, done.stderr
+    assert server.stats.requests == 2 and "2 requests" in done.stderr
+
+
 def test_a_file_run_traces_its_program_once_across_chunks_and_report(
     server, resources, tmp_path, monkeypatch
 ):
