@@ -127,12 +127,14 @@ async def test_a_call_without_its_key_fails_once_unsent_and_other_aliases_still_
     async with ScriptedServer() as server:
         mine = server.endpoint()
         del mine["api_key"]  # a server of your own: no key needed
-        config = ResourceConfig({"mine": mine, "cloud": "openai:gpt-4o-mini"})
+        config = ResourceConfig({"mine": mine, "*": "openai:gpt-4o-mini"})
         assert await _Cloud("mine").bind(config)("hi") == "echo: hi"
-        refused = pytest.raises(ExecutionError, match=r"endpoint 'cloud' .* OPENAI_API_KEY")
+        refused = pytest.raises(
+            ExecutionError, match=r"alias 'cloud': endpoint '\*' \(openai gpt-4o-mini\) needs an "
+        )
         with Profiler() as profiler, refused:
             await _Cloud("cloud").bind(config)("hi")
-        stats = ResourceManager.shared(config).stats()["cloud"]
+        stats = ResourceManager.shared(config).stats()["*"]
     assert (stats.requests, stats.failures) == (0, 0)
     assert profiler.requests == []
     assert "0 requests" in profiler.report(program="p", kind="run").summary()

@@ -369,6 +369,10 @@ class ResourceManager:
                 or the 400/422 that stopped the chain.
             CircuitOpenError: every endpoint of the alias's chain is skipped
                 by its open circuit; nothing was sent.
+            ConfigError: the endpoint's backend cannot be built, e.g. it needs
+                an API key that is nowhere (`endpoint.missing_credential`, read
+                at each call until the backend is built); nothing was sent or
+                counted.
         """
         route = self._routes.get(alias) or self._route(alias)
         if route.fallbacks is not None:
@@ -524,7 +528,11 @@ class ResourceManager:
         )
         timeout = request.timeout if request.timeout is not None else endpoint.timeout
         reserved = 0 if endpoint.limiter.tpm is None else estimate_tokens(request)
-        return endpoint.get_backend(), policy, timeout, reserved
+        try:
+            backend = endpoint.get_backend()
+        except ConfigError as exc:  # a missing API key, found before anything is sent
+            raise ConfigError(f"alias {route.alias!r}: {exc}") from None
+        return backend, policy, timeout, reserved
 
     async def _begin_attempt(
         self, route: _Route, reserved: int, request: Request
