@@ -187,48 +187,67 @@ async def test_run_items_reports_exceptions_per_item_and_can_be_stopped():
         await run_items([0, 1, 2, 3], run_item, 2, stop)
 
 
-def cleaning_up_slowly(cleaned: list[int]):
-    """A run_item that waits until cancelled; then items other than "quick" clean up for 50 ms."""
+class CleaningUp:
+    """A run_item whose items wait until cancelled, then clean up until ``done`` is set.
 
-    async def run_item(index: int, item: str) -> None:
+    An item "quick" has nothing to clean up. The tests wait on what the items
+    report (how many run, how many are cleaning up), never on a sleep: on a
+    loaded machine a few milliseconds do not mean that the loop got that far.
+    """
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.cleaning = 0
+        self.cleaned: list[int] = []
+        self.done = asyncio.Event()
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, index: int, item: str) -> None:
+        await self._count("running")
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             if item != "quick":
-                await asyncio.sleep(0.05)
-                cleaned.append(index)
+                await self._count("cleaning")
+                await self.done.wait()
+                self.cleaned.append(index)
             raise
 
-    return run_item
+    async def _count(self, what: str) -> None:
+        async with self._changed:
+            setattr(self, what, getattr(self, what) + 1)
+            self._changed.notify_all()
+
+    async def until(self, what: str, count: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: getattr(self, what) == count)
 
 
 async def test_a_cancelled_batch_lets_every_items_clean_up_finish():
     # One item stops at once; the batch must not cancel the others a second time
     # (aborting their clean-up) when it sees that one end.
-    cleaned: list[int] = []
+    run_item = CleaningUp()
     items = ["quick", "slow", "slow", "slow"]
-    batch = asyncio.create_task(
-        run_items(items, cleaning_up_slowly(cleaned), 4, lambda result: None)
-    )
-    await asyncio.sleep(0.01)  # every item is running
+    batch = asyncio.create_task(run_items(items, run_item, 4, lambda result: None))
+    await run_item.until("running", 4)
     batch.cancel()
+    await run_item.until("cleaning", 3)
+    run_item.done.set()
     with pytest.raises(asyncio.CancelledError):
         await batch
-    assert sorted(cleaned) == [1, 2, 3]
+    assert sorted(run_item.cleaned) == [1, 2, 3]
 
 
 async def test_a_second_cancel_ends_the_clean_ups_at_once():
-    cleaned: list[int] = []
-    batch = asyncio.create_task(
-        run_items(["slow"] * 3, cleaning_up_slowly(cleaned), 3, lambda result: None)
-    )
-    await asyncio.sleep(0.01)
+    run_item = CleaningUp()
+    batch = asyncio.create_task(run_items(["slow"] * 3, run_item, 3, lambda result: None))
+    await run_item.until("running", 3)
     batch.cancel()
-    await asyncio.sleep(0.01)  # the clean-ups have started
-    batch.cancel()
+    await run_item.until("cleaning", 3)
+    batch.cancel()  # the clean-ups would wait for good: only this cancel can end them
     with pytest.raises(asyncio.CancelledError):
         await batch
-    assert cleaned == []
+    assert run_item.cleaned == []
 
 
 def test_batch_result_ok_follows_error():
