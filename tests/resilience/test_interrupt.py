@@ -119,20 +119,18 @@ def stall_after_some_items(base_url: str, checkpoint: Path, child: Child) -> int
     set_faults(base_url, "POST", [{"kind": "slow", "delay": STALL}])
 
     def stalled() -> bool:
-        stats = fetch_stats(base_url)
-        finished = len(checkpoint_indices(checkpoint))
-        return stats["in_flight"] == MAX_CONCURRENT and finished == len(answered_texts(base_url))
+        # Every request in flight hangs (a request that came before the fault is
+        # still answered as usual), and every answered item is checkpointed.
+        log = fetch_stats(base_url, include_log=True)["log"]
+        hanging = [r for r in log if r["finished"] is None]
+        answered = [r for r in log if r["status"] == 200]
+        return (
+            len(hanging) == MAX_CONCURRENT
+            and all(r["fault"] is not None for r in hanging)
+            and len(checkpoint_indices(checkpoint)) == len(answered)
+        )
 
-    def stalled_for_good() -> bool:
-        # A request sent just before the fault was set still gets its ordinary
-        # answer (0.2 s): the stall holds only once it lasts longer than that.
-        if not stalled():
-            return False
-        before = len(answered_texts(base_url))
-        time.sleep(0.6)
-        return stalled() and len(answered_texts(base_url)) == before
-
-    wait_until(stalled_for_good, "stall with every slot hanging", child)
+    wait_until(stalled, "stall with every slot hanging", child)
     return len(answered_texts(base_url))
 
 
