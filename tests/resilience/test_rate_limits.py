@@ -2,13 +2,17 @@
 
 The limiter's buckets hold one second's worth of their rate (``burst_seconds=1``)
 and start full, so the first second's worth goes at once and the rest follows at
-the rate. A request is never *sent* before the bucket allows it; the only
-allowance below is for the first request's trip to the server (``DELIVERY``),
-which shortens the span measured from its arrival.
+the rate. A request is never *sent* before the bucket allows it, so counted from
+the start of the run, the k-th request cannot reach the server before the
+bucket's schedule says. That is what the tests assert, and only that: a request
+may reach the server later than it was sent, by as long as a loaded machine
+keeps the client's or the server's loop from running, so the gaps *between*
+arrivals say nothing exact (requests sent 0.1 s apart can arrive together).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -18,24 +22,14 @@ from plait.testing import Fault, ScriptedServer
 
 from .support import endpoint
 
-DELIVERY = 0.2
-"""Seconds the first request may take to reach the server after it was allowed to go."""
 
-
-def check_windows(arrivals: list[float], weights: list[float], burst: float, rate: float) -> None:
-    """Asserts that no stretch of time received more than ``burst + rate × length``.
-
-    Arrivals are sorted; ``weights`` are what each request took from the bucket.
-    One request of slack: a request delayed on its way shortens the gap to the next.
-    """
-    largest = max(weights)
-    for i, earlier in enumerate(arrivals):
-        taken = 0.0
-        for j in range(i, len(arrivals)):
-            taken += weights[j]
-            assert taken <= burst + rate * (arrivals[j] - earlier) + largest, (
-                f"requests {i}..{j} arrived within {arrivals[j] - earlier:.3f} s"
-            )
+def check_schedule(arrivals: list[float], started: float, earliest: list[float]) -> None:
+    """Asserts that the k-th arrival (sorted) came no sooner than ``earliest[k]`` s after start."""
+    for k, (arrived, allowed) in enumerate(zip(arrivals, earliest, strict=True)):
+        assert arrived - started >= allowed, (
+            f"request {k} arrived {arrived - started:.3f} s after the start, "
+            f"before the bucket allowed it ({allowed:.3f} s)"
+        )
 
 
 async def test_120_requests_at_rpm_600_are_spaced_at_the_server() -> None:
@@ -44,14 +38,14 @@ async def test_120_requests_at_rpm_600_are_spaced_at_the_server() -> None:
         ScriptedServer() as server,
         ResourceManager({"llm": endpoint(server, rpm=600)}) as manager,
     ):
+        started = time.monotonic()  # the server's clock; the bucket is full and untouched
         outputs = await run(LLMInference("llm"), prompts, resources=manager, max_concurrent=120)
         arrivals = sorted(r.arrived for r in server.stats.log)
     assert outputs == [f"echo: {p}" for p in prompts]
     assert len(arrivals) == 120
-    # 600 rpm = 10 per second and a burst of 10: requests 0-9 go at once, request k
+    # 600 rpm = 10 per second and a burst of 10: requests 0-9 may go at once, request k
     # (k >= 10) no earlier than (k - 9) × 0.1 s, so the last at 110 × 0.1 = 11.0 s.
-    assert arrivals[-1] - arrivals[0] >= 11.0 - DELIVERY
-    check_windows(arrivals, [1.0] * 120, burst=10, rate=10)
+    check_schedule(arrivals, started, [max(0, k - 9) * 0.1 for k in range(120)])
 
 
 async def test_tpm_spaces_large_prompts_by_their_estimated_tokens() -> None:
@@ -66,14 +60,14 @@ async def test_tpm_spaces_large_prompts_by_their_estimated_tokens() -> None:
         ScriptedServer(responder=responder) as server,
         ResourceManager({"llm": endpoint(server, tpm=120_000)}) as manager,
     ):
+        started = time.monotonic()
         await run(LLMInference("llm", max_tokens=100), prompts, resources=manager)
         usage = manager.usage()["llm"]
         arrivals = sorted(r.arrived for r in server.stats.log)
     assert usage.input_tokens + usage.output_tokens == 21_000
-    # calls 0 and 1 go at once; call k waits until 2,000 + 2,000 t - 1,000 k >= 1,000,
+    # calls 0 and 1 may go at once; call k waits until 2,000 + 2,000 t - 1,000 k >= 1,000,
     # i.e. t >= (k - 1) / 2: the last (k = 20) no earlier than 9.5 s.
-    assert arrivals[-1] - arrivals[0] >= 9.5 - DELIVERY
-    check_windows(arrivals, [1000.0] * 21, burst=2000, rate=2000)
+    check_schedule(arrivals, started, [max(0, k - 1) / 2 for k in range(21)])
 
 
 @pytest.mark.timeout(60)
