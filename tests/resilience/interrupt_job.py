@@ -6,7 +6,8 @@ MODE ``sync`` calls the bound program on the batch from synchronous code
 (``program(ITEMS)``, which runs it through ``run_sync``); ``async`` runs
 ``asyncio.run(run(program, ITEMS))``; ``sync-slow-to-stop`` and
 ``async-slow-to-stop`` do the same with a program whose clean-up on cancel
-takes a minute. Every call goes to the
+takes a minute (the script then also reports how many clean-ups still run
+when the interrupt reaches it). Every call goes to the
 scripted server at BASE_URL, at most ``MAX_CONCURRENT`` at once, with a
 checkpoint in CHECKPOINT_DIR; the outputs go to OUTPUT_JSON when all are done.
 
@@ -35,6 +36,9 @@ class SlowToStop(Module):
     A stop has to wait for it, so a second Ctrl-C is what ends the process.
     """
 
+    cleaning = 0
+    """Clean-ups running now; the script reports them when the interrupt reaches it."""
+
     def __init__(self) -> None:
         super().__init__()
         self.llm = LLMInference("llm", temperature=0.0)
@@ -43,8 +47,12 @@ class SlowToStop(Module):
         try:
             return await self.llm(text)
         except asyncio.CancelledError:
-            print("job: cleaning up", file=sys.stderr, flush=True)
-            await asyncio.sleep(60)
+            SlowToStop.cleaning += 1
+            try:
+                print("job: cleaning up", file=sys.stderr, flush=True)
+                await asyncio.sleep(60)
+            finally:
+                SlowToStop.cleaning -= 1
             raise
 
 
@@ -72,6 +80,10 @@ def main(mode: str, base_url: str, checkpoint_dir: str, output: str) -> None:
     except KeyboardInterrupt:
         count = checkpointed(checkpoint_dir)
         print(f"job: KeyboardInterrupt ({count} items checkpointed)", file=sys.stderr, flush=True)
+        if slow:
+            print(
+                f"job: {SlowToStop.cleaning} clean-ups still running", file=sys.stderr, flush=True
+            )
         sys.exit(130)
     Path(output).write_text(json.dumps(outputs))
 

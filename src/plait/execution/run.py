@@ -298,6 +298,7 @@ def run_sync(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> A
 
     Ctrl-C cancels the call (its requests in flight, the rest of a batch) and
     the caller gets the KeyboardInterrupt once it has stopped, with every
-    finished item in the checkpoint; a second Ctrl-C leaves at once.
+    finished item in the checkpoint; a second Ctrl-C ends the program's
+    clean-ups on cancel too, and a third leaves at once.
     """
     return run_to_completion(execute_bound(module, args, kwargs))

@@ -66,7 +66,12 @@ class _LoopThread:
 
         The caller's KeyboardInterrupt then comes after the requests in flight
         were cancelled and the checkpoint closed, as with ``asyncio.run``. A
-        second Ctrl-C interrupts this wait, so it leaves at once.
+        second Ctrl-C cancels the call again, which ends the clean-ups its
+        program runs on cancel (a batch cancels each item once and lets their
+        clean-ups finish; cancelled again, it ends them), and waits for that
+        end, as ``asyncio.run`` does: without it the clean-ups would run on in
+        this thread, beside the caller's handler of the interrupt, or in a
+        notebook for as long as they last. A third Ctrl-C leaves at once.
         """
 
         def cancel() -> None:  # on the loop, after `start` has made the task
@@ -74,8 +79,17 @@ class _LoopThread:
                 task.cancel()
 
         self.loop.call_soon_threadsafe(cancel)
-        with contextlib.suppress(concurrent.futures.CancelledError):
-            result.exception()  # waits for the end, however it ends
+        try:
+            _wait_for(result)
+        except KeyboardInterrupt:
+            self.loop.call_soon_threadsafe(cancel)
+            _wait_for(result)
+
+
+def _wait_for(result: concurrent.futures.Future[Any]) -> None:
+    """Blocks until ``result`` is done, however it ends (a Ctrl-C interrupts the wait)."""
+    with contextlib.suppress(concurrent.futures.CancelledError):
+        result.exception()
 
 
 def _transfer(task: asyncio.Task[Any], result: concurrent.futures.Future[Any]) -> None:
@@ -138,7 +152,7 @@ def run_to_completion(work: Coroutine[Any, Any, Any] | BatchStream) -> Any:
     Blocks the caller. Ctrl-C cancels the work (its requests in flight, the
     rest of a batch) and the caller gets the KeyboardInterrupt once it has
     stopped, with every finished item in the checkpoint; a second Ctrl-C
-    leaves at once.
+    ends the program's clean-ups on cancel too, and a third leaves at once.
     """
     if inspect.iscoroutine(work):
         return _background().run(work)
