@@ -84,6 +84,15 @@ def sse_events(text: str) -> list[tuple[str, Any]]:
     return events
 
 
+RAY_ON_A_BUSY_MACHINE = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+"""Environment for a local Ray that starts Serve's proxy on a loaded machine.
+
+Serve's controller kills a proxy actor whose process has not answered its ready
+check within 5 s, and `serve.start` then fails with ActorDiedError: on two cores
+beside other busy processes, starting that process takes longer than 5 s.
+"""
+
+
 def upstream(server: ScriptedServer, **options: Any) -> dict[str, Any]:
     """Returns resources whose every alias is the scripted ``server``."""
     return {"*": server.endpoint(max_retries=0, **options)}

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from plait.testing import ScriptedServer
-from serve.support import Gate, until
+from serve.support import RAY_ON_A_BUSY_MACHINE, Gate, until
 from serve.test_cli_serve import environment, files, plait_command
 
 pytest.importorskip("ray.serve")
@@ -28,7 +28,7 @@ async def test_ray_replicas_serve_and_sigterm_lets_the_run_in_flight_finish(tmp_
                 "serve", f"ask={program}:make", "-r", str(resources),
                 "--port", str(port), "--ray-replicas", "2",
             ),
-            env=environment(),
+            env={**environment(), **RAY_ON_A_BUSY_MACHINE},
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.DEVNULL,
         )  # fmt: skip
