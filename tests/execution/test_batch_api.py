@@ -111,13 +111,15 @@ async def test_an_interrupted_job_resumes_from_the_stored_batch_without_paying_a
         config = {"llm": server.endpoint()}
         first = BatchJob(TwoLevels(), config, checkpoint_dir=tmp_path, poll_interval=0.01)
         task = asyncio.create_task(first.run(["a", "b"]))
-        while not server.batch_api.batches:
+        stored_ids = tmp_path / "batch_api.json"
+        # The server knows the batch a moment before the client has its id and stores it.
+        while not stored_ids.exists():
             await asyncio.sleep(0.01)
         task.cancel()  # the client dies while its batch is running
         with pytest.raises(asyncio.CancelledError):
             await task
         [batch_id] = server.batch_api.batches
-        assert batch_id in (tmp_path / "batch_api.json").read_text()
+        assert batch_id in stored_ids.read_text()
 
         server.batch_api.batch_delay = 0
         server.batch_api._ready_at[batch_id] = 0  # the provider has finished meanwhile
