@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait import _context
+from plait._together import together
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.executor import Executor
 from plait.execution.graph_cache import RunGraphs
@@ -124,17 +125,10 @@ async def run_items(
         workers += [asyncio.create_task(worker(reserved=True)) for _ in range(later)]
         opener = asyncio.create_task(open_reserve())
     try:
-        await asyncio.gather(*workers)
+        await together(*workers)  # a stop cancels each item once: its clean-up runs to its end
     finally:
         if later > 0:
             opener.cancel()
-        for task in workers:
-            # A worker the caller's cancel already reached (through the gather) is
-            # not cancelled again: a program's clean-up on cancel runs to its end.
-            if not task.cancelling():
-                task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        if later > 0:
             await asyncio.gather(opener, return_exceptions=True)
 
 

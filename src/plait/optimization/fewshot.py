@@ -41,11 +41,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from plait._together import together
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step

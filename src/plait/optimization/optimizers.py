@@ -40,13 +40,13 @@ from typing import Any, Self
 from pydantic import BaseModel
 
 from plait import _jsontext as jsontext
+from plait._together import together
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
 from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.events import learning_step, tell_decision, tell_update
 from plait.optimization.updates import (
     WORD_FLOOR,

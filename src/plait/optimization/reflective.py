@@ -89,10 +89,10 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from plait._together import together
 from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.backward import backward
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric

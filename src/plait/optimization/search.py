@@ -63,9 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait._together import together
 from plait.execution.settings import check_served, resources_of
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.evaluation import (
     EvaluationResult,
     Metric,
