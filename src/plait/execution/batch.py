@@ -252,6 +252,25 @@ class BatchStream:
         return self._collect().__await__()
 
 
+async def _report_restored(
+    done: dict[int, Any],
+    items: list[Any],
+    reported: set[int],
+    progress: Any,
+    report: Any,
+) -> None:
+    """Reports the items a checkpoint already holds, in order, before any item runs."""
+    profiler = _context.PROFILE.get()
+    for index, output in sorted(done.items()):
+        reported.add(index)
+        if profiler is not None:
+            profiler.record_item(index, None, restored=True)
+        progress.advance(True)
+        waiting = report(BatchResult(index, items[index], output))
+        if waiting is not None:
+            await waiting
+
+
 async def run_batch(
     graphs: RunGraphs,
     items: list[Any],
@@ -307,14 +326,7 @@ async def run_batch(
                 return report(result)
 
             if checkpoint is not None:
-                for index, output in sorted(checkpoint.done.items()):
-                    reported.add(index)
-                    if profiler is not None:
-                        profiler.record_item(index, None, restored=True)
-                    progress.advance(True)
-                    waiting = report(BatchResult(index, items[index], output))
-                    if waiting is not None:
-                        await waiting
+                await _report_restored(checkpoint.done, items, reported, progress, report)
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
             deadline = options["deadline"]
             try:

@@ -1,3 +1,4 @@
+# size: three searches in one file; issue 35 gives each search a file of its own.
 """Few-shot demos and instructions: LabeledFewShot, BootstrapFewShot, RandomSearch.
 
     report = await BootstrapFewShot(exact_match, max_demos=4).compile(

@@ -1,3 +1,4 @@
+# size: the Optimizer base and its two optimizers; issue 35 gives each optimizer a file on a small base.
 """Optimizers: rewrite learnable parameters from the feedback backward left on them.
 
     optimizer = SFAOptimizer(program.named_parameters()).bind(resources)
@@ -94,6 +95,7 @@ DEFAULT_RETRIES = 2
 """Re-asks an optimizer makes after an unusable reply, per call, unless told otherwise."""
 
 
+# size: the base optimizer's update, retry and history; split in issue 35.
 class Optimizer:
     """Base class of optimizers: bookkeeping, ordering, checks, retries and validation.
 

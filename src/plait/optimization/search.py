@@ -1,3 +1,4 @@
+# size: ProgramSearch with GridSearch and its report and checkpoint; issue 35 splits them into a folder.
 """Program search: optimizers that try whole candidate programs and keep the best on validation.
 
 Where `SFAOptimizer` and `TextGradOptimizer` rewrite parameters step by step
@@ -228,6 +229,7 @@ class Candidate:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+# size: the base of every search: its run, report and checkpoint; split in issue 35.
 class ProgramSearch:
     """Base of optimizers that evaluate candidate programs and apply the best (see module docs).
 
