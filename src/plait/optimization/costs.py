@@ -1,4 +1,4 @@
-# size: the estimate's schedule, measuring and table together; issue 35 moves it into the program-search folder, split.
+# size: schedule, measuring and table together; issue 35 splits it.
 """Cost before it runs: calls, tokens and dollars an evaluation, a search or a Trainer will spend.
 
     estimate = await BootstrapFewShot(metric).estimate(program, trainset=train, valset=val)

@@ -1,4 +1,4 @@
-# size: the Optimizer base and its two optimizers; issue 35 gives each optimizer a file on a small base.
+# size: the base and two optimizers; issue 35 gives each a file.
 """Optimizers: rewrite learnable parameters from the feedback backward left on them.
 
     optimizer = SFAOptimizer(program.named_parameters()).bind(resources)

@@ -1,4 +1,4 @@
-# size: ProgramSearch with GridSearch and its report and checkpoint; issue 35 splits them into a folder.
+# size: ProgramSearch, GridSearch, report, checkpoint; split in issue 35.
 """Program search: optimizers that try whole candidate programs and keep the best on validation.
 
 Where `SFAOptimizer` and `TextGradOptimizer` rewrite parameters step by step
