@@ -1,3 +1,4 @@
+# size: the one base class users subclass, shaped like torch.nn.Module (issue 35).
 """Module: the unit of composition, shaped like ``torch.nn.Module``.
 
 Assigning a `Module` or `Parameter` to an attribute registers it, so a program
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 
+# size: the public base class whose whole surface users learn in one place, as torch.nn.Module.
 class Module:
     """Base class of every plait program; subclass it and implement ``forward``.
 

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from plait import Predict, ResourceConfig
+from plait._together import together
 from plait.errors import BackendError
 from plait.optimization import GridSearch, RandomSearch, ReflectiveSearch
-from plait.optimization._together import together
 from plait.optimization.evaluation import evaluate
 from plait.signatures import PlainAdapter
 from plait.testing import ScriptedServer

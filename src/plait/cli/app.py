@@ -1,3 +1,4 @@
+# size: all seven commands in one click group; issue 35 moves each command to a module of its own.
 """The ``plait`` commands, built with click (imported only by `plait.cli.main`)."""
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from plait.distributed.leases import LedgerLink, PermitReply, RateReply
 __all__ = ["LeasedLimiter"]
 
 
+# size: a worker's whole side of the lease protocol, read as one state machine.
 class LeasedLimiter:
     """Stands in for a worker's `Limiter`, taking permits and rate tokens from a shared
     `LeaseLedger` a few at a time (see the module doc).

@@ -105,6 +105,7 @@ class _Holder:
     told_keep: int | None = field(default=None)
 
 
+# size: one ledger's state machine (leases, epochs, fair shares, lapses), read as a whole.
 class LeaseLedger:
     """Holds one endpoint's limits for many workers and lends them out (see the module doc).
 

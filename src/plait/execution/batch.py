@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait import _context
+from plait._together import together
 from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
 from plait.execution.executor import Executor
 from plait.execution.graph_cache import RunGraphs
@@ -124,17 +125,10 @@ async def run_items(
         workers += [asyncio.create_task(worker(reserved=True)) for _ in range(later)]
         opener = asyncio.create_task(open_reserve())
     try:
-        await asyncio.gather(*workers)
+        await together(*workers)  # a stop cancels each item once: its clean-up runs to its end
     finally:
         if later > 0:
             opener.cancel()
-        for task in workers:
-            # A worker the caller's cancel already reached (through the gather) is
-            # not cancelled again: a program's clean-up on cancel runs to its end.
-            if not task.cancelling():
-                task.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        if later > 0:
             await asyncio.gather(opener, return_exceptions=True)
 
 
@@ -258,6 +252,25 @@ class BatchStream:
         return self._collect().__await__()
 
 
+async def _report_restored(
+    done: dict[int, Any],
+    items: list[Any],
+    reported: set[int],
+    progress: Any,
+    report: Any,
+) -> None:
+    """Reports the items a checkpoint already holds, in order, before any item runs."""
+    profiler = _context.PROFILE.get()
+    for index, output in sorted(done.items()):
+        reported.add(index)
+        if profiler is not None:
+            profiler.record_item(index, None, restored=True)
+        progress.advance(True)
+        waiting = report(BatchResult(index, items[index], output))
+        if waiting is not None:
+            await waiting
+
+
 async def run_batch(
     graphs: RunGraphs,
     items: list[Any],
@@ -313,14 +326,7 @@ async def run_batch(
                 return report(result)
 
             if checkpoint is not None:
-                for index, output in sorted(checkpoint.done.items()):
-                    reported.add(index)
-                    if profiler is not None:
-                        profiler.record_item(index, None, restored=True)
-                    progress.advance(True)
-                    waiting = report(BatchResult(index, items[index], output))
-                    if waiting is not None:
-                        await waiting
+                await _report_restored(checkpoint.done, items, reported, progress, report)
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
             deadline = options["deadline"]
             try:

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from plait import _context
+from plait._together import together
 from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
-from plait.optimization._together import together
 from plait.optimization.events import learning_step
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value

@@ -1,3 +1,4 @@
+# size: schedule, measuring and table together; issue 35 splits it.
 """Cost before it runs: calls, tokens and dollars an evaluation, a search or a Trainer will spend.
 
     estimate = await BootstrapFewShot(metric).estimate(program, trainset=train, valset=val)

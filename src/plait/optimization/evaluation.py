@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from plait import _files
+from plait._together import together
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization._together import together
 
 __all__ = [
     "EvaluationResult",

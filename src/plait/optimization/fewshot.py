@@ -1,3 +1,4 @@
+# size: three searches in one file; issue 35 gives each search a file of its own.
 """Few-shot demos and instructions: LabeledFewShot, BootstrapFewShot, RandomSearch.
 
     report = await BootstrapFewShot(exact_match, max_demos=4).compile(
@@ -41,11 +42,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from plait._together import together
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BudgetExceededError, StructuredOutputError
 from plait.execution.structured import ask_structured, output_type_for
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step

@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, create_model
 
+from plait._together import together
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.containers import ModuleList
 from plait.errors import StructuredOutputError
@@ -32,7 +33,6 @@ from plait.execution.llm_call import generate
 from plait.execution.structured import ask_structured, output_type_for
 from plait.feedback import BackwardContext, BackwardResult, Feedback, clip
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.evaluation import as_metric
 
 __all__ = [

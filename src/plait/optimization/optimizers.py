@@ -1,3 +1,4 @@
+# size: the base and two optimizers; issue 35 gives each a file.
 """Optimizers: rewrite learnable parameters from the feedback backward left on them.
 
     optimizer = SFAOptimizer(program.named_parameters()).bind(resources)
@@ -40,13 +41,13 @@ from typing import Any, Self
 from pydantic import BaseModel
 
 from plait import _jsontext as jsontext
+from plait._together import together
 from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
 from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.events import learning_step, tell_decision, tell_update
 from plait.optimization.updates import (
     WORD_FLOOR,
@@ -94,6 +95,7 @@ DEFAULT_RETRIES = 2
 """Re-asks an optimizer makes after an unusable reply, per call, unless told otherwise."""
 
 
+# size: the base optimizer's update, retry and history; split in issue 35.
 class Optimizer:
     """Base class of optimizers: bookkeeping, ordering, checks, retries and validation.
 

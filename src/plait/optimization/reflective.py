@@ -1,3 +1,4 @@
+# size: ReflectiveSearch with its proposals and lineage; issue 35 splits the search from its parts.
 """ReflectiveSearch: evolve a program by reflecting on the feedback its runs get.
 
     search = ReflectiveSearch(exact_match, max_calls=600)
@@ -89,10 +90,10 @@ import random
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from plait._together import together
 from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.backward import backward
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
@@ -274,6 +275,7 @@ def _check_lineage(member: Any, read: Any, where: str, below: int) -> None:
         read.text(name, f"{where}.changed[{i}]")
 
 
+# size: the search loop, its proposals and its Pareto front share state; split in issue 35.
 class ReflectiveSearch(ProgramSearch):
     """Reflective evolutionary search with a Pareto frontier, merges and a call budget.
 

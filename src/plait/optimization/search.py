@@ -1,3 +1,4 @@
+# size: ProgramSearch, GridSearch, report, checkpoint; split in issue 35.
 """Program search: optimizers that try whole candidate programs and keep the best on validation.
 
 Where `SFAOptimizer` and `TextGradOptimizer` rewrite parameters step by step
@@ -63,9 +64,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from plait._together import together
 from plait.execution.settings import check_served, resources_of
 from plait.module import Module
-from plait.optimization._together import together
 from plait.optimization.evaluation import (
     EvaluationResult,
     Metric,
@@ -228,6 +229,7 @@ class Candidate:
     settings: dict[str, Any] = field(default_factory=dict)
 
 
+# size: the base of every search: its run, report and checkpoint; split in issue 35.
 class ProgramSearch:
     """Base of optimizers that evaluate candidate programs and apply the best (see module docs).
 

@@ -1,3 +1,4 @@
+# size: the Trainer with its checkpoint and estimate; issue 35 moves those apart.
 """Trainer: epochs of minibatches, validation, keep-best, progress and resumable checkpoints.
 
     trainer = Trainer(program, VerifierLoss(exact_match), SFAOptimizer(program.named_parameters()),
@@ -111,6 +112,7 @@ class TrainReport:
     with a larger budget starts there."""
 
 
+# size: epochs, validation, checkpoints and estimates of one training; split in issue 35.
 class Trainer:
     """Trains a program's parameters on a dataset with a loss and an optimizer.
 
@@ -265,6 +267,15 @@ class Trainer:
         check_sample(sample)
         return awaitable_or_result(self._estimate(sample))
 
+    def _minibatch_sizes_left(self, position: tuple[int, int]) -> list[int]:
+        """The sizes of the minibatches still to train on from ``position`` (epoch, batch)."""
+        batches, m = self._batches(), len(self.train_set)
+        return [
+            min(self.batch_size, m - batch * self.batch_size)
+            for epoch in range(position[0], self.epochs)
+            for batch in range(position[1] if epoch == position[0] else 0, batches)
+        ]
+
     async def _estimate(self, sample: int) -> Any:
         from plait.optimization import costs
         from plait.optimization.costs import Phase, Range
@@ -278,12 +289,8 @@ class Trainer:
         resumed = self._position()
         position = resumed or (0, 0)
         batches = self._batches()
-        n, m = len(self.val_set), len(self.train_set)
-        left = [
-            min(self.batch_size, m - batch * self.batch_size)
-            for epoch in range(position[0], self.epochs)
-            for batch in range(position[1] if epoch == position[0] else 0, batches)
-        ]
+        n = len(self.val_set)
+        left = self._minibatch_sizes_left(position)
         steps_left, examples_left = len(left), sum(left)
         feedback = costs.feedback_items(self.train_set[: self.batch_size], size)
         step_calls = [

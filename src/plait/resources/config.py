@@ -1,3 +1,4 @@
+# size: every provider's keys in one schema; issue 35 moves them to specs.
 """`ResourceConfig`: which endpoint serves each alias, and with what limits.
 
 A program names the models it uses by alias (``"fast"``, ``"judge"``); the

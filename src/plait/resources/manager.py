@@ -1,3 +1,4 @@
+# size: ResourceManager with its routes, budgets and cache hooks; issue 35 splits it by concern.
 """`ResourceManager`: sends every model call of a run through its endpoint's limits.
 
 The execution layer never talks to a backend directly. It calls
@@ -182,6 +183,7 @@ class _BudgetHold:
             budget.release(self.tokens, self.cost)
 
 
+# size: one object per run owns every endpoint's state; split by concern in issue 35.
 class ResourceManager:
     """Runs model calls for the aliases of a `ResourceConfig`, within their limits.
 

@@ -6,8 +6,9 @@ a metric's error) would return to its caller with proposals or evaluations still
 sending requests, which no report counts and no budget of the caller sees end.
 `together` cancels the others and waits for them before it raises. When the
 caller itself is cancelled, `gather` has already cancelled each of them; they are
-not cancelled a second time, so a step's own clean-up on cancel runs to its end
-(as `plait.execution.batch.run_items` does for a batch's items).
+not cancelled a second time, so a step's own clean-up on cancel runs to its end.
+A batch's items (`plait.execution.batch.run_items`) and every concurrent step of
+learning are awaited through it, so both layers stop work the same way.
 """
 
 from __future__ import annotations
