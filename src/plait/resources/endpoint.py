@@ -21,7 +21,7 @@ from plait.backends.types import Request, Response, Usage
 from plait.errors import ConfigError
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
-from plait.resources.limits import Limiter
+from plait.resources.limits import EndpointLimiter, Limiter
 from plait.resources.retry import RetryPolicy
 from plait.resources.usage import Price, UsageTotals
 
@@ -233,12 +233,12 @@ class Endpoint:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[object]],
         seed: int | None,
-        limiter: Limiter | None = None,
+        limiter: EndpointLimiter | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        # A stand-in with Limiter's methods may be given (plait.distributed: one per cluster).
-        self.limiter = limiter or Limiter(
+        # Another EndpointLimiter may be given (plait.distributed: one leased from a cluster).
+        self.limiter: EndpointLimiter = limiter or Limiter(
             max_concurrent=config.max_concurrent,
             rpm=config.rpm,
             tpm=config.tpm,
