@@ -78,8 +78,8 @@ class EndpointConfig:
     name: str
     """The alias this entry is listed under in the configuration (may be ``"*"``)."""
     provider: str
-    """``openai``, ``anthropic``, ``local``, a name given to `register_provider`, or the
-    ``module.Class`` name of a user-written backend."""
+    """``openai``, ``anthropic``, ``local``, another provider's (`plait.backends.providers`), a
+    name given to `register_provider`, or the ``module.Class`` name of a user-written backend."""
     model: str | None = None
     """Model name sent to the provider; optional for ``local``."""
     max_concurrent: int | None = None
@@ -430,7 +430,7 @@ def register_provider(name: str, backend: type) -> None:
     among the classes the program registered (a file never imports code).
 
     Raises:
-        ValueError: ``name`` is empty or a built-in provider's.
+        ValueError: ``name`` is empty or a provider's (`plait.backends.providers`).
         TypeError: ``backend`` is not a Backend class.
     """
     if not isinstance(name, str) or not name or providers.get(name) is not None:
