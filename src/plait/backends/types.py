@@ -17,6 +17,7 @@ from plait.media import Media
 __all__ = [
     "Message",
     "Part",
+    "Price",
     "Request",
     "Response",
     "ResponseSchema",
@@ -238,6 +239,20 @@ class Usage:
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cost += other.cost
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """What a model charges, in dollars per million tokens (`Usage.cost` is made from it)."""
+
+    input: float
+    """Dollars per million prompt (input) tokens."""
+    output: float
+    """Dollars per million completion (output) tokens."""
+
+    def cost(self, input_tokens: int, output_tokens: int) -> float:
+        """Returns the dollar cost of a call with these token counts."""
+        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
 
 
 @dataclass(slots=True)

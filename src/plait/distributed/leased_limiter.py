@@ -17,17 +17,20 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from plait.distributed.leases import LedgerLink, PermitReply, RateReply
+
+if TYPE_CHECKING:
+    from plait.resources.limits import EndpointLimiter
 
 __all__ = ["LeasedLimiter"]
 
 
 # size: a worker's whole side of the lease protocol, read as one state machine.
 class LeasedLimiter:
-    """Stands in for a worker's `Limiter`, taking permits and rate tokens from a shared
-    `LeaseLedger` a few at a time (see the module doc).
+    """Stands in for a worker's `Limiter` (an `EndpointLimiter`), taking permits and rate
+    tokens from a shared `LeaseLedger` a few at a time (see the module doc).
 
     Args:
         link: reaches the ledger (`plait.distributed.ray` links to its Ray actor).
@@ -568,3 +571,7 @@ class LeasedLimiter:
     def permits(self) -> int:
         """Permits this limiter holds now (in flight and unused)."""
         return self._granted
+
+
+if TYPE_CHECKING:  # mypy checks that LeasedLimiter has every member of the protocol
+    _IS_ENDPOINT_LIMITER: type[EndpointLimiter] = LeasedLimiter

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from plait import _context, _files
+from plait.backends import providers
 from plait.backends.types import Request, Response
 from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
 from plait.execution.batch import unfinished_error
@@ -58,10 +59,13 @@ _UNKNOWN_STATUS_POLLS = 3
 def _check_endpoint(alias: str, endpoint: Any) -> None:
     from plait.resources.endpoint import missing_credential
 
-    if endpoint.provider not in ("openai", "anthropic"):
+    spec = providers.get(endpoint.provider)
+    if spec is None or spec.batch_api is None:
+        first, *others = [repr(s.name) for s in providers.specs() if s.batch_api is not None]
         raise ConfigError(
             f"alias {alias!r} is a {endpoint.provider!r} endpoint; batch_api=True needs an "
-            "'openai' endpoint whose server has the Batch API, or an 'anthropic' one"
+            f"{first} endpoint whose server has the Batch API"
+            + "".join(f", or an {other} one" for other in others)
         )
     missing = missing_credential(endpoint)
     if missing is not None:  # the Batch API's clients are built outside the manager
@@ -69,13 +73,9 @@ def _check_endpoint(alias: str, endpoint: Any) -> None:
 
 
 def _client_for(endpoint: Any) -> Any:
-    if endpoint.provider == "anthropic":
-        from plait.backends.anthropic.batch import AnthropicBatchClient
-
-        return AnthropicBatchClient.from_endpoint(endpoint)
-    from plait.backends.openai.batch import OpenAIBatchClient
-
-    return OpenAIBatchClient.from_endpoint(endpoint)
+    spec = providers.get(endpoint.provider)
+    assert spec is not None  # _check_endpoint passed
+    return spec.batch_client(endpoint)
 
 
 def _name_alias(error: BackendError, alias: str) -> None:

@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 
 from plait import _files
+from plait.backends import providers
 from plait.backends.types import Message, Request, Response, ToolCall, Usage
 from plait.resources.config import EndpointConfig
 
@@ -122,8 +123,9 @@ def cache_key(endpoint: EndpointConfig, request: Request) -> str:
         "tool_choice": request.tool_choice,
         "response_schema": request.response_schema,
     }
-    if endpoint.provider == "local":
-        payload["model_path"] = endpoint.model_path
+    spec = providers.get(endpoint.provider)
+    for name in () if spec is None else spec.cache_keys:  # local: the GGUF file answers
+        payload[name] = getattr(endpoint, name)
     if request.rollout_id is not None:
         payload["rollout_id"] = request.rollout_id
     for name in _EXTRA_FIELDS:

@@ -1,4 +1,4 @@
-# size: every provider's keys in one schema; issue 35 moves them to specs.
+# size: the checker of every endpoint key, fallback chains, and the file readers.
 """`ResourceConfig`: which endpoint serves each alias, and with what limits.
 
 A program names the models it uses by alias (``"fast"``, ``"judge"``); the
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from plait.backends import providers
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
@@ -43,6 +44,8 @@ from plait.resources.validation import suggestion as _suggest
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from plait.backends.spec import ProviderSpec
 
 __all__ = [
     "PROVIDERS",
@@ -56,8 +59,9 @@ __all__ = [
 WILDCARD = "*"
 """The alias that serves every alias not listed explicitly."""
 
-PROVIDERS = ("anthropic", "local", "openai")
-"""Provider names an endpoint may use."""
+PROVIDERS = tuple(providers.names())
+"""The built-in providers' names; `plait.backends.providers.names` lists every
+provider an endpoint may use, those added with `providers.register` too."""
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
@@ -74,8 +78,8 @@ class EndpointConfig:
     name: str
     """The alias this entry is listed under in the configuration (may be ``"*"``)."""
     provider: str
-    """``openai``, ``anthropic``, ``local``, a name given to `register_provider`, or the
-    ``module.Class`` name of a user-written backend."""
+    """``openai``, ``anthropic``, ``local``, another provider's (`plait.backends.providers`), a
+    name given to `register_provider`, or the ``module.Class`` name of a user-written backend."""
     model: str | None = None
     """Model name sent to the provider; optional for ``local``."""
     max_concurrent: int | None = None
@@ -198,34 +202,39 @@ _COMMON: dict[str, check.Checker] = {
     "circuit_failures": check.positive_int,
     "circuit_cooldown": check.positive_number,
 }
-_REMOTE: dict[str, check.Checker] = {
+_OWN: dict[str, check.Checker] = {
     "base_url": check.base_url,
     "api_key": check.secret,
     "api_key_env": check.text,
+    "transport": check.transport,
+    "headers": check.headers,
+    "max_connections": check.positive_int,
+    "dialect": check.dialect,
+    "max_response_bytes": check.positive_int,
+    "max_event_bytes": check.positive_int,
+    "model_path": check.path,
+    "n_ctx": check.positive_int,
 }
-_BY_PROVIDER: dict[str, dict[str, check.Checker]] = {
-    "openai": {
-        **_COMMON,
-        **_REMOTE,
-        "transport": check.transport,
-        "headers": check.headers,
-        "max_connections": check.positive_int,
-        "dialect": check.dialect,
-        "max_response_bytes": check.positive_int,
-        "max_event_bytes": check.positive_int,
-    },
-    "anthropic": {**_COMMON, **_REMOTE},
-    "local": {**_COMMON, "model_path": check.path, "n_ctx": check.positive_int},
-}
-_ALL_KEYS = sorted({"provider"}.union(*_BY_PROVIDER.values()))
+"""The keys a provider takes when its spec lists them (`ProviderSpec.keys`)."""
+_CHECKERS: dict[str, tuple[ProviderSpec, dict[str, check.Checker]]] = {}
 
-# The embedded model runs one call at a time in-process, and a call cannot be
-# interrupted once it runs in its thread: queueing in the limiter (not inside
-# the backend) and no default timeout keep a long batch from timing out calls
-# that merely waited their turn.
-_PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "local": {"max_concurrent": 1, "timeout": None},
-}
+
+def _checkers(provider: str) -> dict[str, check.Checker]:
+    """Returns the keys an endpoint of ``provider`` takes, each with its checker."""
+    spec = providers.get(provider)
+    assert spec is not None  # the caller checked
+    cached = _CHECKERS.get(provider)
+    if cached is not None and cached[0] is spec:
+        return cached[1]
+    unknown = [key for key in spec.keys if key not in _OWN]
+    if unknown:
+        raise ConfigError(
+            f"provider {provider!r}: its ProviderSpec lists key(s) {_quote_list(unknown)}, "
+            f"which no endpoint has; the keys it may list: {_quote_list(sorted(_OWN))}"
+        )
+    checkers = {**_COMMON, **{key: _OWN[key] for key in spec.keys}}
+    _CHECKERS[provider] = (spec, checkers)
+    return checkers
 
 
 def _quote_list(names: list[str] | tuple[str, ...]) -> str:
@@ -266,20 +275,21 @@ def _validate_entry(
         return None
     provider = entry.get("provider")
     if provider is None:
-        problems.append(f"{where}: missing key 'provider'; one of {_quote_list(PROVIDERS)}")
+        problems.append(f"{where}: missing key 'provider'; one of {_quote_list(providers.names())}")
         return None
     if _user_backend(provider) is not None:
         return _validate_user_entry(alias, entry, problems)
-    if not isinstance(provider, str) or provider not in _BY_PROVIDER:
+    spec = providers.get(provider)
+    if spec is None:
         problems.append(
             f"{where}: unknown provider {provider!r} in key 'provider'; known: "
             f"{_quote_list(_known_providers())}{_suggest(str(provider), _known_providers())} "
             "(or a Backend subclass, an instance of one, or a name given to register_provider)"
         )
         return None
-    checkers = _BY_PROVIDER[provider]
+    checkers = _checkers(spec.name)
     before = len(problems)
-    values: dict[str, Any] = dict(_PROVIDER_DEFAULTS.get(provider, ()))
+    values: dict[str, Any] = dict(spec.defaults)
     for key, value in entry.items():
         if key == "provider":
             continue
@@ -293,17 +303,17 @@ def _validate_entry(
     variable = values.get("api_key_env")
     if from_file and variable is not None and not _may_send(variable):
         problems.append(f"{where}: key 'api_key_env' {_not_a_credential(variable)}")
-    if provider != "local" and entry.get("model") is None:
+    if spec.example_model is not None and entry.get("model") is None:
         problems.append(
-            f"{where}: missing key 'model' (required for provider {provider!r}), "
-            f'e.g. "model": "{_EXAMPLE_MODELS[provider]}"'
+            f"{where}: missing key 'model' (required for provider {spec.name!r}), "
+            f'e.g. "model": "{spec.example_model}"'
         )
     if values.get("backend_options"):
-        for problem in _backend_option_problems(provider, values["backend_options"]):
+        for problem in _backend_option_problems(spec.name, values["backend_options"]):
             problems.append(f"{where}: key 'backend_options' {problem}")
     if len(problems) > before:
         return None
-    endpoint = EndpointConfig(name=alias, provider=provider, **values)
+    endpoint = EndpointConfig(name=alias, provider=spec.name, **values)
     if endpoint.budget is not None and endpoint.effective_price is None:
         problems.append(
             f"{where}: key 'budget' is set but the price of model {endpoint.model!r} is "
@@ -311,9 +321,6 @@ def _validate_entry(
         )
         return None
     return endpoint
-
-
-_EXAMPLE_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
 
 
 def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[str]:
@@ -325,7 +332,7 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
     """
     from plait.resources.endpoint import backend_class
 
-    return _option_problems(backend_class(provider), _BY_PROVIDER[provider], options)
+    return _option_problems(backend_class(provider), _checkers(provider), options)
 
 
 def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
@@ -423,13 +430,13 @@ def register_provider(name: str, backend: type) -> None:
     among the classes the program registered (a file never imports code).
 
     Raises:
-        ValueError: ``name`` is empty or a built-in provider's.
+        ValueError: ``name`` is empty or a provider's (`plait.backends.providers`).
         TypeError: ``backend`` is not a Backend class.
     """
-    if not isinstance(name, str) or not name or name in PROVIDERS:
+    if not isinstance(name, str) or not name or providers.get(name) is not None:
         raise ValueError(
-            f"register_provider needs a new, non-empty name (not one of {_quote_list(PROVIDERS)}); "
-            f"got {name!r}"
+            "register_provider needs a new, non-empty name (not one of "
+            f"{_quote_list(providers.names())}); got {name!r}"
         )
     if not _is_backend_class(backend):
         raise TypeError(
@@ -440,7 +447,7 @@ def register_provider(name: str, backend: type) -> None:
 
 
 def _known_providers() -> list[str]:
-    return [*PROVIDERS, *sorted(_REGISTERED)]
+    return [*providers.names(), *sorted(_REGISTERED)]
 
 
 def _is_backend_class(value: Any) -> bool:
@@ -498,10 +505,10 @@ def _validate_user_entry(alias: str, entry: Mapping[str, Any], problems: list[st
 
 
 def _unknown_key_text(key: Any, provider: str) -> str:
-    for other, checkers in _BY_PROVIDER.items():
-        if other != provider and key in checkers:
+    for other in (spec.name for spec in providers.specs()):
+        if other != provider and key in _checkers(other):
             return f"key {key!r} does not apply to provider {provider!r} (it is for {other!r})"
-    valid = ["provider", *_BY_PROVIDER[provider]]
+    valid = ["provider", *_checkers(provider)]
     return f"unknown key {key!r}{_suggest(str(key), valid)}"
 
 

@@ -9,18 +9,19 @@ plugged into an endpoint whose configuration sets ``cache``.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from plait.backends import providers
 from plait.backends.base import Backend
+from plait.backends.spec import ProviderSpec
 from plait.backends.types import Request, Response, Usage
 from plait.errors import ConfigError
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
-from plait.resources.limits import Limiter
+from plait.resources.limits import EndpointLimiter, Limiter
 from plait.resources.retry import RetryPolicy
 from plait.resources.usage import Price, UsageTotals
 
@@ -33,12 +34,6 @@ __all__ = [
     "estimate_tokens",
     "missing_credential",
 ]
-
-_BACKENDS = {
-    "openai": ("plait.backends.openai", "OpenAICompatBackend"),
-    "anthropic": ("plait.backends.anthropic", "AnthropicBackend"),
-    "local": ("plait.backends.local", "LocalBackend"),
-}
 
 # Reserved for the reply when a request sets no max_tokens; the reservation is
 # corrected from the reported usage as soon as the call returns.
@@ -63,9 +58,16 @@ class ResponseCache(Protocol):
 
 def backend_class(provider: str) -> type[Backend]:
     """Returns the backend class of a provider, importing its module only now."""
-    module_name, class_name = _BACKENDS[provider]
-    cls: type[Backend] = getattr(importlib.import_module(module_name), class_name)
-    return cls
+    return _spec(provider).backend_class()
+
+
+def _spec(provider: str) -> ProviderSpec:
+    spec = providers.get(provider)
+    if spec is None:
+        raise ConfigError(
+            f"unknown provider {provider!r}; known: {', '.join(map(repr, providers.names()))}"
+        )
+    return spec
 
 
 def create_backend(config: EndpointConfig) -> Backend:
@@ -92,17 +94,21 @@ def create_backend(config: EndpointConfig) -> Backend:
 def missing_credential(config: EndpointConfig) -> str | None:
     """Returns why an endpoint's backend could make no call for want of a credential, or None.
 
-    One line naming the endpoint, what is missing and how to give it
-    (`Backend.missing_credential` of its class, asked with the settings it
-    would be built with, so the environment is read now). The manager asks
+    One line naming the endpoint, what is missing and how to give it (its
+    provider spec's ``missing_credential``, or a user's class's
+    `Backend.missing_credential`, asked with the settings the backend would be
+    built with, so the environment is read now). The manager asks
     before the endpoint's first call, the commands before a run: either way
     nothing has been sent.
     """
     backend = config.backend
     if backend is not None and not isinstance(backend, type):
         return None
-    cls, kwargs = _constructor(config)
-    missing = cls.missing_credential(**kwargs)
+    if backend is None:  # a provider's spec holds its rule: its backend is not imported
+        missing = _spec(config.provider).missing_credential(**_arguments(config))
+    else:
+        cls: type[Backend] = backend
+        missing = cls.missing_credential(**_user_arguments(config, cls))
     if missing is None:
         return None
     model = f" {config.model}" if config.model else ""
@@ -110,40 +116,28 @@ def missing_credential(config: EndpointConfig) -> str | None:
 
 
 def _constructor(config: EndpointConfig) -> tuple[type[Backend], dict[str, Any]]:
-    """Returns the class an endpoint's backend is built from and its keyword arguments.
-
-    A user's class gets ``model=`` when the configuration names one and the
-    constructor takes it, then ``backend_options``.
-    """
-    kwargs: dict[str, Any] = {}
+    """Returns the class an endpoint's backend is built from and its keyword arguments."""
     backend = config.backend
     if isinstance(backend, type):
-        if config.model is not None and "model" in inspect.signature(backend).parameters:
-            kwargs["model"] = config.model
-        kwargs.update(config.backend_options)
-        return backend, kwargs
-    if config.provider == "local":
-        kwargs["model_path"] = config.model_path
-        if config.n_ctx is not None:
-            kwargs["n_ctx"] = config.n_ctx
-    else:
-        kwargs["model"] = config.model
-        if config.timeout is not None or config.provider == "openai":
-            kwargs["timeout"] = config.timeout  # AnthropicBackend takes numbers only
-        for key in ("base_url", "api_key", "api_key_env", "transport", "dialect"):
-            value = getattr(config, key, None)
-            if value is not None:
-                kwargs[key] = value
-        if config.headers:
-            kwargs["headers"] = dict(config.headers)
-        if config.provider == "openai":
-            pool = config.max_connections or config.max_concurrent
-            if pool is not None:
-                kwargs["max_connections"] = pool
-            kwargs["max_response_bytes"] = config.max_response_bytes
-            kwargs["max_event_bytes"] = config.max_event_bytes
+        return backend, _user_arguments(config, backend)
+    return backend_class(config.provider), _arguments(config)
+
+
+def _arguments(config: EndpointConfig) -> dict[str, Any]:
+    """A provider's backend gets what its spec makes of the endpoint, then ``backend_options``."""
+    kwargs = _spec(config.provider).backend_arguments(config)
     kwargs.update(config.backend_options)
-    return backend_class(config.provider), kwargs
+    return kwargs
+
+
+def _user_arguments(config: EndpointConfig, backend: type[Backend]) -> dict[str, Any]:
+    """A user's class gets ``model=`` when the configuration names one and the
+    constructor takes it, then ``backend_options``."""
+    kwargs: dict[str, Any] = {}
+    if config.model is not None and "model" in inspect.signature(backend).parameters:
+        kwargs["model"] = config.model
+    kwargs.update(config.backend_options)
+    return kwargs
 
 
 def estimate_tokens(request: Request) -> int:
@@ -239,12 +233,12 @@ class Endpoint:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[object]],
         seed: int | None,
-        limiter: Limiter | None = None,
+        limiter: EndpointLimiter | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
-        # A stand-in with Limiter's methods may be given (plait.distributed: one per cluster).
-        self.limiter = limiter or Limiter(
+        # Another EndpointLimiter may be given (plait.distributed: one leased from a cluster).
+        self.limiter: EndpointLimiter = limiter or Limiter(
             max_concurrent=config.max_concurrent,
             rpm=config.rpm,
             tpm=config.tpm,

@@ -35,14 +35,76 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from plait.resources.config import EndpointConfig
 
-__all__ = ["Adaptation", "Limiter", "TokenBucket", "limiter_shares", "too_small_to_share"]
+__all__ = [
+    "Adaptation",
+    "EndpointLimiter",
+    "Limiter",
+    "TokenBucket",
+    "limiter_shares",
+    "too_small_to_share",
+]
 
 _EPSILON = 1e-9
+
+
+class EndpointLimiter(Protocol):
+    """What the manager asks of an endpoint's limiter: the interface `Limiter` has.
+
+    `Limiter` keeps the limits in this process; `plait.distributed`'s
+    `LeasedLimiter` leases them from a ledger shared by workers. A
+    ``limiter_factory`` given to `ResourceManager` returns one of these; mypy
+    checks that both limiters have every member.
+    """
+
+    @property
+    def tpm(self) -> float | None:
+        """The configured tokens per minute (None: not limited): whether to estimate tokens."""
+        ...
+
+    async def acquire(self, tokens: int = 0) -> float:
+        """Waits until a call may be sent, reserving ``tokens``; returns the seconds waited."""
+        ...
+
+    def release(self, reserved: int = 0, used: int | None = None) -> None:
+        """Frees the call's slot; with ``used``, corrects its token reservation."""
+        ...
+
+    def on_success(self) -> None:
+        """Records a successful call (limits lowered by 429s recover a step)."""
+        ...
+
+    def on_rate_limited(self, retry_after: float | None = None) -> None:
+        """Records a 429: pauses for ``retry_after`` and lowers the limits."""
+        ...
+
+    def pause_for(self, seconds: float) -> None:
+        """Sends nothing new for ``seconds``."""
+        ...
+
+    # What `EndpointStats` reads.
+    @property
+    def acquired(self) -> int: ...
+    @property
+    def rate_limited(self) -> int: ...
+    @property
+    def wait_time_total(self) -> float: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def queue_depth(self) -> int: ...
+    @property
+    def effective_rpm(self) -> float | None: ...
+    @property
+    def effective_tpm(self) -> float | None: ...
+    @property
+    def effective_max_concurrent(self) -> int | None: ...
+    @property
+    def paused_for(self) -> float: ...
 
 
 class TokenBucket:
@@ -137,7 +199,7 @@ class Adaptation:
 
 
 class Limiter:
-    """Concurrency, rpm, tpm and pause limits of one endpoint.
+    """Concurrency, rpm, tpm and pause limits of one endpoint (an `EndpointLimiter`).
 
     Args:
         max_concurrent: calls in flight at once; None for no limit.
@@ -417,3 +479,7 @@ def too_small_to_share(endpoints: list[EndpointConfig], parts: int) -> list[str]
         for endpoint in endpoints
         if endpoint.max_concurrent is not None and endpoint.max_concurrent < parts
     ]
+
+
+if TYPE_CHECKING:  # mypy checks that Limiter has every member of the protocol
+    _IS_ENDPOINT_LIMITER: type[EndpointLimiter] = Limiter

@@ -67,6 +67,7 @@ from plait.resources.endpoint import (
     estimate_prompt_and_reply,
     estimate_tokens,
 )
+from plait.resources.limits import EndpointLimiter
 from plait.resources.retry import RetryPolicy, exhausted
 from plait.resources.usage import Budget, UsageTotals, active_budgets, active_meters
 
@@ -220,7 +221,7 @@ class ResourceManager:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         seed: int | None = None,
-        limiter_factory: Callable[[EndpointConfig], Any] | None = None,
+        limiter_factory: Callable[[EndpointConfig], EndpointLimiter] | None = None,
     ) -> None:
         if not isinstance(config, ResourceConfig):
             config = ResourceConfig(config)

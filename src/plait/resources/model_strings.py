@@ -18,17 +18,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
+from plait.backends import providers
 from plait.resources.validation import suggestion
 
 __all__ = ["PROVIDER_SPELLINGS", "entry_for", "names_provider"]
 
-PROVIDER_SPELLINGS: dict[str, str] = {
-    "openai": "openai",
-    "openai-chat": "openai",  # pydantic-ai's name for the chat-completions API
-    "anthropic": "anthropic",
-    "local": "local",
-}
-"""The provider prefixes a model string may start with, and the provider each means."""
+PROVIDER_SPELLINGS: dict[str, str] = providers.spellings()
+"""The built-in providers' model-string prefixes, and the provider each means (each
+`ProviderSpec` lists its own; `providers.spellings` has those of providers added later)."""
 
 _SEPARATORS = (":", "/")
 
@@ -44,7 +41,7 @@ def entry_for(text: str, registered: Collection[str] = ()) -> tuple[str | None, 
 
     The error text follows "alias 'x': " and lists the known prefixes.
     """
-    known = {**PROVIDER_SPELLINGS, **{name: name for name in registered}}
+    known = {**providers.spellings(), **{name: name for name in registered}}
     prefix, model = _split(text)
     provider = known.get(prefix)
     if provider is None:
@@ -55,31 +52,27 @@ def entry_for(text: str, registered: Collection[str] = ()) -> tuple[str | None, 
             f"'<provider>:<model>' or '<provider>/<model>' with one of {listing} "
             '(e.g. "openai:gpt-4o-mini"), or an entry like {"provider": ..., "model": ...}'
         ), {}
-    if provider == "local":  # what follows "local:" is a GGUF file, not a model name
-        return None, {"provider": "local"} if model is None else {
-            "provider": "local",
-            "model_path": model,
-        }
-    if model is None and provider in _EXAMPLES:
+    spec = providers.get(provider)
+    if model is None and spec is not None and spec.example_model is not None:
         return (
             f"model string {text!r} names no model; write '{prefix}:<model>', "
-            f'e.g. "{prefix}:{_EXAMPLES[provider]}"'
+            f'e.g. "{prefix}:{spec.example_model}"'
         ), {}
-    return None, {"provider": provider} if model is None else {"provider": provider, "model": model}
+    if model is None:
+        return None, {"provider": provider}
+    # What follows the prefix is the model, or what the spec says ("local:" a GGUF file).
+    return None, {"provider": provider, "model" if spec is None else spec.model_string_key: model}
 
 
 def names_provider(text: str) -> bool:
-    """Whether ``text`` starts with a built-in provider's prefix and a separator.
+    """Whether ``text`` starts with a provider's prefix and a separator.
 
     For places where a bare model name is also valid: a Hugging Face name such
     as ``Qwen/Qwen2.5-7B-Instruct`` sent to an OpenAI-compatible server stays
     the model's name.
     """
     prefix, model = _split(text)
-    return model is not None and prefix in PROVIDER_SPELLINGS
-
-
-_EXAMPLES = {"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}
+    return model is not None and prefix in providers.spellings()
 
 
 def _split(text: str) -> tuple[str, str | None]:

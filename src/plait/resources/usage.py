@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from plait.backends.types import Usage
+# Prices and Price live with the providers (plait.backends.providers); the names stay here.
+from plait.backends.providers import PRICES, price_for
+from plait.backends.types import Price, Usage
 
 __all__ = [
     "PRICES",
@@ -41,65 +43,6 @@ __all__ = [
     "metered",
     "price_for",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Price:
-    """What a model charges, in dollars per million tokens."""
-
-    input: float
-    """Dollars per million prompt (input) tokens."""
-    output: float
-    """Dollars per million completion (output) tokens."""
-
-    def cost(self, input_tokens: int, output_tokens: int) -> float:
-        """Returns the dollar cost of a call with these token counts."""
-        return (input_tokens * self.input + output_tokens * self.output) / 1_000_000
-
-
-FREE = Price(0.0, 0.0)
-
-# Public list prices (standard tier, no caching or batch discounts), checked
-# against the providers' pricing pages when written. They drift: an endpoint's
-# ``price`` setting always wins, and a model missing here has no known price.
-PRICES: Mapping[str, Price] = {
-    "gpt-4o-mini": Price(0.15, 0.60),
-    "gpt-4o": Price(2.50, 10.00),
-    "gpt-4.1-nano": Price(0.10, 0.40),
-    "gpt-4.1-mini": Price(0.40, 1.60),
-    "gpt-4.1": Price(2.00, 8.00),
-    "gpt-3.5-turbo": Price(0.50, 1.50),
-    "o3-mini": Price(1.10, 4.40),
-    "o4-mini": Price(1.10, 4.40),
-    "claude-3-haiku": Price(0.25, 1.25),
-    "claude-3-5-haiku": Price(0.80, 4.00),
-    "claude-3-5-sonnet": Price(3.00, 15.00),
-    "claude-3-7-sonnet": Price(3.00, 15.00),
-    "claude-sonnet-4": Price(3.00, 15.00),
-    "claude-3-opus": Price(15.00, 75.00),
-    "claude-opus-4": Price(15.00, 75.00),
-}
-
-# Longest first, so "gpt-4o-mini-2024-07-18" matches "gpt-4o-mini", not "gpt-4o".
-_BY_LENGTH = sorted(PRICES, key=len, reverse=True)
-
-
-def price_for(provider: str, model: str | None) -> Price | None:
-    """Returns the built-in price of a model, or None when it is not known.
-
-    A dated or suffixed name (``claude-3-5-sonnet-20241022``, ``openai/gpt-4o``)
-    matches the longest known name it starts with, after any ``vendor/`` prefix.
-    The ``local`` provider is always free.
-    """
-    if provider == "local":
-        return FREE
-    if not model:
-        return None
-    name = model.rsplit("/", 1)[-1].lower()
-    for known in _BY_LENGTH:
-        if name.startswith(known):
-            return PRICES[known]
-    return None
 
 
 class UsageTotals:

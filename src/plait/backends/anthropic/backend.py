@@ -26,6 +26,7 @@ from plait.backends.anthropic._wire import (
     build_body,
     read_message,
 )
+from plait.backends.anthropic.spec import SPEC
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import (
@@ -111,10 +112,7 @@ class AnthropicBackend(Backend):
         Every endpoint needs one, a proxy's too (the SDK sends it on every call);
         see `Backend.missing_credential`.
         """
-        variable = settings.get("api_key_env", "ANTHROPIC_API_KEY")
-        if settings.get("api_key") or os.environ.get(variable):
-            return None
-        return f"needs an API key: set the environment variable {variable}, or give api_key"
+        return SPEC.missing_credential(**settings)
 
     def __repr__(self) -> str:
         shown = None if self.base_url is None else redact_url(self.base_url)

@@ -34,7 +34,6 @@ import logging
 import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import basic_authorization, redact_url, split_credentials
@@ -54,6 +53,14 @@ from plait.backends.openai._wire import (
     build_body,
     parse_completion,
 )
+from plait.backends.openai.spec import (
+    CREDENTIAL_HEADERS,
+    DEFAULT_KEY_ENV,
+    DEFAULT_URL,
+    SPEC,
+    is_openai_host,
+    missing_key,
+)
 from plait.backends.types import Request, Response, StreamChunk
 from plait.errors import BackendConnectionError, BackendError, ConfigError
 
@@ -71,40 +78,6 @@ _OLD_TRANSPORTS: dict[str, str] = {"aiohttp": "http"}
 # How servers refuse a response_format they do not know: 400 (OpenAI-style),
 # 422 (FastAPI validation), 500 (llama_cpp.server wraps its validation error).
 _REJECTION_STATUSES = frozenset({400, 422, 500})
-
-
-_DEFAULT_BASE_URL = "https://api.openai.com/v1"
-_DEFAULT_KEY_ENV = "OPENAI_API_KEY"
-_CREDENTIAL_HEADERS = frozenset({"authorization", "api-key"})
-
-
-def _missing_key(
-    base_url: str, api_key: str | None, api_key_env: str | None, headers: Mapping[str, str] | None
-) -> str | None:
-    """Returns why a call to ``base_url`` would go without the key it needs, or None.
-
-    Only OpenAI's and Azure's hosts are known to need one: a server of your
-    own (llama.cpp, Ollama, vLLM) often takes none, and would say so itself.
-    A key, ``user:password@`` in the URL or a credential header (Azure's
-    ``api-key``) counts; an empty key or variable does not.
-    """
-    if api_key or split_credentials(base_url)[1] is not None:
-        return None
-    if {name.lower() for name in headers or {}} & _CREDENTIAL_HEADERS:
-        return None
-    if not _is_openai_host(base_url) or (api_key_env and os.environ.get(api_key_env)):
-        return None
-    if api_key_env:
-        return f"needs an API key: set the environment variable {api_key_env}, or give api_key"
-    return "needs an API key: give api_key, or name the variable that holds it with api_key_env"
-
-
-def _is_openai_host(base_url: str) -> bool:
-    try:
-        host = (urlsplit(base_url).hostname or "").lower()
-    except ValueError:  # unparseable: the first call says so (HttpTransport._open)
-        return False
-    return host == "api.openai.com" or host.endswith((".openai.azure.com", ".azure.com"))
 
 
 class OpenAICompatBackend(Backend):
@@ -159,9 +132,9 @@ class OpenAICompatBackend(Backend):
     def __init__(
         self,
         model: str,
-        base_url: str = _DEFAULT_BASE_URL,
+        base_url: str = DEFAULT_URL,
         api_key: str | None = None,
-        api_key_env: str | None = _DEFAULT_KEY_ENV,
+        api_key_env: str | None = DEFAULT_KEY_ENV,
         timeout: float | None = 60.0,
         transport: TransportName = "http",
         headers: Mapping[str, str] | None = None,
@@ -195,14 +168,14 @@ class OpenAICompatBackend(Backend):
         self.timeout = timeout
         self.transport_name: TransportName = transport
         url, url_login = split_credentials(self.base_url)
-        credential_headers = {name.lower() for name in headers or {}} & _CREDENTIAL_HEADERS
+        credential_headers = {name.lower() for name in headers or {}} & CREDENTIAL_HEADERS
         if url_login is not None and (api_key is not None or "authorization" in credential_headers):
             raise ConfigError(
                 f"OpenAICompatBackend({redact_url(self.base_url)!r}): base_url holds "
                 "user:password@ and an api_key or Authorization header is given too; a request "
                 "carries one Authorization, so remove one of them"
             )
-        missing = _missing_key(self.base_url, api_key, api_key_env, headers)
+        missing = missing_key(self.base_url, api_key, api_key_env, headers)
         if missing is not None:
             raise ConfigError(f"{describe_endpoint(self.base_url, model)} {missing}")
         # Credentials written into this endpoint's URL win over the key of a
@@ -212,7 +185,7 @@ class OpenAICompatBackend(Backend):
             key = os.environ.get(api_key_env or "") or None
         if dialect is not None:
             self._wire, self._dialect_settled = _DIALECTS[dialect], True
-        elif _is_openai_host(self.base_url):
+        elif is_openai_host(self.base_url):
             self._wire, self._dialect_settled = OPENAI, True
         else:
             self._wire, self._dialect_settled = GENERIC, False
@@ -250,12 +223,7 @@ class OpenAICompatBackend(Backend):
         Any other ``base_url`` (a server of your own) needs none here; see
         `Backend.missing_credential`.
         """
-        return _missing_key(
-            settings.get("base_url", _DEFAULT_BASE_URL),
-            settings.get("api_key"),
-            settings.get("api_key_env", _DEFAULT_KEY_ENV),
-            settings.get("headers"),
-        )
+        return SPEC.missing_credential(**settings)
 
     async def complete(self, request: Request) -> Response:
         """Makes one chat-completions call and returns the whole reply.

@@ -25,6 +25,7 @@ from plait.backends._batch_results import BatchReply, ResultFile
 from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES, read_body
 from plait.backends._urls import join_path, path_segment, redact_url, scrub_text
 from plait.backends.openai._wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
+from plait.backends.openai.spec import DEFAULT_URL
 from plait.backends.types import Request
 from plait.errors import BackendError
 
@@ -35,8 +36,6 @@ BATCH_DONE = frozenset({"completed", "failed", "expired", "cancelled"})
 
 BATCH_RUNNING = frozenset({"validating", "in_progress", "finalizing", "cancelling"})
 """Batch statuses of a batch still at work; any other status is not the Batch API's."""
-
-_DEFAULT_URL = "https://api.openai.com/v1"
 
 
 class OpenAIBatchClient:
@@ -67,13 +66,13 @@ class OpenAIBatchClient:
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         self.model = model
-        self.base_url = (base_url or _DEFAULT_URL).rstrip("/")
+        self.base_url = (base_url or DEFAULT_URL).rstrip("/")
         key = api_key or os.environ.get(api_key_env or "") or None
         self._headers = {"Accept": "application/json", **dict(headers or {})}
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
         wires = {"openai": OPENAI, "generic": GENERIC, "llama_cpp": LLAMA_CPP}
-        default = "openai" if self.base_url == _DEFAULT_URL else "generic"
+        default = "openai" if self.base_url == DEFAULT_URL else "generic"
         self._wire = wires[dialect or default]
         self._timeout = timeout
         self._max_bytes = max_response_bytes

@@ -1,0 +1,33 @@
+"""What plait knows about the ``local`` provider without loading llama-cpp-python."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plait.backends.spec import ProviderSpec
+
+__all__ = ["SPEC"]
+
+
+def _arguments(config: Any) -> dict[str, Any]:
+    """The GGUF file (None: the embedded model) and its context window; no model name."""
+    kwargs: dict[str, Any] = {"model_path": config.model_path}
+    if config.n_ctx is not None:
+        kwargs["n_ctx"] = config.n_ctx
+    return kwargs
+
+
+SPEC = ProviderSpec(
+    name="local",
+    backend="plait.backends.local.backend:LocalBackend",
+    free=True,
+    model_string_key="model_path",  # "local:/models/qwen.gguf" is a file, not a model name
+    keys=("model_path", "n_ctx"),
+    # The embedded model runs one call at a time in-process, and a call cannot be
+    # interrupted once it runs in its thread: queueing in the limiter (not inside
+    # the backend) and no default timeout keep a long batch from timing out calls
+    # that merely waited their turn.
+    defaults={"max_concurrent": 1, "timeout": None},
+    arguments=_arguments,
+    cache_keys=("model_path",),
+)
