@@ -180,6 +180,45 @@ async def test_a_resume_that_fails_before_the_call_runs_waits_again_and_after_it
     assert ran(log) == ["/tmp/x", "/tmp/x"]  # once each: the planned run's, the agent's
 
 
+class HeldPlan:
+    """`plan_then_act`, but once armed the plan call waits until the test opens it."""
+
+    def __init__(self) -> None:
+        self.armed = False
+        self.held = 0
+        self.opened = asyncio.Event()
+
+    async def __call__(self, body: dict[str, Any]) -> Any:
+        if self.armed and body["messages"][0]["content"] == "Say what to do.":
+            self.held += 1
+            await self.opened.wait()
+        return plan_then_act(body)
+
+
+async def test_a_resume_whose_client_leaves_before_the_call_runs_waits_again(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "ran.txt"
+    plan = HeldPlan()
+    async with serving_with({"planned": Planned(log)}, plan) as (url, client, served, _):
+        planned = await client.post(f"{url}/programs/planned/run", json={"request": "tidy"})
+        run_id = planned.json()["run_id"]
+        store = served.state.runs.pending
+        plan.armed = True
+        for held, query in enumerate(("", "?stream=true"), start=1):
+            leaving = asyncio.ensure_future(
+                client.post(resume_url(url, run_id, "planned") + query, json=YES)
+            )
+            await until(lambda held=held: plan.held == held, "the resume's plan call")
+            assert len(store) == 0  # taken while it runs
+            leaving.cancel()  # the client hangs up
+            await until(lambda: len(store) == 1, "the run to wait again")
+        plan.opened.set()
+        retried = await client.post(resume_url(url, run_id, "planned"), json=YES)
+    assert retried.status_code == 200, retried.text
+    assert ran(log) == ["/tmp/x"]
+
+
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
 async def test_of_eight_resumes_at_once_one_runs_and_seven_are_409(
     tmp_path: Path, store: str
