@@ -42,7 +42,7 @@ from plait.serve.run_route import (
     stream_run,
     wants_stream,
 )
-from plait.serve.runs import NotResumable, RunService
+from plait.serve.runs import RunService
 
 __all__ = ["ServedApp", "build_app"]
 
@@ -237,8 +237,8 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
     async def paused_run(request: Request, run_id: str) -> JsonResponse:
         try:
             body = await service.paused(served, run_id, owner_of(request.scope))
-        except NotResumable as exc:
-            return error_response(exc.status, exc.kind, exc.message, request.scope)
+        except Exception as exc:  # none waits (404), or its stored pause is refused (409)
+            return run_failure(exc, request.scope, service.options.retry_after)
         return JsonResponse(body)
 
     app.add_api_route(

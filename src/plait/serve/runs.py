@@ -37,7 +37,6 @@ from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import event_data
 from plait.serve.options import ServeOptions
 from plait.serve.pending import (
-    GoneRun,
     MemoryPendingStore,
     PendingRun,
     PendingStore,
@@ -435,7 +434,7 @@ class RunService:
         self, served: ServedProgram, run_id: str, owner: str | None
     ) -> NotResumable:
         gone = await self.pending.gone(run_id)
-        why = gone.why if isinstance(gone, GoneRun) and _sees(owner, gone.owner) else None
+        why = gone.why if gone is not None and _sees(owner, gone.owner) else None
         if why == "resumed":
             message = f"run {run_id!r} was resumed already; a paused run is resumed once"
             return NotResumable(409, "already_resumed", message)
