@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from media.samples import png
-from plait import Image, InputField, LLMInference, Module, OutputField, Signature
+from media.samples import PDF, png, wav
+from plait import Audio, File, Image, InputField, LLMInference, Module, OutputField, Signature
 from plait.confirmation import set_approval_key, set_approval_ledger
 from plait.errors import FileError
 from plait.serve import PendingRun, SQLitePendingStore, app
@@ -258,21 +258,39 @@ def image_parts(body: dict[str, Any]) -> list[str]:
     ]
 
 
+MEDIA = {
+    "image": (Image, "image/png", png(shade=7)),
+    "audio": (Audio, "audio/wav", wav()),
+    "file": (File, "application/pdf", PDF),
+}
+
+
+def user_turns(body: dict[str, Any]) -> list[Any]:
+    return [message for message in body["messages"] if message["role"] == "user"]
+
+
+@pytest.mark.parametrize("kind", sorted(MEDIA))
 @pytest.mark.parametrize("store", ["memory", "sqlite"])
-async def test_a_paused_run_with_an_image_resumes_on_the_same_bytes(
-    tmp_path: Path, store: str
+async def test_a_paused_run_with_media_resumes_on_the_same_bytes(
+    tmp_path: Path, store: str, kind: str
 ) -> None:
     log = tmp_path / "ran.txt"
-    uri = "data:image/png;base64," + base64.b64encode(png(shade=7)).decode()
+    kind_type, media_type, content = MEDIA[kind]
+    uri = f"data:{media_type};base64," + base64.b64encode(content).decode()
+    signature = Signature.from_string("scan: Scan -> reply", types={"Scan": kind_type})
     options = {"pending_db": str(tmp_path / "pending.sqlite")} if store == "sqlite" else {}
-    async with serving_with({"agent": agent(log, Inspect)}, **options) as (url, client, _, server):
+    programs = {"agent": agent(log, signature)}
+    async with serving_with(programs, **options) as (url, client, _, server):
         run_id = await paused_run(client, url, {"scan": uri})
         resumed = await client.post(resume_url(url, run_id), json=YES)
     assert resumed.status_code == 200, resumed.text
     assert resumed.json()["output"] == {"reply": "deleted /tmp/x"}
     assert ran(log) == ["/tmp/x"]
     first, after = server.stats.log[0].body, server.stats.log[-1].body
-    assert image_parts(first) == image_parts(after) == [uri]  # the model saw the same bytes
+    assert user_turns(first) == user_turns(after)  # the model saw the same bytes again
+    assert base64.b64encode(content).decode() in json.dumps(user_turns(after))
+    if kind == "image":
+        assert image_parts(after) == [uri]
 
 
 async def test_a_paused_run_whose_stored_image_was_changed_is_refused(tmp_path: Path) -> None:
