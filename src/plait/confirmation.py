@@ -97,6 +97,7 @@ __all__ = [
     "ResumeRefusedError",
     "ResumeState",
     "answering",
+    "approval_used",
     "approved",
     "as_json_data",
     "claim_resume",
@@ -728,6 +729,9 @@ class ApprovalLedger(Protocol):
                 return True
 
         set_approval_ledger(SQLiteLedger("approvals.sqlite"))
+
+    A ledger may also answer ``is_used(approval_id) -> bool`` (`approval_used` asks it): a
+    server whose resume failed before its approval was used then lets the run wait again.
     """
 
     def use(self, approval_id: str) -> bool:
@@ -753,10 +757,23 @@ class MemoryApprovalLedger:
             self._used.add(approval_id)
             return True
 
+    def is_used(self, approval_id: str) -> bool:
+        """Whether the approval was used in this process."""
+        with self._lock:
+            return approval_id in self._used
+
 
 _DEFAULT_LEDGER = MemoryApprovalLedger()
 _LEDGER: list[ApprovalLedger] = [_DEFAULT_LEDGER]
 """The ledger every resume of this process goes through."""
+
+
+def approval_used(approval_id: str) -> bool | None:
+    """Whether this process's ledger holds the approval as used; None when the ledger cannot
+    tell (it has no ``is_used``). A resume that failed with its approval unused ran no call
+    of it, so its pause may wait again."""
+    is_used = getattr(_LEDGER[0], "is_used", None)
+    return None if is_used is None else bool(is_used(approval_id))
 
 
 def set_approval_ledger(ledger: ApprovalLedger | None) -> None:

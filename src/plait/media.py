@@ -38,7 +38,16 @@ from plait.errors import MediaError
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["DEFAULT_MAX_BYTES", "Audio", "File", "Image", "Media", "is_media_key"]
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "WITH_CONTENT",
+    "Audio",
+    "File",
+    "Image",
+    "Media",
+    "as_data",
+    "is_media_key",
+]
 
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 """The largest item accepted unless ``max_bytes=`` says otherwise (20 MiB)."""
@@ -280,14 +289,12 @@ class Media(_Content):
         URI or ``http(s)`` URL built as the constructor builds it (the format read from the
         bytes, the cap applied). A path is refused: data reaching pydantic comes from outside
         (a served program's request, an MCP tool's arguments), which must not name the
-        server's files. As data, an item is its `summary`."""
+        server's files. As data, an item is its `summary` (see `as_data`)."""
         from pydantic_core import core_schema
 
         return core_schema.no_info_plain_validator_function(
             cls._from_data,
-            serialization=core_schema.plain_serializer_function_ser_schema(
-                lambda medium: medium.summary()
-            ),
+            serialization=core_schema.plain_serializer_function_ser_schema(as_data, info_arg=True),
         )
 
     @classmethod
@@ -330,7 +337,7 @@ class _SummarySerializer:
         serializer = SchemaSerializer(
             core_schema.any_schema(
                 serialization=core_schema.plain_serializer_function_ser_schema(
-                    lambda medium: medium.summary()
+                    as_data, info_arg=True
                 )
             )
         )
@@ -339,6 +346,20 @@ class _SummarySerializer:
 
 
 Media.__pydantic_serializer__ = _SummarySerializer()  # type: ignore[attr-defined]
+
+WITH_CONTENT = {"plait_media": "content"}
+"""The serialization context (``to_jsonable_python(..., context=WITH_CONTENT)``) in which
+media are their content rather than their summary (see `as_data`)."""
+
+
+def as_data(medium: Media, info: Any) -> Any:
+    """Returns a medium as JSON data: its `summary`, or, in the context `WITH_CONTENT`, its
+    `data_uri` (its bytes, or its URL), which pydantic reads back into an item of the same
+    content and hash (not the ``name`` or ``detail`` it was given, which a request never
+    gives): how a served program's paused run keeps its inputs until it is resumed."""
+    if info.context == WITH_CONTENT:
+        return medium.data_uri()
+    return medium.summary()
 
 
 def _shown_url(url: str) -> str:

@@ -267,7 +267,7 @@ def test_the_store_refuses_planted_links_and_hands_a_run_out_once(tmp_path: Path
     for thread in threads:
         thread.join(60)
     assert [found.inputs for found in got if found is not None] == [{"request": "x"}]
-    assert asyncio.run(stores[0].gone("r1")) == "resumed"
+    assert asyncio.run(stores[0].gone("r1")) == ("resumed", None)
 
 
 async def test_a_durable_store_without_an_approval_key_is_told_at_start_up(

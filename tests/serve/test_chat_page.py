@@ -192,3 +192,52 @@ def test_with_api_keys_the_page_asks_for_the_key_once_and_sends_it(
             box = wait.until(lambda b: b.find_element(By.ID, "text"))
             wait.until(lambda _: box.is_enabled())
             assert not browser.find_element(By.ID, "key").is_displayed()
+
+
+def test_an_approval_refused_for_want_of_a_place_can_be_given_again_and_runs_once(
+    browser: Any, tmp_path: Path
+) -> None:
+    """The server's only place is taken when the person approves: the resume is answered
+    429, the run still waits, the page lets the person approve again, and the call runs
+    once."""
+    import httpx
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.select import Select
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    notes = tmp_path / "notes.txt"
+    model = Model()
+    wait = WebDriverWait(browser, 60)
+
+    def texts(selector: str) -> list[str]:
+        return [node.text for node in browser.find_elements(By.CSS_SELECTOR, selector)]
+
+    with server_in_thread(responder=model) as server:
+        programs = {"chat": Drafted(), "notes": notes_agent(notes)}
+        served = app(programs, upstream(server), max_active=1, max_queued=0)
+        with serving_in_thread(served) as url:
+            browser.get(url + "/")
+            picker = Select(wait.until(lambda b: b.find_element(By.ID, "program")))
+            wait.until(lambda _: len(picker.options) == 2)
+            picker.select_by_value("notes")
+            box = browser.find_element(By.ID, "text")
+            box.send_keys("note: buy milk", Keys.ENTER)
+            approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
+            approve = approval.find_element(By.CSS_SELECTOR, "button.approve")
+            chat = {"history": [{"role": "user", "content": "Hi"}]}
+            held = threading.Thread(  # another client's run takes the only place
+                target=lambda: httpx.post(f"{url}/programs/chat/run", json=chat, timeout=60)
+            )
+            held.start()
+            wait.until(lambda _: served.state.runs.admission.active == 1)
+            approve.click()
+            wait.until(lambda _: any(n.startswith("Error 429:") for n in texts(".note")))
+            wait.until(lambda _: approve.is_enabled())  # the run still waits: ask again
+            assert not notes.exists()
+            model.polish_allowed.set()
+            held.join(60)
+            approve.click()
+            wait.until(lambda _: texts(".msg.assistant:not(.live)"))
+            assert texts(".msg.assistant") == ["Done. Saved the note: buy milk"]
+    assert notes.read_text(encoding="utf-8").splitlines() == ["buy milk"]

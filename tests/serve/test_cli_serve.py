@@ -232,7 +232,7 @@ async def test_a_paused_run_survives_a_restart_and_is_resumed_once(tmp_path: Pat
             assert await stop(process) == 0
 
             with sqlite3.connect(db) as restore:  # a backup of the paused run, put back
-                restore.execute("INSERT INTO pending_runs VALUES (?, ?, ?, ?, ?)", kept[0])
+                restore.execute("INSERT INTO pending_runs VALUES (?, ?, ?, ?, ?, ?)", kept[0])
             process, url = await start()
             replayed = await client.post(f"{url}/programs/agent/runs/{run_id}/resume", json=answers)
             assert await stop(process) == 0

@@ -1108,6 +1108,20 @@ def _default_pending_db(resources: Path | None) -> Path:
     help="Largest stored state of one paused run (507 beyond).",
 )
 @click.option(
+    "--max-pending-runs",
+    type=click.IntRange(min=1),
+    default=1_000,
+    show_default=True,
+    help="Paused runs kept at once, of every key (503 beyond).",
+)
+@click.option(
+    "--max-pending-per-key",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="Paused runs kept at once for one API key (429 beyond).",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=True,
     show_default=True,

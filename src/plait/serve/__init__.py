@@ -14,7 +14,8 @@ every request. The routes, JSON shapes and options are in ``docs/serving.md``.
 Layout: ``programs.py`` (request and response schemas from what a program declares),
 ``runs.py`` (the shared resources, admission, per-request usage, pauses and their resumes),
 ``pending.py`` (where paused runs wait: the `PendingStore` interface, its SQLite and
-in-memory stores), ``page.py`` (the browser chat page at ``/``),
+in-memory stores), ``owners.py`` (whose a paused run is: the fingerprint of its API key),
+``page.py`` (the browser chat page at ``/``),
 ``events.py`` (stream events as SSE), ``asgi.py`` (the app and its routes),
 ``run_route.py`` (``POST /programs/{name}/run`` as plain ASGI in front of FastAPI),
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
@@ -38,17 +39,23 @@ if TYPE_CHECKING:
 
     from plait.serve.options import ServeOptions
     from plait.serve.pending import (
+        GoneRun,
         MemoryPendingStore,
         PendingRun,
+        PendingRunTooLarge,
         PendingStore,
+        PendingStoreFull,
         SQLitePendingStore,
     )
     from plait.serve.server import serve
 
 __all__ = [
+    "GoneRun",
     "MemoryPendingStore",
     "PendingRun",
+    "PendingRunTooLarge",
     "PendingStore",
+    "PendingStoreFull",
     "SQLitePendingStore",
     "ServeOptions",
     "app",
@@ -56,9 +63,12 @@ __all__ = [
 ]
 
 _HOMES = {
+    "GoneRun": "plait.serve.pending",
     "MemoryPendingStore": "plait.serve.pending",
     "PendingRun": "plait.serve.pending",
+    "PendingRunTooLarge": "plait.serve.pending",
     "PendingStore": "plait.serve.pending",
+    "PendingStoreFull": "plait.serve.pending",
     "SQLitePendingStore": "plait.serve.pending",
     "ServeOptions": "plait.serve.options",
     "serve": "plait.serve.server",

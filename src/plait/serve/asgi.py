@@ -29,10 +29,12 @@ from plait.serve.errors import error_response, failure_response
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
 from plait.serve.middleware import AccessLog, LimitBody, ObservedRequests, RequireApiKey
 from plait.serve.options import ServeOptions
+from plait.serve.owners import owner_of
 from plait.serve.programs import ServedProgram, served_programs
 from plait.serve.responses import JsonResponse
 from plait.serve.run_route import (
     RunRoutes,
+    admit,
     answer_run,
     documented_run_route,
     invalid_input,
@@ -233,21 +235,10 @@ def _add_operations(app: FastAPI, service: RunService, metrics: ServerMetrics) -
 
 def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> None:
     async def paused_run(request: Request, run_id: str) -> JsonResponse:
-        pending = await service.pending.get(run_id)
-        if pending is None or pending.program != served.name:
-            message = f"no run {run_id!r} of {served.name} waits for approval"
-            return error_response(404, "not_found", message, request.scope)
-        from plait.confirmation import ConfirmationRequired
-
-        pause = ConfirmationRequired.from_dict(pending.pause)
-        from plait.serve.runs import pending_call
-
-        body = {
-            "run_id": pending.run_id,
-            "status": "paused",
-            "program": served.name,
-            "pending": [pending_call(pause)],
-        }
+        try:
+            body = await service.paused(served, run_id, owner_of(request.scope))
+        except Exception as exc:  # none waits (404), or its stored pause is refused (409)
+            return run_failure(exc, request.scope, service.options.retry_after)
         return JsonResponse(body)
 
     app.add_api_route(
@@ -262,13 +253,20 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
     async def resume_run(
         request: Request, run_id: str, body: ResumeRequest, stream: bool = False
     ) -> Any:
-        try:
-            arguments, resume = await service.claim(served, run_id, body.answers)
+        scope = request.scope
+        try:  # a place first: a resume refused for want of one leaves the run waiting
+            place = await admit(service)
         except Exception as exc:
-            return run_failure(exc, request.scope, service.options.retry_after)
-        if wants_stream(request.scope, stream):
-            return await stream_run(request.scope, service, served, arguments, resume)
-        return await answer_run(request.scope, request.receive, service, served, arguments, resume)
+            return run_failure(exc, scope, service.options.retry_after)
+        try:
+            resume = await service.claim(served, run_id, body.answers, owner_of(scope))
+        except Exception as exc:
+            await place.aclose()
+            return run_failure(exc, scope, service.options.retry_after)
+        arguments = resume.arguments
+        if wants_stream(scope, stream):
+            return await stream_run(scope, service, served, arguments, resume, place)
+        return await answer_run(scope, request.receive, service, served, arguments, resume, place)
 
     app.add_api_route(
         f"/programs/{served.name}/runs/{{run_id}}/resume",
@@ -280,9 +278,11 @@ def _add_program(app: FastAPI, service: RunService, served: ServedProgram) -> No
             'Answers each pending call (by its `call_id`) with `"yes"`, `"no"` (or the '
             "person's reason, which the model is told) or an object of edited arguments, and "
             "continues the run where it paused, with the inputs it paused on. A run is resumed "
-            "once: 409 after that, 410 once it expired, 404 for an unknown run, 422 for "
-            "answers that do not fit its pending calls. Answers like a run (200, 202 when it "
-            "pauses again, SSE with `?stream=true`)."
+            "once, with the API key that started it: 409 after that, 410 once it expired, 404 "
+            "for an unknown run (or another key's), 422 for answers that do not fit its "
+            "pending calls; a resume refused with 429 or 503, or one whose run failed before "
+            "the approved call ran, leaves the run waiting. Answers like a run (200, 202 when "
+            "it pauses again, SSE with `?stream=true`)."
         ),
         operation_id=f"resume_{served.name}",
         response_class=JsonResponse,

@@ -20,6 +20,7 @@ import orjson
 from starlette.types import ASGIApp as App
 from starlette.types import Message, Receive, Scope, Send
 
+from plait.serve import owners
 from plait.serve.errors import error_response, failure_response
 
 __all__ = ["AccessLog", "LimitBody", "ObservedRequests", "RequireApiKey"]
@@ -177,14 +178,23 @@ def _route_of(scope: Scope) -> str:
 
 class RequireApiKey:
     """Answers 401 unless the request carries ``Authorization: Bearer <key>`` with one of the
-    keys. Every key is compared, in constant time, so timing tells nothing of any of them."""
+    keys. Every key is compared, in constant time, so timing tells nothing of any of them.
+    The fingerprint of the key that matched is noted in the scope's ``state`` (`owners`): it
+    is whose the request's runs are."""
 
     def __init__(self, app: App, keys: tuple[str, ...]) -> None:
         self.app = app
         self.keys = tuple(key.encode() for key in keys)
+        self.owners = tuple(owners.fingerprint(key) for key in keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        owner = self._owner(scope)
+        if owner is not None or scope["path"] in OPEN_PATHS:
+            if owner is not None:
+                scope.setdefault("state", {})[owners.OWNER] = owner
             await self.app(scope, receive, send)
             return
         response = error_response(
@@ -196,13 +206,15 @@ class RequireApiKey:
         )
         await response(scope, receive, send)
 
-    def _allowed(self, scope: Scope) -> bool:
+    def _owner(self, scope: Scope) -> str | None:
+        """Returns the fingerprint of the key the request carries, or None for none of them."""
         header = _header(scope, b"authorization") or ""
         scheme, _, token = header.partition(" ")
         given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
-        matched = False
-        for key in self.keys:
-            matched |= hmac.compare_digest(key, given)
+        matched = None
+        for key, owner in zip(self.keys, self.owners, strict=True):
+            if hmac.compare_digest(key, given):
+                matched = owner
         return matched
 
 

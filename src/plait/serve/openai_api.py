@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
 from plait.serve.errors import error_response
+from plait.serve.owners import owner_of
 from plait.serve.programs import ChatMessage, ServedProgram
 from plait.serve.responses import ClientLeft, JsonResponse, until_disconnected
 from plait.serve.runs import RunService
@@ -76,11 +77,13 @@ def add_openai_routes(app: FastAPI, service: RunService) -> None:
         reply = _Reply(served, body.model)
         if body.stream:
             usage_wanted = bool((body.stream_options or {}).get("include_usage"))
-            chunks = reply.chunks(service.stream(served, arguments), usage_wanted)
+            events = service.stream(served, arguments, owner=owner_of(request.scope))
+            chunks = reply.chunks(events, usage_wanted)
             return await admitted_stream(request.scope, service, chunks, _sse_data)
         try:
             async with service.admitted():
-                outcome = await until_disconnected(request.receive, service.run(served, arguments))
+                run = service.run(served, arguments, owner=owner_of(request.scope))
+                outcome = await until_disconnected(request.receive, run)
                 name, data = await service.finish(served, arguments, outcome)
         except ClientLeft:
             return Response(status_code=499)

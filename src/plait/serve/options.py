@@ -54,7 +54,12 @@ class ServeOptions:
     pending_ttl: float = 86_400.0
     """Seconds a paused run waits for its answer; then it expires (a resume answers 410)."""
     max_pending_bytes: int = 4 * 1_048_576
-    """Largest stored state of one paused run (its inputs and pause as JSON)."""
+    """Largest stored state of one paused run (its inputs, media included, and pause as JSON);
+    a larger pause is answered 507."""
+    max_pending_runs: int = 1_000
+    """Paused runs kept at once, of every key; a pause past it is answered 503."""
+    max_pending_per_key: int = 100
+    """Paused runs kept at once for one API key; a pause past it is answered 429."""
     approval_key_env: str | None = None
     """The environment variable holding the approval key that seals pauses; None: the
     ``PLAIT_APPROVAL_KEY`` variable when set, else a random key of this process (so a paused
@@ -63,7 +68,8 @@ class ServeOptions:
     """Room for later parts of the server (chat page, approvals) to carry their settings."""
 
     def __post_init__(self) -> None:
-        for name in ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes", "workers"):
+        counts = ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes", "workers")
+        for name in (*counts, "max_pending_runs", "max_pending_per_key"):
             if getattr(self, name) < (0 if name == "max_queued" else 1):
                 raise ConfigError(
                     f"serve option {name} must be positive, got {getattr(self, name)}"

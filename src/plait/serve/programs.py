@@ -232,10 +232,16 @@ def served_programs(programs: Any) -> list[ServedProgram]:
     return [ServedProgram.build(name, module) for name, module in pairs]
 
 
-def json_data(value: Any) -> Any:
+def json_data(value: Any, *, content: bool = False) -> Any:
     """Returns a value as JSON data: a `Prediction` or mapping as an object, a `History` (also
     inside a mapping or list) as its messages, a pydantic model or dataclass as its fields,
-    anything else JSON cannot hold as its text."""
+    anything else JSON cannot hold as its text.
+
+    Args:
+        content: images, audio and documents as their content (a ``data:`` URI or their URL,
+            what a request gives; `plait.media.as_data`) rather than their summary: the
+            inputs a paused run keeps, to validate again when it is resumed.
+    """
     from pydantic_core import to_jsonable_python
 
     if isinstance(value, History):
@@ -245,6 +251,10 @@ def json_data(value: Any) -> Any:
         value = to_dict()
     elif isinstance(value, Mapping):
         value = dict(value)
+    if content:
+        from plait.media import WITH_CONTENT
+
+        return to_jsonable_python(value, fallback=_json_fallback, context=WITH_CONTENT)
     return to_jsonable_python(value, fallback=_json_fallback)
 
 

@@ -12,6 +12,7 @@ never mounted). Every other route is FastAPI's.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,17 +25,18 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from plait.confirmation import ResumeState
 from plait.errors import BudgetExceededError, DeadlineExceededError, ResumeRefusedError
 from plait.serve.errors import error_response, failure_id, failure_response
 from plait.serve.events import sse
-from plait.serve.pending import PendingRunTooLarge
+from plait.serve.owners import owner_of
+from plait.serve.pending import PendingRunTooLarge, PendingStoreFull
 from plait.serve.programs import ServedProgram
 from plait.serve.responses import ClientLeft, EventStreamResponse, JsonResponse, until_disconnected
-from plait.serve.runs import Draining, NotResumable, Overloaded, RunService
+from plait.serve.runs import Draining, NotResumable, Overloaded, Resume, RunService
 
 __all__ = [
     "RunRoutes",
+    "admit",
     "admitted_stream",
     "answer_run",
     "documented_run_route",
@@ -191,11 +193,30 @@ def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JsonRespo
         return error_response(409, "resume_refused", str(exc), scope)
     if isinstance(exc, PendingRunTooLarge):
         return error_response(507, "pause_too_large", str(exc), scope)
+    if isinstance(exc, PendingStoreFull):
+        message = f"the run paused, but its pause cannot be kept: {exc}"
+        if exc.per_owner:
+            return error_response(429, "too_many_paused", message, scope)
+        return error_response(503, "pending_store_full", message, scope, headers=retry)
     if isinstance(exc, BudgetExceededError):
         error_id = failure_id(exc, scope, "run")
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"
         return error_response(503, "budget_exhausted", message, scope, error_id=error_id)
     return failure_response(exc, scope, "run")
+
+
+async def admit(service: RunService) -> contextlib.AsyncExitStack:
+    """Returns a held place for one run (`RunService.admitted`), released when the returned
+    stack closes: a resume holds it before it takes its run, so a refused one leaves the run
+    waiting.
+
+    Raises:
+        Draining: the server is stopping.
+        Overloaded: too many runs wait already.
+    """
+    place = contextlib.AsyncExitStack()
+    await place.enter_async_context(service.admitted())
+    return place
 
 
 async def answer_run(
@@ -204,13 +225,21 @@ async def answer_run(
     service: RunService,
     served: ServedProgram,
     arguments: dict[str, Any],
-    resume: ResumeState | None = None,
+    resume: Resume | None = None,
+    place: contextlib.AsyncExitStack | None = None,
 ) -> Response:
     """Runs once and answers with its JSON body: 200 finished or rejected, 202 paused; 499
-    (to the log: nobody reads it) when the client left, which cancelled the run."""
+    (to the log: nobody reads it) when the client left, which cancelled the run.
+
+    Args:
+        place: a place held for the run already (`admit`), released when it ends; None
+            asks for one first.
+    """
+    owner = owner_of(scope)
     try:
-        async with service.admitted():
-            outcome = await until_disconnected(receive, service.run(served, arguments, resume))
+        async with place or service.admitted():
+            run = service.run(served, arguments, resume, owner=owner)
+            outcome = await until_disconnected(receive, run)
             name, body = await service.finish(served, arguments, outcome)
     except ClientLeft:
         return Response(status_code=499)
@@ -224,15 +253,18 @@ async def stream_run(
     service: RunService,
     served: ServedProgram,
     arguments: dict[str, Any],
-    resume: ResumeState | None = None,
+    resume: Resume | None = None,
+    place: contextlib.AsyncExitStack | None = None,
 ) -> Response:
-    """Answers one run as Server-Sent Events of its events (`plait.serve.events`)."""
+    """Answers one run as Server-Sent Events of its events (`plait.serve.events`); ``place``
+    as for `answer_run`."""
+    owner = owner_of(scope)
 
     async def events() -> AsyncIterator[bytes]:
-        async for name, data, _ in service.stream(served, arguments, resume):
+        async for name, data, _ in service.stream(served, arguments, resume, owner=owner):
             yield sse(name, data)
 
-    return await admitted_stream(scope, service, events(), lambda error: sse("error", error))
+    return await admitted_stream(scope, service, events(), lambda error: sse("error", error), place)
 
 
 async def admitted_stream(
@@ -240,15 +272,16 @@ async def admitted_stream(
     service: RunService,
     events: AsyncIterator[bytes],
     encode_error: Callable[[dict[str, Any]], bytes],
+    place: contextlib.AsyncExitStack | None = None,
 ) -> Response:
-    """Admits a run, then answers with its events as SSE; a refused run is answered 429/503
-    before any event, and a run that fails ends its stream with ``encode_error`` of the
-    error body (``{"error": {..., "status"}}``)."""
-    place = service.admitted()
-    try:
-        await place.__aenter__()
-    except Exception as exc:
-        return run_failure(exc, scope, service.options.retry_after)
+    """Admits a run (unless ``place`` holds one already), then answers with its events as
+    SSE; a refused run is answered 429/503 before any event, and a run that fails ends its
+    stream with ``encode_error`` of the error body (``{"error": {..., "status"}}``)."""
+    if place is None:
+        try:
+            place = await admit(service)
+        except Exception as exc:
+            return run_failure(exc, scope, service.options.retry_after)
 
     async def guarded() -> AsyncIterator[bytes]:
         try:
@@ -262,7 +295,7 @@ async def admitted_stream(
         finally:
             await events.aclose()  # type: ignore[attr-defined]
 
-    return EventStreamResponse(guarded(), on_close=lambda: place.__aexit__(None, None, None))
+    return EventStreamResponse(guarded(), on_close=place.aclose)
 
 
 def documented_run_route(served: ServedProgram) -> APIRoute:

@@ -5,10 +5,14 @@ starts, so every request shares the endpoints' limits, cache, retries and budget
 closes it when the app stops. Each run is admitted first (`Admission`: a bounded number run
 at once, a bounded number wait, the rest are refused), is metered on its own (the usage of
 that request alone), and either finishes with an output or pauses for approval, in which
-case the pause is kept in the pending store and the client gets its run id. A paused run is
-resumed once (`RunService.claim` takes it from the store, checks its seal and pairs it with
-the person's answer) and then runs like any other, with the inputs it paused on; it may
-pause again, or end ``rejected`` when the person's "no" stops it.
+case the pause is kept in the pending store, with the fingerprint of the API key that
+started it, and the client gets its run id. A paused run is seen and resumed only with that
+key, and resumed once: the resume is admitted first, then `RunService.claim` takes the run
+from the store, checks its seal and pairs it with the person's answer, and it runs like any
+other, with the inputs it paused on (media included); it may pause again, or end
+``rejected`` when the person's "no" stops it. A resume that fails before its approval is used
+(the client left, the deadline passed, a model call failed first) puts the run back to wait,
+so a retry runs it; the approval ledger keeps the call to one run.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from plait.confirmation import ConfirmationRequired, ResumeState
-from plait.errors import ConfigError, ConfirmationRejected
+from pydantic import ValidationError
+
+from plait.confirmation import ConfirmationRequired, ResumeState, approval_used
+from plait.errors import ConfigError, ConfirmationRejected, ResumeRefusedError
 from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.limits import limiter_shares, too_small_to_share
@@ -34,6 +40,7 @@ from plait.serve.pending import (
     MemoryPendingStore,
     PendingRun,
     PendingStore,
+    PendingStoreFull,
     SQLitePendingStore,
 )
 from plait.serve.programs import ServedProgram, json_data
@@ -45,6 +52,7 @@ __all__ = [
     "NotResumable",
     "Outcome",
     "Overloaded",
+    "Resume",
     "RunService",
     "check_shares",
 ]
@@ -64,8 +72,9 @@ class NotResumable(Exception):
     """A resume the server refuses before running anything, with the status it answers.
 
     Attributes:
-        status: 404 (no such paused run), 409 (resumed already), 410 (expired) or 422 (the
-            answers do not fit its pending calls).
+        status: 404 (no such paused run, or another key's), 409 (resumed already, or its
+            stored state no longer fits the program), 410 (expired) or 422 (the answers do
+            not fit its pending calls).
         kind: the error's ``type``.
         message: what is wrong and what to do.
     """
@@ -129,9 +138,27 @@ class Outcome:
 
     run_id: str
     usage: UsageMeter
+    owner: str | None = None
+    """The fingerprint of the API key that started the run (`plait.serve.owners`)."""
     output: Any = None
     pause: ConfirmationRequired | None = None
     rejected: ConfirmationRejected | None = None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A paused run taken from the store for one resume (`RunService.claim`).
+
+    Attributes:
+        run: the run as it was stored (put back when the resume fails before its approval
+            is used).
+        arguments: the inputs it paused on, validated again.
+        state: its pause with the person's answer.
+    """
+
+    run: PendingRun
+    arguments: dict[str, Any]
+    state: ResumeState
 
 
 class RunService:
@@ -230,27 +257,34 @@ class RunService:
         async with self.admission.place():
             yield
 
-    def _call_options(self, resume: ResumeState | None) -> dict[str, Any]:
+    def _call_options(self, resume: Resume | None) -> dict[str, Any]:
         options: dict[str, Any] = {"resources": self.manager}
         if self.options.deadline is not None:
             options["deadline"] = self.options.deadline
         if resume is not None:
-            options["resume_state"] = resume
+            options["resume_state"] = resume.state
         return options
 
     async def run(
-        self, served: ServedProgram, arguments: dict[str, Any], resume: ResumeState | None = None
+        self,
+        served: ServedProgram,
+        arguments: dict[str, Any],
+        resume: Resume | None = None,
+        *,
+        owner: str | None = None,
     ) -> Outcome:
-        """Runs ``served`` once with ``arguments`` (resuming ``resume``, if given); returns
-        its output, its pause or the person's rejection.
+        """Runs ``served`` once with ``arguments`` (resuming ``resume``, if given), for the
+        API key whose fingerprint is ``owner``; returns its output, its pause or the
+        person's rejection.
 
         Raises:
             PlaitError: the program failed (``DeadlineExceededError`` past the deadline,
-                ``ResumeRefusedError`` for a resume the approval rules refuse).
+                ``ResumeRefusedError`` for a resume the approval rules refuse); a resumed
+                run whose approval was not used by then waits again (`_put_back`).
         """
         from plait.execution import run
 
-        outcome = Outcome(uuid.uuid4().hex, UsageMeter())
+        outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
         with metered(outcome.usage):
             try:
                 outcome.output = await run(served.module, **self._call_options(resume), **arguments)
@@ -258,10 +292,18 @@ class RunService:
                 outcome.pause = pause
             except ConfirmationRejected as rejected:
                 outcome.rejected = rejected
+            except BaseException as failure:
+                await self._put_back(resume, failure)
+                raise
         return outcome
 
     async def stream(
-        self, served: ServedProgram, arguments: dict[str, Any], resume: ResumeState | None = None
+        self,
+        served: ServedProgram,
+        arguments: dict[str, Any],
+        resume: Resume | None = None,
+        *,
+        owner: str | None = None,
     ) -> AsyncIterator[tuple[str, Any, bool]]:
         """Yields ``(name, data, in_reply)`` of each event of one run, then its last event:
         ``output``, ``paused`` or ``rejected`` (see `finish`).
@@ -272,9 +314,10 @@ class RunService:
         Stopping the iteration (the client left) cancels the run and its requests.
 
         Raises:
-            PlaitError: the program failed (after the events it made before failing).
+            PlaitError: the program failed (after the events it made before failing); a
+                resumed run whose approval was not used by then waits again.
         """
-        outcome = Outcome(uuid.uuid4().hex, UsageMeter())
+        outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
         reply = served.reply_streams(arguments)
         with metered(outcome.usage):
             events = served.module.astream(**self._call_options(resume), **arguments)
@@ -291,39 +334,107 @@ class RunService:
                 outcome.pause = pause
             except ConfirmationRejected as rejected:
                 outcome.rejected = rejected
+            except BaseException as failure:  # the client leaving closes this: GeneratorExit
+                await events.aclose()
+                await self._put_back(resume, failure)
+                raise
             finally:
                 await events.aclose()
         name, body = await self.finish(served, arguments, outcome)
         yield name, body, True
 
-    async def claim(
-        self, served: ServedProgram, run_id: str, answers: dict[str, Any]
-    ) -> tuple[dict[str, Any], ResumeState]:
-        """Takes the paused run ``run_id`` from the store for the person's ``answers``;
-        returns the arguments it paused with and its resume state.
+    async def _put_back(self, resume: Resume | None, failure: BaseException) -> None:
+        """Lets a resumed run wait again when its run failed before its approval was used:
+        no call of it ran, so a retry may run it (the ledger keeps that to once). A resume
+        the approval rules refused stays gone, and so does one whose ledger cannot tell."""
+        if resume is None or isinstance(failure, ResumeRefusedError):
+            return
+        if approval_used(resume.state.approval_id) is not False:
+            return
+        try:
+            await asyncio.shield(self.pending.restore(resume.run))
+        except Exception:  # the failure the client hears of is the run's
+            logger.exception("paused run %s could not be put back to wait", resume.run.run_id)
+            return
+        logger.info(
+            "paused run %s waits again: its resume failed (%s) before its approval was used",
+            resume.run.run_id,
+            type(failure).__name__,
+        )
 
-        The answers are checked against the run's pending calls before it is taken, so a
-        mistaken request leaves the run waiting; once taken, no other request gets it, and
-        a stored pause whose seal fails is refused (and gone).
+    async def claim(
+        self, served: ServedProgram, run_id: str, answers: dict[str, Any], owner: str | None
+    ) -> Resume:
+        """Takes the paused run ``run_id`` from the store for the person's ``answers``, given
+        by the API key whose fingerprint is ``owner``; returns it with the arguments it
+        paused on and its resume state.
+
+        The run must be ``owner``'s; its answers are checked against its pending calls and
+        its stored inputs validated before it is taken, so a mistaken request leaves it
+        waiting; once taken, no other request gets it, and a stored pause whose seal fails
+        is refused (and gone).
 
         Raises:
-            NotResumable: no such run (404), taken already (409), expired (410), answers
-                that do not fit its pending calls (422).
+            NotResumable: no such run of this key (404), taken already (409), its inputs no
+                longer fit the program (409, and gone), expired (410), answers that do not
+                fit its pending calls (422).
             ResumeRefusedError: the stored pause was changed, or sealed with another key.
         """
-        waiting = await self.pending.get(run_id)
-        if waiting is None or waiting.program != served.name:
-            raise await self._not_waiting(served, run_id)
+        waiting = await self._waiting(served, run_id, owner)
+        if waiting is None:
+            raise await self._not_waiting(served, run_id, owner)
         _check_answers(waiting, answers)
+        try:
+            arguments = served.arguments(served.input_model.model_validate(waiting.inputs))
+        except ValidationError as exc:
+            await self.pending.take(run_id)
+            raise NotResumable(
+                409,
+                "resume_refused",
+                f"run {run_id!r} cannot be resumed: its stored inputs no longer fit "
+                f"{served.name}'s inputs ({exc.error_count()} errors; was the program "
+                "changed?); run it again",
+            ) from None
         taken = await self.pending.take(run_id)
         if taken is None:  # another request took it since
-            raise await self._not_waiting(served, run_id)
+            raise await self._not_waiting(served, run_id, owner)
         pause = ConfirmationRequired.from_dict(taken.pause)
-        arguments = served.arguments(served.input_model.model_validate(taken.inputs))
-        return arguments, ResumeState(pause, answers[pause.confirmation_id])
+        # the arguments are the waiting run's inputs: the pause holds their hashes under its
+        # seal (media by content), so inputs changed since do not resume
+        return Resume(taken, arguments, ResumeState(pause, answers[pause.confirmation_id]))
 
-    async def _not_waiting(self, served: ServedProgram, run_id: str) -> NotResumable:
-        why = await self.pending.gone(run_id)
+    async def paused(self, served: ServedProgram, run_id: str, owner: str | None) -> dict[str, Any]:
+        """Returns the body that shows the paused run ``run_id`` to the key ``owner``.
+
+        Raises:
+            NotResumable: no run of this key waits under that id (404), taken or not.
+        """
+        waiting = await self._waiting(served, run_id, owner)
+        if waiting is None:
+            message = f"no run {run_id!r} of {served.name} waits for approval"
+            raise NotResumable(404, "not_found", message)
+        pause = ConfirmationRequired.from_dict(waiting.pause)
+        return {
+            "run_id": waiting.run_id,
+            "status": "paused",
+            "program": served.name,
+            "pending": [pending_call(pause)],
+        }
+
+    async def _waiting(
+        self, served: ServedProgram, run_id: str, owner: str | None
+    ) -> PendingRun | None:
+        """Returns the run of ``served`` that waits under ``run_id`` for ``owner``, if any."""
+        waiting = await self.pending.get(run_id)
+        if waiting is None or waiting.program != served.name or not _sees(owner, waiting.owner):
+            return None
+        return waiting
+
+    async def _not_waiting(
+        self, served: ServedProgram, run_id: str, owner: str | None
+    ) -> NotResumable:
+        gone = await self.pending.gone(run_id)
+        why = gone.why if gone is not None and _sees(owner, gone.owner) else None
         if why == "resumed":
             message = f"run {run_id!r} was resumed already; a paused run is resumed once"
             return NotResumable(409, "already_resumed", message)
@@ -374,10 +485,20 @@ class RunService:
         pause: ConfirmationRequired,
         outcome: Outcome,
     ) -> dict[str, Any]:
-        """Keeps a paused run in the pending store; returns the JSON body that tells of it."""
-        await self.pending.put(
-            PendingRun(outcome.run_id, served.name, json_data(arguments), pause.to_dict())
-        )
+        """Keeps a paused run in the pending store; returns the JSON body that tells of it.
+
+        Raises:
+            PendingRunTooLarge: its state is over the store's limit.
+            PendingStoreFull: the store, or the key's share of it, is full (logged: the
+                run's pause is not kept).
+        """
+        inputs = json_data(arguments, content=True)  # media as their bytes, to run on again
+        run = PendingRun(outcome.run_id, served.name, inputs, pause.to_dict(), owner=outcome.owner)
+        try:
+            await self.pending.put(run)
+        except PendingStoreFull as full:
+            logger.warning("paused run %s of %s not kept: %s", run.run_id, served.name, full)
+            raise
         return {
             "run_id": outcome.run_id,
             "status": "paused",
@@ -425,9 +546,18 @@ def _in_reply(event: StreamEvent, reply: tuple[Module, str] | None) -> bool:
 def _pending_store(options: ServeOptions) -> PendingStore:
     """Returns the store the options name: the file ``pending_db``, or memory."""
     ttl, size = options.pending_ttl, options.max_pending_bytes
+    runs, per_key = options.max_pending_runs, options.max_pending_per_key
     if options.pending_db is not None:
-        return SQLitePendingStore(options.pending_db, ttl=ttl, max_state_bytes=size)
-    return MemoryPendingStore(ttl=ttl, max_state_bytes=size)
+        return SQLitePendingStore(
+            options.pending_db, ttl=ttl, max_state_bytes=size, max_runs=runs, max_per_owner=per_key
+        )
+    return MemoryPendingStore(runs, ttl=ttl, max_state_bytes=size, max_per_owner=per_key)
+
+
+def _sees(owner: str | None, runs_owner: str | None) -> bool:
+    """Whether the key ``owner`` may see a run of ``runs_owner``: its own, or one kept with
+    no owner (started on a server without keys, or by a plait that kept none)."""
+    return runs_owner is None or runs_owner == owner
 
 
 def rejected_body(run_id: str, rejected: ConfirmationRejected, usage: UsageMeter) -> dict[str, Any]:

@@ -137,6 +137,8 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "pending_db": options.pending_db,
         "pending_ttl": options.pending_ttl,
         "max_pending_bytes": options.max_pending_bytes,
+        "max_pending_runs": options.max_pending_runs,
+        "max_pending_per_key": options.max_pending_per_key,
         "approval_key_env": options.approval_key_env,
     }
 
