@@ -11,18 +11,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait import _lazy
-from plait.optimization.backward import BackwardReport, backward
+from plait.optimization.training.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
     from plait.optimization.costs import CostEstimate, estimate
-    from plait.optimization.fewshot import (
+    from plait.optimization.search.demos import (
         BootstrapFewShot,
         LabeledFewShot,
         RandomSearch,
         balanced_sample,
         demo_modules,
     )
-    from plait.optimization.losses import (
+    from plait.optimization.training.losses import (
         CompositeLoss,
         HumanFeedbackLoss,
         LLMJudge,
@@ -33,15 +33,15 @@ if TYPE_CHECKING:
         RankingFeedback,
         VerifierLoss,
     )
-    from plait.optimization.optimizers import (
+    from plait.optimization.training.optimizer import (
         Optimizer,
         SFAOptimizer,
         StepReport,
         TextGradOptimizer,
         UpdateRecord,
     )
-    from plait.optimization.reflective import ReflectiveSearch
-    from plait.optimization.search import (
+    from plait.optimization.search.reflective import ReflectiveSearch
+    from plait.optimization.search.base import (
         GridSearch,
         ProgramSearch,
         SearchReport,
@@ -51,44 +51,44 @@ if TYPE_CHECKING:
         sign_test,
     )
     from plait.optimization.serialization import load_state
-    from plait.optimization.step import TrainingStep
-    from plait.optimization.trainer import Trainer, TrainReport
+    from plait.optimization.training.step import TrainingStep
+    from plait.optimization.training.trainer import Trainer, TrainReport
 
 # name -> module that defines it; imported when first asked for.
 _HOMES = {
     "CostEstimate": "plait.optimization.costs",
     "estimate": "plait.optimization.costs",
-    "BootstrapFewShot": "plait.optimization.fewshot",
-    "LabeledFewShot": "plait.optimization.fewshot",
-    "RandomSearch": "plait.optimization.fewshot",
-    "balanced_sample": "plait.optimization.fewshot",
-    "demo_modules": "plait.optimization.fewshot",
-    "CompositeLoss": "plait.optimization.losses",
-    "HumanFeedbackLoss": "plait.optimization.losses",
-    "LLMJudge": "plait.optimization.losses",
-    "LLMPreferenceLoss": "plait.optimization.losses",
-    "LLMRankingLoss": "plait.optimization.losses",
-    "LLMRubricLoss": "plait.optimization.losses",
-    "Loss": "plait.optimization.losses",
-    "RankingFeedback": "plait.optimization.losses",
-    "VerifierLoss": "plait.optimization.losses",
-    "Optimizer": "plait.optimization.optimizers",
-    "SFAOptimizer": "plait.optimization.optimizers",
-    "StepReport": "plait.optimization.optimizers",
-    "TextGradOptimizer": "plait.optimization.optimizers",
-    "UpdateRecord": "plait.optimization.optimizers",
-    "ReflectiveSearch": "plait.optimization.reflective",
-    "GridSearch": "plait.optimization.search",
-    "ProgramSearch": "plait.optimization.search",
-    "SearchReport": "plait.optimization.search",
-    "Trial": "plait.optimization.search",
-    "balanced_score": "plait.optimization.search",
-    "optimize_grid": "plait.optimization.search",
-    "sign_test": "plait.optimization.search",
+    "BootstrapFewShot": "plait.optimization.search.demos",
+    "LabeledFewShot": "plait.optimization.search.demos",
+    "RandomSearch": "plait.optimization.search.demos",
+    "balanced_sample": "plait.optimization.search.demos",
+    "demo_modules": "plait.optimization.search.demos",
+    "CompositeLoss": "plait.optimization.training.losses",
+    "HumanFeedbackLoss": "plait.optimization.training.losses",
+    "LLMJudge": "plait.optimization.training.losses",
+    "LLMPreferenceLoss": "plait.optimization.training.losses",
+    "LLMRankingLoss": "plait.optimization.training.losses",
+    "LLMRubricLoss": "plait.optimization.training.losses",
+    "Loss": "plait.optimization.training.losses",
+    "RankingFeedback": "plait.optimization.training.losses",
+    "VerifierLoss": "plait.optimization.training.losses",
+    "Optimizer": "plait.optimization.training.optimizer",
+    "SFAOptimizer": "plait.optimization.training.optimizer",
+    "StepReport": "plait.optimization.training.optimizer",
+    "TextGradOptimizer": "plait.optimization.training.optimizer",
+    "UpdateRecord": "plait.optimization.training.optimizer",
+    "ReflectiveSearch": "plait.optimization.search.reflective",
+    "GridSearch": "plait.optimization.search.base",
+    "ProgramSearch": "plait.optimization.search.base",
+    "SearchReport": "plait.optimization.search.base",
+    "Trial": "plait.optimization.search.base",
+    "balanced_score": "plait.optimization.search.base",
+    "optimize_grid": "plait.optimization.search.base",
+    "sign_test": "plait.optimization.search.base",
     "load_state": "plait.optimization.serialization",
-    "TrainingStep": "plait.optimization.step",
-    "Trainer": "plait.optimization.trainer",
-    "TrainReport": "plait.optimization.trainer",
+    "TrainingStep": "plait.optimization.training.step",
+    "Trainer": "plait.optimization.training.trainer",
+    "TrainReport": "plait.optimization.training.trainer",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from plait.module import Module
-from plait.optimization.losses import Loss, VerifierLoss
+from plait.optimization.training.losses import Loss, VerifierLoss
 
 __all__ = ["PROGRAM_PATH", "TrainingStep", "on_examples"]
 

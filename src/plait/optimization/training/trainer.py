@@ -52,7 +52,7 @@ from plait.execution.progress import progress_bar
 from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization.backward import backward
+from plait.optimization.training.backward import backward
 from plait.optimization.evaluation import Metric, evaluate, examples_of
 from plait.optimization.events import (
     learning_step,
@@ -61,8 +61,8 @@ from plait.optimization.events import (
     tell_decision,
     updates_told,
 )
-from plait.optimization.optimizers import Optimizer, StepReport
-from plait.optimization.step import PROGRAM_PATH, TrainingStep, on_examples
+from plait.optimization.training.optimizer import Optimizer, StepReport
+from plait.optimization.training.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.resources.usage import active_budgets
 from plait.values import Value
 
@@ -369,7 +369,7 @@ class Trainer:
         """
         from plait.execution import run
         from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
-        from plait.optimization.updates import as_text
+        from plait.optimization.training.updates import as_text
         from plait.resources.usage import metered
 
         twin = self.step.copy()
@@ -611,7 +611,7 @@ class Trainer:
     def _settings(self) -> dict[str, Any]:
         """What a checkpoint must have been written for to be resumed by this Trainer (the
         data digested once: every minibatch's checkpoint writes them)."""
-        from plait.optimization.search_checkpoint import digest
+        from plait.optimization.search.checkpoint import digest
 
         if self._data_digests is None:
             self._data_digests = (digest(self.train_set), digest(self.val_set))

@@ -94,11 +94,11 @@ from plait._together import together
 from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization.backward import backward
+from plait.optimization.training.backward import backward
 from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
 from plait.optimization.events import learning_step, rounds_of, tell_decision, tell_update
-from plait.optimization.fewshot import (
+from plait.optimization.search.demos import (
     Example,
     _demo_key,
     _jsonable,
@@ -106,11 +106,11 @@ from plait.optimization.fewshot import (
     demo_modules,
     labeled_demo,
 )
-from plait.optimization.losses import Loss, VerifierLoss
-from plait.optimization.optimizers import DEFAULT_RETRIES, TextGradOptimizer
-from plait.optimization.search import Candidate, ProgramSearch, Trial, _label, budget_spent
-from plait.optimization.search_checkpoint import trial_key
-from plait.optimization.step import TrainingStep, on_examples
+from plait.optimization.training.losses import Loss, VerifierLoss
+from plait.optimization.training.optimizer import DEFAULT_RETRIES, TextGradOptimizer
+from plait.optimization.search.base import Candidate, ProgramSearch, Trial, _label, budget_spent
+from plait.optimization.search.checkpoint import trial_key
+from plait.optimization.training.step import TrainingStep, on_examples
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -221,7 +221,7 @@ class _Rounds:
     def restore(data: dict[str, Any], program: Module, start: Trial, n: int, path: Any) -> _Rounds:
         """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``)."""
         from plait.execution.checkpoint_codec import CheckpointError
-        from plait.optimization.search_checkpoint import REMEDY, Reader
+        from plait.optimization.search.checkpoint import REMEDY, Reader
 
         read = Reader(path, n)
 
@@ -462,7 +462,7 @@ class ReflectiveSearch(ProgramSearch):
         brings their feedback, repeated to a minibatch's worth, and a `TextGradOptimizer`
         step asks for the new value (its re-asks included)."""
         from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
-        from plait.optimization.updates import as_text
+        from plait.optimization.training.updates import as_text
         from plait.resources.usage import metered
 
         texts = [

@@ -557,7 +557,7 @@ async def _demo_cost(
     import random
 
     from plait.optimization.evaluation import run_dataset
-    from plait.optimization.fewshot import _labeled_pool, _pick, _with_demos, demo_modules
+    from plait.optimization.search.demos import _labeled_pool, _pick, _with_demos, demo_modules
 
     if not demo_modules(program):
         return None

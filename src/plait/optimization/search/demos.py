@@ -11,7 +11,7 @@ parameter) and, for `RandomSearch`, choose among instruction candidates.
 They are `ProgramSearch` optimizers: candidates are deep copies evaluated
 concurrently on the validation set, and the program is changed only if a
 candidate is at least as good as the program was (see
-`plait.optimization.search`).
+`plait.optimization.search.base`).
 
 Demo sets are **balanced across labels**: demos are drawn round-robin from
 the examples of each target value, so a set of four demos for a True/False
@@ -50,8 +50,8 @@ from plait.module import Module
 from plait.optimization.costs import Phase, Proposal, Range, Variant
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step
-from plait.optimization.search import Candidate, ProgramSearch, _label
-from plait.optimization.updates import as_text, check_update
+from plait.optimization.search.base import Candidate, ProgramSearch, _label
+from plait.optimization.training.updates import as_text, check_update
 from plait.parameter import Parameter
 from plait.resources.usage import active_budgets
 

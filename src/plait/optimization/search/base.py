@@ -45,8 +45,8 @@ Shared here (`ProgramSearch`), so every such optimizer behaves alike:
 * the calls the search made are counted (`SearchReport.calls`).
 
 `GridSearch` / `optimize_grid` (every combination of module settings) live
-here; demo optimizers are in `plait.optimization.fewshot`, the reflective
-evolutionary search in `plait.optimization.reflective`.
+here; demo optimizers are in `plait.optimization.search.demos`, the reflective
+evolutionary search in `plait.optimization.search.reflective`.
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ class ProgramSearch:
             and the report says what was spent and left undone
             (``stopped_by_budget``, ``spent``, ``left_undone``).
         checkpoint: a JSON file that makes the search resumable
-            (`plait.optimization.search_checkpoint`): what it finishes is
+            (`plait.optimization.search.checkpoint`): what it finishes is
             written there at once, and a rerun with the same file (and, after
             a budget stop, a larger budget) sends only the work not finished.
             A file of another search, program, dataset or settings is refused.
@@ -423,7 +423,7 @@ class ProgramSearch:
         checkpoint's search left, that program taken back to trial 0 (itself, or a copy
         when not ``in_place``).
         """
-        from plait.optimization.search_checkpoint import SearchCheckpoint, digest, program_digest
+        from plait.optimization.search.checkpoint import SearchCheckpoint, digest, program_digest
 
         metric = getattr(self.metric, "__name__", type(self.metric).__name__)
         options = {name: getattr(self, name) for name in self._checkpointed}
@@ -508,7 +508,7 @@ class ProgramSearch:
     ) -> Trial:
         """Returns a candidate's trial: from the checkpoint when it holds it, else evaluated
         (and then written there, if its evaluation finished)."""
-        from plait.optimization.search_checkpoint import trial_key
+        from plait.optimization.search.checkpoint import trial_key
 
         key = trial_key(candidate.program.state_dict(), candidate.settings)
         saved = self._saved.reuse(key, number, candidate.params, candidate.note)
@@ -601,7 +601,7 @@ class ProgramSearch:
     def _left_of(self, candidates: Sequence[Candidate], n: int) -> int:
         """Returns the validation runs ``candidates`` have left after what the checkpoint
         holds of them (a candidate there twice takes its trials in turn, as `compile` does)."""
-        from plait.optimization.search_checkpoint import trial_key
+        from plait.optimization.search.checkpoint import trial_key
 
         taken: Counter[str] = Counter()
         left = 0

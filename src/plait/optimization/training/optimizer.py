@@ -17,7 +17,7 @@ bigger edit than the ``conservatism`` allows. An unusable reply is re-asked
 usable value comes, the update is *rejected*: logged, recorded in
 `Optimizer.history` with the reason, never applied, and ``step()`` goes on.
 
-The conservatism rule (see `plait.optimization.updates`): ``conservatism`` c
+The conservatism rule (see `plait.optimization.training.updates`): ``conservatism`` c
 in [0, 1] is told to the model in words (0: rewrite freely, 1: minimal edits)
 and enforced on the result: the words changed may be at most
 ``max((1 - 0.9 c) × words, 40 × (1 - c))`` (c = 0: anything; the default 0.5:
@@ -49,7 +49,7 @@ from plait.execution.structured import Attempt, ask_structured, output_type_for
 from plait.feedback import clip
 from plait.module import Module
 from plait.optimization.events import learning_step, tell_decision, tell_update
-from plait.optimization.updates import (
+from plait.optimization.training.updates import (
     WORD_FLOOR,
     FeedbackSummary,
     ParameterUpdate,

@@ -1,0 +1,1 @@
+"""Feedback learning (being split into this folder)."""
