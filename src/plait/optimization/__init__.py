@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from plait import _lazy
-from plait.optimization.training.backward import BackwardReport, backward
+from plait.optimization.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
     from plait.optimization.costs import CostEstimate, estimate

@@ -1,0 +1,16 @@
+"""The old path `plait.optimization.trainer`, kept so that its imports go on working.
+
+Its names live in `plait.optimization.training.trainer` now.
+"""
+
+from plait.optimization.training.trainer import (
+    NOTHING_VALIDATED,
+    TrainReport,
+    Trainer,
+)
+
+__all__ = [
+    "NOTHING_VALIDATED",
+    "TrainReport",
+    "Trainer",
+]
