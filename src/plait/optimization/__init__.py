@@ -15,13 +15,15 @@ from plait.optimization.backward import BackwardReport, backward
 
 if TYPE_CHECKING:
     from plait.optimization.costs import CostEstimate, estimate
-    from plait.optimization.search.demos import (
-        BootstrapFewShot,
-        LabeledFewShot,
-        RandomSearch,
-        balanced_sample,
-        demo_modules,
-    )
+    from plait.optimization.search.base import ProgramSearch
+    from plait.optimization.search.bootstrap import BootstrapFewShot
+    from plait.optimization.search.demos import balanced_sample, demo_modules
+    from plait.optimization.search.grid import GridSearch, optimize_grid
+    from plait.optimization.search.labeled import LabeledFewShot
+    from plait.optimization.search.random_search import RandomSearch
+    from plait.optimization.search.reflective import ReflectiveSearch
+    from plait.optimization.search.report import SearchReport, Trial, balanced_score, sign_test
+    from plait.optimization.serialization import load_state
     from plait.optimization.training.losses import (
         CompositeLoss,
         HumanFeedbackLoss,
@@ -33,34 +35,19 @@ if TYPE_CHECKING:
         RankingFeedback,
         VerifierLoss,
     )
-    from plait.optimization.training.optimizer import (
-        Optimizer,
-        SFAOptimizer,
-        StepReport,
-        TextGradOptimizer,
-        UpdateRecord,
-    )
-    from plait.optimization.search.reflective import ReflectiveSearch
-    from plait.optimization.search.base import (
-        GridSearch,
-        ProgramSearch,
-        SearchReport,
-        Trial,
-        balanced_score,
-        optimize_grid,
-        sign_test,
-    )
-    from plait.optimization.serialization import load_state
+    from plait.optimization.training.optimizer import Optimizer, StepReport, UpdateRecord
+    from plait.optimization.training.sfa import SFAOptimizer
     from plait.optimization.training.step import TrainingStep
+    from plait.optimization.training.textgrad import TextGradOptimizer
     from plait.optimization.training.trainer import Trainer, TrainReport
 
 # name -> module that defines it; imported when first asked for.
 _HOMES = {
     "CostEstimate": "plait.optimization.costs",
     "estimate": "plait.optimization.costs",
-    "BootstrapFewShot": "plait.optimization.search.demos",
-    "LabeledFewShot": "plait.optimization.search.demos",
-    "RandomSearch": "plait.optimization.search.demos",
+    "BootstrapFewShot": "plait.optimization.search.bootstrap",
+    "LabeledFewShot": "plait.optimization.search.labeled",
+    "RandomSearch": "plait.optimization.search.random_search",
     "balanced_sample": "plait.optimization.search.demos",
     "demo_modules": "plait.optimization.search.demos",
     "CompositeLoss": "plait.optimization.training.losses",
@@ -73,18 +60,18 @@ _HOMES = {
     "RankingFeedback": "plait.optimization.training.losses",
     "VerifierLoss": "plait.optimization.training.losses",
     "Optimizer": "plait.optimization.training.optimizer",
-    "SFAOptimizer": "plait.optimization.training.optimizer",
+    "SFAOptimizer": "plait.optimization.training.sfa",
     "StepReport": "plait.optimization.training.optimizer",
-    "TextGradOptimizer": "plait.optimization.training.optimizer",
+    "TextGradOptimizer": "plait.optimization.training.textgrad",
     "UpdateRecord": "plait.optimization.training.optimizer",
     "ReflectiveSearch": "plait.optimization.search.reflective",
-    "GridSearch": "plait.optimization.search.base",
+    "GridSearch": "plait.optimization.search.grid",
     "ProgramSearch": "plait.optimization.search.base",
-    "SearchReport": "plait.optimization.search.base",
-    "Trial": "plait.optimization.search.base",
-    "balanced_score": "plait.optimization.search.base",
-    "optimize_grid": "plait.optimization.search.base",
-    "sign_test": "plait.optimization.search.base",
+    "SearchReport": "plait.optimization.search.report",
+    "Trial": "plait.optimization.search.report",
+    "balanced_score": "plait.optimization.search.report",
+    "optimize_grid": "plait.optimization.search.grid",
+    "sign_test": "plait.optimization.search.report",
     "load_state": "plait.optimization.serialization",
     "TrainingStep": "plait.optimization.training.step",
     "Trainer": "plait.optimization.training.trainer",

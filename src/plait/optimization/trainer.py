@@ -5,8 +5,8 @@ Its names live in `plait.optimization.training.trainer` now.
 
 from plait.optimization.training.trainer import (
     NOTHING_VALIDATED,
-    TrainReport,
     Trainer,
+    TrainReport,
 )
 
 __all__ = [

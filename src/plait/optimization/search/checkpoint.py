@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 from plait import _files
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
-from plait.optimization.search.base import Trial
+from plait.optimization.search.report import Trial
 
 FORMAT = "plait.search/1"
 REMEDY = "delete it to start over, or use another checkpoint file"

@@ -1,4 +1,3 @@
-# size: ReflectiveSearch with its proposals and lineage; issue 35 splits the search from its parts.
 """ReflectiveSearch: evolve a program by reflecting on the feedback its runs get.
 
     search = ReflectiveSearch(exact_match, max_calls=600)
@@ -85,32 +84,38 @@ about 150 lines here, in plait's terms.
 from __future__ import annotations
 
 import logging
-import math
 import random
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from plait._together import together
 from plait.errors import BudgetExceededError
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization.training.backward import backward
-from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import Metric
 from plait.optimization.events import learning_step, rounds_of, tell_decision, tell_update
+from plait.optimization.search.base import Candidate, ProgramSearch
 from plait.optimization.search.demos import (
     Example,
     _demo_key,
+    _is_demos,
     _jsonable,
     balanced_sample,
-    demo_modules,
     labeled_demo,
 )
+from plait.optimization.search.reflective_estimate import ReflectiveEstimate
+from plait.optimization.search.reflective_rounds import (
+    _Child,
+    _common_ancestor,
+    _descends,
+    _Member,
+    _Rounds,
+)
+from plait.optimization.search.report import Trial, _label
+from plait.optimization.search.resume import budget_spent
+from plait.optimization.training.backward import backward
 from plait.optimization.training.losses import Loss, VerifierLoss
-from plait.optimization.training.optimizer import DEFAULT_RETRIES, TextGradOptimizer
-from plait.optimization.search.base import Candidate, ProgramSearch, Trial, _label, budget_spent
-from plait.optimization.search.checkpoint import trial_key
 from plait.optimization.training.step import TrainingStep, on_examples
+from plait.optimization.training.textgrad import TextGradOptimizer
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -118,165 +123,7 @@ __all__ = ["ReflectiveSearch"]
 logger = logging.getLogger("plait.optimization")
 
 
-@dataclass
-class _Member:
-    """A candidate in the pool: its program, its trial, and where it came from."""
-
-    program: Module
-    trial: Trial
-    parent: int | None = None
-    """Pool index of the parent (None for the start)."""
-    other_parent: int | None = None
-    """The second parent of a merge."""
-    changed: set[str] = field(default_factory=set)
-    """Parameter names this member changed relative to its parent."""
-
-
-@dataclass
-class _Child:
-    """A program proposed (or merged) and waiting for its validation in the next step."""
-
-    program: Module
-    params: dict[str, Any]
-    note: str
-    parent: int
-    other_parent: int | None = None
-    changed: set[str] = field(default_factory=set)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "parameters": self.program.state_dict(),
-            "params": self.params,
-            "note": self.note,
-            "parent": self.parent,
-            "other_parent": self.other_parent,
-            "changed": sorted(self.changed),
-        }
-
-
-@dataclass
-class _Rounds:
-    """Where a search's rounds are: what its checkpoint keeps between two steps."""
-
-    pool: list[_Member]
-    rng: random.Random
-    spent: int
-    """Calls the search has spent at this step boundary (trial 0's included)."""
-    pending: list[_Child] = field(default_factory=list)
-    round: int = 0
-    turn: int = 0
-    """Proposals made so far (which parameter the next one rewrites)."""
-    log: list[str] = field(default_factory=list)
-
-    def as_json(self) -> dict[str, Any]:
-        version, internal, gauss = self.rng.getstate()
-        return {
-            "round": self.round,
-            "turn": self.turn,
-            "spent": self.spent,
-            "rng": [version, list(internal), gauss],
-            "log": list(self.log),
-            "pool": [
-                {
-                    "trial": asdict(m.trial),
-                    "parent": m.parent,
-                    "other_parent": m.other_parent,
-                    "changed": sorted(m.changed),
-                }
-                for m in self.pool
-            ],
-            "pending": [child.as_json() for child in self.pending],
-        }
-
-    @staticmethod
-    def check(data: Any, read: Any, where: str) -> None:
-        """Checks rounds as a checkpoint holds them (a `search_checkpoint.Reader` complains)."""
-        data = read.mapping(data, where)
-        for key in ("round", "turn", "spent"):
-            read.integer(read.field(data, key, where), f"{where}.{key}")
-        rng = read.field(data, "rng", where)
-        try:
-            random.Random().setstate((rng[0], tuple(rng[1]), rng[2]))
-        except (TypeError, ValueError, IndexError, KeyError, OverflowError):
-            read.fail(f"{where}.rng", "is not a random generator's state")
-        for i, line in enumerate(read.sequence(read.field(data, "log", where), f"{where}.log")):
-            read.text(line, f"{where}.log[{i}]")
-        pool = read.sequence(read.field(data, "pool", where), f"{where}.pool")
-        if not pool:
-            read.fail(f"{where}.pool", "is empty: it always holds trial 0")
-        for i, member in enumerate(pool):
-            at = f"{where}.pool[{i}]"
-            read.trial(read.field(read.mapping(member, at), "trial", at), f"{at}.trial")
-            _check_lineage(member, read, at, i)
-        for i, child in enumerate(
-            read.sequence(read.field(data, "pending", where), f"{where}.pending")
-        ):
-            at = f"{where}.pending[{i}]"
-            read.mapping(read.field(read.mapping(child, at), "parameters", at), f"{at}.parameters")
-            read.mapping(read.field(child, "params", at), f"{at}.params")
-            read.text(read.field(child, "note", at), f"{at}.note")
-            _check_lineage(child, read, at, len(pool))
-
-    @staticmethod
-    def restore(data: dict[str, Any], program: Module, start: Trial, n: int, path: Any) -> _Rounds:
-        """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``)."""
-        from plait.execution.checkpoint_codec import CheckpointError
-        from plait.optimization.search.checkpoint import REMEDY, Reader
-
-        read = Reader(path, n)
-
-        def copy_with(parameters: dict[str, Any], where: str) -> Module:
-            copy = program.copy()
-            try:
-                copy.load_state_dict(parameters)
-            except (KeyError, TypeError, ValueError) as exc:
-                text = str(exc.args[0] if exc.args else exc).replace("\n", " ")
-                raise CheckpointError(
-                    f"{path}: {where} cannot be loaded ({text}); {REMEDY}"
-                ) from None
-            return copy
-
-        pool = []
-        for i, member in enumerate(data["pool"]):
-            where = f"state.rounds.pool[{i}]"
-            trial = start if i == 0 else read.trial(member["trial"], f"{where}.trial")
-            copy = program.copy() if i == 0 else copy_with(trial.parameters, where)
-            changed = set(member.get("changed") or ())
-            pool.append(_Member(copy, trial, member["parent"], member["other_parent"], changed))
-        pending = [
-            _Child(
-                copy_with(child["parameters"], f"state.rounds.pending[{i}].parameters"),
-                child["params"],
-                child["note"],
-                child["parent"],
-                child["other_parent"],
-                set(child.get("changed") or ()),
-            )
-            for i, child in enumerate(data["pending"])
-        ]
-        rng = random.Random()
-        version, internal, gauss = data["rng"]
-        rng.setstate((version, tuple(internal), gauss))
-        return _Rounds(
-            pool, rng, data["spent"], pending, data["round"], data["turn"], list(data["log"])
-        )
-
-
-def _check_lineage(member: Any, read: Any, where: str, below: int) -> None:
-    """Checks a member's parents: earlier members of the pool (so lineages never loop)."""
-    for key in ("parent", "other_parent"):
-        parent = read.field(member, key, where)
-        if parent is not None and (
-            isinstance(parent, bool) or not isinstance(parent, int) or not 0 <= parent < below
-        ):
-            read.fail(f"{where}.{key}", f"is {parent!r:.40}, not an earlier member of the pool")
-    changed = read.sequence(member.get("changed", []), f"{where}.changed")
-    for i, name in enumerate(changed):
-        read.text(name, f"{where}.changed[{i}]")
-
-
-# size: the search loop, its proposals and its Pareto front share state; split in issue 35.
-class ReflectiveSearch(ProgramSearch):
+class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
     """Reflective evolutionary search with a Pareto frontier, merges and a call budget.
 
     See the module docs for the algorithm and why it does not use the
@@ -345,154 +192,6 @@ class ReflectiveSearch(ProgramSearch):
             if param.requires_grad and not _is_demos(program, name)
         ]
         return [("rewrites", self.alias)] if texts else []
-
-    async def _schedule(
-        self, program: Module, train: list[Example], val: list[Example], proposal: Any = None
-    ) -> list[Any]:
-        """Proposals until ``max_calls`` (the budget caps the totals); what a checkpoint spent
-        is not counted again.
-
-        The components take turns: a demos component's proposal runs the minibatch,
-        swaps demos, runs it again and validates the child if it did better; an
-        instruction's runs the minibatch, asks for a rewrite and, if the rewrite is
-        usable, runs the minibatch again and validates the child if it did better.
-        Expected: rewrites as the sampled ones went (`costs.Proposal`: their calls, and
-        the share usable), half the children better; low: every rewrite usable at the
-        first ask and every child validated (the fewest rewrites fit); high: every
-        rewrite refused after all its re-asks and no child validated, so the most
-        rewrites fit. Each column spends about the budget.
-        """
-        m, n = min(self.minibatch, len(train)), len(val)
-        held = self._saved.reusable.get(trial_key(program.state_dict(), {}))
-        left = self._limits()[0] - (held[0].unevaluated if held else n)
-        components = [name for name, p in program.named_parameters() if p.requires_grad]
-        texts = sum(not _is_demos(program, name) for name in components)
-        share = texts / len(components) if components else 0.0
-        most = proposal.most if proposal is not None else 1 + DEFAULT_RETRIES
-        if proposal is not None:
-            proposal = self._rewrite_like(proposal, m, n, left, share)
-        asked = proposal.calls if proposal is not None else 1.0
-        usable = proposal.usable if proposal is not None else 1.0
-
-        def column(calls: float, usable: float, better: float) -> tuple[float, float, float]:
-            """Returns the proposals, runs and rewrites that fill the budget when each
-            rewrite makes ``calls`` calls, that share of them is usable and that share of
-            the children beats its parent on the minibatch (and is validated)."""
-            rewritten = m + usable * (m + better * n)
-            swapped = 2 * m + better * n
-            per_proposal = share * (rewritten + calls) + (1 - share) * swapped
-            proposals = max(left / per_proposal, 0) if per_proposal else 0
-            runs = share * rewritten + (1 - share) * swapped
-            return proposals, proposals * runs, proposals * share
-
-        # A child beating its parent is a coin toss before the search has run: on the
-        # embedded model demo swaps mostly do and rewrites mostly do not; on a model that
-        # learns only from instructions, the other way round.
-        better = 0.5
-        low, high = column(1, 1.0, 1.0), column(most, 0.0, 0.0)
-        expected = column(asked, usable, better)
-        rewrites = Range(low[2], expected[2], high[2])
-        demos, added = self._carried(m, n, share, usable, better, proposal)
-        return [
-            Phase(
-                f"about {math.ceil(expected[2])} rewrites and "
-                f"{math.ceil(expected[0] - expected[2])} demo swaps "
-                f"until max_calls={self.max_calls}",
-                runs=Range(low[1], expected[1], high[1]),
-                demos=demos,
-                added_chars=added,
-                other=rewrites if proposal is not None else Range(*rewrites[:2], high[2] * most),
-                other_alias=self.alias,
-                proposal=proposal,
-            )
-        ]
-
-    def _rewrite_like(self, sampled: Any, m: int, n: int, left: float, share: float) -> Any:
-        """Returns the rewrite the search's proposals are expected to be like: the sampled
-        one (on the program as it was), blended with the one sampled on the value it
-        gave (``sampled.then``) for the proposals whose parent was rewritten.
-
-        Rounds are pipelined, so the first two rounds' parents are the program as it
-        was; later parents are drawn from a pool that holds it beside its children,
-        taken to be a rewritten child half the time.
-        """
-        if sampled.then is None:
-            return sampled
-        per_proposal = share * (2 * m + n + sampled.calls) + (1 - share) * (2 * m + n)
-        proposals = left / per_proposal if per_proposal else 0.0
-        later = max(proposals - 2 * self.proposals, 0.0) / proposals if proposals else 0.0
-        return sampled.blend(sampled.then, later / 2)
-
-    def _carried(
-        self, m: int, n: int, share: float, usable: float, better: float, proposal: Any
-    ) -> tuple[float, float]:
-        """Returns the demos per step and the characters of rewritten values beyond the
-        program's own in each run's prompts, on average over a proposal's runs.
-
-        A change travels with the program that has it: a demo swap's child runs its
-        second minibatch (and, when ``better``, its validation) with up to ``max_demos``
-        demos (from its minibatch), a usable rewrite's child with the rewritten value (as
-        much longer as the sampled one); a proposal's first minibatch runs on its
-        parent, which is taken to be a changed child half the time (the pool holds the
-        program as it was beside its children), of either kind in proportion.
-        """
-        children = m + better * n
-        swapped = (1 - share) * children
-        rewritten = share * usable * children
-        runs = share * (m + usable * children) + (1 - share) * (m + children)
-        kinds = (1 - share) + share * usable
-        if not runs or not kinds:
-            return 0.0, 0.0
-        demo_parent = (1 - share) / kinds
-        demo_runs = swapped + m / 2 * demo_parent
-        text_runs = rewritten + m / 2 * (1 - demo_parent)
-        grown = proposal.grown if proposal is not None else 0.0
-        return min(self.max_demos, m) * demo_runs / runs, grown * text_runs / runs
-
-    async def _sampled_proposal(
-        self,
-        program: Module,
-        train: list[Example],
-        val: list[Example],
-        resources: Any,
-        sample: int,
-    ) -> Any:
-        """One rewrite of the first instruction-like component, as `_mutate` asks for it: a
-        copy of the program runs ``sample`` training examples in training mode, backward
-        brings their feedback, repeated to a minibatch's worth, and a `TextGradOptimizer`
-        step asks for the new value (its re-asks included)."""
-        from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
-        from plait.optimization.training.updates import as_text
-        from plait.resources.usage import metered
-
-        texts = [
-            name
-            for name, p in program.named_parameters()
-            if p.requires_grad and not _is_demos(program, name)
-        ]
-        if not texts or not train or self._limits()[0] <= 0:
-            return None
-        copy = program.copy()
-        batch = train[: max(1, min(sample, self.minibatch))]
-        losses, _ = await self._run_training(copy, batch, resources)
-        await backward([v for v in losses if isinstance(v, Value)], resources=resources)
-        param = dict(copy.named_parameters())[texts[0]]
-        repeat_feedback([param], min(self.minibatch, len(train)) / len(batch))
-        optimizer = TextGradOptimizer(
-            [(texts[0], param)], alias=self.alias, conservatism=self.conservatism
-        ).bind(resources)
-
-        async def rewrite() -> tuple[Any, bool]:
-            old = _jsonable(param.value)
-            with metered() as meter:
-                report = await optimizer.step()
-            changed = bool(report.accepted) and _jsonable(param.value) != old  # as `_mutate`
-            grown = len(as_text(param.value)) - len(as_text(old)) if changed else 0
-            most = 1 + optimizer.max_retries
-            return Proposal.of(meter, 1, least=1, most=most, grown=grown), changed
-
-        first, then = await sample_twice([param], rewrite)
-        return None if first is None else replace(first, then=then)
 
     async def _search(
         self,
@@ -845,36 +544,6 @@ def _exact(output: Any, target: Any) -> bool:
     return exact_match(output, target)
 
 
-def _is_demos(program: Module, name: str) -> bool:
-    path, _, attribute = name.rpartition(".")
-    return attribute == "demos" and path in dict(demo_modules(program))
-
-
 def _output_of(module: Module, demo: dict[str, Any]) -> Any:
     fields = list(module.signature.output_fields)  # type: ignore[attr-defined]
     return demo.get(fields[0]) if len(fields) == 1 else {k: demo.get(k) for k in fields}
-
-
-def _ancestors(pool: list[_Member], index: int) -> list[int]:
-    seen: list[int] = []
-    frontier = [index]
-    while frontier:
-        current = frontier.pop()
-        member = pool[current]
-        for parent in (member.parent, member.other_parent):
-            if parent is not None and parent not in seen:
-                seen.append(parent)
-                frontier.append(parent)
-    return seen
-
-
-def _descends(pool: list[_Member], child: int, ancestor: int) -> bool:
-    return ancestor in _ancestors(pool, child)
-
-
-def _common_ancestor(pool: list[_Member], a: int, b: int) -> int | None:
-    mine = set(_ancestors(pool, a))
-    for candidate in _ancestors(pool, b):
-        if candidate in mine:
-            return candidate
-    return None

@@ -1,4 +1,3 @@
-# size: the Optimizer base and its two optimizers; issue 35 gives each optimizer a file on a small base.
 """Optimizers: rewrite learnable parameters from the feedback backward left on them.
 
     optimizer = SFAOptimizer(program.named_parameters()).bind(resources)
@@ -46,32 +45,24 @@ from plait.backends.types import Message, Request, Response, SamplingOptions
 from plait.errors import BackendError, BudgetExceededError, PlaitError, StructuredOutputError
 from plait.execution.settings import find_resources
 from plait.execution.structured import Attempt, ask_structured, output_type_for
-from plait.feedback import clip
 from plait.module import Module
 from plait.optimization.events import learning_step, tell_decision, tell_update
+from plait.optimization.training.prompts import _SYSTEM, OptimizerPrompts
 from plait.optimization.training.updates import (
-    WORD_FLOOR,
-    FeedbackSummary,
     ParameterUpdate,
     StepReport,
     UpdateRecord,
-    allowed_change,
     as_text,
     change_ratio,
     check_update,
-    clip_middle,
-    kind_of,
     parse_leniently,
-    placeholders,
     update_model_for,
 )
 from plait.parameter import Parameter
 
 __all__ = [
     "Optimizer",
-    "SFAOptimizer",
     "StepReport",
-    "TextGradOptimizer",
     "UpdateRecord",
     "change_ratio",
     "check_update",
@@ -80,11 +71,6 @@ __all__ = [
 logger = logging.getLogger("plait.optimization")
 
 STATE_FORMAT = "plait.optimizer/1"
-
-_SYSTEM = (
-    "You improve the prompts and instructions of a program made of LLM calls. "
-    "Answer with one JSON object and nothing else."
-)
 
 
 # ----------------------------------------------------------------- optimizer
@@ -95,8 +81,7 @@ DEFAULT_RETRIES = 2
 """Re-asks an optimizer makes after an unusable reply, per call, unless told otherwise."""
 
 
-# size: the base optimizer's update, retry and history; split in issue 35.
-class Optimizer:
+class Optimizer(OptimizerPrompts):
     """Base class of optimizers: bookkeeping, ordering, checks, retries and validation.
 
     Subclasses implement `_propose`, which asks the model for a parameter's
@@ -442,81 +427,6 @@ class Optimizer:
         update, value = proposals[-1]
         record.status, record.new, record.rationale = "accepted", value, update.rationale
 
-    def _value_prompt(
-        self, param: Parameter, parts: list[str], upstream: list[UpdateRecord]
-    ) -> str:
-        """Returns the prompt asking for ``param``'s new value: ``parts``, then what changed
-        upstream in this step, then the update instructions."""
-        parts = list(parts)
-        if upstream:
-            parts.append(
-                "Earlier parts of the program were already changed in this step:\n"
-                + _upstream_lines(upstream)
-            )
-        parts.append(self._instructions(param))
-        return "\n\n".join(parts)
-
-    def _value_parts(self, name: str, param: Parameter, feedback: str, total: int) -> list[str]:
-        """Returns the optimizer's account of a parameter and its feedback, for `_value_prompt`.
-
-        The default: the parameter and its feedback. Subclasses that ask for the new value
-        from what they show override it.
-        """
-        return [_header(name, param), _feedback_part(feedback, total, self.max_feedback_shown)]
-
-    def estimated_calls(
-        self, name: str, param: Parameter, feedback: list[str]
-    ) -> list[tuple[int, int]]:
-        """Returns the (prompt, reply) characters of each call one update of ``param`` makes
-        on ``feedback`` (before any re-ask): the prompts it would send, rendered, and
-        replies of about a sentence of reason around the new value. For cost estimates.
-
-        The default is one call of `_value_parts`; an optimizer that makes other calls
-        says so by overriding this.
-        """
-        text, total = self._feedback_lines(feedback)
-        prompt = self._value_prompt(param, self._value_parts(name, param, text, total), [])
-        return [(_sent(prompt), _value_reply_chars(param))]
-
-    def _instructions(self, param: Parameter) -> str:
-        """Returns the closing rules of an update prompt: how much to change, what to keep."""
-        c = self.conservatism
-        if c <= 0.2:
-            how = "You may rewrite it completely if that serves the changes better."
-        elif c < 0.7:
-            how = "Keep what already works and most of the wording; change what the changes need."
-        else:
-            how = "Make the smallest edit that carries out the changes; keep every other word."
-        floor = WORD_FLOOR * (1 - c)
-        limit = f"At most {allowed_change(c):.0%} of the words, or {floor:.0f} words, may change."
-        lines = [f"{how} ({limit})"]
-        if isinstance(param.value, str):
-            fields = sorted(placeholders(param.value))
-            if fields:
-                lines.append(f"Keep the placeholders {', '.join(fields)} exactly as written.")
-            lines.append("Do not paste the feedback into it: say what the step should do.")
-        elif param.value_type is not None:
-            lines.append(f"The value is a {kind_of(param.value)}: give the whole new one.")
-        else:
-            lines.append(f"The value is a {kind_of(param.value)}: give new_value as JSON text.")
-        lines.append(
-            # No quotable phrase here: SmolLM2-135M copied "the complete improved
-            # value" into new_value; the schema already fixes the keys.
-            "Reply with JSON: your reason in rationale, then the whole rewritten text "
-            f"of {'it' if isinstance(param.value, str) else 'the JSON'} in new_value."
-        )
-        return "\n".join(lines)
-
-    def _feedback_lines(self, items: list[str], dropped: int = 0) -> tuple[str, int]:
-        """Returns the newest feedback items, numbered and clipped, and how many there were
-        (``dropped`` of them no longer held)."""
-        total = len(items) + dropped
-        shown = items[-self.max_feedback_shown :]
-        text = "\n".join(
-            f"{i}. {clip_middle(item, self.feedback_item_chars)}" for i, item in enumerate(shown, 1)
-        )
-        return text, total
-
     # ------------------------------------------------------------- state
     def _settings(self) -> dict[str, Any]:
         return {
@@ -653,198 +563,3 @@ def _jsonable(value: Any) -> Any:
     from pydantic_core import to_jsonable_python
 
     return to_jsonable_python(value, fallback=str)
-
-
-def _upstream_lines(upstream: list[UpdateRecord]) -> str:
-    return "\n".join(
-        f"- {r.parameter} changed from {clip(as_text(r.old), 300)!r} to "
-        f"{clip(as_text(r.new), 300)!r}" + (f" ({clip(r.rationale, 200)})" if r.rationale else "")
-        for r in upstream
-    )
-
-
-def _header(name: str, param: Parameter) -> str:
-    return (
-        f"Part of the program: {name}\n"
-        f"Its role: {param.description}\n"
-        f"Current value:\n<<<\n{as_text(param.value)}\n>>>"
-    )
-
-
-def _feedback_part(feedback: str, total: int, most: int) -> str:
-    return f"Feedback from {total} runs (the newest {min(total, most)} shown):\n{feedback}"
-
-
-_REASON = "x" * 120
-"""A stand-in of a sentence of reason (a rationale, a summary), for sizing replies."""
-_CHANGES = ["x" * 60] * 2
-"""Stand-ins of the changes an aggregation lists, for sizing its reply and the rewrite."""
-
-
-def _sent(prompt: str) -> int:
-    """Returns the characters of the messages an optimizer call with ``prompt`` sends."""
-    return len(_SYSTEM) + len(prompt)
-
-
-def _value_reply_chars(param: Parameter) -> int:
-    """Returns the characters of a `ParameterUpdate` reply about as long as the value now."""
-    return len(json.dumps({"rationale": _REASON, "new_value": as_text(param.value)}))
-
-
-# ----------------------------------------------------------------------- SFA
-class SFAOptimizer(Optimizer):
-    """Structured feedback aggregation: summarise the feedback, then rewrite, upstream first.
-
-    For each parameter with feedback, two structured calls: the first turns
-    the (bounded) feedback items into at most five concrete changes
-    (``{"summary", "changes"}``); the second writes the new value
-    (``{"new_value", "rationale"}``) from the description, the current value,
-    those changes and what changed upstream in this same step. Parameters are
-    updated level by level in the order of the graphs of the last backward
-    pass (falling back to the order they were given in); independent ones
-    concurrently. If aggregation yields nothing usable, the raw feedback is
-    used as the list of changes; if it asks for no change, the parameter is
-    skipped.
-
-    Example::
-
-        optimizer = SFAOptimizer(program.named_parameters(), conservatism=0.3)
-        optimizer.bind(ResourceConfig({"*": {"provider": "local"}}))
-        ...                                  # forward + backward in training mode
-        report = await optimizer.step()
-        report.accepted, optimizer.history["stage1.instructions"][-1].reason
-
-    Args: as `Optimizer`.
-    """
-
-    max_changes = 5
-    """Most changes the aggregation keeps."""
-    calls_per_update = 2  # the summary, then the rewrite
-
-    async def _propose(
-        self,
-        manager: Any,
-        name: str,
-        param: Parameter,
-        upstream: list[UpdateRecord],
-        record: UpdateRecord,
-    ) -> None:
-        feedback, total = self._feedback_lines(
-            param.get_accumulated_feedback(), param.dropped_feedback
-        )
-        summary, changes = await self._aggregate(manager, name, param, feedback, total, record)
-        record.feedback, record.changes = summary, changes
-        if not changes:
-            record.status, record.reason = "skipped", "the feedback asked for no change"
-            return
-        parts = self._rewrite_parts(name, param, changes)
-        await self._ask_for_value(manager, param, parts, upstream, record)
-
-    def estimated_calls(
-        self, name: str, param: Parameter, feedback: list[str]
-    ) -> list[tuple[int, int]]:
-        """The summary of ``feedback``, then the rewrite (see `Optimizer.estimated_calls`)."""
-        text, total = self._feedback_lines(feedback)
-        summary = json.dumps({"summary": _REASON, "changes": _CHANGES})
-        rewrite = self._value_prompt(param, self._rewrite_parts(name, param, _CHANGES), [])
-        return [
-            (_sent(self._summary_prompt(name, param, text, total)), len(summary)),
-            (_sent(rewrite), _value_reply_chars(param)),
-        ]
-
-    @staticmethod
-    def _rewrite_parts(name: str, param: Parameter, changes: list[str]) -> list[str]:
-        return [
-            "Rewrite this part of an LLM program so that it makes the changes listed.",
-            _header(name, param),
-            "Changes to make:\n" + "\n".join(f"- {change}" for change in changes),
-        ]
-
-    def _summary_prompt(self, name: str, param: Parameter, feedback: str, total: int) -> str:
-        return (
-            "Below is feedback on runs of an LLM program. Turn it into a short list of "
-            "concrete changes to one part of the program.\n\n"
-            f"{_header(name, param)}\n\n"
-            f"{_feedback_part(feedback, total, self.max_feedback_shown)}\n\n"
-            'Reply with JSON: "summary": one sentence on what goes wrong, "changes": at most '
-            f"{self.max_changes} short, concrete edits to the value (an empty list if it "
-            "should stay as it is)."
-        )
-
-    async def _aggregate(
-        self,
-        manager: Any,
-        name: str,
-        param: Parameter,
-        feedback: str,
-        total: int,
-        record: UpdateRecord,
-    ) -> tuple[str, list[str]]:
-        prompt = self._summary_prompt(name, param, feedback, total)
-        try:
-            result = await self._ask_structured(manager, prompt, FeedbackSummary, 400, record)
-        except StructuredOutputError as exc:
-            # Fail soft: the raw feedback still says what to change.
-            items = param.get_accumulated_feedback()[-self.max_changes :]
-            note = f"aggregation failed ({exc}); the raw feedback was used"
-            return note, [clip_middle(item, 300) for item in items]
-        changes = [clip(c.strip(), 300) for c in result.changes if c.strip()]
-        return clip(result.summary.strip(), 400), changes[: self.max_changes]
-
-
-# ------------------------------------------------------------------ TextGrad
-class TextGradOptimizer(Optimizer):
-    """Textual gradient descent: one structured call per parameter, feedback as the gradient.
-
-    The call shows the description, the current value, the (bounded)
-    feedback and what changed upstream in this step, and asks for
-    ``{"new_value", "rationale"}``. With ``momentum=k`` it also shows the
-    parameter's last ``k`` past values, the feedback each got and whether its
-    update was kept, so the model does not walk back into an old mistake.
-
-    Args:
-        params, alias, max_retries, conservatism, validate: as `Optimizer`.
-        momentum: past values shown per parameter (0: none).
-    """
-
-    def __init__(self, params: ParamsArg, *, momentum: int = 0, **options: Any) -> None:
-        super().__init__(params, **options)
-        if not isinstance(momentum, int) or momentum < 0:
-            raise ValueError(f"momentum must be an int >= 0 (past values shown), got {momentum!r}")
-        self.momentum = momentum
-
-    def _settings(self) -> dict[str, Any]:
-        return {**super()._settings(), "momentum": self.momentum}
-
-    async def _propose(
-        self,
-        manager: Any,
-        name: str,
-        param: Parameter,
-        upstream: list[UpdateRecord],
-        record: UpdateRecord,
-    ) -> None:
-        items = param.get_accumulated_feedback()
-        feedback, total = self._feedback_lines(items, param.dropped_feedback)
-        record.feedback = f"{total} item(s); newest: {clip_middle(items[-1], 300)}"
-        parts = self._value_parts(name, param, feedback, total)
-        await self._ask_for_value(manager, param, parts, upstream, record)
-
-    def _value_parts(self, name: str, param: Parameter, feedback: str, total: int) -> list[str]:
-        """The feedback as a gradient, and with ``momentum`` the parameter's past values."""
-        parts = [
-            "Improve this part of an LLM program. The feedback below is its gradient: "
-            "change the value in the direction the feedback points.",
-            *super()._value_parts(name, param, feedback, total),
-        ]
-        past = self.history.get(name, [])[-self.momentum :] if self.momentum else []
-        if past:
-            parts.append(
-                "Earlier values of this part and the feedback they got (oldest first):\n"
-                + "\n".join(
-                    f"{i}. value {clip(as_text(r.old), 400)!r}; feedback: "
-                    f"{clip(r.feedback, 300)}; its update was {r.status}"
-                    for i, r in enumerate(past, 1)
-                )
-            )
-        return parts

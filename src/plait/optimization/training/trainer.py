@@ -52,7 +52,6 @@ from plait.execution.progress import progress_bar
 from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization.training.backward import backward
 from plait.optimization.evaluation import Metric, evaluate, examples_of
 from plait.optimization.events import (
     learning_step,
@@ -61,6 +60,7 @@ from plait.optimization.events import (
     tell_decision,
     updates_told,
 )
+from plait.optimization.training.backward import backward
 from plait.optimization.training.optimizer import Optimizer, StepReport
 from plait.optimization.training.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.resources.usage import active_budgets
