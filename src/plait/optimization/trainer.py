@@ -1,13 +1,10 @@
 """The old path `plait.optimization.trainer`, kept so that its imports go on working.
 
-Its names live in `plait.optimization.training.trainer` now.
+Its names live in `plait.optimization.training` now: `trainer` and `report`.
 """
 
-from plait.optimization.training.trainer import (
-    NOTHING_VALIDATED,
-    Trainer,
-    TrainReport,
-)
+from plait.optimization.training.report import NOTHING_VALIDATED, TrainReport
+from plait.optimization.training.trainer import Trainer
 
 __all__ = [
     "NOTHING_VALIDATED",

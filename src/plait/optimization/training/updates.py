@@ -293,19 +293,9 @@ def check_update(
             "(3 × the old length + 400)"
         )
     if isinstance(old, str):
-        old_fields, new_fields = placeholders(old), placeholders(new_text)
-        lost = sorted(old_fields - new_fields)
-        if lost:
-            return None, f"placeholder(s) {', '.join(lost)} of the old value are missing"
-        added = sorted(new_fields - old_fields)
-        if old_fields and added:
-            return None, f"it adds placeholder(s) {', '.join(added)} that the program never fills"
-        copied = copied_run(new_text, sources, old_text) or copied_name(new_text, sources, old_text)
-        if copied is not None:
-            return None, (
-                f'it copies "{copied}" from the feedback; write what the step should do, '
-                "not the feedback itself"
-            )
+        reason = _prompt_problem(old, new_text, sources)
+        if reason is not None:
+            return None, reason
     changed, bound = (
         changed_words(old_text, new_text),
         allowed_words(conservatism, old_text, new_text),
@@ -318,6 +308,25 @@ def check_update(
             f"{WORD_FLOOR * (1 - conservatism):.0f} words)"
         )
     return value, None
+
+
+def _prompt_problem(old: str, new_text: str, sources: Any) -> str | None:
+    """Returns why a new prompt text is unusable (a placeholder lost or added, feedback
+    pasted into it), or None (part of `check_update`)."""
+    old_fields, new_fields = placeholders(old), placeholders(new_text)
+    lost = sorted(old_fields - new_fields)
+    if lost:
+        return f"placeholder(s) {', '.join(lost)} of the old value are missing"
+    added = sorted(new_fields - old_fields)
+    if old_fields and added:
+        return f"it adds placeholder(s) {', '.join(added)} that the program never fills"
+    copied = copied_run(new_text, sources, old) or copied_name(new_text, sources, old)
+    if copied is not None:
+        return (
+            f'it copies "{copied}" from the feedback; write what the step should do, '
+            "not the feedback itself"
+        )
+    return None
 
 
 _KIND_NAMES: dict[type, str] = {dict: "JSON object", list: "JSON list", str: "string"}
