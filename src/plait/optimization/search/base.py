@@ -355,7 +355,7 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
         return self.max_calls, self.max_tokens, self.max_cost
 
     def _read_state(self, state: dict[str, Any], read: Any) -> None:
-        """Checks the search's own part of a checkpoint (a `search_checkpoint.Reader` complains).
+        """Checks the search's own part of a checkpoint (a `checkpoint.Reader` complains).
 
         The base knows no steps of its own; a search that keeps some overrides this.
         """

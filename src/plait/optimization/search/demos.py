@@ -10,7 +10,7 @@ parameter) and, for `RandomSearch`, choose among instruction candidates.
 They are `ProgramSearch` optimizers: candidates are deep copies evaluated
 concurrently on the validation set, and the program is changed only if a
 candidate is at least as good as the program was (see
-`plait.optimization.search.base`).
+`plait.optimization.search`).
 
 Demo sets are **balanced across labels**: demos are drawn round-robin from
 the examples of each target value, so a set of four demos for a True/False

@@ -237,34 +237,13 @@ class RandomSearch(ProgramSearch):
         it), those not drawn at the share the drawn ones were usable, each like the
         drawn ones in its runs (as long as their mean when unmeasured; as the current
         one without any)."""
-        measured = drawn.runs if drawn is not None else {}
         plans: list[tuple[float, float, dict[str, float]]] = []
         if self.max_demos:
             plans += [(float(min(self.max_demos, len(train))), 0.0, {})] * 2
-        accepted = [text for text in (drawn.texts if drawn else []) if text is not None]
-        usable = drawn.proposal.usable if drawn and drawn.proposal else 1.0
         random_chars, random_mix = 0.0, defaultdict[str, float](float)
         for index, (_, module) in enumerate(_instructed_steps(program)):
             current = str(module._parameters["instructions"].value)
-            given = [text for text in self.instructions if text != current]
-            pool: list[tuple[float, dict[str, float]]] = [
-                (float(len(text) - len(current)), {}) for text in given
-            ]
-            texts = drawn.texts if drawn is not None and index == 0 else []
-            seen = {current, *given}
-            for text in texts:
-                if text is not None and text not in seen:
-                    seen.add(text)
-                    known = text in measured
-                    chars = 0.0 if known else float(len(text) - len(current))
-                    pool.append((chars, {text: 1.0} if known else {}))
-            like = [text for text in accepted if index == 0 and text in measured]
-            undrawn: tuple[float, dict[str, float]] = (0.0, {})
-            if like:
-                undrawn = (0.0, {text: 1 / len(like) for text in like})
-            elif accepted:
-                undrawn = (sum(len(t) for t in accepted) / len(accepted) - len(current), {})
-            pool += [undrawn] * round((self.propose - len(texts)) * usable)
+            pool = self._planned_instructions(current, drawn if index == 0 else None, drawn)
             plans += [(0.0, chars, mix) for chars, mix in pool]
             for chars, mix in pool:  # the current one is drawn too
                 random_chars += chars / (len(pool) + 1)
@@ -284,6 +263,33 @@ class RandomSearch(ProgramSearch):
             sum(c for _, c, _ in plans) / len(plans),
             dict(shares),
         )
+
+    def _planned_instructions(
+        self, current: str, first: _Drawn | None, drawn: _Drawn | None
+    ) -> list[tuple[float, dict[str, float]]]:
+        """Returns one step's pool of instructions as `_candidate_mix` plans it: each as the
+        characters it adds beyond ``current`` and its share of runs under a measured drawn
+        proposal. The given ones, then (for the first step, ``first``) the drawn ones as
+        they are, then those not drawn at the share the drawn ones were usable, each like
+        the drawn ones."""
+        measured = drawn.runs if drawn is not None else {}
+        accepted = [text for text in (drawn.texts if drawn else []) if text is not None]
+        usable = drawn.proposal.usable if drawn and drawn.proposal else 1.0
+        given = [text for text in self.instructions if text != current]
+        pool: list[tuple[float, dict[str, float]]] = [
+            (float(len(text) - len(current)), {}) for text in given
+        ]
+        texts = first.texts if first is not None else []
+        seen = {current, *given}
+        for text in texts:
+            if text is not None and text not in seen:
+                seen.add(text)
+                known = text in measured
+                chars = 0.0 if known else float(len(text) - len(current))
+                pool.append((chars, {text: 1.0} if known else {}))
+        like = [text for text in accepted if first is not None and text in measured]
+        undrawn = _undrawn(accepted, like, current)
+        return pool + [undrawn] * round((self.propose - len(texts)) * usable)
 
     async def _candidates(
         self, program: Module, train: list[Example], resources: Any
@@ -368,3 +374,13 @@ class RandomSearch(ProgramSearch):
                 read.text(step["value"], where, optional=True)
             else:
                 read.fail(f"state.steps.{key}", "is not a step of RandomSearch")
+
+
+def _undrawn(accepted: list[str], like: list[str], current: str) -> tuple[float, dict[str, float]]:
+    """Returns the plan of a proposal the estimate did not draw: runs like the drawn ones
+    measured (``like``), else as long as the drawn ones on average, else as ``current``."""
+    if like:
+        return (0.0, {text: 1 / len(like) for text in like})
+    if accepted:
+        return (sum(len(t) for t in accepted) / len(accepted) - len(current), {})
+    return (0.0, {})

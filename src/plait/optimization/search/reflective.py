@@ -235,18 +235,30 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
                         together(*(self._validate(c, val, resources) for c in state.pending)),
                     )
                 state.spent += meter.calls
-                for member in members:
-                    if member is not None:
-                        member.trial.number = len(state.pool)
-                        state.pool.append(member)
-                state.pending = [child for child in children if child is not None]
-                if room and self.merge_every and (state.round - 1) % self.merge_every == 0:
-                    merged = self._merge(state.pool, state.rng) if state.round > 1 else None
-                    state.pending += [merged] if merged is not None else []
+                self._joined(state, children, members, merging=room)
                 if meter.calls + meter.cached == 0:
                     break  # the step asked nothing at all (every reply cached): nothing new
                 resumable = room and not budget_spent()
         return [member.trial for member in state.pool[1:]]
+
+    def _joined(
+        self,
+        state: _Rounds,
+        children: list[_Child | None],
+        members: list[_Member | None],
+        merging: bool,
+    ) -> None:
+        """Ends a step: the validated children join the pool in the order they were
+        proposed, the new proposals await validation, and every ``merge_every`` rounds
+        (when the step started a round) a merge joins them."""
+        for member in members:
+            if member is not None:
+                member.trial.number = len(state.pool)
+                state.pool.append(member)
+        state.pending = [child for child in children if child is not None]
+        if merging and self.merge_every and (state.round - 1) % self.merge_every == 0:
+            merged = self._merge(state.pool, state.rng) if state.round > 1 else None
+            state.pending += [merged] if merged is not None else []
 
     def _plan(
         self,

@@ -88,7 +88,7 @@ class _Rounds:
 
     @staticmethod
     def check(data: Any, read: Any, where: str) -> None:
-        """Checks rounds as a checkpoint holds them (a `search_checkpoint.Reader` complains)."""
+        """Checks rounds as a checkpoint holds them (a `checkpoint.Reader` complains)."""
         data = read.mapping(data, where)
         for key in ("round", "turn", "spent"):
             read.integer(read.field(data, key, where), f"{where}.{key}")
