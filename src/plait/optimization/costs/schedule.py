@@ -39,7 +39,7 @@ def estimate(
     max_tokens: int | None = None,
     max_cost: float | None = None,
 ) -> Any:
-    """Estimates what ``evaluate(program, dataset, ...)`` would spend; see the module docs.
+    """Estimates what ``evaluate(program, dataset, ...)`` would spend; see the package docs.
 
     ``sample`` examples run for real to measure one run (their calls are counted
     in ``sample_calls``); ``max_calls`` / ``max_tokens`` / ``max_cost`` cap the

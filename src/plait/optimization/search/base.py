@@ -172,7 +172,7 @@ class SearchParts(SearchOverrides, Protocol):
 
 
 class ProgramSearch(CheckpointedSearch, EstimatedSearch):
-    """Base of optimizers that evaluate candidate programs and apply the best (see module docs).
+    """Base of optimizers that evaluate candidate programs and apply the best (see the package).
 
     Subclasses implement `_candidates` (or `_search`) and `_schedule`; `compile` does the
     rest. The points a search overrides are declared in `SearchOverrides`; its checkpoint
@@ -504,7 +504,7 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
 
     @staticmethod
     def _choose(trials: Sequence[Trial], start: Trial, significance: float | None = None) -> Trial:
-        """Returns the trial to apply (see the module docs): the start, or a clear winner."""
+        """Returns the trial to apply: the start, or a clear winner (see the package docs)."""
         if start.unevaluated:
             return start  # no baseline to compare with: the program stays as it was
         eligible = [
