@@ -44,7 +44,9 @@ def _docstring_lines(node: ast.AST) -> int:
     return 0
 
 
-def _has_reason_above(lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) -> bool:
+def _has_reason_above(
+    lines: list[str], node: ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+) -> bool:
     """Whether a ``# size:`` comment stands on the definition's line or just above it."""
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)]) - 1
     if any(REASON in line for line in lines[first : node.lineno]):

@@ -1,4 +1,4 @@
-# size: Module is the one base class users subclass, shaped like torch.nn.Module; its registry walks and call entry points stay beside it until issue 35's split.
+# size: the one base class users subclass, shaped like torch.nn.Module (issue 35).
 """Module: the unit of composition, shaped like ``torch.nn.Module``.
 
 Assigning a `Module` or `Parameter` to an attribute registers it, so a program

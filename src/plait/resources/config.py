@@ -1,4 +1,4 @@
-# size: one validated schema of every provider's keys; issue 35 moves each provider's facts into its folder.
+# size: every provider's keys in one schema; issue 35 moves them to specs.
 """`ResourceConfig`: which endpoint serves each alias, and with what limits.
 
 A program names the models it uses by alias (``"fast"``, ``"judge"``); the
