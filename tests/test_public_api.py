@@ -138,3 +138,54 @@ def test_a_moved_public_module_keeps_its_old_path(old: str, new: str) -> None:
     assert before.__all__ == after.__all__
     for name in after.__all__:
         assert getattr(before, name) is getattr(after, name), name
+
+
+# The modules of the learning layer before it became folders (issue 35), and the names each
+# exported then: importing them from the old path keeps working.
+LEARNING_OLD_PATHS = {
+    "plait.optimization.backward": ["BackwardReport", "backward", "node_levels"],
+    "plait.optimization.costs": [
+        "CostEstimate", "Phase", "Proposal", "Range", "Variant", "check_sample", "estimate",
+        "from_schedule", "measure", "measure_variant", "quiet",
+    ],
+    "plait.optimization.fewshot": [
+        "BootstrapFewShot", "LabeledFewShot", "RandomSearch", "balanced_sample", "demo_modules",
+    ],
+    "plait.optimization.losses": [
+        "CompositeLoss", "HumanFeedbackLoss", "LLMJudge", "LLMPreferenceLoss", "LLMRankingLoss",
+        "LLMRubricLoss", "Loss", "RankingFeedback", "VerifierLoss",
+    ],
+    "plait.optimization.optimizers": [
+        "Optimizer", "SFAOptimizer", "StepReport", "TextGradOptimizer", "UpdateRecord",
+        "change_ratio", "check_update",
+    ],
+    "plait.optimization.reflective": ["ReflectiveSearch"],
+    "plait.optimization.search": [
+        "Candidate", "GridSearch", "ProgramSearch", "SearchReport", "Trial", "balanced_score",
+        "optimize_grid", "sign_test",
+    ],
+    "plait.optimization.search_checkpoint": [
+        "Reader", "SearchCheckpoint", "digest", "program_digest", "trial_key",
+    ],
+    "plait.optimization.step": ["PROGRAM_PATH", "TrainingStep", "on_examples"],
+    "plait.optimization.trainer": ["NOTHING_VALIDATED", "TrainReport", "Trainer"],
+    "plait.optimization.updates": [
+        "FeedbackSummary", "ParameterUpdate", "StepReport", "UpdateRecord", "allowed_change",
+        "allowed_words", "as_text", "change_ratio", "changed_words", "check_update",
+        "clip_middle", "copied_name", "copied_run", "kind_of", "parse_leniently",
+        "placeholders", "update_model_for",
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("old", sorted(LEARNING_OLD_PATHS))
+def test_the_learning_layers_old_module_paths_keep_their_names(old: str) -> None:
+    import importlib
+
+    import plait.optimization
+
+    module = importlib.import_module(old)
+    for name in LEARNING_OLD_PATHS[old]:
+        value = getattr(module, name)  # AttributeError names the one a move lost
+        if name in plait.optimization.__all__:
+            assert value is getattr(plait.optimization, name), (old, name)

@@ -49,7 +49,7 @@ class Feedback:
         the same ``ValueError`` as any output without a record, telling the
         caller to call ``.train()`` before the forward pass.
         """
-        from plait.optimization.backward import backward  # learning layer, loaded on use
+        from plait.optimization.training.backward import backward  # learning layer, loaded on use
 
         return await backward(self, grad, **options)
 

@@ -543,7 +543,7 @@ class Module:
         """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
         `plait.optimization.optimize_grid` (returns its `SearchReport`; awaited inside
         a running event loop, run to completion from a script, like a module call)."""
-        from plait.optimization.search import optimize_grid  # learning layer, loaded on use
+        from plait.optimization.search.grid import optimize_grid  # learning layer, loaded on use
 
         return optimize_grid(self, devset, metric, parameters, **options)
 

@@ -198,9 +198,9 @@ class Value:
         """Sends feedback backward from this training-mode output (``await loss.backward()``).
 
         Also callable as ``await Value.backward(outputs, grad=feedback)`` for
-        several outputs at once. See ``plait.optimization.backward``.
+        several outputs at once. See ``plait.optimization.training.backward``.
         """
-        from plait.optimization.backward import backward  # learning layer, loaded on use
+        from plait.optimization.training.backward import backward  # learning layer, loaded on use
 
         return await backward(self, grad, **options)
 

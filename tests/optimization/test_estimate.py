@@ -282,7 +282,8 @@ async def test_a_resumed_reflective_estimate_is_capped_by_what_its_budget_has_le
 
 
 def test_an_estimate_range_is_ordered_and_float_error_adds_no_call() -> None:
-    from plait.optimization.costs import Phase, Range, _Size, from_schedule
+    from plait.optimization.costs import Phase, Range, from_schedule
+    from plait.optimization.costs.parts import _Size
 
     # a schedule whose columns each fill a budget: the high one a hair under the expected,
     # which a sum's float error put above 55 (it must not round up to 56)

@@ -11,7 +11,7 @@ import pytest
 
 from plait import Predict, ResourceConfig
 from plait.optimization import ReflectiveSearch, Trial
-from plait.optimization.reflective import _Member
+from plait.optimization.search.reflective import _Member
 from plait.signatures import PlainAdapter
 from plait.testing import ScriptedServer
 

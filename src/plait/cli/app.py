@@ -803,7 +803,7 @@ def _as_options(text: str) -> str:
 
 def _validation_line(training: dict[str, Any]) -> str:
     """The scores a training run ends with, or that it has none to show."""
-    from plait.optimization.trainer import NOTHING_VALIDATED
+    from plait.optimization.training.report import NOTHING_VALIDATED
 
     if training.get("reason", "").endswith(NOTHING_VALIDATED):
         return "validation: none finished (the program is saved as it was)"
@@ -869,7 +869,7 @@ async def _train(
     and says in ``kept`` what it wrote."""
     import asyncio
 
-    from plait.optimization.trainer import NOTHING_VALIDATED
+    from plait.optimization.training.report import NOTHING_VALIDATED
     from plait.report.learning import LearningLog
     from plait.report.profiling import Profiler
 

@@ -162,7 +162,7 @@ class Scope:
     Tracing follows a composite's ``forward``, so its calls become ordinary
     nodes; when the composite defines its own ``backward``, backward visits
     the scope as one step instead of its nodes (see
-    `plait.optimization.backward`). Its nodes are contiguous in recording order.
+    `plait.optimization.training.backward`). Its nodes are contiguous in recording order.
     """
 
     id: str
