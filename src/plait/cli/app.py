@@ -27,7 +27,7 @@ from plait.cli.programs import (
     one_line,
     trace_program,
 )
-from plait.errors import ConfigError, FileError, PlaitError
+from plait.errors import ConfigError, FileError, PlaitError, described
 
 __all__ = ["cli"]
 
@@ -288,7 +288,7 @@ def _handled(work: Any, on_stop: str | Callable[[], str]) -> Any:
     except (ProgramError, DatasetError, ConfigError) as exc:
         _fail(str(exc))
     except (CheckpointError, PlaitError, OSError) as exc:
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_ABORTED)
+        _fail(described(exc), EXIT_ABORTED)
 
 
 def _resume_hint(kwargs: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from plait import _files
+from plait.errors import described
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization._together import together
@@ -455,7 +456,7 @@ async def _run_rows(
     rows = []
     for result in results:
         usage = result.usage or {}
-        error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
+        error = None if result.error is None else described(result.error)
         rows.append(
             ExampleRow(
                 index=result.index,

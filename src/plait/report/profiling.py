@@ -556,7 +556,7 @@ def budget_refusal(error: BaseException) -> BudgetExceededError | None:
     from plait.errors import BudgetExceededError
 
     seen: BaseException | None = error
-    for _ in range(8):  # an item's error wraps its cause a level or two deep
+    for _ in range(8):  # a module of the program may have wrapped it (BestOfN's, say)
         if seen is None:
             return None
         if isinstance(seen, BudgetExceededError):

@@ -312,8 +312,8 @@ _MAX_CHAIN = 8
 def _withheld(exception: BaseException) -> str:
     """Returns the message of ``exception`` with the provider text of its chain withheld.
 
-    Wrapping errors quote the errors they wrap (an `ExecutionError` names its
-    cause), so every ``detail`` down the chain of causes is taken out.
+    Wrapping errors may quote the errors they wrap (``cause``, ``__cause__``), so every
+    ``detail`` down the chain of causes is taken out.
     """
     text = str(exception)
     seen: BaseException | None = exception

@@ -192,7 +192,7 @@ def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JsonRespo
     if isinstance(exc, PendingRunTooLarge):
         return error_response(507, "pause_too_large", str(exc), scope)
     if isinstance(exc, BudgetExceededError):
-        error_id = failure_id(exc, scope, "run")
+        error_id = failure_id(exc, scope, "run", expected=True)
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"
         return error_response(503, "budget_exhausted", message, scope, error_id=error_id)
     return failure_response(exc, scope, "run")
