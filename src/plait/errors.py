@@ -228,11 +228,17 @@ class BackendTimeout(BackendError):
 
 
 class BackendConnectionError(BackendError):
-    """The connection was refused, reset or closed before a full answer."""
+    """The connection was refused, reset or closed before a full answer.
 
-    def __init__(self, message: str, **kwargs: Any) -> None:
+    Attributes:
+        unsent: True when nothing of the request left (the connection was refused): the
+            provider never saw it, so a run's budget does not count it as a call.
+    """
+
+    def __init__(self, message: str, *, unsent: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("retryable", True)
         super().__init__(message, **kwargs)
+        self.unsent = unsent
 
 
 class RateLimitError(BackendError):
