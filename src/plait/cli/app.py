@@ -28,7 +28,7 @@ from plait.cli.programs import (
     one_line,
     trace_program,
 )
-from plait.errors import ConfigError, FileError, PlaitError
+from plait.errors import ConfigError, FileError, PlaitError, described
 
 __all__ = ["cli"]
 
@@ -289,7 +289,7 @@ def _handled(work: Any, on_stop: str | Callable[[], str]) -> Any:
     except (ProgramError, DatasetError, ConfigError) as exc:
         _fail(str(exc))
     except (CheckpointError, PlaitError, OSError) as exc:
-        _fail(f"{type(exc).__name__}: {exc}", EXIT_ABORTED)
+        _fail(described(exc), EXIT_ABORTED)
 
 
 def _resume_hint(kwargs: dict[str, Any]) -> str:
@@ -446,13 +446,18 @@ def _budget(kwargs: dict[str, Any]) -> Any:
 async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) -> Any:
     from plait.cli.driver import default_report_path, run_file
     from plait.report.profiling import Profiler
+    from plait.resources.books import books_of
+    from plait.resources.manager import ResourceManager
 
     with Profiler(max_records=_REPORT_SAMPLE) as profiler:
         outcome = await run_file(run)
     metrics: dict[str, Any] = {"input": str(run.input), "output": str(run.output)}
     if outcome.score is not None:
         metrics["score"] = round(outcome.score, 6)
-    report = profiler.report(program=spec, kind=kind, graph=outcome.graph, metrics=metrics)
+    books = books_of(run.budget, ResourceManager.shared(run.resources))
+    report = profiler.report(
+        program=spec, kind=kind, graph=outcome.graph, metrics=metrics, budgets=books
+    )
     report_path = kwargs["report_path"] or default_report_path(run.output)
     report.save(report_path)
     if kwargs["trace_path"]:

@@ -73,7 +73,10 @@ async def run(
         of outputs for a batch; with ``record=True`` or ``report=True``, a pair (see above).
 
     Raises:
-        ExecutionError: a node failed; names the node, module path and input index.
+        Exception: what a node failed with, of its own class (`BudgetExceededError`,
+            `MediaError`, a provider's `BackendError`, your code's own error ...),
+            located by `plait.errors.locate`: ``module_path``, ``node_id``,
+            ``input_index`` and a note naming them.
         DeadlineExceededError: the ``deadline`` passed before the work was done.
     """
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}

@@ -26,7 +26,7 @@ from typing import Any
 
 from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
 from plait.confirmation import ConfirmationRequired
-from plait.errors import ConfigError
+from plait.errors import ConfigError, described
 from plait.mcp.client import require_sdk
 from plait.module import Module
 from plait.tools import Tool
@@ -384,7 +384,7 @@ async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
             "run for its approval), or make the tool without require_confirmation"
         )
     except Exception as exc:  # the program's failure goes back to the caller, not up the server
-        message = f"{entry.name} failed: {type(exc).__name__}: {one_line(str(exc))}"
+        message = f"{entry.name} failed: {described(exc)}"
         logger.warning("%s", message)
         return _error_result(message)
     return _result_of(output)

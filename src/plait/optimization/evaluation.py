@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait._together import together
+from plait.errors import described
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
@@ -205,7 +206,7 @@ async def _run_rows(
     rows = []
     for result in results:
         usage = result.usage or {}
-        error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
+        error = None if result.error is None else described(result.error)
         rows.append(
             ExampleRow(
                 index=result.index,

@@ -19,6 +19,7 @@ from plait.backends.base import Backend
 from plait.backends.spec import ProviderSpec
 from plait.backends.types import Request, Response, Usage
 from plait.errors import ConfigError
+from plait.resources.books import endpoint_books
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import EndpointLimiter, Limiter
@@ -199,6 +200,15 @@ class EndpointStats:
     circuit: str | None = None
     """``"closed"``, ``"open"`` or ``"half-open"`` for an endpoint of a fallback chain;
     None for one that no chain lists (it keeps no circuit)."""
+    circuit_opened_at: float | None = None
+    """When its circuit opened (epoch seconds), while it has not closed since."""
+    circuit_openings: int = 0
+    """Times its circuit opened."""
+    circuit_skipped: int = 0
+    """Calls of its chain that skipped it while its circuit was open."""
+    budget: dict[str, Any] | None = None
+    """The books of its ``budget`` (`plait.resources.books.endpoint_books`: limits, spent,
+    held, left), None when it has none."""
 
 
 class Endpoint:
@@ -274,7 +284,7 @@ class Endpoint:
 
     def stats(self) -> EndpointStats:
         """Returns a snapshot of this endpoint's counters."""
-        limiter = self.limiter
+        limiter, circuit = self.limiter, self.circuit
         return EndpointStats(
             name=self.name,
             provider=self.config.provider,
@@ -294,5 +304,9 @@ class Endpoint:
             effective_max_concurrent=limiter.effective_max_concurrent,
             paused_for=limiter.paused_for,
             usage=self.totals.snapshot(),
-            circuit=None if self.circuit is None else self.circuit.state,
+            circuit=None if circuit is None else circuit.state,
+            circuit_opened_at=None if circuit is None else circuit.opened_at,
+            circuit_openings=0 if circuit is None else circuit.openings,
+            circuit_skipped=0 if circuit is None else circuit.skipped,
+            budget=endpoint_books(self),
         )

@@ -317,7 +317,7 @@ class ResourceManager:
             self._endpoints[config.name] = endpoint
         if in_chain and endpoint.circuit is None:
             endpoint.circuit = Circuit(
-                config.circuit_failures, config.circuit_cooldown, self._clock
+                config.circuit_failures, config.circuit_cooldown, self._clock, config.name
             )
         return endpoint
 
@@ -661,8 +661,8 @@ class ResourceManager:
                     final=not policy.should_retry(error, attempts),
                     priced=route.endpoint.price is not None,
                 )  # fmt: skip
-            if held is not None:
-                held.settle(None)
+            if held is not None:  # a refused connection sent nothing: its room comes back
+                held.release() if getattr(error, "unsent", False) else held.settle(None)
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
     async def _after_failure(
@@ -811,8 +811,8 @@ class ResourceManager:
                 return
             finally:
                 await chunks.aclose()
-            if held is not None:
-                held.settle(None)
+            if held is not None:  # a refused connection sent nothing: its room comes back
+                held.release() if getattr(error, "unsent", False) else held.settle(None)
             if yielded:  # the caller has part of the reply: a retry would repeat it
                 endpoint.limiter.release(reserved, None)
                 endpoint.failures += 1
@@ -1037,7 +1037,7 @@ def _admitted(member: _Route, skipped: list[tuple[str, str]]) -> tuple[Circuit, 
     """
     circuit = member.endpoint.circuit
     assert circuit is not None  # every endpoint a chain lists has one (_route)
-    probe = circuit.admit()
+    probe = circuit.admit(member.alias)
     if probe is None:
         why = (
             f"skipped: circuit open after {circuit.consecutive} failed calls in a row "
