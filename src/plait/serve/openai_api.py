@@ -190,16 +190,30 @@ class _SentText:
     with an error: the client then knows its text is not the reply, where the deltas that
     added the failed attempt and the retry up (as they once did) read as one wrong reply.
     Trailing whitespace waits for the text after it, as a finished field may drop it.
+
+    While no restart happened, what the client has is the attempt's first ``sent``
+    characters, so a piece costs what it adds; only after a restart is the client's text
+    kept apart (``held``) and the new attempt compared with it, each character once.
     """
 
     def __init__(self) -> None:
-        self.sent = ""
         self.attempt = ""
+        """The reply's text in the current attempt."""
+        self.sent = 0
+        """Characters the client has."""
+        self.held: str | None = None
+        """The client's text while the current attempt has not passed it (after a
+        restart, or text taken back by ``keep``); None when it is ``attempt[:sent]``."""
+        self.checked = 0
+        """Characters of the attempt found equal to ``held``."""
         self.restarts = 0
 
     def restart(self) -> None:
         """Starts the reply's text again from empty (the client keeps what it has)."""
+        if self.held is None:
+            self.held = self.attempt[: self.sent]
         self.attempt = ""
+        self.checked = 0
         self.restarts += 1
 
     def add(self, delta: str, keep: int | None = None) -> str:
@@ -208,21 +222,31 @@ class _SentText:
         Raises:
             _NotTheReply: the attempt's text differs from what the client has.
         """
-        if keep is not None:
-            self.attempt = self.attempt[:keep]
-        self.attempt += delta
-        attempt, sent = self.attempt, self.sent
-        if len(attempt) <= len(sent):
-            if not sent.startswith(attempt):
+        attempt, self.attempt = self.attempt, ""  # the only reference: += grows it in place
+        if keep is not None and keep < len(attempt):
+            if self.held is None and keep < self.sent:
+                self.held = attempt[: self.sent]
+            attempt = attempt[:keep]
+            self.checked = min(self.checked, keep)
+        attempt += delta
+        self.attempt = attempt
+        held = self.held
+        if held is not None:
+            upto = min(len(attempt), len(held))
+            if attempt[self.checked : upto] != held[self.checked : upto]:
                 raise self._not_the_reply()
+            self.checked = upto
+            if len(attempt) <= len(held):
+                return ""
+            self.held = None  # passed it: the client's text is attempt[:sent] again
+        end = len(attempt)
+        while end > self.sent and attempt[end - 1].isspace():
+            end -= 1
+        if end <= self.sent:
             return ""
-        if not attempt.startswith(sent):
-            raise self._not_the_reply()
-        end = len(attempt.rstrip())
-        if end <= len(sent):
-            return ""
-        self.sent = attempt[:end]
-        return attempt[len(sent) : end]
+        more = attempt[self.sent : end]
+        self.sent = end
+        return more
 
     def rest(self, final: str) -> str:
         """Returns what the reply ``final`` adds to the text sent.
@@ -230,12 +254,13 @@ class _SentText:
         Raises:
             _NotTheReply: ``final`` does not begin with the text sent.
         """
-        if not final.startswith(self.sent):
+        has = self.held if self.held is not None else self.attempt[: self.sent]
+        if not final.startswith(has):
             raise self._not_the_reply()
-        return final[len(self.sent) :]
+        return final[self.sent :]
 
     def _not_the_reply(self) -> _NotTheReply:
-        sent = len(self.sent)
+        sent = self.sent
         if self.restarts:
             return _NotTheReply(
                 f"the reply was cut off and asked again after {sent} characters of it had been "
