@@ -33,6 +33,7 @@ import json
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -40,7 +41,7 @@ from typing import Any
 
 from serve_bench import _listening, rss_mb
 
-from plait.testing import Fault, start_server_process
+from plait.testing import Fault, fetch_stats, start_server_process
 
 HERE = Path(__file__).resolve().parent
 KINDS = ("v1", "v1-stream", "run", "run-stream")
@@ -280,10 +281,11 @@ def main() -> None:
             asyncio.run(warm_up(url))
             start = rss_mb(pid)
             tally, (middle, end) = asyncio.run(soak(url, pid, args.requests, args.clients))
-        from plait.testing import fetch_stats
-
         upstream_seen = fetch_stats(upstream)
-    print(f"upstream: {upstream_seen['requests']} requests seen (retries included)")
+        root = upstream.removesuffix("/").removesuffix("/v1")
+        with urllib.request.urlopen(f"{root}/faults", timeout=30) as answer:
+            fired = {Fault.from_dict(f).describe(): f["fired"] for f in json.load(answer)}
+    print(f"upstream: {upstream_seen['requests']} requests seen (retries included); faults {fired}")
     for kind in KINDS:
         row = {o: n for (k, o), n in sorted(tally.counts.items()) if k == kind}
         print(f"  {kind:<11} {row}")
