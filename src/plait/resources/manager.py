@@ -145,7 +145,14 @@ class _BudgetHold:
         self.claim = claim
 
     def settle(self, usage: Usage | None) -> None:
-        """Replaces the hold by what the request spent (None: it failed, nothing billed)."""
+        """Replaces the hold by what the request spent (None: it failed, nothing billed).
+
+        A reply that reports no tokens at all (a llama.cpp server's stream)
+        is charged its worst case: what it spent is unknown, and a budget
+        must not count it as free.
+        """
+        if usage is not None and not usage.input_tokens and not usage.output_tokens:
+            usage = Usage(self.claim.tokens, 0, self.claim.cost or 0.0)
         for budget in self.budgets:
             budget.settle(self.claim, usage)
 
