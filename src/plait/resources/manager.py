@@ -544,7 +544,8 @@ class ResourceManager:
         whatever this one does, so waiting with a slot cannot starve them;
         and room is held only while a request is really in flight, so what
         waiters wait for always comes back (room taken before the slot would
-        sit idle behind a queue or a rate limit). Refused, or cancelled while
+        sit idle behind a queue or a rate limit; a stream holds both until it
+        is read to its end or closed). Refused, or cancelled while
         waiting, the request frees its slot (``reserved`` tokens) holding no
         room; a refusal by the run's budgets counts in the open meters.
         """
