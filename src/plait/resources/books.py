@@ -9,40 +9,23 @@ and an endpoint's ``budget`` (dollars) read the same. Each result is JSON data:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from plait.resources.budget import Budget
 
 __all__ = ["books_of", "budget_books", "endpoint_books"]
 
 
-def budget_books(budget: Any) -> dict[str, Any]:
-    """Returns the books of a `plait.resources.usage.Budget`."""
-    snapshot = getattr(budget, "snapshot", None)
-    if snapshot is not None:  # a budget that keeps its own books says so itself
-        books = snapshot()
-        return {part: books[part] for part in ("limits", "spent", "held", "left")}
-    spent = budget.spent()
-    held = {"tokens": budget._held_tokens, "cost": round(budget._held_cost, 6)}
-    left = {
-        name: max(limit - spent[name] - held.get(name, 0), 0)
-        for name, limit in budget.limits().items()
-    }
-    return {"limits": budget.limits(), "spent": spent, "held": held, "left": left}
+def budget_books(budget: Budget) -> dict[str, Any]:
+    """Returns the books of a run's or an endpoint's `plait.resources.budget.Budget`."""
+    books = budget.snapshot()
+    return {part: books[part] for part in ("limits", "spent", "held", "left")}
 
 
 def endpoint_books(endpoint: Any) -> dict[str, Any] | None:
     """Returns the books of an endpoint's ``budget`` (None when it has none)."""
-    ledger = getattr(endpoint, "ledger", None)
-    if ledger is not None:
-        return budget_books(ledger)
-    if endpoint.budget is None:
-        return None
-    spent = round(endpoint.totals.usage.cost, 6)
-    return {
-        "limits": {"cost": endpoint.budget},
-        "spent": {"cost": spent},
-        "held": {"cost": 0.0},  # finished calls are all it counts
-        "left": {"cost": max(endpoint.budget - spent, 0.0)},
-    }
+    return None if endpoint.ledger is None else budget_books(endpoint.ledger)
 
 
 def books_of(budget: Any, manager: Any) -> dict[str, dict[str, Any]]:
