@@ -44,6 +44,16 @@ class ServeOptions:
     ``localhost``, ``127.0.0.1`` and ``[::1]``, any port; ``"*"`` for any. Without API keys
     the check is always on (a web page whose own name was pointed at 127.0.0.1 cannot call
     the server: 421, or 403 for its ``Origin``); with keys, only when names are given."""
+    max_head_bytes: int = 65_536
+    """Largest request head (request line and headers); a larger one is answered 431 and
+    its connection closed before the rest is read. Held by `plait.serve.serve`'s server
+    (`plait.serve.server.http_protocol`)."""
+    head_timeout: float = 10.0
+    """Seconds a connection may take to send a request's head, from its opening or the
+    request's first byte; then 408 and the connection is closed. Held like ``max_head_bytes``."""
+    body_timeout: float = 60.0
+    """Seconds a request may take to send its body once its head is in; then 408 and the
+    connection is closed. Held like ``max_head_bytes``."""
     grace: float = 30.0
     """Seconds a stopping server lets runs in flight finish before it cancels them."""
     access_log: bool = True
@@ -70,12 +80,12 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         positive = ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes", "workers")
-        for name in positive:
+        for name in (*positive, "max_head_bytes"):
             if getattr(self, name) < (0 if name == "max_queued" else 1):
                 raise ConfigError(
                     f"serve option {name} must be positive, got {getattr(self, name)}"
                 )
-        for name in ("deadline", "grace", "pending_ttl"):
+        for name in ("deadline", "grace", "pending_ttl", "head_timeout", "body_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"serve option {name} must be > 0 seconds, got {value}")
