@@ -94,11 +94,18 @@ async def test_a_request_not_sent_in_time_is_408_and_its_connection_closed() -> 
                 b"POST /programs/llm/run HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"prompt"',
             )
-            answers = await asyncio.gather(*half_heads, *silent, half_body)
+            kept_alive = exchange(  # one whole request, then half of the next
+                url,
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+            )
+            answers = await asyncio.gather(*half_heads, *silent, half_body, kept_alive)
     assert all(answer.startswith(b"HTTP/1.1 408 ") for answer in answers[:40]), answers[0]
     assert b'"type":"request_timeout"' in answers[0] and b"request's head" in answers[0]
     assert answers[40:80] == [b""] * 40  # never started a request: closed unanswered
     assert answers[80].startswith(b"HTTP/1.1 408 ") and b"request's body" in answers[80]
+    assert answers[81].startswith(b"HTTP/1.1 200 ") and answers[81].count(b"HTTP/1.1 ") == 2
+    assert b"HTTP/1.1 408 " in answers[81]
     assert server.stats.requests == 0
 
 
@@ -111,5 +118,14 @@ async def test_a_run_longer_than_the_timeouts_is_answered_on_a_kept_alive_connec
         ):
             first = await client.post(f"{url}/programs/llm/run", json={"prompt": "a"})
             second = await client.post(f"{url}/programs/llm/run?stream=true", json={"prompt": "b"})
+            body = b'{"prompt": "c"}'
+            pipelined = await exchange(  # half of the next request waits while the run runs
+                url,
+                b"POST /programs/llm/run HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                b"GET /healthz HTTP/1.1\r\n" % (len(body), body),
+            )
     assert first.status_code == 200 and first.json()["output"] == "echo: a"
     assert second.status_code == 200 and "echo: b" in second.text
+    assert pipelined.startswith(b"HTTP/1.1 200 ") and b'"output":"echo: c"' in pipelined
+    assert b"HTTP/1.1 408 " in pipelined  # then the half request's own time ran out

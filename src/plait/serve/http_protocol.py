@@ -85,6 +85,10 @@ class BoundedHttp(HttpToolsProtocol):
         self.body_timeout = body_timeout
         self._in_head = True
         """Whether the bytes arriving now are a request's head (or the wait for one)."""
+        self._head_started = False
+        """Whether the parser has begun a request whose head is not in."""
+        self._in_body = False
+        """Whether a request's head is in and its body is not."""
         self._head_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._refused = False
@@ -98,13 +102,32 @@ class BoundedHttp(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # what a refused client still sends is dropped unread
+        if not self._in_head or self._head_bytes + len(data) <= self.max_head_bytes:
+            if self._in_head:
+                self._head_bytes += len(data)  # the parser's callbacks reset it at a head's end
+            super().data_received(data)
+        else:
+            self._feed_head(data)
+        if self._timer is None and not self._refused and not self.transport.is_closing():
+            # armed only for a request left unfinished by this read, so a request that
+            # arrives whole (most do) costs no timer
+            if self._in_head and (self._head_bytes or self._head_started):
+                self._arm(self.head_timeout)
+            elif self._in_body and not self.pipeline:  # a queued request's body waits its turn
+                self._arm(self.body_timeout)
+
+    def _feed_head(self, data: bytes) -> None:
+        """Feeds ``data`` to the parser no further into a head than ``max_head_bytes``; past
+        that, 431. What follows a head's end in ``data`` is fed as usual."""
         while data and not self._refused and not self.transport.is_closing():
             if not self._in_head:
                 super().data_received(data)
                 return
             room = self.max_head_bytes - self._head_bytes
             piece, data = data[:room], data[room:]
-            self._head_bytes += len(piece)  # the parser's callbacks reset it at a head's end
+            self._head_bytes += len(piece)
             if piece:
                 super().data_received(piece)
             if self._in_head and self._head_bytes >= self.max_head_bytes and data:
@@ -115,25 +138,24 @@ class BoundedHttp(HttpToolsProtocol):
                     f"{self.max_head_bytes} bytes, this server's limit; send shorter headers",
                 )
 
-    # The parser's callbacks: where a head starts, ends, and its request ends.
+    # The parser's callbacks where a request starts, its head ends, and it ends.
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._timer is None:
-            self._arm(self.head_timeout)
+        self._head_started = True  # (its bytes may be uncounted: after a request, same read)
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._head_started = False
         self._in_head = False
-        if self.pipeline:
-            self._disarm()  # it waits for the request before it; its body is read after
-        else:
-            self._arm(self.body_timeout)
+        self._in_body = True
+        self._disarm()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
         self._in_head = True
+        self._in_body = False
         self._head_bytes = 0
 
     # Timers and refusals.
@@ -151,11 +173,14 @@ class BoundedHttp(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing() or self.transport.get_protocol() is not self:
             return
-        if self._in_head and self._head_bytes == 0:
+        if self._in_head and not (self._head_bytes or self._head_started):
             self.transport.close()  # it never started a request: nothing to answer
             return
-        if self.cycle is not None and self.cycle.response_started:
-            self.transport.close()  # cannot happen while the body is awaited; kept safe
+        if self._in_head and self.cycle is not None and not self.cycle.response_complete:
+            self._arm(self.head_timeout)  # the request before it is being answered: wait
+            return
+        if not self._in_head and self.cycle.response_started:
+            self.transport.close()  # answered before its body came (413, 415): just close
             return
         part = "head" if self._in_head else "body"
         seconds = self.head_timeout if self._in_head else self.body_timeout
