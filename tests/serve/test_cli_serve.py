@@ -282,7 +282,7 @@ async def test_the_access_log_is_one_json_object_a_line_with_the_request_id(tmp_
 async def test_plait_serve_answers_431_to_a_head_over_64_kib(
     tmp_path: Path, workers: list[str]
 ) -> None:
-    from serve.test_http_protocol import head_flood
+    from serve.test_http_protocol import TAKEN_AT_MOST, head_flood
 
     program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
     process = await asyncio.create_subprocess_exec(
@@ -305,4 +305,4 @@ async def test_plait_serve_answers_431_to_a_head_over_64_kib(
         await asyncio.wait_for(process.wait(), 60)
     assert large.status_code == 431 and large.json()["error"]["type"] == "head_too_large"
     assert answer.startswith(b"HTTP/1.1 431 ") or answer == b""
-    assert sent < 4 * 1_048_576
+    assert sent < TAKEN_AT_MOST
