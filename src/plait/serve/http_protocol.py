@@ -193,9 +193,14 @@ class BoundedHttp(HttpToolsProtocol):
 
     def _refuse(self, status: int, kind: str, message: str) -> None:
         """Answers ``status`` with plait's JSON error, ends the request the app may be
-        reading (it sees the client leave), and closes the connection after the linger."""
+        reading (it sees the client leave), and closes the connection after the linger; while
+        the answer to a request before it is being sent, only closes the connection."""
         self._refused = True
         self._disarm()
+        cycle = self.cycle
+        if cycle is not None and cycle.response_started and not cycle.response_complete:
+            self.transport.close()  # an answer to a request before it is under way
+            return
         body = orjson.dumps({"error": {"type": kind, "message": message, "request_id": ""}})
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % (
             status,
@@ -203,9 +208,9 @@ class BoundedHttp(HttpToolsProtocol):
             len(body),
         )
         self.transport.write(head + b"connection: close\r\n\r\n" + body)
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.cycle.disconnected = True
-            self.cycle.message_event.set()
+        if cycle is not None and not cycle.response_complete:
+            cycle.disconnected = True
+            cycle.message_event.set()
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self.flow.resume_reading()
