@@ -6,7 +6,9 @@ then uvicorn stops as usual and cancels whatever is left. A second signal stops 
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
 and opens its own resources holding one ``workers``-th of every endpoint's limits (so
 together they never pass them), and a stop lets requests finish within ``grace``
-(uvicorn's graceful timeout) without the readiness phase.
+(uvicorn's graceful timeout) without the readiness phase. Every connection is served by
+`plait.serve.http_protocol.BoundedHttp`, which bounds a request's head and the time a client
+takes to send a request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 import uvicorn
 
+from plait.serve.http_protocol import http_protocol
 from plait.serve.options import ServeOptions, check_exposure
 
 __all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "worker_app"]
@@ -57,6 +60,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        http=http_protocol(options),
         timeout_graceful_shutdown=1,  # what outlives the drain is cancelled soon after it
         access_log=False,  # plait.serve.access logs every request with its id
     )
@@ -90,6 +94,7 @@ def serve_workers(
                 port=port,
                 workers=options.workers,
                 log_level=log_level,
+                http=http_protocol(options),
                 timeout_graceful_shutdown=int(options.grace),
                 access_log=False,
             )
@@ -161,6 +166,10 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "max_body_bytes": options.max_body_bytes,
         "deadline": options.deadline,
         "cors_origins": list(options.cors_origins),
+        "allowed_hosts": list(options.allowed_hosts),
+        "max_head_bytes": options.max_head_bytes,
+        "head_timeout": options.head_timeout,
+        "body_timeout": options.body_timeout,
         "grace": options.grace,
         "access_log": options.access_log,
         "workers": options.workers,
