@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response, Usage
 from plait.errors import ConfigError
+from plait.resources.budget import Budget
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import Limiter
@@ -153,17 +154,11 @@ def estimate_tokens(request: Request) -> int:
     template, and the request's ``max_tokens`` (or 256) for the reply. It only
     has to be close: the tpm reservation is corrected from real usage.
     """
-    prompt, reply = estimate_prompt_and_reply(request)
-    return prompt + reply
-
-
-def estimate_prompt_and_reply(request: Request) -> tuple[int, int]:
-    """Returns `estimate_tokens` in its two parts: the prompt's tokens and the reply's bound."""
     chars = 0
     for message in request.messages:
         chars += len(message.content)
     reply = request.options.max_tokens or _DEFAULT_OUTPUT_ESTIMATE
-    return chars // 4 + 4 * len(request.messages), reply
+    return chars // 4 + 4 * len(request.messages) + reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +217,7 @@ class Endpoint:
         "circuit",
         "config",
         "failures",
+        "ledger",
         "limiter",
         "name",
         "price",
@@ -262,6 +258,8 @@ class Endpoint:
         self.timeout = config.timeout
         self.price: Price | None = config.effective_price
         self.budget = config.budget
+        # The books of ``budget`` (dollars): every call holds its worst case here before it is sent.
+        self.ledger = None if config.budget is None else Budget(max_cost=config.budget)
         self.backend: Backend | None = None
         self.cache: ResponseCache | None = None
         # Set when a fallback chain lists this endpoint (plait.resources.circuit).
