@@ -36,7 +36,7 @@ async def test_workers_together_stay_within_one_budget_and_use_it() -> None:
 
     await asyncio.gather(*(one(b) for b in budgets for _ in range(30)))
     await asyncio.sleep(0.05)  # the last settles arrive
-    books = (await accounts.books("llm"))
+    books = await accounts.books("llm")
     assert books[2][0] == 0  # nothing held
     assert books[1][0] == sent
     # Never past $1.00 whatever is in flight, and not stopped before $1.00 less one worst

@@ -32,6 +32,7 @@ from plait.resources.shared_budget import SharedBudget
 
 async def main(path, go, calls):
     budget = SharedBudget(BudgetFile(path), "llm", Budget(max_cost=1.0))
+    open(f"{go}.{os.getpid()}", "w").close()  # ready
     while not os.path.exists(go):  # both processes start spending together
         await asyncio.sleep(0.01)
     sent = 0
@@ -57,11 +58,16 @@ def test_two_processes_together_spend_one_budget_and_use_it(tmp_path: Path) -> N
     workers = [
         subprocess.Popen(
             [sys.executable, "-c", WORKER, str(path), str(go), "40"],
-            stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for _ in range(2)
     ]
-    time.sleep(1.0)  # both have started (a late one would only find the budget spent)
+    for _ in range(6000):  # both are ready (a late one would only find the budget spent)
+        if len(list(tmp_path.glob("go.*"))) == 2:
+            break
+        time.sleep(0.01)
     go.write_text("")
     sent = [int(w.communicate(timeout=120)[0]) for w in workers]
     books = BudgetFile(path).totals("llm").snapshot()
@@ -126,5 +132,5 @@ def test_a_link_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "elsewhere.db"
     target.write_bytes(b"")
     (tmp_path / "budget.db").symlink_to(target)
-    with pytest.raises(FileError, match="budget.db"):
+    with pytest.raises(FileError, match=r"budget\.db"):
         BudgetFile(tmp_path / "budget.db")

@@ -67,7 +67,9 @@ class BudgetAccounts:
         self.charged = 0
         """Holds of dead workers charged as spent."""
 
-    async def ask(self, holder: str, name: str, limits: Limits, claim: Claim) -> tuple[str | None, Books]:
+    async def ask(
+        self, holder: str, name: str, limits: Limits, claim: Claim
+    ) -> tuple[str | None, Books]:
         """Holds ``claim`` for ``holder``'s request in budget ``name`` (made with ``limits``
         unless a worker made it already: an ask may overtake any message), waiting while
         room held in flight may come back. Returns None once held, or why it never fits;
@@ -194,6 +196,7 @@ class LinkedBudgets:
         self._asks: dict[tuple[asyncio.Task[Any], str], Any] = {}
         """Per request and budget: an ask on the way, its answer, or its abandonment."""
         self._heard: dict[str, Books] = {}
+        self._asking: set[asyncio.Future[None]] = set()
         self._busy = 0
         self._last = 0.0
         self._renewer: asyncio.Task[None] | None = None
@@ -204,7 +207,7 @@ class LinkedBudgets:
         """Notes budget ``name``; its first ask makes it at the actor."""
         self._budgets[name] = budget
 
-    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> None | object | str:
+    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> object | str | None:
         task = asyncio.current_task()
         assert task is not None  # a hold is taken by a request's task
         key = (task, name)
@@ -213,7 +216,9 @@ class LinkedBudgets:
             self._asks[key] = _PENDING
             self._busy += 1
             task.add_done_callback(lambda _: self._abandon(key))
-            asyncio.ensure_future(self._ask(key, claim))
+            asking = asyncio.ensure_future(self._ask(key, claim))
+            self._asking.add(asking)
+            asking.add_done_callback(self._asking.discard)
             return WAIT
         if answer is _PENDING:
             return WAIT

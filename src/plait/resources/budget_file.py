@@ -136,7 +136,7 @@ class BudgetFile:
             "INSERT OR IGNORE INTO budgets VALUES (?, ?, ?, ?, ?, 0, 0, 0.0)", (name, *limits)
         )
 
-    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> None | object | str:
+    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> object | str | None:
         """Holds ``claim`` in budget ``name`` if every process's books leave room now.
 
         Processes take turns at room that comes back: while requests of others wait, a
@@ -191,7 +191,9 @@ class BudgetFile:
     def settle(self, name: str, claim: Claim, usage: Usage | None) -> None:
         """Replaces a hold by what its request spent (None: failed, nothing billed; the call
         counts either way)."""
-        spent = (0, 0.0) if usage is None else (usage.input_tokens + usage.output_tokens, usage.cost)
+        spent = (
+            (0, 0.0) if usage is None else (usage.input_tokens + usage.output_tokens, usage.cost)
+        )
         with self._transaction() as db:
             self._unhold(db, name, claim)
             self._spend(db, name, 1, *spent)
@@ -242,7 +244,9 @@ class BudgetFile:
         # No float dust once nothing of this process is in flight.
         db.execute("DELETE FROM holds WHERE name = ? AND pid = ? AND calls <= 0", (name, self.pid))
 
-    def _spend(self, db: sqlite3.Connection, name: str, calls: int, tokens: int, cost: float) -> None:
+    def _spend(
+        self, db: sqlite3.Connection, name: str, calls: int, tokens: int, cost: float
+    ) -> None:
         db.execute(
             "UPDATE budgets SET calls = calls + ?, tokens = tokens + ?, cost = cost + ? "
             "WHERE name = ?",

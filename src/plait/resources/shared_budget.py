@@ -30,14 +30,16 @@ __all__ = ["Books", "BudgetStore", "SharedBudget"]
 class Books(Protocol):
     """Where the books of budgets shared by processes are kept, by budget name."""
 
-    poll: float | None
-    """Seconds between looks while a request waits (None: the keeper wakes its budgets)."""
+    @property
+    def poll(self) -> float | None:
+        """Seconds between looks while a request waits (None: the keeper wakes its budgets)."""
+        ...
 
     def open(self, name: str, budget: SharedBudget) -> None:
         """Makes budget ``name`` with ``budget``'s limits unless a process made it already."""
         ...
 
-    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> None | object | str:
+    def try_hold(self, name: str, claim: Claim, waiting: int = 0) -> object | str | None:
         """As `Budget.try_hold`, against every process's books, atomically (``waiting``:
         this process's other requests waiting for room)."""
         ...
@@ -79,7 +81,7 @@ class SharedBudget(Budget):
     def __repr__(self) -> str:
         return f"SharedBudget({self.name!r}, {self.limits()}; spent {self.spent()})"
 
-    def try_hold(self, claim: Claim) -> None | Any | str:
+    def try_hold(self, claim: Claim) -> Any | str | None:
         waiting = sum(not w.done() for w in self._waiters)
         verdict = self._books.try_hold(self.name, claim, waiting)
         if verdict is None:
@@ -108,15 +110,17 @@ class SharedBudget(Budget):
         releases, or the keeper's news; a keeper others change without telling (a file)
         is looked at again every ``poll`` seconds while requests wait."""
         waiter = super().changed()
-        if self._books.poll is not None and self._poller is None:
-            self._poller = asyncio.get_running_loop().call_later(self._books.poll, self._poll)
+        poll = self._books.poll
+        if poll is not None and self._poller is None:
+            self._poller = asyncio.get_running_loop().call_later(poll, self._poll)
         return waiter
 
     def _poll(self) -> None:
         self._poller = None
         self._wake()
-        if any(not w.done() for w in self._waiters):
-            self._poller = asyncio.get_running_loop().call_later(self._books.poll, self._poll)
+        poll = self._books.poll
+        if poll is not None and any(not w.done() for w in self._waiters):
+            self._poller = asyncio.get_running_loop().call_later(poll, self._poll)
 
     def _wake(self) -> None:
         """Wakes the longest-waiting request only: each look at shared books costs a

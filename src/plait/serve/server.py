@@ -6,7 +6,11 @@ then uvicorn stops as usual and cancels whatever is left. A second signal stops 
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
 and opens its own resources holding one ``workers``-th of every endpoint's limits (so
 together they never pass them), and a stop lets requests finish within ``grace``
-(uvicorn's graceful timeout) without the readiness phase.
+(uvicorn's graceful timeout) without the readiness phase. The endpoints' ``budget`` are
+not split but shared: the parent makes a private folder (mode 0700) with one SQLite file
+(`plait.resources.budget_file.BudgetFile`) that every worker holds and settles its
+requests in, so the workers together spend each budget once; the folder goes when the
+server stops.
 """
 
 from __future__ import annotations
@@ -14,8 +18,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -74,25 +81,36 @@ def serve_workers(
         ConfigError: ``host`` is not loopback and no API key is set.
     """
     check_exposure(host, options)
+    folder = tempfile.mkdtemp(prefix="plait-budgets-")  # mode 0700: this user's alone
     os.environ[_WORKER_CONFIG_ENV] = json.dumps(
-        {"programs": programs, "resources": resources_path, "options": _plain(options)}
+        {
+            "programs": programs,
+            "resources": resources_path,
+            "options": _plain(options),
+            "budget_file": str(Path(folder) / "budgets.db"),
+        }
     )
-    uvicorn.run(
-        "plait.serve.server:worker_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=options.workers,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(options.grace),
-        access_log=False,
-    )
+    try:
+        uvicorn.run(
+            "plait.serve.server:worker_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=options.workers,
+            log_level=log_level,
+            timeout_graceful_shutdown=int(options.grace),
+            access_log=False,
+        )
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
     from plait.cli.programs import load_program
     from plait.resources import ResourceConfig
+    from plait.resources.budget_file import BudgetFile
+    from plait.resources.shared_budget import BudgetStore
     from plait.serve import app
 
     config = json.loads(os.environ[_WORKER_CONFIG_ENV])
@@ -103,6 +121,7 @@ def worker_app() -> Any:
     return app(
         programs,
         ResourceConfig.from_file(resources) if resources else None,
+        budget_store=BudgetStore(BudgetFile(config["budget_file"])),
         **config["options"],
     )
 
