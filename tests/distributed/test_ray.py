@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 from tests.cli.sample_programs import Answer, Summarize  # noqa: E402
+from tests.distributed.ray_programs import Brief  # noqa: E402
 
 from plait import LLMInference, Module  # noqa: E402
 from plait.distributed import PlaitMapper, map_dataset  # noqa: E402
@@ -186,17 +187,6 @@ def test_the_endpoints_a_program_names_are_found_through_its_modules_and_chains(
     # "nowhere" is unknown and "llm" too (no "*" entry): their calls will say so
     assert [e.name for e in found] == ["a", "b", "judge"]
     assert endpoints_used(TwoAliases(), config) == found
-
-
-class Brief(Module):
-    """One model call of at most 3 tokens, answered with the id of the worker process."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.llm = LLMInference("llm", "Echo.", max_tokens=3)
-
-    def forward(self, text: str) -> str:
-        return f"{os.getpid()} {self.llm(text)}"
 
 
 def _spent_by_workers(out: list[dict]) -> tuple[int, set[str]]:
