@@ -7,7 +7,9 @@ spent), and what each process's requests in flight hold is a row per process. A
 ``try_hold`` is one ``BEGIN IMMEDIATE`` transaction that reads the books of every
 process and takes the hold only if the whole still fits, by the same rule as a budget
 of one process (the books are loaded into a `Budget`, whose ``try_hold`` decides), so
-together the processes never pass the budget; settling is another transaction.
+together the processes never pass the budget. Settles are written together, once per
+turn of the event loop (or with the next hold), so a request costs about one
+transaction.
 
 A request that does not fit while others are in flight waits: the budget wakes it when
 a hold of its own process settles, and otherwise looks at the file again every
@@ -24,6 +26,7 @@ plait's other SQLite files are. It holds numbers and names only.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -88,8 +91,12 @@ class BudgetFile:
         self.pid = os.getpid()
         self._alive = alive or _alive
         self._db = self._open(busy_timeout)
+        self._ends: list[tuple[str, Claim, tuple[int, int, float] | None]] = []
+        """Settles and releases not written yet: ``(name, claim, (calls, tokens, cost))``."""
+        self._in_line: set[str] = set()
+        """The budgets in whose line of waiting processes this process stands."""
         self.transactions = 0
-        """Transactions this process made (a hold and a settle per request, and waits)."""
+        """Transactions this process made (a hold per request; settles go together)."""
         self.charged = 0
         """Holds of dead processes this process charged as spent."""
 
@@ -147,6 +154,7 @@ class BudgetFile:
             As `Budget.try_hold`: None when held, `WAIT`, or why it can never fit.
         """
         with self._transaction() as db:
+            self._apply_ends(db)
             verdict = self._books(db, name).try_hold(claim)
             if verdict is WAIT and self._charge_the_dead(db, name):
                 verdict = self._books(db, name).try_hold(claim)
@@ -159,6 +167,7 @@ class BudgetFile:
                     "SET seen = excluded.seen",
                     (name, self.pid, now, now),
                 )
+                self._in_line.add(name)
                 return verdict
             if verdict is None:
                 db.execute(
@@ -167,13 +176,16 @@ class BudgetFile:
                     "cost = cost + excluded.cost",
                     (name, self.pid, claim.tokens, claim.cost or 0.0),
                 )
-            if waiting:  # this process's turn is over: to the back of the line
+            if name not in self._in_line:
+                pass
+            elif waiting:  # this process's turn is over: to the back of the line
                 db.execute(
                     "UPDATE waiting SET since = ?, seen = ? WHERE name = ? AND pid = ?",
                     (now, now, name, self.pid),
                 )
             else:
                 db.execute("DELETE FROM waiting WHERE name = ? AND pid = ?", (name, self.pid))
+                self._in_line.discard(name)
         return verdict
 
     def _behind(self, db: sqlite3.Connection, name: str, now: float) -> bool:
@@ -190,30 +202,57 @@ class BudgetFile:
 
     def settle(self, name: str, claim: Claim, usage: Usage | None) -> None:
         """Replaces a hold by what its request spent (None: failed, nothing billed; the call
-        counts either way)."""
+        counts either way).
+
+        Settles and releases are written together: in the next transaction of this
+        process, or at the end of this turn of its event loop, whichever comes first. Until
+        then the hold stays whole, so a late write only gives room back later.
+        """
         spent = (
             (0, 0.0) if usage is None else (usage.input_tokens + usage.output_tokens, usage.cost)
         )
-        with self._transaction() as db:
-            self._unhold(db, name, claim)
-            self._spend(db, name, 1, *spent)
+        self._end(name, claim, (1, *spent))
 
     def release(self, name: str, claim: Claim) -> None:
-        """Gives back the hold of a request that was never sent."""
-        with self._transaction() as db:
-            self._unhold(db, name, claim)
+        """Gives back the hold of a request that was never sent (written as `settle` is)."""
+        self._end(name, claim, None)
 
     def add(self, name: str, usage: Usage) -> None:
         """Counts usage spent without a hold (a provider batch job)."""
         with self._transaction() as db:
+            self._apply_ends(db)
             self._spend(db, name, 0, usage.input_tokens + usage.output_tokens, usage.cost)
+
+    def _end(self, name: str, claim: Claim, spent: tuple[int, int, float] | None) -> None:
+        self._ends.append((name, claim, spent))
+        if len(self._ends) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop: write it now
+                self.flush()
+
+    def flush(self) -> None:
+        """Writes the settles and releases not written yet."""
+        if self._ends:
+            with self._transaction() as db:
+                self._apply_ends(db)
+
+    def _apply_ends(self, db: sqlite3.Connection) -> None:
+        ends, self._ends = self._ends, []
+        for name, claim, spent in ends:
+            self._unhold(db, name, claim)
+            if spent is not None:
+                self._spend(db, name, *spent)
 
     def totals(self, name: str) -> Budget:
         """Returns the books of budget ``name`` across every process, as a `Budget`."""
         with self._transaction() as db:
+            self._apply_ends(db)
             return self._books(db, name)
 
     def close(self) -> None:
+        """Writes what is left to write and closes the file."""
+        self.flush()
         self._db.close()
 
     # -- inside a transaction -------------------------------------------------------------
