@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from plait import LLMInference, ResourceManager, run
-from plait.backends.types import Usage
+from plait.backends.types import Message, Request, Usage
 from plait.errors import BudgetExceededError
 from plait.optimization.evaluation import evaluate
 from plait.resources.budget import Budget, Claim, budgeted, hold
@@ -185,3 +185,48 @@ async def test_a_run_cancelled_while_its_calls_wait_for_room_frees_every_slot_an
     assert (stats.in_flight, stats.queue_depth) == (0, 0)
     assert books["held"] == {"calls": 0, "tokens": 0, "cost": 0.0} and books["waiting"] == 0
     assert books["spent"]["cost"] <= 1.0 and books["spent"]["calls"] >= server.stats.requests
+
+
+async def test_streamed_calls_hold_room_as_calls_do(server: ScriptedServer) -> None:
+    budget = 0.5
+    config = {"llm": endpoint(server, price=PRICE, budget=budget, max_concurrent=64)}
+    async with ResourceManager(config) as manager:
+
+        async def one(i: int) -> bool:
+            request = Request(messages=(Message("user", f"question {i}"),))
+            try:
+                async for _ in manager.stream("llm", request):
+                    pass
+            except BudgetExceededError:
+                return False
+            return True
+
+        answered = await asyncio.gather(*(one(i) for i in range(128)))
+        spent = manager.total_usage().cost
+    assert server.stats.requests == sum(answered) and not all(answered)
+    assert budget - WORST_CASE <= spent <= budget
+    assert server.stats.requests * PER_CALL <= budget + 1e-9
+
+
+async def test_a_reply_that_reports_no_usage_is_charged_its_worst_case() -> None:
+    # A llama.cpp server never streams usage: counted as free, it would never stop a budget.
+    async with (
+        ScriptedServer(dialect="llama_cpp") as server,
+        ResourceManager({"llm": endpoint(server, max_concurrent=8)}) as manager,
+    ):
+        budget = Budget(max_tokens=3_000)  # ten worst cases of about 270 tokens
+        with budgeted(budget):
+
+            async def one(i: int) -> bool:
+                request = Request(messages=(Message("user", f"question {i}"),))
+                try:
+                    async for _ in manager.stream("llm", request):
+                        pass
+                except BudgetExceededError:
+                    return False
+                return True
+
+            answered = await asyncio.gather(*(one(i) for i in range(40)))
+    assert manager.total_usage().total_tokens == 0  # the server said nothing of its tokens
+    assert 0 < sum(answered) == server.stats.requests <= 11
+    assert 3_000 - 300 <= budget.spent()["tokens"] <= 3_000

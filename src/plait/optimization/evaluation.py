@@ -560,9 +560,9 @@ def evaluate(
         max_concurrent: most LLM calls in flight at once.
         progress: show a progress bar (None: when stderr is a terminal).
         max_calls, max_tokens, max_cost: a hard budget for the whole
-            evaluation (`plait.resources.usage.Budget`): requests are held
-            against it before they are sent, and those it has no room for
-            are not sent.
+            evaluation (`plait.resources.budget.Budget`): requests are held
+            against it before they are sent, wait while calls in flight may
+            give room back, and those it could never have room for are not sent.
 
     Returns:
         An `EvaluationResult`: the mean score (it is a float) with every

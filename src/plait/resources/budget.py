@@ -20,7 +20,9 @@ an evaluation's, a search's or the Trainer's (``max_calls`` / ``max_tokens``
 The bound is exact for calls, and for tokens and dollars when the request
 sets ``max_tokens``. Without it the reply is held at 256 tokens (plait's
 usual estimate; a provider's own cap is unknown), so only a longer reply can
-take ``max_tokens`` or ``max_cost`` past its limit, by that reply's excess.
+take ``max_tokens`` or ``max_cost`` past its limit, by that reply's excess. A
+reply that reports no usage at all is charged its worst case (the manager's
+hold does it), since counting it free would let the budget be passed.
 
 The interface, for a backing kept elsewhere (several processes, a state
 store): `hold` needs from each budget only `Budget.try_hold`, `Budget.release`,
@@ -125,7 +127,11 @@ WAIT: Final = _Wait()
 
 
 class Ledger(Protocol):
-    """What `hold` needs of a budget (`Budget` is the in-process one)."""
+    """The interface of a budget's books (`Budget` keeps them in this process).
+
+    `hold` uses the first four; a held request ends with `settle` or
+    `release`; `snapshot` is what /metrics and reports read.
+    """
 
     def try_hold(self, claim: Claim) -> _Wait | str | None: ...
 
@@ -134,6 +140,10 @@ class Ledger(Protocol):
     def refuse(self, why: str) -> None: ...
 
     def changed(self) -> asyncio.Future[None]: ...
+
+    def settle(self, claim: Claim, usage: Usage | None) -> None: ...
+
+    def snapshot(self) -> dict[str, Any]: ...
 
 
 class Refusal(NamedTuple):

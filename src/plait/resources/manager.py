@@ -146,7 +146,14 @@ class _BudgetHold:
         self.claim = claim
 
     def settle(self, usage: Usage | None) -> None:
-        """Replaces the hold by what the request spent (None: it failed, nothing billed)."""
+        """Replaces the hold by what the request spent (None: it failed, nothing billed).
+
+        A reply that reports no tokens at all (a llama.cpp server's stream)
+        is charged its worst case: what it spent is unknown, and a budget
+        must not count it as free.
+        """
+        if usage is not None and not usage.input_tokens and not usage.output_tokens:
+            usage = Usage(self.claim.tokens, 0, self.claim.cost or 0.0)
         for budget in self.budgets:
             budget.settle(self.claim, usage)
 
@@ -550,7 +557,8 @@ class ResourceManager:
         whatever this one does, so waiting with a slot cannot starve them;
         and room is held only while a request is really in flight, so what
         waiters wait for always comes back (room taken before the slot would
-        sit idle behind a queue or a rate limit). Refused, or cancelled while
+        sit idle behind a queue or a rate limit; a stream holds both until it
+        is read to its end or closed). Refused, or cancelled while
         waiting, the request frees its slot (``reserved`` tokens) holding no
         room; a refusal by the run's budgets counts in the open meters.
         """
