@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,21 @@ def serve_load(
     command += ["-r", str(resources), "--port", "0", "--max-active", "512", "--workers", "2"]
     command += ["--no-access-log"]
     with serve_bench._listening(command, "Uvicorn running on ", folder / "serve.log") as (_, url):
-        time.sleep(5)  # the workers start after the supervisor says where it listens
+        _until_ready(url)  # the workers start after the supervisor says where it listens
         return asyncio.run(_load(f"{url}/programs/one/run", upstream, size))
+
+
+def _until_ready(url: str) -> None:
+    for _ in range(1200):
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=5) as answer:
+                if answer.status == 200:
+                    time.sleep(2)  # the other worker, on a busy machine
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"plait serve at {url} never became ready")
 
 
 async def _load(url: str, upstream: str, size: int) -> tuple[float, int, int]:
