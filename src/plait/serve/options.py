@@ -62,6 +62,10 @@ class ServeOptions:
     """Processes serving together with these resources (``plait serve --workers``): each
     holds one ``workers``-th of every endpoint's limits (``max_concurrent``, ``rpm``,
     ``tpm``), so together they never pass them."""
+    budget_store: Any = None
+    """Where the endpoints' ``budget`` are kept when processes spend them together (a
+    `plait.resources.shared_budget.BudgetStore`); None: in this process. ``plait serve
+    --workers N`` gives every worker the one SQLite file its parent made."""
     pending_store: Any = None
     """Where paused runs wait (a `PendingStore`); None: the file ``pending_db``, or memory."""
     pending_db: str | None = None
