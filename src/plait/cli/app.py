@@ -144,6 +144,24 @@ def _resources(path: Path | None, program: Any) -> Any:
     )
 
 
+def _with_state(resources: Any, url: str) -> Any:
+    """Returns the resources keeping their state in ``--state``, the store checked first.
+
+    Raises:
+        StateError: the store cannot be reached (host and port named, password
+            masked) or is newer than this plait; a `ConfigError`, so one line and exit 2.
+    """
+    from plait.resources.config import resources_with_state
+    from plait.resources.state import open_store, release_store
+
+    try:
+        resources = resources_with_state(resources, url)
+    except TypeError as exc:
+        _fail(f"--state: {exc}")
+    release_store(open_store(resources.state))
+    return resources
+
+
 def _aliases(program: Any) -> list[str]:
     """Returns the aliases the program's modules call, in module order."""
     found = (getattr(module, "alias", None) for module in program.modules())
@@ -316,6 +334,9 @@ common_run_options = [
                       "(example below)."),
     click.option("--checkpoint-dir", type=click.Path(path_type=Path),
                  help="Makes the run resumable: rerun with the same directory to continue."),
+    click.option("--state", "state", metavar="URL",
+                 help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite "
+                      "path): endpoints with cache = true share their replies there."),
     click.option("--max-concurrent", type=click.IntRange(min=1),
                  help="Most LLM calls in flight at once (endpoint limits apply too)."),
     click.option("--chunk-size", type=click.IntRange(min=1), default=2000, show_default=True,
@@ -408,6 +429,8 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
     _check_checkpoint_dir(kwargs["checkpoint_dir"])
     program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
     resources = _resources(kwargs["resources"], program)
+    if kwargs.get("state"):
+        resources = _with_state(resources, kwargs["state"])
     calls = [("the program", alias) for alias in _aliases(program)]
     _check_aliases(kwargs["resources"], resources, calls)
     _check_credentials(kwargs["resources"], resources, calls)
