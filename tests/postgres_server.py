@@ -12,6 +12,7 @@ Later state tests (checkpoints, paused runs, budgets) reuse these fixtures.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["PostgresServer", "postgres_server", "state_url"]
+__all__ = ["PostgresServer", "Unavailable", "postgres_server", "start_for_script", "state_url"]
 
 
 def _binaries() -> Path | None:
@@ -92,41 +93,65 @@ class PostgresServer:
         return f"postgresql://postgres:{password}@127.0.0.1:{self.port}/postgres{query}"
 
 
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    """A PostgreSQL server for the session; skipped where PostgreSQL or psycopg is missing."""
-    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'plait[postgres]'")
-    pytest.importorskip("psycopg_pool", reason="psycopg_pool is not installed")
+class Unavailable(Exception):
+    """PostgreSQL cannot be started here; the message says why."""
+
+
+@contextlib.contextmanager
+def start_for_script() -> Iterator[PostgresServer]:
+    """Starts a server in a temporary folder and stops it (and removes the folder) after.
+
+    Raises:
+        Unavailable: PostgreSQL is missing, or cannot run here.
+    """
     bin_dir = _binaries()
     if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (no initdb; apt-get install postgresql)")
+        raise Unavailable("PostgreSQL is not installed (no initdb; apt-get install postgresql)")
     user = None
     if os.geteuid() == 0:
         try:
             pwd.getpwnam("postgres")
         except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run PostgreSQL as")
+            raise Unavailable("running as root and no 'postgres' user to run it as") from None
         if shutil.which("runuser") is None:
-            pytest.skip("running as root and runuser is missing to start PostgreSQL as 'postgres'")
+            raise Unavailable("running as root and runuser is missing to run it as 'postgres'")
         user = "postgres"
     base = Path(tempfile.mkdtemp(prefix="plait-pg-"))
-    (base / "socket").mkdir()
-    if user is not None:
-        entry = pwd.getpwnam(user)
-        for path in (base, base / "socket"):
-            os.chown(path, entry.pw_uid, entry.pw_gid)
-    server = PostgresServer(bin_dir, base, user)
     try:
-        server.init()
-        server.start()
-    except subprocess.CalledProcessError as exc:
+        (base / "socket").mkdir()
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            for path in (base, base / "socket"):
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        server = PostgresServer(bin_dir, base, user)
+        try:
+            server.init()
+            server.start()
+        except subprocess.CalledProcessError as exc:
+            told = (exc.stderr or exc.stdout or "").strip()[-300:]
+            raise Unavailable(f"PostgreSQL could not start: {told}") from None
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
         shutil.rmtree(base, ignore_errors=True)
-        pytest.skip(f"PostgreSQL could not start: {(exc.stderr or exc.stdout).strip()[-300:]}")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for the session; skipped where PostgreSQL or psycopg is missing."""
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'plait[postgres]'")
+    pytest.importorskip("psycopg_pool", reason="psycopg_pool is not installed")
+    try:
+        started = start_for_script()
+        server = started.__enter__()
+    except Unavailable as exc:
+        pytest.skip(str(exc))
     try:
         yield server
     finally:
-        server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        started.__exit__(None, None, None)
 
 
 @pytest.fixture

@@ -135,6 +135,27 @@ async def test_the_cache_keeps_replies_in_the_store_a_new_manager_reads(
     assert all(r.meta["cached"] for r in again)
 
 
+async def test_plait_run_with_state_keeps_the_cache_in_the_store(
+    url: str, server: ScriptedServer
+) -> None:
+    import plait
+
+    program = plait.LLMInference("fast")
+    outputs = await plait.run(
+        program, ["a", "b", "c"], resources={"fast": endpoint(server)}, state=url
+    )
+    assert [str(o) for o in outputs] == ["echo: a", "echo: b", "echo: c"]
+    store = open_store(url)
+    try:
+        for _ in range(100):  # PostgreSQL writes are not waited for; they land soon
+            if store.count("responses") == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert store.count("responses") == 3
+    finally:
+        release_store(store)
+
+
 # -- PostgreSQL: schema, URL, faults -----------------------------------------------------
 
 
@@ -187,6 +208,25 @@ async def test_the_database_restarted_mid_run_fails_no_call_and_the_cache_reconn
                 break
         else:
             pytest.fail("the cache never wrote to the restarted database again")
+
+
+async def test_a_database_that_does_not_answer_slows_no_call_past_its_timeout(
+    state_url: str, server: ScriptedServer
+) -> None:
+    import psycopg
+
+    config = ResourceConfig({"fast": endpoint(server)}, state=state_url)
+    async with ResourceManager(config) as manager:
+        await manager.complete("fast", ask("warm"))  # the schema exists, the pool is open
+        parsed = StateURL.parse(state_url)
+        with psycopg.connect(parsed.target) as blocker:  # holds the table until it closes
+            blocker.execute(f"LOCK TABLE {parsed.schema}.responses IN ACCESS EXCLUSIVE MODE")
+            replies = await asyncio.gather(
+                *(manager.complete("fast", ask(f"blocked {i}")) for i in range(4))
+            )
+        assert [r.text for r in replies] == [f"echo: blocked {i}" for i in range(4)]
+        assert not any(r.meta.get("cached") for r in replies)
+    assert server.stats.requests == 5
 
 
 def _closed_port() -> int:

@@ -75,8 +75,8 @@ DEFAULT_MEMORY_ENTRIES = 10_000
 _KEY_FORMAT = 1  # part of every key: bump it when what goes into a key changes
 _TABLE = "responses"
 
-MAX_PENDING_WRITES = 1_000
-"""Writes to a PostgreSQL store on their way at once per cache; more are dropped."""
+MAX_PENDING_WRITES = 10_000
+"""Writes to a PostgreSQL store waiting for the batch in flight, per cache; more are dropped."""
 
 Entry = tuple[str, tuple[ToolCall, ...], int, int, str | None, str | None]
 """A cached reply: text, tool calls, input tokens, output tokens, finish reason, model."""
@@ -268,10 +268,11 @@ class ResponseCacheStore:
     The store is an SQLite file (worked inline: about 15 µs a read) or a
     PostgreSQL server (`plait.resources.state`): a lookup there runs on the
     store's threads and waits at most the store's timeout (and never past the
-    call's deadline, which cancels it); a write is sent without waiting (at
-    most `MAX_PENDING_WRITES` at once, the rest dropped) and `aclose` waits
-    for the writes still on their way. A failed lookup misses and a failed
-    write is dropped: the cache never fails a call.
+    call's deadline, which cancels it); a write is not waited for: writes go
+    in batches, one batch in flight at a time (at most `MAX_PENDING_WRITES`
+    waiting, the rest dropped), and `aclose` waits for those on their way. A
+    failed lookup misses and a failed write is dropped: the cache never fails
+    a call.
 
     Args:
         location: the SQLite file (created, with its directory, if missing)
@@ -303,7 +304,8 @@ class ResponseCacheStore:
         """The SQLite file, or None for a PostgreSQL store."""
         self.memory = MemoryLRU(memory_entries)
         self.store: StateStore | None = open_store(self.url)
-        self._writes: set[asyncio.Future[bool]] = set()
+        self._pending: list[tuple[str, bytes]] = []  # writes not yet sent (PostgreSQL)
+        self._flushing: asyncio.Future[int] | None = None
 
     def key(self, endpoint: EndpointConfig, request: Request) -> str:
         """Returns the cache key of ``request`` on ``endpoint`` (see `cache_key`)."""
@@ -337,20 +339,41 @@ class ResponseCacheStore:
         """
         entry = _entry_of(response)
         self.memory.put(key, entry)
-        if self.store is not None:
-            self._send(self.store, self.store.add, _TABLE, key, _encode(entry))
+        store = self.store
+        if store is None:
+            return
+        if not store.blocking:
+            store.add(_TABLE, key, _encode(entry))
+        elif len(self._pending) < MAX_PENDING_WRITES:
+            self._pending.append((key, _encode(entry)))
+            if self._flushing is None:
+                self._flush(store)
+        else:
+            logger.debug("response cache %s: too many writes pending; one dropped", self.url)
+
+    def _flush(self, store: StateStore) -> None:
+        """Sends the pending writes as one batch on the store's threads; the next batch
+        goes when it is done (one batch in flight per cache)."""
+        batch, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        flushing = loop.run_in_executor(_executor(store), store.add_many, _TABLE, batch)
+        self._flushing = flushing
+
+        def done(future: asyncio.Future[int]) -> None:
+            self._flushing = None
+            if not future.cancelled() and future.exception() is not None:
+                logger.debug("response cache %s: a write failed: %s", self.url, future.exception())
+            if self._pending and self.store is store:
+                self._flush(store)
+
+        flushing.add_done_callback(done)
 
     def _send(self, store: StateStore, method: Any, *args: Any) -> None:
-        """Runs a write: inline on SQLite, on the store's threads (not awaited) otherwise."""
+        """Runs a rare write (a delete) inline on SQLite, on the store's threads otherwise."""
         if not store.blocking:
             method(*args)
-            return
-        if len(self._writes) >= MAX_PENDING_WRITES:
-            logger.debug("response cache %s: too many writes pending; one dropped", self.url)
-            return
-        future = asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
-        self._writes.add(future)
-        future.add_done_callback(self._writes.discard)
+        else:
+            asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
 
     async def _off_loop(self, store: StateStore, method: Any, default: Any, *args: Any) -> Any:
         """Runs a read on the store's threads, waiting at most its timeout."""
@@ -361,13 +384,16 @@ class ResponseCacheStore:
             return default
 
     async def aclose(self) -> None:
-        """Waits (a bounded time) for writes on their way, then lets go of the store; it
-        closes when the last cache of the process lets go."""
-        store, self.store = self.store, None
+        """Waits (at most twice the store's timeout) for writes on their way, then lets go
+        of the store; it closes when the last cache of the process lets go."""
+        store = self.store
         if store is None:
             return
-        if self._writes:
-            await asyncio.wait(list(self._writes), timeout=getattr(store, "timeout", None))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * getattr(store, "timeout", 0.0)
+        while self._flushing is not None and deadline > loop.time():
+            await asyncio.wait([self._flushing], timeout=deadline - loop.time())
+        self.store = None
         release_store(store)
 
     def __repr__(self) -> str:

@@ -23,6 +23,7 @@ What a store promises:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from plait.errors import ConfigError
@@ -64,8 +65,8 @@ class StateStore(Protocol):
     """Which store this is (shown with its password masked)."""
 
     blocking: bool
-    """Whether a call may wait on a network: callers on an event loop then run it in
-    `executor` under a timeout, not inline."""
+    """Whether a call may wait on a network: callers on an event loop then run it on the
+    store's ``executor`` threads under its ``timeout``, not inline."""
 
     @property
     def is_usable(self) -> bool:
@@ -78,6 +79,11 @@ class StateStore(Protocol):
 
     def add(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` unless ``key`` has one; returns whether it was stored."""
+        ...
+
+    def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """`add` for each ``(key, value)``, in one round trip where the store can; returns
+        how many were stored (0 when the store failed)."""
         ...
 
     def delete(self, table: str, key: str) -> bool:

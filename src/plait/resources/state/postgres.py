@@ -22,7 +22,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit
@@ -188,6 +188,21 @@ class PostgresStore:
             return conn.execute(query, (key, value, time.time())).rowcount == 1
 
         return self._call("write", write, False)
+
+    def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """`add` for each ``(key, value)``, sent together (psycopg pipelines them)."""
+        query = self._sql[check_table(table)]["add"]
+        now = time.time()
+        rows = [(key, value, now) for key, value in items if len(value) <= MAX_VALUE_BYTES]
+        if not rows:
+            return 0
+
+        def write(conn: psycopg.Connection[Any]) -> int:
+            with conn.cursor() as cursor:
+                cursor.executemany(query, rows)
+                return max(cursor.rowcount, 0)
+
+        return self._call("write", write, 0)
 
     def delete(self, table: str, key: str) -> bool:
         """Removes ``key``; returns whether it was there."""

@@ -19,6 +19,7 @@ import sqlite3
 import threading
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from plait import _files
@@ -128,6 +129,24 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._on_error(exc, "write")
             return False
+
+    def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """`add` for each ``(key, value)``, in one transaction."""
+        if self._db is None:
+            return 0
+        sql = (
+            f"INSERT INTO {check_table(table)} (key, value, created) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO NOTHING"
+        )
+        now = time.time()
+        rows = [(key, value, now) for key, value in items if len(value) <= MAX_VALUE_BYTES]
+        try:
+            with self._lock, self._db:  # one transaction: committed, or rolled back whole
+                self._db.execute("BEGIN")
+                return self._db.executemany(sql, rows).rowcount
+        except sqlite3.Error as exc:
+            self._on_error(exc, "write")
+            return 0
 
     def delete(self, table: str, key: str) -> bool:
         """Removes ``key``; returns whether it was there."""
