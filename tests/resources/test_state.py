@@ -84,6 +84,15 @@ def test_a_key_is_stored_once_and_read_back(store: StateStore) -> None:
         store.get("users", "k")
 
 
+def test_a_batch_of_writes_stores_each_new_key_once(store: StateStore) -> None:
+    assert store.add("responses", "old", b"kept")
+    items = [("old", b"replaced?"), ("a", b"1"), ("b", b"2"), ("a", b"again")]
+    store.add_many("responses", items)
+    assert store.count("responses") == 3
+    assert [store.get("responses", k) for k in ("old", "a", "b")] == [b"kept", b"1", b"2"]
+    assert store.add_many("responses", []) == 0
+
+
 def test_concurrent_writers_of_one_key_store_one_row(store: StateStore) -> None:
     stored: list[bool] = []
     start = threading.Barrier(8)
