@@ -90,7 +90,7 @@ async def test_a_failing_call_reports_its_exception_and_a_raising_callback_break
     async with ScriptedServer() as server:
         server.inject(Fault(status=400, times=1))
         with plait.settings.context(callbacks=[Broken(), recorder]):
-            with pytest.raises(plait.ExecutionError):
+            with pytest.raises(plait.errors.BackendError, match="HTTP 400"):
                 await run(LLMInference("llm"), "x", resources=config_of(server))
             assert await run(LLMInference("llm"), "y", resources=config_of(server)) == "echo: y"
     failed = next(rest for name, _, rest in recorder.calls if name == "on_lm_end")
@@ -258,7 +258,7 @@ async def test_a_tool_that_raises_and_a_module_that_fails_report_their_exception
         server.inject(Fault(status=400, times=1))
         with (
             plait.settings.context(callbacks=[recorder]),
-            pytest.raises(plait.ExecutionError),
+            pytest.raises(plait.errors.BackendError, match="HTTP 400"),
         ):
             await run(Failing(), "x", resources=config_of(server))
     module_ends = [rest for name, _, rest in recorder.calls if name == "on_module_end"]
@@ -297,7 +297,7 @@ async def test_an_error_body_echoing_the_prompt_stays_out_of_spans_unless_conten
             program = LLMInference("llm")
             with (
                 plait.settings.context(callbacks=[callback]),
-                pytest.raises(plait.errors.ExecutionError, match="secret words"),
+                pytest.raises(plait.errors.BackendError, match="secret words"),
             ):
                 if streamed:
                     async for _ in program.astream("secret words", resources=config_of(server)):

@@ -402,7 +402,10 @@ async def test_lm_snippet() -> None:
         plait.settings.configure(lm=lm)
         result = await Predict("question -> answer")(question="2+2?")
         keyless = LM(model="other-model", base_url=server.base_url)
-        with plait.settings.context(lm=keyless), pytest.raises(plait.ExecutionError, match="401"):
+        with (
+            plait.settings.context(lm=keyless),
+            pytest.raises(plait.errors.BackendError, match="401"),
+        ):
             await Predict("question -> answer")(question="2+2?")  # no key: refused
     assert result.answer == "4"
     assert server.stats.log[0].body["model"] == "scripted-model"

@@ -45,12 +45,12 @@ async def test_priority_call_then_bind_then_context_then_configure_then_default(
     async with ScriptedServer() as slow, ScriptedServer() as fast:
         slow.inject(Fault(kind="slow", delay=5.0))
         plait.settings.configure(resources=config_of(slow, max_retries=0), timeout=0.2)
-        with pytest.raises(plait.ExecutionError, match=r"0\.2 s"):  # configure's timeout applies
+        with pytest.raises(plait.errors.BackendTimeout, match=r"0\.2 s"):  # configure's timeout
             await LLMInference("llm")("a")
         with plait.settings.context(resources=config_of(fast)):  # context beats configure
             assert await LLMInference("llm")("b") == "echo: b"
             bound = LLMInference("llm").bind(config_of(slow, max_retries=0))
-            with pytest.raises(plait.ExecutionError):  # bind beats the context
+            with pytest.raises(plait.errors.BackendTimeout):  # bind beats the context
                 await bound("c")
             # call kwargs beat everything: a longer timeout lets the slow server answer
             slow.clear_faults()

@@ -200,6 +200,12 @@ class BaseCallback:
     def on_update(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         """Called when a parameter gets a new value (``instance``: the `Parameter`)."""
 
+    def on_circuit(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """Called when the circuit of a fallback chain's endpoint opens or closes again
+        (``instance``: the `plait.resources.circuit.Circuit`; ``inputs``: ``endpoint``,
+        ``state`` (``"opened"`` / ``"closed"``), ``failures`` in a row, ``opened_at``
+        (epoch seconds), ``cooldown``)."""
+
 
 def active_callbacks() -> tuple[Any, ...]:
     """Returns the callbacks of a call made here: the enclosing module call's, else settings'."""

@@ -15,7 +15,7 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── CircuitOpenError      every endpoint of a fallback chain is skipped for a
     │                             cool-down after failing again and again
     ├── StructuredOutputError a reply could not be parsed into the requested type
-    ├── ExecutionError        a node failed while running; names node, path and input index
+    ├── ExecutionError        a run failed as a whole, not in one node
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
     ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
     │   └── ConfirmationRequired   a person must confirm a tool call; plait.confirmation
@@ -50,10 +50,19 @@ catch the whole family with one clause and still tell the cases apart::
 
 Foreign exceptions are wrapped at one boundary (the backend adapters) and
 chained with ``raise ... from exc``, so the original traceback is never lost.
+
+A run's errors keep their type: a node that fails raises what it raised (a
+`BudgetExceededError`, a `MediaError`, a provider's `RateLimitError`, your own
+code's `ValueError` ...), so ``except`` clauses catch what the docs name, at every
+entry point. `locate` notes where in the program it happened: the attributes
+``node_id``, ``module_path`` and ``input_index`` (declared on `PlaitError`, set on
+any exception) and one note (PEP 678) that tracebacks print under the message;
+`described` is the one-line text of both.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 __all__ = [
@@ -76,11 +85,76 @@ __all__ = [
     "StructuredOutputError",
     "TracingError",
     "UnknownAliasError",
+    "described",
+    "locate",
 ]
 
 
 class PlaitError(Exception):
-    """Base class of every error plait raises on purpose."""
+    """Base class of every error plait raises on purpose.
+
+    Attributes:
+        node_id: id of the graph node where a run failed with it (set by `locate`).
+        module_path: dotted path of that node's module (``stage3.synthesizer``).
+        input_index: index of the batch item it failed, or None for a single call.
+    """
+
+    node_id: str | None = None
+    module_path: str | None = None
+    input_index: int | None = None
+
+
+def locate(
+    exc: BaseException,
+    where: str,
+    *,
+    node_id: str | None = None,
+    module_path: str | None = None,
+    input_index: int | None = None,
+) -> BaseException:
+    """Notes on ``exc`` where in a program it happened, and returns it.
+
+    The innermost place wins: a failure inside an ``async def forward`` leaf is located
+    at the child node that raised it, and the leaf's own node adds nothing, except the
+    batch index when the child did not know it. ``where`` (say ``"stage2.business
+    failed on input 2"``) becomes the exception's note. An exception that refuses new
+    attributes keeps only the note.
+    """
+    if getattr(exc, "_plait_where", None) is not None:
+        if input_index is not None and getattr(exc, "input_index", None) is None:
+            _set(exc, "input_index", input_index)
+        return exc
+    for name, value in (
+        ("node_id", node_id),
+        ("module_path", module_path),
+        ("input_index", input_index),
+        ("_plait_where", where),
+    ):
+        _set(exc, name, value)
+    exc.add_note(where)
+    return exc
+
+
+def _set(exc: BaseException, name: str, value: Any) -> None:
+    with contextlib.suppress(AttributeError, TypeError):  # slots, or a read-only property
+        setattr(exc, name, value)
+
+
+def described(exc: BaseException, *, index: bool = True) -> str:
+    """Returns ``exc`` on one line: its type, its message (lines joined with ``;``) and,
+    when a run failed with it, where (``BudgetExceededError: the budget ... (summarizer
+    failed on input 1)``); the one text the CLI, ``plait mcp`` and evaluation rows give.
+
+    Args:
+        index: name the batch index too; the CLI, which numbers rows its own way, says
+            only the module (``(in summarizer)``).
+    """
+    message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    where = getattr(exc, "_plait_where", None)
+    if where is not None and not index:
+        path = getattr(exc, "module_path", None)
+        where = f"in {path}" if path else None
+    return f"{type(exc).__name__}: {message}" + (f" ({where})" if where else "")
 
 
 class TracingError(PlaitError):
@@ -154,11 +228,17 @@ class BackendTimeout(BackendError):
 
 
 class BackendConnectionError(BackendError):
-    """The connection was refused, reset or closed before a full answer."""
+    """The connection was refused, reset or closed before a full answer.
 
-    def __init__(self, message: str, **kwargs: Any) -> None:
+    Attributes:
+        unsent: True when nothing of the request left (the connection was refused): the
+            provider never saw it, so a run's budget does not count it as a call.
+    """
+
+    def __init__(self, message: str, *, unsent: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("retryable", True)
         super().__init__(message, **kwargs)
+        self.unsent = unsent
 
 
 class RateLimitError(BackendError):
@@ -221,7 +301,11 @@ class MediaError(PlaitError, ValueError):
 
 
 class ExecutionError(PlaitError):
-    """A node of a traced program failed while running.
+    """A run failed as a whole rather than in one node (`DeadlineExceededError`).
+
+    A node that fails does not raise this: its own error reaches the caller, located
+    by `locate` (earlier versions wrapped it in an ``ExecutionError`` whose ``cause``
+    held it; catch the error's own class, or `PlaitError`, instead).
 
     Attributes:
         node_id: id of the failed node in the graph.

@@ -12,6 +12,7 @@ from plait.backends._urls import (
     scrub_cause,
     scrub_text,
     split_credentials,
+    without_addresses,
 )
 
 
@@ -70,3 +71,25 @@ def test_join_path_puts_the_path_before_the_query() -> None:
         "https://x.azure.com/openai/v1/chat/completions?api-version=1"
     )
     assert join_path("http://h/v1", "/chat/completions") == "http://h/v1/chat/completions"
+
+
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        (
+            "endpoint http://me:s3cret@10.0.0.5:8080/v1?api-key=k (model 'm') answered HTTP 500.",
+            "endpoint <address> (model 'm') answered HTTP 500.",
+        ),
+        (
+            "Cannot connect to host 127.0.0.1:9 ssl:default [Connect call failed ('127.0.0.1', 9)]",
+            "Cannot connect to host <address> ssl:default [Connect call failed ('<address>', 9)]",
+        ),
+        ("api.internal.example:8443 refused; see https://x.example/doc.", "<address> refused; "
+         "see <address>."),
+        ("[::1]:8000 is down", "<address> is down"),
+        ("ValueError: x must not be negative at 12:30 in v3.11", "ValueError: x must not be "
+         "negative at 12:30 in v3.11"),
+    ],
+)  # fmt: skip
+def test_without_addresses_keeps_the_reason_and_drops_where_it_went(text: str, told: str) -> None:
+    assert without_addresses(text) == told

@@ -97,8 +97,10 @@ def test_a_failed_row_is_its_error_column_and_exit_code_1(server, resources, tmp
     assert done.code == 1
     written = read_jsonl(out)
     assert [r["error"] is None for r in written] == [True, False, True]
-    assert "summary" in written[1]["error"] and "scripted failure" in written[1]["error"]
-    assert "row 1: " in done.stderr
+    error = written[1]["error"]  # the error's own class, and the module where it happened
+    assert error.startswith("BackendError: ") and error.endswith(" (in summary)")
+    assert "scripted failure" in error
+    assert f"row 1: {error}" in done.stderr
 
 
 def test_columns_fill_forward_by_name_and_csv_goes_in_and_out(server, resources, tmp_path):

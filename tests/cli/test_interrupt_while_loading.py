@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from interruptible import interruptible
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 SLOW_PROGRAM = """
@@ -35,7 +37,9 @@ def test_ctrl_c_while_the_program_loads_is_one_line_and_exit_130(
     options = ["-i", "in.jsonl", "-o", "out.jsonl"] if command == "run" else ["--port", "0"]
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     child = subprocess.Popen(
-        [sys.executable, "-m", "plait", command, "prog.py:make", "-r", "res.toml", *options],
+        interruptible(
+            [sys.executable, "-m", "plait", command, "prog.py:make", "-r", "res.toml", *options]
+        ),
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -70,6 +70,7 @@ def test_two_workers_keep_max_concurrent_across_the_cluster_and_input_order(clus
     assert [r["id"] for r in out] == list(range(80))
     assert out[0]["output"] == "echo: row 0" and out[0]["error"] is None
     assert out[7]["output"] is None and "scripted failure" in out[7]["error"]
+    assert out[7]["error"].startswith("BackendError: ") and out[7]["error"].endswith("(in summary)")
     assert server.stats.requests == 80
     assert 1 <= server.stats.peak_concurrency <= 3
 

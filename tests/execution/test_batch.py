@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from plait import BatchResult, ExecutionError, ExecutionSettings, run
+from plait import BatchResult, ExecutionSettings, run
+from plait.errors import BackendError
 from plait.execution.batch import BatchStream, run_items
 from plait.testing import server_in_thread
 
@@ -84,7 +85,7 @@ async def test_a_failed_item_streams_ok_false_and_the_others_go_on(server, manag
     assert [r.ok for r in results] == [True, True, False, True, True]
     failed = results[2]
     assert (failed.index, failed.input, failed.output) == (2, "bad", None)
-    assert isinstance(failed.error, ExecutionError)
+    assert isinstance(failed.error, BackendError)
     assert (failed.error.node_id, failed.error.input_index) == ("ask", 2)
     assert "cannot answer bad" in str(failed.error)
     assert [r.output for r in results if r.ok] == ["echo: a", "echo: b", "echo: c", "echo: d"]

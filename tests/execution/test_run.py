@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from plait import (
-    ExecutionError,
     ExecutionSettings,
     LLMInference,
     Module,
@@ -16,6 +15,7 @@ from plait import (
     ResourceManager,
     run,
 )
+from plait.errors import BackendError
 from plait.execution.graph_cache import _GRAPHS
 from plait.optimization import LabeledFewShot
 from plait.testing import server_in_thread
@@ -179,7 +179,7 @@ def test_run_sync_raises_the_execution_error():
 
     with server_in_thread(responder=refuse) as server:
         program = SummarizeAndAnalyze().bind(config_for(server, max_retries=0))
-        with pytest.raises(ExecutionError, match="summarizer failed") as info:
+        with pytest.raises(BackendError, match="summarizer failed") as info:
             program.run_sync("x")
 
     assert info.value.module_path == "summarizer"
@@ -298,7 +298,7 @@ async def test_a_failure_inside_an_async_leaf_names_the_leaf(server, manager):
     server.responder = refuse_urgent
     program = label_prompts(Desk())
 
-    with pytest.raises(ExecutionError, match=r"triage failed on input 1") as info:
+    with pytest.raises(BackendError, match=r"triage failed on input 1") as info:
         await run(program, ["jam", "fire"], resources=manager)
     assert (info.value.node_id, info.value.input_index) == ("triage", 1)
 
@@ -392,16 +392,13 @@ async def test_a_failure_inside_an_async_leafs_child_graph_names_the_full_path(s
 
     server.responder = refuse_business
 
-    with pytest.raises(ExecutionError) as info:
+    with pytest.raises(BackendError) as info:
         await run(Panel(), ["t0", "t1"], resources=manager)
 
-    error = info.value
-    assert (error.node_id, error.input_index) == ("Panel", 1)
-    inner = error.cause
-    assert isinstance(inner, ExecutionError)
-    assert (inner.node_id, inner.module_path, inner.input_index) == (
+    error = info.value  # located where it happened, inside the leaf, not at the leaf
+    assert (error.node_id, error.module_path, error.input_index) == (
         "views.business",
         "views.business",
         1,
     )
-    assert "views.business failed on input 1" in str(error)
+    assert error.__notes__ == ["views.business failed on input 1"]

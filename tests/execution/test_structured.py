@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel
 
 import plait.functional as F
-from plait import ExecutionError, LLMInference, Module, ResourceManager, ValueKind, run
+from plait import LLMInference, Module, ResourceManager, ValueKind, run
 from plait.errors import StructuredOutputError
 from plait.execution.llm_call import call_llm
 from plait.execution.structured import output_type_for
@@ -180,12 +180,11 @@ async def test_an_invalid_reply_is_re_asked_once_with_the_error(server, manager)
 async def test_a_reply_still_invalid_after_the_re_ask_fails_naming_alias_and_type(server, manager):
     server.responder = replies_in_turn('{"label": "eggs", "confidence": 1}', "still not JSON")
 
-    with pytest.raises(
-        ExecutionError, match=r"ask failed.*alias 'llm'.*not a valid Verdict"
-    ) as info:
+    with pytest.raises(StructuredOutputError, match=r"alias 'llm'.*not a valid Verdict") as info:
         await run(Ask(response_format=Verdict), "win money", resources=manager)
 
-    cause = info.value.cause
+    cause = info.value
+    assert cause.__notes__ == ["ask failed"]
     assert isinstance(cause, StructuredOutputError)
     assert (cause.target, cause.raw) == ("Verdict", "still not JSON")
     assert "label: Input should be 'spam' or 'ham'" in user_of(server.stats.log[1].body)

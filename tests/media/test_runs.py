@@ -22,7 +22,7 @@ from plait import (
 )
 from plait.backends.base import Backend
 from plait.backends.types import Request, Response
-from plait.errors import ExecutionError, MediaError
+from plait.errors import MediaError
 from plait.execution.checkpoint import CheckpointError
 from plait.resources.usage import Budget, budgeted
 from plait.testing import ScriptedServer
@@ -165,14 +165,13 @@ async def test_a_user_backend_receives_media_in_the_neutral_request():
 async def test_the_embedded_model_refuses_media_naming_the_alias():
     config = {"reader": {"provider": "local"}}
     pattern = r"alias 'reader': LocalBackend\(.*\) is a text-only model and cannot take <image"
-    with pytest.raises(ExecutionError, match=pattern) as failure:
+    with pytest.raises(MediaError, match=pattern):
         await run(LLMInference("reader"), ["What is it?", Image(png())], resources=config)
-    assert isinstance(failure.value.__cause__, MediaError)
 
 
 async def test_a_call_refused_for_its_media_is_not_counted_as_a_request_nor_spent():
     config = ResourceConfig({"reader": {"provider": "local"}})
-    with budgeted(Budget(max_calls=1)) as budget, pytest.raises(ExecutionError):
+    with budgeted(Budget(max_calls=1)) as budget, pytest.raises(MediaError):
         await run(LLMInference("reader"), ["What is it?", Image(png())], resources=config)
     assert ResourceManager.shared(config).stats()["reader"].requests == 0
     assert budget is not None

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from plait import BestOfN, ExecutionError, LLMInference, Module
+from plait import BestOfN, LLMInference, Module
 from plait._context import ROLLOUT
 from plait.modules.best_of_n import AllAttemptsFailedError
 
@@ -122,10 +122,10 @@ async def test_all_attempts_failing_names_every_error() -> None:
 
     async with scripted() as (_, manager):
         best = BestOfN(LLMInference(alias="llm"), n=2, reward_fn=reward).bind(manager)
-        with pytest.raises(ExecutionError, match="all 2 attempts failed") as info:
+        with pytest.raises(AllAttemptsFailedError, match="all 2 attempts failed") as info:
             await best("x")
 
-    cause = info.value.cause
+    cause = info.value
     assert isinstance(cause, AllAttemptsFailedError) and len(cause.errors) == 2
     assert "attempt 0: ValueError: cannot score echo: x" in str(cause)
     assert "attempt 1: ValueError: cannot score echo: x" in str(cause)

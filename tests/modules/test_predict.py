@@ -8,7 +8,6 @@ import pytest
 from pydantic import BaseModel, Field
 
 from plait import (
-    ExecutionError,
     History,
     InputField,
     Module,
@@ -177,11 +176,11 @@ async def test_two_bad_replies_raise_a_structured_output_error_naming_the_field(
     bad = json.dumps({**PROFILE_REPLY, "role": "pilot"})
     async with scripted(replying(bad)) as (server, manager):
         predict = Predict(Profile)
-        with pytest.raises(ExecutionError) as info:
+        with pytest.raises(StructuredOutputError) as info:
             await run(predict, text="Ada", resources=manager)
 
     assert server.stats.requests == 2
-    cause = info.value.cause
+    cause = info.value
     assert isinstance(cause, StructuredOutputError)
     assert "still invalid after one re-ask" in str(cause)
     assert "field `role`: Input should be 'engineer' or 'artist'" in str(cause)
@@ -286,7 +285,7 @@ async def test_input_mistakes_name_the_fields():
             predict(context="c", questoin="x")
         with pytest.raises(TypeError, match="takes its inputs by keyword \\(context, question\\)"):
             predict("a", "b")
-        with pytest.raises(ExecutionError, match="missing input\\(s\\): question"):
+        with pytest.raises(TypeError, match="missing input\\(s\\): question"):
             await run(predict, context="c", resources=manager)
     assert server.stats.requests == 0
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from plait import ExecutionError, Predict, Requirement, ValidateAndRepair
+from plait import Predict, Requirement, ValidateAndRepair
 from plait.modules.requirements import (
     Requirements,
     RequirementsNotMetError,
@@ -134,9 +134,9 @@ async def test_best_effort_or_raise_when_repairs_run_out() -> None:
         strict = ValidateAndRepair(
             Predict("question -> answer"), [short], max_repairs=1, raise_on_failure=True
         )
-        with pytest.raises(ExecutionError, match="still fail after 1 repair") as info:
+        with pytest.raises(RequirementsNotMetError, match="still fail after 1 repair") as info:
             await strict.bind(manager)(question="q")
-    cause = info.value.cause
+    cause = info.value
     assert isinstance(cause, RequirementsNotMetError)
     assert "[FAIL] At least two words" in str(cause) and cause.output.answer == "no"
 

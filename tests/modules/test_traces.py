@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from plait import ExecutionError, Module, Predict, run
+from plait import Module, Predict, run
+from plait.errors import BackendError
 from plait.modules import TraceRecord
 from plait.testing import Fault
 from plait.testing._replies import count_words
@@ -63,7 +64,7 @@ async def test_a_failed_call_is_recorded_with_its_error():
     async with scripted(answer) as (server, manager):
         server.inject(Fault(status=400, times=1))
         predict = Predict("question -> answer")
-        with pytest.raises(ExecutionError):
+        with pytest.raises(BackendError, match="400"):
             await run(predict, question="q", resources=manager)
 
     (record,) = predict.traces()

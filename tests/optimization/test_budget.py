@@ -107,11 +107,40 @@ async def test_max_cost_is_never_passed_with_prices_set(server: ScriptedServer) 
     )
     async with ResourceManager(priced) as manager:
         result = await evaluate(
-            program(), examples(range(40)), resources=manager, max_concurrent=16, max_cost=5.0
+            program(), examples(range(100)), resources=manager, max_concurrent=16, max_cost=1.0
         )
         spent = manager.total_usage().cost
-    assert 0 < spent <= 5.0
-    assert result.stopped_by_budget and 0 < server.stats.requests < 40
+    # 100 calls cost about $1.50; one holds at most about $0.85 (its schema and 256 reply tokens)
+    assert 1.0 - 0.85 <= spent <= 1.0
+    assert result.stopped_by_budget and 0 < server.stats.requests < 100
+
+
+async def test_a_search_whose_whole_cost_fits_its_max_cost_finishes_unstopped(
+    server: ScriptedServer,
+) -> None:
+    # On main a RandomSearch whose full run cost $0.70 stopped at $0.62 under max_cost=1.00:
+    # requests that did not fit beside the holds in flight were refused instead of waiting.
+    # A request is refused only when its worst case cannot fit beside what was spent, so the
+    # promise is for a budget with room for the whole cost and the largest worst case: here
+    # the instruction proposal's (about 960 prompt tokens counted as bytes, 400 reply: $1.76).
+    priced = ResourceConfig(
+        {"*": server.endpoint(max_concurrent=16, price={"input": 1000.0, "output": 2000.0})}
+    )
+
+    def search(max_cost: float | None = None) -> RandomSearch:
+        return RandomSearch(num_candidates=6, propose=2, max_concurrent=16, max_cost=max_cost)
+
+    async with ResourceManager(priced) as manager:
+        await search().compile(program(), trainset=TRAIN, valset=VAL, resources=manager)
+        whole = manager.total_usage().cost
+    requests = server.stats.requests
+    async with ResourceManager(priced) as manager:
+        report = await search(1.3 * whole + 1.8).compile(
+            program(), trainset=TRAIN, valset=VAL, resources=manager
+        )
+    assert not report.stopped_by_budget
+    assert server.stats.requests == 2 * requests
+    assert report.spent["cost"] == pytest.approx(whole)
 
 
 async def test_max_cost_on_an_endpoint_without_a_price_is_refused_with_the_reason(

@@ -92,7 +92,8 @@ async def test_the_result_is_its_mean_and_keeps_every_row(manager: ResourceManag
     first, failed = result.rows[0], result.rows[1]
     assert (first.index, first.input, first.output, first.target) == (0, "a:yes", "yes", "yes")
     assert first.calls == 1 and first.input_tokens > 0 and first.error is None
-    assert failed.output is None and "ExecutionError" in failed.error and failed.score == 0.0
+    assert failed.output is None and failed.error.startswith("BackendError: ")
+    assert failed.error.endswith(" failed on input 1)") and failed.score == 0.0
     assert result.failed == 1 and result.calls == 3  # the failed call returned no usage
     assert result.input_tokens == sum(row.input_tokens for row in result.rows)
     low, high = result.ci

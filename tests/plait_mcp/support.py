@@ -14,6 +14,7 @@ from pathlib import Path
 HERE = Path(__file__).parent
 TOOLS_SERVER = [sys.executable, str(HERE / "tools_server.py"), "stdio"]
 NONSENSE_SERVER = [sys.executable, str(HERE / "nonsense_server.py")]
+AWKWARD_SERVER = [sys.executable, str(HERE / "awkward_server.py")]
 SRC = str(Path(__file__).parents[2] / "src")
 
 

@@ -24,7 +24,14 @@ from plait.errors import MCPError
 from plait.mcp import MCPToolOutput, MCPToolset, WithServers
 from plait.testing import ScriptedServer
 
-from .support import NONSENSE_SERVER, TOOLS_SERVER, free_port, http_process, is_running
+from .support import (
+    AWKWARD_SERVER,
+    NONSENSE_SERVER,
+    TOOLS_SERVER,
+    free_port,
+    http_process,
+    is_running,
+)
 
 BOUND = 60.0
 """Generous limit for anything that must not hang (the hanging tool sleeps an hour)."""
@@ -177,6 +184,50 @@ async def test_a_server_that_does_not_start_is_an_mcp_error() -> None:
     with pytest.raises(MCPError, match=r"'no-such-mcp-server' could not be started.*check the"):
         async with MCPToolset(["no-such-mcp-server", "--stdio"]):
             pass
+
+
+async def test_a_tool_whose_schema_loops_is_an_error_result_the_agent_reads() -> None:
+    """A ``$ref`` loop in a tool's schema made checking its arguments recurse until a bare
+    RecursionError ended the agent's run: it is the call's error result; the agent goes on
+    and the server's other tools work."""
+    calls = [{"id": "c1", "name": "loop", "arguments": {"node": {"left": 1}}}]
+    async with (
+        ScriptedServer(responder=call_then_answer(*calls)) as llm,
+        MCPToolset([*AWKWARD_SERVER, "loop"]) as toolset,
+    ):
+        tools = {tool.name: tool for tool in toolset}
+        refused = await tools["loop"].call({"node": {"left": 1}})
+        resources = ResourceConfig({"*": llm.endpoint(max_retries=0)})
+        agent = Predict("request -> answer", tools=toolset.tools).bind(resources)
+        answer = await agent(request="go")
+        echoed = await tools["echo"](text="still here")
+    assert not refused.ok and refused.error == "invalid_arguments"
+    assert "its tool 'loop' with a JSON schema whose $ref leads back to itself" in refused.content
+    assert "$ref leads back to itself" in answer.answer  # the model was told, the run went on
+    assert echoed == "still here"
+
+
+async def test_a_server_hung_in_initialize_fails_at_connect_timeout(pid_file: Path) -> None:
+    """The error comes when ``connect_timeout`` has passed, not once the SDK's shutdown of the
+    hung process (its input closed, 2 s of grace, then a signal) is over, which made a
+    2-second timeout fail after ~20 s; the process still ends."""
+    toolset = MCPToolset(
+        [*AWKWARD_SERVER, "hang"], env={"PID_FILE": str(pid_file)}, connect_timeout=1
+    )
+    with pytest.raises(MCPError, match="did not start and list its tools within 1 seconds"):
+        async with toolset:
+            pass
+    for _ in range(int(BOUND * 10)):  # the process was started: it writes its id first
+        if pid_file.exists() and pid_file.read_text():
+            break
+        await asyncio.sleep(0.1)
+    pid = pid_of(pid_file)
+    assert is_running(pid)  # the error did not wait for the shutdown
+    for _ in range(int(BOUND * 10)):
+        if not is_running(pid):
+            break
+        await asyncio.sleep(0.1)
+    assert not is_running(pid)
 
 
 async def test_images_in_a_result_are_plait_images(pid_file: Path) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -22,7 +23,7 @@ from media.samples import GIF
 from plait import ReAct, ResourceConfig, tool
 from plait.errors import MCPError
 from plait.mcp import MCPToolset, server
-from plait.testing import ScriptedServer
+from plait.testing import Fault, ScriptedServer
 
 from .served_programs import answerer, invoice_reader
 from .support import SRC, free_port, http_process
@@ -75,6 +76,13 @@ async def test_plait_mcp_over_streamable_http() -> None:
     with http_process(command, port) as url:
         async with Client(url) as client:
             await check_served_tools(client)
+        async with httpx.AsyncClient(timeout=30) as plain:  # what a web page could send
+            large = await plain.get(url, headers={"x-big": "a" * 100_000})
+            rebound = await plain.post(url, json={}, headers={"host": f"rebound.example:{port}"})
+            page = await plain.post(url, json={}, headers={"origin": "http://rebound.example"})
+            text = await plain.post(url, content="{}", headers={"content-type": "text/plain"})
+    assert large.status_code == 431  # the head bound `plait serve` has
+    assert (rebound.status_code, page.status_code, text.status_code) == (421, 403, 400)
 
 
 async def test_a_served_predict_takes_its_signature_inputs_and_uses_the_resources() -> None:
@@ -225,3 +233,38 @@ async def test_a_program_that_asks_for_a_confirmation_ends_as_an_error_saying_wh
         "require_confirmation"
     )
     assert ran == []
+
+
+async def test_a_tool_that_needs_confirmation_served_alone_says_why_it_cannot_run() -> None:
+    """Served on its own (not inside a program), such a tool answered "Internal server
+    error": its result says why it cannot run over MCP, as a program's does."""
+    ran: list[str] = []
+
+    @tool(require_confirmation=True)
+    def delete_file(path: str) -> str:
+        """Deletes a file."""
+        ran.append(path)
+        return "deleted"
+
+    async with Client(server(delete_file).sdk_server) as client:
+        result = await client.call_tool("delete_file", {"path": "/tmp/x"})
+    assert result.is_error
+    assert result.content[0].text.startswith(
+        'delete_file stopped to ask a person: Run the tool delete_file with {"path": "/tmp/x"}? '
+        "A call over MCP cannot pause for an answer;"
+    )
+    assert ran == []
+
+
+async def test_a_failing_program_s_error_keeps_its_reason_not_the_upstream_address() -> None:
+    async with ScriptedServer(faults=[Fault(status=500)]) as llm:
+        port = llm.base_url.rsplit(":", 1)[1].split("/")[0]
+        base_url = f"{llm.base_url}?api-key=hunter2-secret"  # a key inside the URL
+        resources = ResourceConfig({"*": llm.endpoint(max_retries=0, base_url=base_url)})
+        async with Client(server({"qa": answerer()}, resources).sdk_server) as client:
+            result = await client.call_tool("qa", {"question": "Capital of France?"})
+    text = result.content[0].text
+    assert result.is_error and text.startswith("qa failed: ") and "500" in text, text
+    assert "<address>" in text
+    for leak in ("127.0.0.1", port, "hunter2", "/v1"):
+        assert leak not in text, (leak, text)

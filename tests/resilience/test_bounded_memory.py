@@ -172,7 +172,7 @@ async def test_a_result_line_beyond_max_response_bytes_fails_the_round_naming_al
         job = BatchJob(LLMInference("llm"), config, poll_interval=0.01)
         peak, outputs = await peak_growth(job.run(["a", "b"], on_error="collect"))
 
-    errors = [getattr(out, "cause", out) for out in outputs]
+    errors = [out for out in outputs]
     assert all(isinstance(error, BackendError) for error in errors), outputs
     message = str(errors[0])
     assert "alias 'llm'" in message and "max_response_bytes=1048576" in message

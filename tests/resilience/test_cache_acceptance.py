@@ -15,7 +15,6 @@ import pytest
 from pydantic import BaseModel
 
 from plait import (
-    ExecutionError,
     InputField,
     LLMInference,
     OutputField,
@@ -67,9 +66,8 @@ async def test_a_refused_structured_reply_and_its_refused_reask_are_not_cached(
     program = LLMInference("llm", temperature=0.0, response_format=Verdict)
     server.responder = answer('{"label": "eggs"}')  # valid JSON, invalid value: a transient fault
     async with ResourceManager(config) as manager:
-        with pytest.raises(ExecutionError) as failed:
+        with pytest.raises(StructuredOutputError):
             await run(program, "buy now", resources=manager)
-        assert isinstance(failed.value.cause, StructuredOutputError)
         assert server.stats.requests == 2  # asked, re-asked once
 
         server.responder = answer('{"label": "spam"}')  # the fault is gone
@@ -101,7 +99,7 @@ async def test_predict_does_not_cache_a_refused_reply(
     classify = Predict(Classify, alias="llm", temperature=0.0)
     server.responder = answer('{"label": "maybe"}')
     async with ResourceManager(config) as manager:
-        with pytest.raises(ExecutionError):
+        with pytest.raises(StructuredOutputError):
             await run(classify, message="hi", resources=manager)
         server.responder = answer('{"label": "ham"}')
         assert (await run(classify, message="hi", resources=manager)).label == "ham"
@@ -140,7 +138,7 @@ async def test_a_truncated_structured_reply_is_invalid_even_when_it_parses(
     program = LLMInference("llm", temperature=0.0, response_format=Verdict)
     server.responder = lambda body: {"content": '{"label": "spam"}', "finish_reason": "length"}
     async with ResourceManager(config) as manager:
-        with pytest.raises(ExecutionError, match="cut off at the token limit"):
+        with pytest.raises(StructuredOutputError, match="cut off at the token limit"):
             await run(program, "buy", resources=manager)
     assert server.stats.requests == 2
 

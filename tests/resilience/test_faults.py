@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from plait import ExecutionError, LLMInference, ResourceManager, run
+from plait import LLMInference, ResourceManager, run
 from plait.errors import BackendError
 from plait.testing import Fault, ScriptedServer
 
@@ -56,10 +56,10 @@ async def test_400_fails_fast_with_one_request() -> None:
         ScriptedServer(faults=[Fault(status=400, times=1)]) as server,
         ResourceManager({"llm": endpoint(server, max_retries=5)}) as manager,
     ):
-        with pytest.raises(ExecutionError, match="alias 'llm': HTTP 400 is not retried") as info:
+        with pytest.raises(BackendError, match="alias 'llm': HTTP 400 is not retried") as info:
             await run(LLMInference("llm"), "hello", resources=manager)
         assert manager.stats()["llm"].retries == 0
-    assert isinstance(info.value.cause, BackendError) and info.value.cause.attempts == 1
+    assert info.value.attempts == 1
     assert server.stats.requests == 1
 
 
@@ -70,7 +70,7 @@ async def test_401_from_a_wrong_key_fails_fast_with_one_request_per_item() -> No
             results = await run(
                 LLMInference("llm"), ["a", "b", "c"], resources=manager, on_error="collect"
             )
-    assert all(isinstance(r, ExecutionError) for r in results)
+    assert all(isinstance(r, BackendError) and r.status == 401 for r in results)
     assert all("HTTP 401 is not retried" in str(r) for r in results)
     assert server.stats.requests == 3
     assert [r.status for r in server.stats.log] == [401, 401, 401]
@@ -81,11 +81,10 @@ async def test_exhausted_retries_name_alias_attempts_and_last_status() -> None:
         ScriptedServer(faults=[Fault(status=503)]) as server,
         ResourceManager({"judge": endpoint(server, max_retries=3)}) as manager,
     ):
-        with pytest.raises(ExecutionError) as info:
+        with pytest.raises(BackendError) as info:
             await run(LLMInference("judge"), "hello", resources=manager)
     message = str(info.value)
     assert "alias 'judge': gave up after 4 attempts (max_retries=3); last: HTTP 503" in message
-    cause = info.value.cause
-    assert isinstance(cause, BackendError)
+    cause = info.value
     assert (cause.alias, cause.attempts, cause.status) == ("judge", 4, 503)
     assert server.stats.requests == 4

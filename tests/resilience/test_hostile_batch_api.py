@@ -42,7 +42,7 @@ async def test_a_batch_id_that_is_a_dot_segment_is_refused(batch_id: str) -> Non
         outputs = await job.run(ITEMS, on_error="collect")
         polled = [path for path in server.batch_api.log if path.startswith("GET ")]
 
-    errors = [getattr(out, "cause", out) for out in outputs]
+    errors = [out for out in outputs]
     assert all(isinstance(error, BackendError) for error in errors), outputs
     assert f"batch id {batch_id!r}" in str(errors[0]) and "alias 'llm'" in str(errors[0])
     assert polled == []  # nothing was asked at a path it would have changed
@@ -54,7 +54,7 @@ async def test_a_created_batch_without_an_id_fails_naming_the_request() -> None:
         job = BatchJob(LLMInference("llm"), {"llm": server.endpoint()}, poll_interval=0.01)
         outputs = await job.run(ITEMS, on_error="collect")
 
-    error = getattr(outputs[0], "cause", outputs[0])
+    error = outputs[0]
     assert isinstance(error, BackendError)
     assert "alias 'llm'" in str(error) and "POST /batches" in str(error) and "no id" in str(error)
 
@@ -104,7 +104,7 @@ async def test_polling_stops_on_a_status_the_batch_api_does_not_have(provider: s
         outputs = await asyncio.wait_for(work, timeout=30)
         polls = server.batch_api.polls
 
-    errors = [getattr(out, "cause", out) for out in outputs]
+    errors = [out for out in outputs]
     assert all(isinstance(error, BackendError) for error in errors), outputs
     message = str(errors[0])
     assert "alias 'llm'" in message and "'daydreaming'" in message and job.batch_ids[0] in message
@@ -150,7 +150,7 @@ async def test_a_second_answer_for_a_request_fails_that_item_and_replaces_nothin
     async with ScriptedServer() as server:
         outputs = await run_edited(server, provider, repeat)
 
-    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    failed = [out for out in outputs if not isinstance(out, str)]
     assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
     assert "request-0" in str(failed[0]) and "2 result lines" in str(failed[0])
     assert len(answered(outputs)) == 2
@@ -185,7 +185,7 @@ async def test_a_line_of_the_wrong_shape_fails_only_its_own_item(
     async with ScriptedServer() as server:
         outputs = await run_edited(server, provider, garble)
 
-    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    failed = [out for out in outputs if not isinstance(out, str)]
     assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
     assert "request-2" in str(failed[0]) and "alias 'llm'" in str(failed[0])
     assert len(answered(outputs)) == 2
@@ -201,7 +201,7 @@ async def test_an_unreadable_line_is_named_by_the_item_it_left_without_an_answer
     async with ScriptedServer() as server:
         outputs = await run_edited(server, provider, garble)
 
-    failed = [getattr(out, "cause", out) for out in outputs if not isinstance(out, str)]
+    failed = [out for out in outputs if not isinstance(out, str)]
     assert len(failed) == 1 and isinstance(failed[0], BackendError), outputs
     assert "request-1" in str(failed[0]) and "{not json" in str(failed[0])
     assert len(answered(outputs)) == 2

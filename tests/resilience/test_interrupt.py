@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from interruptible import interruptible
 from plait.testing import fetch_stats, start_server_process
 
 from .interrupt_job import ITEMS, MAX_CONCURRENT
@@ -36,13 +37,18 @@ STALL = 60.0
 
 
 class Child:
-    """A child process with this checkout's plait; its stderr is collected line by line."""
+    """A child process with this checkout's plait, SIGINT at its default (`interruptible`);
+    its stderr is collected line by line."""
 
     def __init__(self, command: list[str]) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH")) if p)
         self.process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            interruptible(command),
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from plait import ExecutionError, LLMInference, Module, ResourceManager, run
+from plait import LLMInference, Module, ResourceManager, run
 from plait.errors import BudgetExceededError
 from plait.report.profiling import profile
 from plait.testing import ScriptedServer
@@ -86,7 +86,9 @@ async def test_a_tiny_budget_stops_the_run_cleanly_and_sends_nothing_after() -> 
             {"llm": endpoint(server, price=PRICE, budget=2.5, max_concurrent=1)}
         ) as manager,
     ):
-        with pytest.raises(ExecutionError, match=r"the budget of \$2\.5000 for endpoint 'llm'"):
+        with pytest.raises(
+            BudgetExceededError, match=r"the budget of \$2\.5000 for endpoint 'llm'"
+        ):
             await run(LLMInference("llm"), items, resources=manager)
         stats = manager.stats()["llm"]
         # the three calls that spent $3 went; nothing is queued or in flight to go later
@@ -96,6 +98,5 @@ async def test_a_tiny_budget_stops_the_run_cleanly_and_sends_nothing_after() -> 
 
         results = await run(LLMInference("llm"), items, resources=manager, on_error="collect")
         assert server.stats.requests == 3
-    assert all(isinstance(r, ExecutionError) for r in results)
-    assert all(isinstance(r.cause, BudgetExceededError) for r in results)
+    assert all(isinstance(r, BudgetExceededError) for r in results)
     assert "Raise 'budget' in the configuration" in str(results[0])

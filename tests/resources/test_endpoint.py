@@ -11,7 +11,7 @@ import pytest
 
 from plait import LLMInference, Module
 from plait.backends.types import Message, Request, SamplingOptions
-from plait.errors import ExecutionError
+from plait.errors import ConfigError
 from plait.report.profiling import Profiler
 from plait.resources import ResourceConfig, ResourceManager, RetryPolicy
 from plait.resources.endpoint import (
@@ -131,7 +131,7 @@ async def test_a_call_without_its_key_fails_once_unsent_and_other_aliases_still_
         config = ResourceConfig({"mine": mine, "*": "openai:gpt-4o-mini"})
         assert await _Cloud("mine").bind(config)("hi") == "echo: hi"
         refused = pytest.raises(
-            ExecutionError, match=r"alias 'cloud': endpoint '\*' \(openai gpt-4o-mini\) needs an "
+            ConfigError, match=r"alias 'cloud': endpoint '\*' \(openai gpt-4o-mini\) needs an "
         )
         with Profiler() as profiler, refused:
             await _Cloud("cloud").bind(config)("hi")

@@ -241,3 +241,39 @@ def test_an_approval_refused_for_want_of_a_place_can_be_given_again_and_runs_onc
             wait.until(lambda _: texts(".msg.assistant:not(.live)"))
             assert texts(".msg.assistant") == ["Done. Saved the note: buy milk"]
     assert notes.read_text(encoding="utf-8").splitlines() == ["buy milk"]
+
+
+def test_the_page_shows_every_tool_call_that_ran_even_under_a_reused_id(browser: Any) -> None:
+    """Some models number their calls afresh each turn: a second call under an id the run
+    used before is a call of its own, and the page shows it (it hid it as a repeat)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    @tool
+    def look_up(topic: str) -> str:
+        """Looks a topic up."""
+        return f"facts about {topic}"
+
+    def model(body: dict[str, Any]) -> Any:
+        results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+        if len(results) < 2:
+            topic = ["tides", "moons"][len(results)]
+            call = {"id": "call_1", "name": "look_up", "arguments": {"topic": topic}}
+            return {"tool_calls": [call]}
+        return json.dumps({"reply": " / ".join(results)})
+
+    wait = WebDriverWait(browser, 60)
+    agent = ReAct("request -> reply", tools=[look_up], max_iters=4)
+    with (
+        server_in_thread(responder=model) as server,
+        serving_in_thread(app({"agent": agent}, upstream(server))) as url,
+    ):
+        browser.get(url + "/")
+        box = wait.until(lambda b: b.find_element(By.ID, "text"))
+        wait.until(lambda _: box.is_enabled())
+        box.send_keys("tell me about tides and moons", Keys.ENTER)
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)"))
+        notes = [node.text for node in browser.find_elements(By.CSS_SELECTOR, ".note")]
+    calls = [note for note in notes if note.startswith("Tool call:")]
+    assert len(calls) == 2 and "tides" in calls[0] and "moons" in calls[1], notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx
@@ -132,3 +133,35 @@ async def test_a_streamed_reply_is_the_text_of_the_plain_reply() -> None:
     assert "".join(chatted) == "echo: tell me a long story"
     assert len(chatted) == 4  # the upstream's four pieces, each passed on as it came
     assert "".join(piped) == "echo: echo: tell me a long story"
+
+
+async def test_a_conversation_with_an_image_part_is_refused_naming_the_message_everywhere() -> None:
+    """An ``image_url`` part has no plait value to become: every route that takes a
+    conversation answers 422 naming the message and the part (three answered 500), and no
+    model is called."""
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    conversation = [
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]},
+    ]
+    async with (
+        ScriptedServer() as server,
+        serving(app({"chat": Chat(), "raw": LLMInference("llm")}, upstream(server))) as url,
+        httpx.AsyncClient(base_url=url) as client,
+    ):
+        answers = {
+            f"/v1 {model}": await client.post(
+                "/v1/chat/completions", json={"model": model, "messages": conversation}
+            )
+            for model in ("chat", "raw")
+        }
+        answers["run chat"] = await client.post(
+            "/programs/chat/run?stream=true", json={"history": conversation}
+        )
+        answers["run raw"] = await client.post("/programs/raw/run", json={"prompt": conversation})
+        assert server.stats.requests == 0
+    for route, answer in answers.items():
+        assert answer.status_code in (400, 422), (route, answer.text)
+        message = answer.json()["error"]["message"]
+        assert re.search(r"\b(messages?|history)[ .]1\b", message), (route, message)
+        assert "part 1 is 'image_url', not a text part" in message, (route, message)

@@ -102,3 +102,58 @@ def test_workers_refuse_an_endpoint_limit_they_cannot_split(tmp_path: Path) -> N
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("plait: error: ")
     assert "llm (max_concurrent=1) cannot be split" in lines[0]
+
+
+ENVIRONMENT_PROGRAM = """
+import os
+import subprocess
+import sys
+
+from plait import Module
+
+
+class Environment(Module):
+    def forward(self, prompt: str) -> str:
+        shown = "import os; print(sorted(os.environ.items()))"
+        child = subprocess.run([sys.executable, "-c", shown], capture_output=True, text=True)
+        return repr(sorted(os.environ.items())) + child.stdout
+
+
+def make():
+    return Environment()
+"""
+
+
+async def test_workers_get_the_api_keys_without_the_environment(tmp_path: Path) -> None:
+    """The keys of --api-key-file reach the workers, which check them, but neither a
+    worker's environment nor that of a process it starts (a tool's) holds them."""
+    key = "worker-key-4f9c2a7e1b"
+    (tmp_path / "keys.txt").write_text(key + "\n")
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1", max_concurrent=2)
+    program.write_text(ENVIRONMENT_PROGRAM)  # it calls no model
+    command = plait_command(
+        "serve", f"env={program}:make", "-r", str(resources), "--port", "0", "--workers", "2",
+        "--api-key-file", str(tmp_path / "keys.txt"),
+    )  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        *command, env=environment(), stderr=asyncio.subprocess.PIPE
+    )
+    url = await _listening_url(process)
+    try:
+        async with httpx.AsyncClient(timeout=120) as client:
+            await _until_ready(client, url)
+            refused = await client.post(f"{url}/programs/env/run", json={"prompt": "x"})
+            answer = await client.post(
+                f"{url}/programs/env/run",
+                json={"prompt": "x"},
+                headers={"Authorization": f"Bearer {key}"},
+            )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(process.wait(), 60)
+    assert refused.status_code == 401
+    assert answer.status_code == 200, answer.text
+    shown = answer.json()["output"]
+    assert "PATH" in shown  # the environments were shown
+    assert key not in shown
+    assert code == 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import urllib.error
 import urllib.request
 from typing import Any
@@ -359,6 +360,26 @@ async def test_drop_fault_can_cut_a_stream_after_some_events():
             await post_stream(server, chat_body())
     assert server.stats.log[0].fault == "drop after 2 chunks"
     assert server.stats.log[0].status is None
+
+
+async def test_a_fault_for_streams_fires_only_on_streams_and_draws_only_for_them():
+    """``stream=True``: a plain request passes untouched and does not use up the fault's
+    draws, so the streams it cuts are the same whatever plain requests come between."""
+    cut = Fault(kind="drop", after_chunks=2, rate=0.5, seed=3, stream=True)
+    async with ScriptedServer(faults=[cut]) as server:
+        for _ in range(4):
+            status, _, _ = await post(server, chat_body())
+            assert status == 200
+        outcomes = []
+        for _ in range(8):
+            try:
+                await post_stream(server, chat_body())
+                outcomes.append("whole")
+            except aiohttp.ClientPayloadError:
+                outcomes.append("cut")
+    draws = random.Random(3)
+    assert outcomes == ["cut" if draws.random() < 0.5 else "whole" for _ in range(8)]
+    assert "cut" in outcomes and "whole" in outcomes
 
 
 def test_fault_rejects_bad_settings_with_every_problem_named():

@@ -5,7 +5,9 @@ or as a query parameter (``?api-key=...``, Azure's and many proxies' way). Every
 repr, log line and error message that shows an endpoint's URL shows
 `redact_url` of it, and every foreign exception text that is copied into a
 plait message, or chained under one, goes through `scrub_text` / `scrub_cause`
-first, because aiohttp, yarl and the SDKs print the URL they were given.
+first, because aiohttp, yarl and the SDKs print the URL they were given. An error told to
+someone outside (a failing program's text over MCP) goes through `without_addresses`, which
+leaves out every URL and network address, credentials and all.
 
 Only the standard library is imported here: the resource configuration uses
 this module while ``import plait`` runs.
@@ -14,6 +16,7 @@ this module while ``import plait`` runs.
 from __future__ import annotations
 
 import base64
+import re
 from urllib.parse import quote, unquote, unquote_plus
 
 __all__ = [
@@ -26,6 +29,7 @@ __all__ = [
     "scrub_cause",
     "scrub_text",
     "split_credentials",
+    "without_addresses",
 ]
 
 MASK = "***"
@@ -164,6 +168,27 @@ def scrub_cause(exc: BaseException, url: str | None, _depth: int = 0) -> BaseExc
     stand_in = RedactedError(f"{type(exc).__module__}.{type(exc).__qualname__}: {clean}")
     stand_in.__cause__ = clean_cause
     return stand_in.with_traceback(exc.__traceback__)
+
+
+_ADDRESS = re.compile(
+    r"(?i)\b[a-z][a-z0-9+.-]*://[^\s'\"<>]+"  # a URL, user info and query included
+    r"|\[[0-9a-f:.]+\](?::\d{1,5})?"  # [IPv6]:port
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"  # IPv4:port
+    r"|\b(?:localhost|[a-z0-9-]+(?:\.[a-z0-9-]+)+):\d{1,5}\b"  # host:port
+)
+
+
+def without_addresses(text: str) -> str:
+    """Returns ``text`` with every URL and network address in it (``host:port``, an IP
+    address) replaced by ``<address>``: the reason of an error stays, where it went does
+    not. A sentence's last ``.`` or ``,`` after a URL stays in the text."""
+
+    def replace(match: re.Match[str]) -> str:
+        found = match.group(0)
+        kept = found.rstrip(".,;:)")
+        return "<address>" + found[len(kept) :]
+
+    return _ADDRESS.sub(replace, text)
 
 
 def split_credentials(url: str) -> tuple[str, tuple[str, str] | None]:

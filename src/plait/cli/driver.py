@@ -235,11 +235,12 @@ async def _run_chunk(
 def _error_text(error: BaseException) -> tuple[str, bool]:
     """Returns what a failed row's ``error`` column says, and whether a budget left the row
     undone (it refused a call: the row is said to be left undone, not to have failed)."""
+    from plait.errors import described
     from plait.report.profiling import budget_refusal
 
     refusal = budget_refusal(error)
     if refusal is None:
-        return f"{type(error).__name__}: {error}", False
+        return described(error, index=False), False
     return f"left undone by the budget: {refusal}", True
 
 

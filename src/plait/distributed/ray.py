@@ -39,7 +39,7 @@ import ray
 
 from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
-from plait.errors import UnknownAliasError
+from plait.errors import UnknownAliasError, described
 from plait.module import Module
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import limiter_shares
@@ -319,8 +319,8 @@ class PlaitMapper:
         if items:
             done = asyncio.run_coroutine_threadsafe(self._run(items), self._loop).result()
             for position, output in zip(positions, done, strict=True):
-                if isinstance(output, BaseException):
-                    errors[position] = f"{type(output).__name__}: {output}"
+                if isinstance(output, BaseException):  # the error's class and its module
+                    errors[position] = described(output, index=False)
                 else:
                     outputs[position] = output if isinstance(output, str) else _json(output)
         result = {name: list(batch[name]) for name in names}

@@ -26,7 +26,7 @@ from typing import Any
 
 from plait import _context
 from plait._together import together
-from plait.errors import DeadlineExceededError, ExecutionError, PlaitError
+from plait.errors import DeadlineExceededError, locate
 from plait.execution.executor import Executor
 from plait.execution.graph_cache import RunGraphs
 from plait.execution.llm_call import USE_CACHE
@@ -56,7 +56,8 @@ class BatchResult:
     output: Any = None
     """The program's output (None when it failed)."""
     error: BaseException | None = None
-    """Why the item failed (an ExecutionError naming the node), or None."""
+    """Why the item failed (the error of its own class, located at the node: its
+    ``module_path``, ``node_id`` and ``input_index``), or None."""
     usage: dict[str, Any] | None = None
     """The item's model calls: ``calls``, ``cached``, ``input_tokens``, ``output_tokens``,
     ``cost`` (None for an item restored from a checkpoint)."""
@@ -402,10 +403,5 @@ async def batch_to_list(
 
 
 def _item_error(result: BatchResult) -> BaseException:
-    if isinstance(result.error, PlaitError):
-        return result.error
-    return ExecutionError(
-        f"input {result.index} failed: {type(result.error).__name__}: {result.error}",
-        input_index=result.index,
-        cause=result.error,
-    )
+    assert result.error is not None
+    return locate(result.error, f"input {result.index} failed", input_index=result.index)

@@ -37,7 +37,7 @@ from typing import Any
 from plait import _context, _files
 from plait.backends import providers
 from plait.backends.types import Request, Response
-from plait.errors import BackendError, ConfigError, ExecutionError, PlaitError
+from plait.errors import BackendError, ConfigError, locate
 from plait.execution.batch import unfinished_error
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.execution.executor import Executor
@@ -220,13 +220,7 @@ class BatchJob:
         outputs = []
         for index, result in enumerate(results):
             if isinstance(result, BaseException) and on_error != "collect":
-                if isinstance(result, PlaitError):
-                    raise result
-                raise ExecutionError(
-                    f"input {index} failed: {type(result).__name__}: {result}",
-                    input_index=index,
-                    cause=result,
-                ) from result
+                raise locate(result, f"input {index} failed", input_index=index)
             outputs.append(result)
         return outputs
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from plait import _context
 from plait.errors import (
     ConfirmationRejected,
-    ExecutionError,
     ExecutionInterrupt,
     ResumeRefusedError,
+    locate,
 )
 from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
@@ -40,8 +40,8 @@ __all__ = ["NODE_SCOPE", "execute_graph", "scoped"]
 NODE_SCOPE = _context.NODE_SCOPE
 
 CALLERS_OWN = (ExecutionInterrupt, ResumeRefusedError, ConfirmationRejected)
-"""Exceptions that reach the caller as they are, never wrapped in an `ExecutionError`: a
-pause, its ``resume_state=`` refused, a call the person declined. None is a node failing."""
+"""Exceptions that reach the caller as they are, not located in a node: a pause, its
+``resume_state=`` refused, a call the person declined. None is a node failing."""
 
 
 def scoped(path: str) -> str:
@@ -66,7 +66,8 @@ async def execute_graph(
         every node's result Value by id (for training and inspection).
 
     Raises:
-        ExecutionError: a node failed; names the node, its module path and ``index``.
+        Exception: what a node failed with, of its own class, located (`errors.locate`)
+            at the node, its module path and ``index``.
     """
     results = _bind_inputs(graph, args, kwargs)
     params = executor.parameter_table(graph)
@@ -82,12 +83,12 @@ async def execute_graph(
         return substitute(graph.output, run.payload), results
     except Exception as exc:
         where = "" if index is None else f" on input {index}"
-        raise ExecutionError(
-            f"the output of {type(graph.root).__name__} could not be rendered{where}: "
-            f"{type(exc).__name__}: {exc}",
+        locate(
+            exc,
+            f"the output of {type(graph.root).__name__} could not be rendered{where}",
             input_index=index,
-            cause=exc,
-        ) from exc
+        )
+        raise
 
 
 @functools.lru_cache(maxsize=256)
@@ -239,7 +240,8 @@ class _GraphRun:
         except CALLERS_OWN:
             raise
         except Exception as exc:
-            raise self.failure(node, exc) from exc
+            self.failure(node, exc)
+            raise
         finally:
             _context.RUN.reset(token)
         return _as_value(output, node.id)
@@ -310,7 +312,8 @@ class _GraphRun:
         except (asyncio.CancelledError, *CALLERS_OWN):
             raise
         except Exception as exc:
-            raise self.failure(node, exc) from exc
+            self.failure(node, exc)
+            raise
         finally:
             if clock is not None:
                 clock.stop()
@@ -324,13 +327,14 @@ class _GraphRun:
         """Returns the node's arguments with results filled in (f-strings, JSON rendered).
 
         Raises:
-            ExecutionError: rendering failed (e.g. ``json.dumps`` of a reply that
-                is not JSON data, as eager code would fail), naming the node.
+            Exception: rendering failed (e.g. ``json.dumps`` of a reply that is not JSON
+                data, as eager code would fail), located at the node.
         """
         try:
             return substitute(node.args, self.payload), substitute(node.kwargs, self.payload)
         except Exception as exc:
-            raise self.failure(node, exc, note=" while its inputs were rendered") from exc
+            self.failure(node, exc, note=" while its inputs were rendered")
+            raise
 
     def _check_inputs(self, node: Node) -> None:
         for dep in node.dependencies:
@@ -343,18 +347,18 @@ class _GraphRun:
                     note=f" (its input from {origin} is an error Value)",
                 )
 
-    def failure(self, node: Node, cause: BaseException, note: str = "") -> ExecutionError:
-        """Returns the ExecutionError for ``node`` failing with ``cause``."""
+    def failure(self, node: Node, cause: BaseException, note: str = "") -> BaseException:
+        """Returns ``cause`` located at ``node`` (`errors.locate`), to raise as it is."""
         where = "" if self.index is None else f" on input {self.index}"
         path = scoped(node.module_path or (type(node.module).__name__ if node.module else node.id))
         node_id = scoped(node.id)
         label = node_id if node_id == path else f"{node_id} ({path})"
-        return ExecutionError(
-            f"{label} failed{where}{note}: {type(cause).__name__}: {cause}",
+        return locate(
+            cause,
+            f"{label} failed{where}{note}",
             node_id=node_id,
             module_path=path,
             input_index=self.index,
-            cause=cause,
         )
 
 

@@ -57,6 +57,14 @@ shutdown of a process (close its input, then SIGTERM, then SIGKILL, about 6 s at
 
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
+_WINDING_DOWN: set[asyncio.Task[None]] = set()
+"""Holding tasks of connections that did not start in time, kept until their shutdown ends
+(the event loop keeps only weak references to tasks)."""
+
+
+class _StartTimedOut(MCPError):
+    """The server did not start and list its tools within ``connect_timeout``."""
+
 
 @dataclass(frozen=True, slots=True)
 class MCPToolOutput:
@@ -197,8 +205,8 @@ class MCPToolset:
                 self._start()
             assert self._ready is not None
             await self._wait_until_ready(self._ready)
-        except BaseException:
-            await self._leave()
+        except BaseException as exc:
+            await self._leave(wait=not isinstance(exc, _StartTimedOut))
             raise
         return self
 
@@ -206,11 +214,14 @@ class MCPToolset:
         await self._leave()
 
     def _start(self) -> None:
+        # The SDK is imported (seconds on a busy machine, blocking the loop) before the
+        # connect_timeout clock starts: that clock is the server's, to start and answer.
+        client = self._sdk_client()
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
         self._closing = asyncio.Event()
         self._holder = loop.create_task(
-            self._hold(self._ready, self._closing), name=f"plait-mcp-{self.name}"
+            self._hold(client, self._ready, self._closing), name=f"plait-mcp-{self.name}"
         )
 
     async def _wait_until_ready(self, ready: asyncio.Future[Any]) -> None:
@@ -220,28 +231,39 @@ class MCPToolset:
         except TimeoutError:
             if ready.done() and ready.exception() is not None:
                 raise  # the server's own timeout, already explained
-            raise MCPError(
+            raise _StartTimedOut(
                 f"MCP server {self.name!r} did not start and list its tools within "
                 f"{self.connect_timeout:g} seconds; check {self._target()} "
                 "(or raise connect_timeout=)"
             ) from None
 
-    async def _leave(self) -> None:
+    async def _leave(self, wait: bool = True) -> None:
         self._users -= 1
         if self._users == 0:
-            await self._close()
+            await self._close(wait)
 
-    async def _close(self) -> None:
+    async def _close(self, wait: bool = True) -> None:
         """Ends the connection and waits for the holding task, even when cancelled meanwhile.
 
         Waiting is what makes "the process has ended" true when the block is
-        left; a cancellation that arrives while waiting is raised afterwards.
+        left; a cancellation that arrives while waiting is raised afterwards. A
+        connection still starting is cancelled at once (it does not watch for the close
+        yet); one that did not start within ``connect_timeout`` is not waited for
+        (``wait=False``): its error is due now, while the SDK's shutdown of a server hung
+        in ``initialize`` (close its input, wait 2 s, then signal it) finishes in the
+        background.
         """
-        holder, closing = self._holder, self._closing
+        holder, closing, ready = self._holder, self._closing, self._ready
         self._ready = self._closing = self._holder = None
         self._client = None
         if holder is None or closing is None:
             return
+        if ready is None or not ready.done():
+            holder.cancel()
+            if not wait:
+                _WINDING_DOWN.add(holder)
+                holder.add_done_callback(_WINDING_DOWN.discard)
+                return
         closing.set()
         cancelled = False
         while not holder.done():
@@ -255,10 +277,12 @@ class MCPToolset:
         if cancelled:
             raise asyncio.CancelledError
 
-    async def _hold(self, ready: asyncio.Future[Any], closing: asyncio.Event) -> None:
+    async def _hold(
+        self, sdk_client: Any, ready: asyncio.Future[Any], closing: asyncio.Event
+    ) -> None:
         """Holds the connection: connects, lists the tools, then waits for the close."""
         try:
-            async with self._sdk_client() as client:
+            async with sdk_client as client:
                 listed = await _all_tools(client)
                 tools = self._tools_of(listed)
                 self._client = client
@@ -405,10 +429,21 @@ class MCPTool(Tool):
         return self
 
     def validate_arguments(self, data: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
-        """Checks the arguments against the server's schema, naming each problem's place."""
+        """Checks the arguments against the server's schema, naming each problem's place.
+
+        A schema whose ``$ref`` loops makes every check of the value it describes recurse
+        without end: that is a problem of the call (the model is told), never a
+        `RecursionError` that would end the agent's run."""
         problems = []
-        errors = self._validator.iter_errors(data)
-        for error in sorted(errors, key=lambda e: [str(part) for part in e.path]):
+        try:
+            errors = sorted(self._validator.iter_errors(data), key=lambda e: list(map(str, e.path)))
+        except RecursionError:  # a $ref that leads back to itself: checking never ends
+            return {}, (
+                f"the arguments cannot be checked: MCP server {self.toolset.name!r} describes "
+                f"its tool {self.server_name!r} with a JSON schema whose $ref leads back to "
+                "itself in a loop; the server must be fixed before this tool can be called"
+            )
+        for error in errors:
             where = ".".join(str(part) for part in error.absolute_path)
             problems.append(f"argument '{where}': {error.message}" if where else error.message)
         return (data, None) if not problems else ({}, "; ".join(problems))

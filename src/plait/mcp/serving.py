@@ -8,7 +8,10 @@ per plait `Tool` (its own schema). A program's result comes back as text (a
 string as it is, anything else as JSON) and, when it is data, as structured
 content too. A failure (bad arguments, an error in the program) is a tool
 result marked as an error whose text says what went wrong, which the calling
-model can read; the server goes on serving.
+model can read, with every URL and network address in it left out (an upstream's
+address, a key inside a URL: the server's log has them); the server goes on serving.
+A call that stops to ask a person (a tool that needs confirmation, served alone or inside
+a program) is such an error too, saying why: nobody on an MCP call can answer.
 
 It runs over stdio (what Claude Desktop and IDEs start) or streamable HTTP;
 ``plait mcp prog.py:Prog`` does the same from the command line.
@@ -24,9 +27,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from plait.backends._urls import without_addresses
 from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
 from plait.confirmation import ConfirmationRequired
-from plait.errors import ConfigError
+from plait.errors import ConfigError, described
 from plait.mcp.client import require_sdk
 from plait.module import Module
 from plait.tools import Tool
@@ -90,7 +94,9 @@ class ProgramServer:
         """Serves streamable HTTP at ``http://host:port/mcp`` until cancelled (or Ctrl-C).
 
         With ``api_keys``, a request must carry ``Authorization: Bearer <one of them>``
-        (else 401), as `plait serve` asks; without any, only this machine may connect.
+        (else 401), as `plait serve` asks; without any, only this machine may connect. A
+        request head over 64 KiB is answered 431, and a request not sent within its time
+        408, as by `plait serve` (`plait.serve.http_protocol`).
 
         Raises:
             ConfigError: ``host`` is reachable from other machines and no key is given.
@@ -103,7 +109,12 @@ class ProgramServer:
             from plait.serve.middleware import RequireApiKey
 
             app = RequireApiKey(app, tuple(api_keys))
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        from plait.serve.http_protocol import http_protocol
+        from plait.serve.options import ServeOptions
+
+        # a request's head and the time to send it bounded as `plait serve` bounds them
+        http = http_protocol(ServeOptions())
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)
         await uvicorn.Server(config).serve()
 
     def run(
@@ -153,7 +164,7 @@ class ProgramServer:
             raise SDKError(INVALID_PARAMS, f"no tool named {params.name!r}; the tools: {known}")
         arguments = dict(params.arguments or {})
         if isinstance(entry.target, Tool):
-            return await _call_plait_tool(entry.target, arguments)
+            return await _call_plait_tool(entry, entry.target, arguments)
         return await _call_program(entry, arguments)
 
     def __repr__(self) -> str:
@@ -378,23 +389,31 @@ async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
         if inspect.isawaitable(output):
             output = await output
     except ConfirmationRequired as pause:  # no person on the other end to answer it
-        return _error_result(
-            f"{entry.name} stopped to ask a person: {one_line(str(pause))} A call over MCP "
-            "cannot pause for an answer; serve the program with plait serve (which keeps the "
-            "run for its approval), or make the tool without require_confirmation"
-        )
+        return _cannot_pause(entry.name, pause)
     except Exception as exc:  # the program's failure goes back to the caller, not up the server
-        message = f"{entry.name} failed: {type(exc).__name__}: {one_line(str(exc))}"
-        logger.warning("%s", message)
-        return _error_result(message)
+        reason = described(exc)
+        logger.warning("%s failed: %s", entry.name, reason)
+        return _error_result(f"{entry.name} failed: {without_addresses(reason)}")
     return _result_of(output)
 
 
-async def _call_plait_tool(tool: Tool, arguments: dict[str, Any]) -> Any:
-    result = await tool.call(arguments)
+async def _call_plait_tool(entry: _Entry, tool: Tool, arguments: dict[str, Any]) -> Any:
+    try:
+        result = await tool.call(arguments)
+    except ConfirmationRequired as pause:  # a tool of its own that needs a person's yes
+        return _cannot_pause(entry.name, pause)
     if not result.ok:
-        return _error_result(result.content.removeprefix("Error: "))
+        return _error_result(without_addresses(result.content.removeprefix("Error: ")))
     return _result_of(result.value, text=result.content)
+
+
+def _cannot_pause(name: str, pause: ConfirmationRequired) -> Any:
+    """Returns the error result of a call that stopped to ask a person, saying what to do."""
+    return _error_result(
+        f"{name} stopped to ask a person: {one_line(str(pause))} A call over MCP "
+        "cannot pause for an answer; serve the program with plait serve (which keeps the "
+        "run for its approval), or make the tool without require_confirmation"
+    )
 
 
 def _result_of(output: Any, text: str | None = None) -> Any:

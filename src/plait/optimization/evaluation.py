@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait._together import together
+from plait.errors import described
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
@@ -205,7 +206,7 @@ async def _run_rows(
     rows = []
     for result in results:
         usage = result.usage or {}
-        error = None if result.ok else f"{type(result.error).__name__}: {result.error}"
+        error = None if result.error is None else described(result.error)
         rows.append(
             ExampleRow(
                 index=result.index,
@@ -310,9 +311,9 @@ def evaluate(
         max_concurrent: most LLM calls in flight at once.
         progress: show a progress bar (None: when stderr is a terminal).
         max_calls, max_tokens, max_cost: a hard budget for the whole
-            evaluation (`plait.resources.usage.Budget`): requests are held
-            against it before they are sent, and those it has no room for
-            are not sent.
+            evaluation (`plait.resources.budget.Budget`): requests are held
+            against it before they are sent, wait while calls in flight may
+            give room back, and those it could never have room for are not sent.
 
     Returns:
         An `EvaluationResult`: the mean score (it is a float) with every

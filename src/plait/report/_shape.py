@@ -112,6 +112,23 @@ class Spans(TypedDict):
     requests: list[RequestSpan]
 
 
+class ChainMember(TypedDict):
+    endpoint: str
+    served: int
+    failed: int
+    skipped: int
+    circuit_openings: int
+    circuit_failures: int
+    circuit_opened_at: float | None
+
+
+class Books(TypedDict):
+    limits: dict[str, Total]
+    spent: dict[str, Total]
+    held: dict[str, Total]
+    left: dict[str, Total]
+
+
 class RunReportData(TypedDict, total=False):
     """A run.json (`RunReport.to_dict`); a field left out takes `RunReport`'s default."""
 
@@ -131,6 +148,8 @@ class RunReportData(TypedDict, total=False):
     unpriced: list[str]
     spans: Spans
     sampled: bool
+    fallbacks: dict[str, list[ChainMember]]
+    budgets: dict[str, Books]
 
 
 @functools.cache

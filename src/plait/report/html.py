@@ -374,6 +374,21 @@ def _fact(value: Any) -> str:
     return str(value)
 
 
+def _fallback_facts(report: RunReport) -> list[tuple[str, str]]:
+    """Returns a row per endpoint of each fallback chain at work (what it served and
+    failed, when its circuit opened) and per budget (spent, held, left)."""
+    from plait.report.fallbacks import budget_lines, fallback_lines
+
+    rows = []
+    for alias, members in report.fallbacks.items():
+        for line in fallback_lines({alias: members})[1:]:
+            rows.append((f"fallback {alias!r}", line.strip()))
+    for line in budget_lines(report.budgets):
+        name, _, books = line.partition(": ")
+        rows.append((name, books))
+    return rows
+
+
 def _failures(report: RunReport) -> str:
     if not report.failures:
         return ""
@@ -451,6 +466,7 @@ def render_html(report: RunReport) -> str:
         ("requests", requests),
         ("tokens", f"{int(usage['input_tokens'])} in, {int(usage['output_tokens'])} out"),
         ("cost", report.cost_text()),
+        *_fallback_facts(report),
         *((name, value) for name, value in report.metrics.items()),
     ]  # fmt: skip
     mermaid = ""

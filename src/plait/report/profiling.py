@@ -292,6 +292,15 @@ class Profiler:
         """Per endpoint, the per-second timeline of its requests."""
         self.alias_totals: dict[str, dict[str, float]] = {}
         """Per alias: calls, cache_hits, requests, retries, rate_limited, failures, tokens, cost."""
+        self.endpoints: dict[str, dict[str, Any]] = {}
+        """Per endpoint: ``served`` (calls it answered), ``failed`` (calls that failed there
+        after their last attempt), ``skipped`` (calls that passed it by, its circuit open),
+        and its circuit's news: ``circuit_opened_at`` (epoch seconds, while open),
+        ``circuit_failures`` (failed calls in a row when it last opened or closed),
+        ``circuit_openings``."""
+        self.chains: dict[str, list[str]] = {}
+        """Per alias, the endpoints its calls went to or skipped, in the order first seen:
+        an alias with more than one is a fallback chain at work."""
         self.started_at = time.time()
         """Wall-clock time (epoch seconds) the profiler was created."""
         self._max_failures = max_failures
@@ -431,13 +440,51 @@ class Profiler:
             totals["retries"] += 1
         if status == 429:
             totals["rate_limited"] += 1
+        served = self._endpoint(endpoint, alias)
         if error is None:
             totals["calls"] += 1
             totals["input_tokens"] += timing.input_tokens
             totals["output_tokens"] += timing.output_tokens
             totals["cost"] += timing.cost
+            served["served"] += 1
         elif final:
             totals["failures"] += 1
+            served["failed"] += 1
+
+    def record_skip(self, endpoint: str, alias: str) -> None:
+        """Counts a call of ``alias`` that skipped ``endpoint``, its circuit open (called by
+        the circuit)."""
+        self._endpoint(endpoint, alias)["skipped"] += 1
+
+    def record_circuit(
+        self, endpoint: str, state: str, failures: int, opened_at: float | None
+    ) -> None:
+        """Notes that ``endpoint``'s circuit ``state`` (``"opened"`` or ``"closed"``) after
+        ``failures`` failed calls in a row (called by the circuit)."""
+        news = self._endpoint(endpoint, None)
+        news["circuit_failures"] = failures
+        if state == "opened":
+            news["circuit_openings"] += 1
+            news["circuit_opened_at"] = opened_at
+        else:
+            news["circuit_opened_at"] = None
+
+    def _endpoint(self, endpoint: str, alias: str | None) -> dict[str, Any]:
+        if alias is not None:
+            members = self.chains.setdefault(alias, [])
+            if endpoint not in members:
+                members.append(endpoint)
+        news = self.endpoints.get(endpoint)
+        if news is None:
+            news = self.endpoints[endpoint] = {
+                "served": 0,
+                "failed": 0,
+                "skipped": 0,
+                "circuit_openings": 0,
+                "circuit_failures": 0,
+                "circuit_opened_at": None,
+            }
+        return news
 
     def record_usage(self, alias: str, usage: Any, calls: int = 1) -> None:
         """Adds calls made outside the request path (a provider batch job) to an alias's totals."""
@@ -556,7 +603,7 @@ def budget_refusal(error: BaseException) -> BudgetExceededError | None:
     from plait.errors import BudgetExceededError
 
     seen: BaseException | None = error
-    for _ in range(8):  # an item's error wraps its cause a level or two deep
+    for _ in range(8):  # a module of the program may have wrapped it (BestOfN's, say)
         if seen is None:
             return None
         if isinstance(seen, BudgetExceededError):

@@ -4,7 +4,8 @@ Built from a `Profiler` (`RunReport.from_profiler`), it holds exact totals
 (per alias: calls, requests, retries, 429s, failures, tokens, cost), a
 per-second timeline per endpoint (mean requests in flight and waiting,
 requests, 429s, errors), a latency summary per module (with the part of it
-spent waiting for limits), the failed items, the aliases that have no price,
+spent waiting for limits), the failed items, the aliases that have no price, what each endpoint of a
+fallback chain served and failed and when its circuit opened, each budget's books,
 optionally the program graph and training scores, and a sample of spans
 for the trace. A report read back with `RunReport.load` is data only: JSON
 numbers, strings, lists and mappings, never code, each field plait reads
@@ -23,6 +24,7 @@ from typing import Any
 from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
+from plait.report.fallbacks import budget_lines, fallback_data, fallback_lines
 from plait.report.profiling import Profiler
 
 __all__ = ["FORMAT", "RunReport", "RunReportError", "graph_data"]
@@ -119,6 +121,13 @@ class RunReport:
     """Node and request spans (a uniform sample when ``sampled``) for the trace."""
     sampled: bool = False
     """Whether ``spans`` is a sample of the run (profiling with ``max_records``)."""
+    fallbacks: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Per alias whose fallback chain was at work: each endpoint in order, with ``served``,
+    ``failed``, ``skipped`` calls and its circuit's ``circuit_opened_at`` (epoch seconds,
+    while open), ``circuit_failures``, ``circuit_openings`` (`report.fallbacks`)."""
+    budgets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per budget (``the run``, ``endpoint 'llm'``): its books at the end, ``limits``,
+    ``spent``, ``held``, ``left`` (`plait.resources.books`)."""
 
     # -- building ---------------------------------------------------------------------
 
@@ -133,6 +142,7 @@ class RunReport:
         training: dict[str, Any] | None = None,
         learning: list[dict[str, Any]] | None = None,
         metrics: dict[str, Any] | None = None,
+        budgets: dict[str, dict[str, Any]] | None = None,
     ) -> RunReport:
         """Builds the report of everything ``profiler`` saw.
 
@@ -144,7 +154,12 @@ class RunReport:
             training: training scores and updates (see the ``training`` field).
             learning: the learning steps (see the ``learning`` field).
             metrics: extra figures to keep.
+            budgets: the books of the budgets the run was held to, by name (see the
+                ``budgets`` field); by default those of the budgets open here.
         """
+        from plait.resources.books import budget_books
+        from plait.resources.usage import active_budgets
+
         nodes = [asdict(r) for r in profiler.records]
         requests = [asdict(r) for r in profiler.requests]
         if graph is not None and not isinstance(graph, dict):
@@ -172,6 +187,13 @@ class RunReport:
             spans={"nodes": nodes, "requests": requests},
             sampled=profiler.nodes_seen > len(nodes)
             or sum(t["requests"] for t in profiler.alias_totals.values()) > len(requests),
+            fallbacks=fallback_data(profiler),
+            budgets=budgets
+            if budgets is not None
+            else {
+                "the run" if n == 0 else f"the run ({n + 1})": budget_books(b)
+                for n, b in enumerate(active_budgets())
+            },
         )
 
     # -- reading ----------------------------------------------------------------------
@@ -191,7 +213,8 @@ class RunReport:
         return total
 
     def summary(self) -> str:
-        """Returns a few lines for a terminal: items, calls, tokens, cost, retries, failures."""
+        """Returns a few lines for a terminal: items, calls, tokens, cost, retries, failures,
+        what each endpoint of a fallback chain served and failed, and each budget's books."""
         u = self.usage
         items = self.items
         lines = [
@@ -202,6 +225,7 @@ class RunReport:
             f"tokens: {int(u['input_tokens'])} in, {int(u['output_tokens'])} out; "
             f"cost {self.cost_text()}",
         ]
+        lines += fallback_lines(self.fallbacks) + budget_lines(self.budgets)
         for name, value in self.metrics.items():
             if isinstance(value, int | float | str):
                 lines.append(f"{name}: {value}")

@@ -14,8 +14,12 @@ endpoint tried), ``gen_ai.response.model``,
 ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` /
 ``output_tokens``, ``gen_ai.tool.name`` / ``gen_ai.tool.call.id``, and
 ``error.type`` (with ``http.response.status_code`` for a provider's HTTP
-failure) on failure. Prompts and completions (``gen_ai.input.messages``,
-``gen_ai.output.messages``, tool arguments and results) are recorded only with
+failure) on failure. When the circuit of a fallback chain's endpoint opens (the chain
+gives up on it for a cool-down) or closes again, the span the call ran in gets an event
+``plait.circuit.opened`` / ``plait.circuit.closed`` (``plait.endpoint``,
+``plait.circuit.failures`` in a row, ``plait.circuit.opened_at``). Prompts and
+completions (``gen_ai.input.messages``, ``gen_ai.output.messages``, tool arguments and
+results) are recorded only with
 ``capture_content=True``: they may hold personal data. So is the provider's
 own text inside an error (an error body that may echo the prompt, the start of
 a malformed reply: `BackendError.detail`): without capture, a failed span's
@@ -224,6 +228,23 @@ class OpenTelemetryCallback(BaseCallback):
     def on_update(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         self._event("plait.learning.update", inputs)
 
+    def on_circuit(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        """A fallback chain's endpoint given up on (``plait.circuit.opened``) or back
+        (``plait.circuit.closed``): an event on the span of the call it happened in."""
+        attributes = {
+            "plait.endpoint": inputs["endpoint"],
+            "plait.circuit.failures": inputs["failures"],
+            "plait.circuit.cooldown": inputs["cooldown"],
+        }
+        if inputs.get("opened_at") is not None:
+            attributes["plait.circuit.opened_at"] = inputs["opened_at"]
+        name = f"plait.circuit.{inputs['state']}"
+        parent = self._spans.get(active_call_id() or "")
+        if parent is not None:
+            parent.add_event(name, attributes)
+            return
+        self._tracer.start_span(name, attributes=attributes).end()
+
     def _step_start(self, call_id: str, name: str, inputs: dict[str, Any]) -> None:
         self._start(call_id, name, self._learning_attributes(inputs), kind="INTERNAL")
 
@@ -312,8 +333,8 @@ _MAX_CHAIN = 8
 def _withheld(exception: BaseException) -> str:
     """Returns the message of ``exception`` with the provider text of its chain withheld.
 
-    Wrapping errors quote the errors they wrap (an `ExecutionError` names its
-    cause), so every ``detail`` down the chain of causes is taken out.
+    Wrapping errors may quote the errors they wrap (``cause``, ``__cause__``), so every
+    ``detail`` down the chain of causes is taken out.
     """
     text = str(exception)
     seen: BaseException | None = exception

@@ -3,7 +3,8 @@
 `ResourceConfig` maps the aliases a program uses to validated endpoints;
 `ResourceManager` sends each call through its endpoint's backend within the
 endpoint's limits (`limits.Limiter`), retries it in place (`RetryPolicy`),
-and records usage and cost (`usage`).
+and records usage and cost (`usage`); every budget over a call (an
+endpoint's, the manager's, a run's) is a `budget.Budget` ledger.
 """
 
 from plait.resources.config import (

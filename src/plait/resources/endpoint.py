@@ -19,6 +19,8 @@ from plait.backends.base import Backend
 from plait.backends.spec import ProviderSpec
 from plait.backends.types import Request, Response, Usage
 from plait.errors import ConfigError
+from plait.resources.books import endpoint_books
+from plait.resources.budget import Budget
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig
 from plait.resources.limits import EndpointLimiter, Limiter
@@ -147,17 +149,11 @@ def estimate_tokens(request: Request) -> int:
     template, and the request's ``max_tokens`` (or 256) for the reply. It only
     has to be close: the tpm reservation is corrected from real usage.
     """
-    prompt, reply = estimate_prompt_and_reply(request)
-    return prompt + reply
-
-
-def estimate_prompt_and_reply(request: Request) -> tuple[int, int]:
-    """Returns `estimate_tokens` in its two parts: the prompt's tokens and the reply's bound."""
     chars = 0
     for message in request.messages:
         chars += len(message.content)
     reply = request.options.max_tokens or _DEFAULT_OUTPUT_ESTIMATE
-    return chars // 4 + 4 * len(request.messages), reply
+    return chars // 4 + 4 * len(request.messages) + reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +195,15 @@ class EndpointStats:
     circuit: str | None = None
     """``"closed"``, ``"open"`` or ``"half-open"`` for an endpoint of a fallback chain;
     None for one that no chain lists (it keeps no circuit)."""
+    circuit_opened_at: float | None = None
+    """When its circuit opened (epoch seconds), while it has not closed since."""
+    circuit_openings: int = 0
+    """Times its circuit opened."""
+    circuit_skipped: int = 0
+    """Calls of its chain that skipped it while its circuit was open."""
+    budget: dict[str, Any] | None = None
+    """The books of its ``budget`` (`plait.resources.books.endpoint_books`: limits, spent,
+    held, left), None when it has none."""
 
 
 class Endpoint:
@@ -216,6 +221,7 @@ class Endpoint:
         "circuit",
         "config",
         "failures",
+        "ledger",
         "limiter",
         "name",
         "price",
@@ -256,6 +262,8 @@ class Endpoint:
         self.timeout = config.timeout
         self.price: Price | None = config.effective_price
         self.budget = config.budget
+        # The books of ``budget`` (dollars): every call holds its worst case here before it is sent.
+        self.ledger = None if config.budget is None else Budget(max_cost=config.budget)
         self.backend: Backend | None = None
         self.cache: ResponseCache | None = None
         # Set when a fallback chain lists this endpoint (plait.resources.circuit).
@@ -274,7 +282,7 @@ class Endpoint:
 
     def stats(self) -> EndpointStats:
         """Returns a snapshot of this endpoint's counters."""
-        limiter = self.limiter
+        limiter, circuit = self.limiter, self.circuit
         return EndpointStats(
             name=self.name,
             provider=self.config.provider,
@@ -294,5 +302,9 @@ class Endpoint:
             effective_max_concurrent=limiter.effective_max_concurrent,
             paused_for=limiter.paused_for,
             usage=self.totals.snapshot(),
-            circuit=None if self.circuit is None else self.circuit.state,
+            circuit=None if circuit is None else circuit.state,
+            circuit_opened_at=None if circuit is None else circuit.opened_at,
+            circuit_openings=0 if circuit is None else circuit.openings,
+            circuit_skipped=0 if circuit is None else circuit.skipped,
+            budget=endpoint_books(self),
         )

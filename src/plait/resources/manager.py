@@ -7,8 +7,11 @@ The execution layer never talks to a backend directly. It calls
 1. resolves the alias to its endpoint (``UnknownAliasError`` names the known ones);
 2. answers from the response cache when the endpoint has one and it hits
    (and the caller accepts the cached reply);
-3. refuses the call when a cost budget is spent (``BudgetExceededError``, nothing sent);
-4. waits for the endpoint's limiter (slot, rpm, tpm, pause);
+3. waits for the endpoint's limiter (slot, rpm, tpm, pause);
+4. holds room for the request's worst case in every budget over it
+   (`plait.resources.budget`: the endpoint's, the manager's, the run's),
+   waiting while room held by calls in flight may come back, and refusing it
+   (``BudgetExceededError``, nothing sent) only when it could never fit;
 5. calls the backend under the per-attempt timeout, retrying in place what the
    endpoint's `RetryPolicy` allows (a ``Retry-After`` pauses the endpoint; one
    longer than ``max_retry_after`` fails its call at once and pauses nothing);
@@ -59,18 +62,18 @@ from plait.errors import (
     ConfigError,
     MediaError,
 )
+from plait.resources.budget import Budget, Claim, Refusal, active_budgets, claim_of, hold
 from plait.resources.circuit import Circuit
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.endpoint import (
     Endpoint,
     EndpointStats,
     ResponseCache,
-    estimate_prompt_and_reply,
     estimate_tokens,
 )
 from plait.resources.limits import EndpointLimiter
 from plait.resources.retry import RetryPolicy, exhausted
-from plait.resources.usage import Budget, UsageTotals, active_budgets, active_meters
+from plait.resources.usage import UsageTotals, active_meters
 
 __all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
 
@@ -136,53 +139,30 @@ class _Route:
 
 
 class _BudgetHold:
-    """The room one request holds in the run's budgets while it is in flight."""
+    """The room one request holds in the budgets over it while it is in flight."""
 
-    __slots__ = ("budgets", "cost", "tokens")
+    __slots__ = ("budgets", "claim")
 
-    def __init__(self, budgets: tuple[Budget, ...], tokens: int, cost: float | None) -> None:
+    def __init__(self, budgets: tuple[Budget, ...], claim: Claim) -> None:
         self.budgets = budgets
-        self.tokens = tokens
-        self.cost = cost
-
-    @classmethod
-    def take(
-        cls, route: _Route, request: Request, budgets: tuple[Budget, ...], reserved: int
-    ) -> _BudgetHold:
-        """Holds room in every budget, or raises `BudgetExceededError` holding none.
-
-        Refused, the request frees its endpoint slot (``reserved`` tokens) and
-        counts as refused in the open meters; nothing is sent.
-        """
-        prompt, reply = estimate_prompt_and_reply(request)
-        price = route.endpoint.price
-        cost = price.cost(prompt, reply) if price is not None else None
-        for index, budget in enumerate(budgets):
-            why = budget.hold(prompt + reply, cost)
-            if why is None:
-                continue
-            for taken in budgets[:index]:
-                taken.release(prompt + reply, cost)
-            route.endpoint.limiter.release(reserved, 0)
-            for meter in active_meters():
-                meter.refused += 1
-            raise BudgetExceededError(
-                f"alias {route.alias!r}: the run's budget refused the call ({why}); "
-                "nothing was sent. Give a larger budget to continue.",
-                alias=route.alias,
-                attempts=0,
-            )
-        return cls(budgets, prompt + reply, cost)
+        self.claim = claim
 
     def settle(self, usage: Usage | None) -> None:
-        """Replaces the hold by what the request spent (None: it failed, nothing billed)."""
+        """Replaces the hold by what the request spent (None: it failed, nothing billed).
+
+        A reply that reports no tokens at all (a llama.cpp server's stream)
+        is charged its worst case: what it spent is unknown, and a budget
+        must not count it as free.
+        """
+        if usage is not None and not usage.input_tokens and not usage.output_tokens:
+            usage = Usage(self.claim.tokens, 0, self.claim.cost or 0.0)
         for budget in self.budgets:
-            budget.settle(self.tokens, self.cost, usage)
+            budget.settle(self.claim, usage)
 
     def release(self) -> None:
         """Gives the hold back: the request was never sent."""
         for budget in self.budgets:
-            budget.release(self.tokens, self.cost)
+            budget.release(self.claim)
 
 
 # size: one object per run owns every endpoint's state; split by concern in issue 35.
@@ -191,8 +171,9 @@ class ResourceManager:
 
     Args:
         config: the configuration, or a mapping to build one from.
-        budget: dollars all endpoints together may spend; later calls raise
-            `BudgetExceededError` without sending anything.
+        budget: dollars all endpoints together may spend (a `Budget` that
+            counts an endpoint without a price as free); a call that could
+            never fit raises `BudgetExceededError` without sending anything.
         cache_factory: builds the response cache of an endpoint whose config
             sets ``cache``; defaults to ``plait.resources.cache.create_cache``
             (in the configuration's ``state`` store when it names one).
@@ -231,6 +212,8 @@ class ResourceManager:
             raise ValueError(f"budget must be >= 0 dollars, got {budget}")
         self.config = config
         self.budget = budget
+        self.ledger = None if budget is None else Budget(max_cost=budget, unpriced_free=True)
+        """The books of ``budget`` (`Budget.snapshot` says what is spent, held and left)."""
         self._cache_factory = cache_factory or functools.partial(
             _default_cache_factory, state=config.state
         )
@@ -321,7 +304,7 @@ class ResourceManager:
             self._endpoints[config.name] = endpoint
         if in_chain and endpoint.circuit is None:
             endpoint.circuit = Circuit(
-                config.circuit_failures, config.circuit_cooldown, self._clock
+                config.circuit_failures, config.circuit_cooldown, self._clock, config.name
             )
         return endpoint
 
@@ -522,14 +505,13 @@ class ResourceManager:
     def _plan(
         self, route: _Route, request: Request, max_retries: int | None
     ) -> tuple[Backend, RetryPolicy, float | None, int]:
-        """Checks the budget and returns what every attempt of a call uses.
+        """Returns what every attempt of a call uses.
 
         Returns:
             The backend, the retry policy, the per-attempt timeout, and the
             tokens to reserve on the endpoint's tpm bucket.
         """
         endpoint = route.endpoint
-        self._check_budget(route)
         policy = (
             endpoint.retry if max_retries is None else endpoint.retry.with_max_retries(max_retries)
         )
@@ -544,24 +526,46 @@ class ResourceManager:
     async def _begin_attempt(
         self, route: _Route, reserved: int, request: Request
     ) -> tuple[float, _BudgetHold | None]:
-        """Waits for the endpoint's limits and counts the request.
-
-        The budget is checked again once the slot is held, so calls that queued
-        while the last ones spent it are not sent; then the run's own budgets
-        (`plait.resources.usage.budgeted`), if any, hold room for the request.
+        """Waits for the endpoint's limits, then for room in its budgets; counts the request.
 
         Returns:
-            The seconds waited, and the budgets' hold (None without budgets),
-            which the attempt settles when it ends.
+            The seconds waited for the limits, and the budgets' hold (None
+            without budgets), which the attempt settles when it ends.
         """
         endpoint = route.endpoint
         waited = await endpoint.limiter.acquire(reserved)
-        if endpoint.budget is not None or self.budget is not None:
-            self._check_budget(route, holding=reserved)
         budgets = active_budgets()
-        held = _BudgetHold.take(route, request, budgets, reserved) if budgets else None
+        if endpoint.ledger is not None or self.ledger is not None:
+            budgets = (*(b for b in (endpoint.ledger, self.ledger) if b is not None), *budgets)
+        held = await self._hold(route, request, budgets, reserved) if budgets else None
         endpoint.requests += 1
         return waited, held
+
+    async def _hold(
+        self, route: _Route, request: Request, budgets: tuple[Budget, ...], reserved: int
+    ) -> _BudgetHold:
+        """Holds room for ``request``'s worst case in ``budgets``, once its slot is held.
+
+        Slot first, then room: the room a request waits for is held only by
+        requests already sent, which hold their slots and give the room back
+        whatever this one does, so waiting with a slot cannot starve them;
+        and room is held only while a request is really in flight, so what
+        waiters wait for always comes back (room taken before the slot would
+        sit idle behind a queue or a rate limit; a stream holds both until it
+        is read to its end or closed). Refused, or cancelled while
+        waiting, the request frees its slot (``reserved`` tokens) holding no
+        room; a refusal by the run's budgets counts in the open meters.
+        """
+        claim = claim_of(request, route.endpoint.price)
+        try:
+            refusal = await hold(budgets, claim)
+        except BaseException:
+            route.endpoint.limiter.release(reserved, 0)
+            raise
+        if refusal is None:
+            return _BudgetHold(budgets, claim)
+        route.endpoint.limiter.release(reserved, 0)
+        raise self._refused(route, refusal, claim)
 
     def _end_attempt(
         self, route: _Route, reserved: int, usage: Usage, held: _BudgetHold | None
@@ -665,8 +669,8 @@ class ResourceManager:
                     final=not policy.should_retry(error, attempts),
                     priced=route.endpoint.price is not None,
                 )  # fmt: skip
-            if held is not None:
-                held.settle(None)
+            if held is not None:  # a refused connection sent nothing: its room comes back
+                held.release() if getattr(error, "unsent", False) else held.settle(None)
             waited += await self._after_failure(route, error, attempts, policy, reserved)
 
     async def _after_failure(
@@ -815,8 +819,8 @@ class ResourceManager:
                 return
             finally:
                 await chunks.aclose()
-            if held is not None:
-                held.settle(None)
+            if held is not None:  # a refused connection sent nothing: its room comes back
+                held.release() if getattr(error, "unsent", False) else held.settle(None)
             if yielded:  # the caller has part of the reply: a retry would repeat it
                 endpoint.limiter.release(reserved, None)
                 endpoint.failures += 1
@@ -840,6 +844,9 @@ class ResourceManager:
         route.totals.record(usage)
         route.endpoint.totals.record(usage)
         self._total.record(usage)
+        for ledger in (route.endpoint.ledger, self.ledger):
+            if ledger is not None:
+                ledger.add(usage)
         return usage
 
     def _record(self, route: _Route, usage: Usage) -> None:
@@ -852,34 +859,30 @@ class ResourceManager:
         for meter in active_meters():
             meter.record(usage)
 
-    def _check_budget(self, route: _Route, holding: int | None = None) -> None:
-        """Raises `BudgetExceededError` when a budget is spent.
-
-        It is checked before a call queues and again once it holds a slot
-        (``holding`` is then its token reservation, released on refusal), so
-        calls that queued while the last ones spent the budget are not sent.
-        """
+    def _refused(self, route: _Route, refusal: Refusal, claim: Claim) -> BudgetExceededError:
+        """Returns the error of a call ``refusal`` turned away, naming whose budget it was."""
         endpoint = route.endpoint
-        error = None
-        if endpoint.budget is not None and endpoint.totals.usage.cost >= endpoint.budget:
-            error = self._budget_error(route, f"endpoint {endpoint.name!r}", endpoint.budget)
-        elif self.budget is not None and self._total.usage.cost >= self.budget:
-            error = self._budget_error(route, "this ResourceManager", self.budget)
-        if error is not None:
-            if holding is not None:
-                endpoint.limiter.release(holding, 0)
-            raise error
-
-    def _budget_error(self, route: _Route, owner: str, budget: float) -> BudgetExceededError:
-        spent = (
-            route.endpoint.totals.usage.cost
-            if owner.startswith("endpoint")
-            else self._total.usage.cost
-        )
+        if refusal.budget is endpoint.ledger or refusal.budget is self.ledger:
+            budget = refusal.budget
+            owner = (
+                f"endpoint {endpoint.name!r}"
+                if budget is endpoint.ledger
+                else "this ResourceManager"
+            )
+            assert isinstance(budget, Budget) and budget.max_cost is not None
+            return BudgetExceededError(
+                f"alias {route.alias!r}: the budget of ${budget.max_cost:.4f} for {owner} has no "
+                f"room for the call (${budget.cost:.4f} spent; the call may cost up to "
+                f"${claim.cost or 0.0:.4f}); the call was not sent. Raise 'budget' in the "
+                "configuration to continue.",
+                alias=route.alias,
+                attempts=0,
+            )
+        for meter in active_meters():
+            meter.refused += 1
         return BudgetExceededError(
-            f"alias {route.alias!r}: the budget of ${budget:.4f} for {owner} is spent "
-            f"(${spent:.4f} used); the call was not sent. Raise 'budget' in the "
-            "configuration to continue.",
+            f"alias {route.alias!r}: the run's budget refused the call ({refusal.why}); "
+            "nothing was sent. Give a larger budget to continue.",
             alias=route.alias,
             attempts=0,
         )
@@ -1041,7 +1044,7 @@ def _admitted(member: _Route, skipped: list[tuple[str, str]]) -> tuple[Circuit, 
     """
     circuit = member.endpoint.circuit
     assert circuit is not None  # every endpoint a chain lists has one (_route)
-    probe = circuit.admit()
+    probe = circuit.admit(member.alias)
     if probe is None:
         why = (
             f"skipped: circuit open after {circuit.consecutive} failed calls in a row "

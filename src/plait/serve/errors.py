@@ -14,6 +14,7 @@ from typing import Any
 
 from starlette.types import Scope
 
+from plait.errors import described
 from plait.serve.responses import JsonResponse
 
 __all__ = ["error_response", "failure_id", "failure_response", "request_id_of"]
@@ -39,17 +40,21 @@ def error_response(
     return JsonResponse({"error": body}, status_code=status, headers=headers)
 
 
-def failure_id(exc: BaseException, scope: Scope, what: str) -> str:
-    """Logs an unexpected failure with its traceback under a new error id; returns the id."""
+def failure_id(exc: BaseException, scope: Scope, what: str, expected: bool = False) -> str:
+    """Logs a failure under a new error id and returns the id: an unexpected one as an error
+    with its traceback; an ``expected`` one (a spent budget: the operator's limit doing its
+    work) as a one-line warning that names it and where the run stopped."""
     error_id = uuid.uuid4().hex[:16]
-    logger.error(
-        "%s failed (error id %s, request %s, %s %s)",
+    log = logger.warning if expected else logger.error
+    log(
+        "%s failed (error id %s, request %s, %s %s)%s",
         what,
         error_id,
         request_id_of(scope),
         scope.get("method", ""),
         scope.get("path", ""),
-        exc_info=exc,
+        f": {described(exc)}" if expected else "",
+        exc_info=None if expected else exc,
     )
     return error_id
 

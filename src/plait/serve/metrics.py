@@ -7,7 +7,13 @@ Runs: ``plait_runs_active``, ``plait_runs_queued``. Model calls, per endpoint of
 nothing for them: ``plait_llm_calls_total``, ``plait_llm_requests_total`` (retries included),
 ``plait_llm_rate_limited_total`` (upstream 429s), ``plait_llm_failures_total``,
 ``plait_llm_cache_hits_total``, ``plait_llm_tokens_total{direction}``,
-``plait_llm_cost_dollars_total``, ``plait_llm_in_flight``, ``plait_llm_queue_depth``.
+``plait_llm_cost_dollars_total``, ``plait_llm_in_flight``, ``plait_llm_queue_depth``. For
+each endpoint of a fallback chain, its circuit: ``plait_llm_circuit_open`` (1 while the chain
+skips it), ``plait_llm_circuit_opened_timestamp_seconds`` (when it opened, while open),
+``plait_llm_circuit_openings_total``, ``plait_llm_circuit_skipped_total`` (calls that passed
+it by); what it served and failed are its ``calls`` and ``failures``. For each endpoint with a
+``budget``: ``plait_budget{endpoint,books,kind}``, its ``limit``, ``spent``, ``held`` (by calls
+in flight) and ``left`` in ``calls``, ``tokens`` or ``cost`` (dollars).
 """
 
 from __future__ import annotations
@@ -109,6 +115,57 @@ class _RunsAndModelCalls:
             in_flight.add_metric([endpoint], stat.in_flight)
             queue.add_metric([endpoint], stat.queue_depth)
         yield from (tokens, cost, in_flight, queue)
+        yield from _circuits(stats)
+        yield _budgets(stats)
+
+
+def _circuits(stats: dict[str, Any]) -> Iterator[Metric]:
+    """The circuits of the endpoints that fallback chains list (the others keep none)."""
+    is_open = GaugeMetricFamily(
+        "plait_llm_circuit_open", "1 while a fallback chain skips the endpoint.",
+        labels=["endpoint"],
+    )  # fmt: skip
+    opened = GaugeMetricFamily(
+        "plait_llm_circuit_opened_timestamp_seconds",
+        "When the endpoint's circuit opened (Unix time), while it is open.",
+        labels=["endpoint"],
+    )
+    openings = CounterMetricFamily(
+        "plait_llm_circuit_openings", "Times the endpoint's circuit opened.", labels=["endpoint"]
+    )
+    skipped = CounterMetricFamily(
+        "plait_llm_circuit_skipped",
+        "Calls of a fallback chain that skipped the endpoint, its circuit open.",
+        labels=["endpoint"],
+    )
+    for endpoint, stat in stats.items():
+        if stat.circuit is None:
+            continue
+        is_open.add_metric([endpoint], 0 if stat.circuit == "closed" else 1)
+        if stat.circuit_opened_at is not None:
+            opened.add_metric([endpoint], stat.circuit_opened_at)
+        openings.add_metric([endpoint], stat.circuit_openings)
+        skipped.add_metric([endpoint], stat.circuit_skipped)
+    yield from (is_open, opened, openings, skipped)
+
+
+def _budgets(stats: dict[str, Any]) -> Metric:
+    """The books of each endpoint's budget (`plait.resources.books`)."""
+    family = GaugeMetricFamily(
+        "plait_budget",
+        "An endpoint budget's limit, spent, held (by calls in flight) and left, in calls, "
+        "tokens or dollars (kind=cost).",
+        labels=["endpoint", "books", "kind"],
+    )
+    for endpoint, stat in stats.items():
+        if stat.budget is None:
+            continue
+        for books, name in (("limit", "limits"), ("spent", "spent"), ("held", "held"),
+                            ("left", "left")):  # fmt: skip
+            for kind, value in stat.budget[name].items():
+                if kind in stat.budget["limits"]:
+                    family.add_metric([endpoint, books, kind], value)
+    return family
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

@@ -17,9 +17,17 @@ import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    create_model,
+    field_validator,
+)
 
 from plait.cli.programs import inputs_of
 from plait.errors import ConfigError
@@ -74,12 +82,56 @@ class _Paused(BaseModel):
 
 
 class ChatMessage(BaseModel):
-    """One turn of a conversation, OpenAI-style."""
+    """One turn of a conversation, OpenAI-style: its content text, or parts of text."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, content: Any) -> Any:
+        problem = _content_problem(content)
+        if problem is not None:
+            raise ValueError(problem)
+        return content
+
+
+def _content_problem(content: Any) -> str | None:
+    """Returns why a turn's content cannot reach a served program, or None when it can.
+
+    A conversation sent as JSON carries text: a part of another type (``image_url``,
+    ``input_audio``, ``file``) has no plait value to become, so it is refused here, by the
+    request's check, instead of failing the run on the server (a 500).
+    """
+    if not isinstance(content, list):
+        return None
+    for index, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            return (
+                f"part {index} is {kind!r}, not a text part: a conversation sent to a served "
+                "program holds text ({'type': 'text', 'text': ...}); send an image or a file "
+                "as an input of its own to a program that declares one"
+            )
+    return None
+
+
+def _checked_conversation(value: Any) -> Any:
+    """Returns the prompt of an `LLMInference` served as is; a conversation (a list of
+    messages) is checked as `ChatMessage` checks its content.
+
+    Raises:
+        ValueError: a message holds a part that is not text, naming the message.
+    """
+    if isinstance(value, list):
+        for index, message in enumerate(value):
+            if isinstance(message, dict):
+                problem = _content_problem(message.get("content"))
+                if problem is not None:
+                    raise ValueError(f"message {index}: {problem}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -278,6 +330,8 @@ def _input_fields(module: Module) -> tuple[dict[str, Any], list[str]]:
             histories.append(name)
             annotation = list[ChatMessage]
         annotation = _describable(annotation)
+        if isinstance(module, LLMInference):  # a conversation as a list of messages
+            annotation = Annotated[annotation, AfterValidator(_checked_conversation)]
         default = ... if name in inputs.required else _default_of(module, name)
         fields[name] = (annotation, default)
     return fields, histories

@@ -199,7 +199,7 @@ def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JsonRespo
             return error_response(429, "too_many_paused", message, scope)
         return error_response(503, "pending_store_full", message, scope, headers=retry)
     if isinstance(exc, BudgetExceededError):
-        error_id = failure_id(exc, scope, "run")
+        error_id = failure_id(exc, scope, "run", expected=True)
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"
         return error_response(503, "budget_exhausted", message, scope, error_id=error_id)
     return failure_response(exc, scope, "run")

@@ -34,7 +34,7 @@ from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.limits import limiter_shares, too_small_to_share
 from plait.resources.usage import UsageMeter, metered
-from plait.serve.events import event_data
+from plait.serve.events import RunEvents
 from plait.serve.options import ServeOptions
 from plait.serve.pending import (
     MemoryPendingStore,
@@ -44,7 +44,7 @@ from plait.serve.pending import (
     SQLitePendingStore,
 )
 from plait.serve.programs import ServedProgram, json_data
-from plait.streaming import StreamEvent
+from plait.streaming import StreamEvent, StreamRestart
 
 __all__ = [
     "Admission",
@@ -308,9 +308,10 @@ class RunService:
         """Yields ``(name, data, in_reply)`` of each event of one run, then its last event:
         ``output``, ``paused`` or ``rejected`` (see `finish`).
 
-        ``in_reply`` tells a text event that is part of the chat reply as it is written
-        (`ServedProgram.reply_streams`: the text of the call whose output the program
-        returns, of the field that is the reply); the text of other calls is not.
+        Text events carry deltas (`RunEvents`). ``in_reply`` tells a text event that is
+        part of the chat reply as it is written (`ServedProgram.reply_streams`: the text of
+        the call whose output the program returns, of the field that is the reply), and a
+        restart of that call, which takes that text back; the text of other calls is not.
         Stopping the iteration (the client left) cancels the run and its requests.
 
         Raises:
@@ -319,6 +320,7 @@ class RunService:
         """
         outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
         reply = served.reply_streams(arguments)
+        encoder = RunEvents()
         with metered(outcome.usage):
             events = served.module.astream(**self._call_options(resume), **arguments)
             try:
@@ -326,7 +328,7 @@ class RunService:
                     if getattr(item, "confirmation", None) is not None:
                         outcome.pause = item.confirmation
                     elif isinstance(item, StreamEvent) and not _is_output(item):
-                        name, data = event_data(item)
+                        name, data = encoder.data(item)
                         yield name, data, _in_reply(item, reply)
                     else:
                         outcome.output = item
@@ -537,10 +539,15 @@ def check_shares(resources: Any, workers: int) -> None:
 
 
 def _in_reply(event: StreamEvent, reply: tuple[Module, str] | None) -> bool:
-    """Whether ``event`` is text of the chat reply's module and field (see `stream`)."""
+    """Whether ``event`` is text of the chat reply's module and field, or a restart of that
+    module, which takes its text back (see `stream`)."""
     if reply is None or getattr(event, "module", None) is not reply[0]:
         return False
-    return not reply[1] or getattr(event, "field_name", None) == reply[1]
+    return (
+        isinstance(event, StreamRestart)
+        or not reply[1]
+        or getattr(event, "field_name", None) == reply[1]
+    )
 
 
 def _pending_store(options: ServeOptions) -> PendingStore:

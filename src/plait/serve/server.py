@@ -6,20 +6,27 @@ then uvicorn stops as usual and cancels whatever is left. A second signal stops 
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
 and opens its own resources holding one ``workers``-th of every endpoint's limits (so
 together they never pass them), and a stop lets requests finish within ``grace``
-(uvicorn's graceful timeout) without the readiness phase.
+(uvicorn's graceful timeout) without the readiness phase. Every connection is served by
+`plait.serve.http_protocol.BoundedHttp`, which bounds a request's head and the time a client
+takes to send a request.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
 
+from plait.serve.http_protocol import http_protocol
 from plait.serve.options import ServeOptions, check_exposure
 
 __all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "worker_app"]
@@ -27,7 +34,8 @@ __all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "
 logger = logging.getLogger("plait.serve")
 
 _WORKER_CONFIG_ENV = "PLAIT_SERVE_WORKER_CONFIG"
-"""Where `serve` tells each worker process what to load (the command line's own arguments)."""
+"""The environment variable naming the file where `serve_workers` tells each worker process
+what to load (the command line's own arguments, API keys included: `_private_file`)."""
 
 
 def serve(
@@ -52,6 +60,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        http=http_protocol(options),
         timeout_graceful_shutdown=1,  # what outlives the drain is cancelled soon after it
         access_log=False,  # plait.serve.access logs every request with its id
     )
@@ -74,28 +83,54 @@ def serve_workers(
         ConfigError: ``host`` is not loopback and no API key is set.
     """
     check_exposure(host, options)
-    os.environ[_WORKER_CONFIG_ENV] = json.dumps(
-        {"programs": programs, "resources": resources_path, "options": _plain(options)}
-    )
-    uvicorn.run(
-        "plait.serve.server:worker_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=options.workers,
-        log_level=log_level,
-        timeout_graceful_shutdown=int(options.grace),
-        access_log=False,
-    )
+    config = {"programs": programs, "resources": resources_path, "options": _plain(options)}
+    with _private_file(json.dumps(config)) as path:
+        os.environ[_WORKER_CONFIG_ENV] = path
+        try:
+            uvicorn.run(
+                "plait.serve.server:worker_app",
+                factory=True,
+                host=host,
+                port=port,
+                workers=options.workers,
+                log_level=log_level,
+                http=http_protocol(options),
+                timeout_graceful_shutdown=int(options.grace),
+                access_log=False,
+            )
+        finally:
+            del os.environ[_WORKER_CONFIG_ENV]
+
+
+@contextlib.contextmanager
+def _private_file(text: str) -> Iterator[str]:
+    """Yields the path of a file holding ``text`` that only this user can reach (in a new
+    folder of mode 0700), removed, with its folder, when the block ends.
+
+    The workers' configuration holds the API keys, so it never goes in the environment,
+    which every process a tool starts inherits: the environment names this file, and each
+    worker takes that name out of its own as it reads it. The file stays while the server
+    runs, for the workers uvicorn starts again in place of ones that died.
+    """
+    from plait._files import write_atomically
+
+    folder = tempfile.mkdtemp(prefix="plait-serve-")
+    path = os.path.join(folder, "workers.json")
+    try:
+        write_atomically(path, text)
+        yield path
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
+    from plait._files import read_json
     from plait.cli.programs import load_program
     from plait.resources import ResourceConfig
     from plait.serve import app
 
-    config = json.loads(os.environ[_WORKER_CONFIG_ENV])
+    config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
     if config["options"]["access_log"]:
         log_access_to_stderr()
     programs = {name: load_program(spec) for name, spec in config["programs"]}
@@ -131,6 +166,10 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "max_body_bytes": options.max_body_bytes,
         "deadline": options.deadline,
         "cors_origins": list(options.cors_origins),
+        "allowed_hosts": list(options.allowed_hosts),
+        "max_head_bytes": options.max_head_bytes,
+        "head_timeout": options.head_timeout,
+        "body_timeout": options.body_timeout,
         "grace": options.grace,
         "access_log": options.access_log,
         "workers": options.workers,

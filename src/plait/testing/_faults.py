@@ -30,6 +30,7 @@ class Fault:
         Fault(kind="slow", delay=5.0, times=1)    # answer the next request 5 s late
         Fault(kind="drop", times=1)               # close the next connection unanswered
         Fault(kind="drop", after_chunks=2)        # streams: cut off after 2 SSE events
+        Fault(kind="drop", after_chunks=3, rate=0.02, stream=True)  # 2 % of streams only
 
     With neither ``times`` nor ``rate`` a fault fires on every request until
     it is removed. Status faults answer at once (the server's ``latency`` is
@@ -55,6 +56,9 @@ class Fault:
     """The error message in the JSON body; a default names the fault."""
     after_chunks: int = 0
     """For ``drop`` on a streamed request: SSE events sent before the cut."""
+    stream: bool | None = None
+    """Fire only on streamed requests (True) or only on plain ones (False); None: on both.
+    A request it does not apply to does not draw from its generator."""
     fired: int = field(default=0, init=False)
     """How many requests this fault has fired on so far."""
     _rng: random.Random = field(init=False, repr=False, compare=False)
@@ -80,9 +84,10 @@ class Fault:
         """Whether the fault has fired its ``times`` and will not fire again."""
         return self.times is not None and self.fired >= self.times
 
-    def should_fire(self) -> bool:
-        """Decides for one request; counts the firing. Called once per request, in order."""
-        if self.is_exhausted:
+    def should_fire(self, stream: bool = False) -> bool:
+        """Decides for one request (``stream``: whether it asked for a stream); counts the
+        firing. Called once per request, in order."""
+        if self.is_exhausted or self.stream not in (None, stream):
             return False
         if self.rate is not None and self._rng.random() >= self.rate:
             return False

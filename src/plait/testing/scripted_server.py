@@ -327,9 +327,9 @@ class ScriptedServer:
         """Zeroes the counters and the log (see `ServerStats.reset`)."""
         self.stats.reset()
 
-    def _pick_fault(self) -> Fault | None:
+    def _pick_fault(self, stream: bool) -> Fault | None:
         for fault in self.faults:
-            if fault.should_fire():
+            if fault.should_fire(stream):
                 return fault
         return None
 
@@ -375,7 +375,7 @@ class ScriptedServer:
             request.headers.get("Authorization") != f"Bearer {self.api_key}"
         ):
             return self._json(record, 401, error_payload(401, "Incorrect API key provided."))
-        fault = self._pick_fault()
+        fault = self._pick_fault(record.stream)
         drop_after: int | None = None
         if fault is not None:
             record.fault = fault.describe()

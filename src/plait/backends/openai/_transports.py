@@ -59,7 +59,10 @@ def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> Bac
 
 
 def _connection_error(where: str, exc: BaseException, url: str) -> BackendConnectionError:
-    return BackendConnectionError(f"{where}: connection failed or dropped ({_described(exc, url)})")
+    return BackendConnectionError(
+        f"{where}: connection failed or dropped ({_described(exc, url)})",
+        unsent=isinstance(exc, ConnectionRefusedError),
+    )
 
 
 def _invalid_url(where: str, problem: str) -> BackendError:
