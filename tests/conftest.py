@@ -10,6 +10,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["postgres_server"]  # the real PostgreSQL server of the state tests
+
 
 @pytest.fixture(autouse=True)
 def _private_cache_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):

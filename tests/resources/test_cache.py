@@ -32,11 +32,11 @@ from plait.resources.cache import (
     DEFAULT_MEMORY_ENTRIES,
     CacheWarning,
     ResponseCacheStore,
-    SQLiteStore,
     cache_key,
     create_cache,
     default_cache_path,
 )
+from plait.resources.state.sqlite import SQLiteStore
 from plait.testing import Fault, ScriptedServer
 
 
@@ -318,8 +318,8 @@ async def test_a_file_of_another_program_or_format_is_refused(tmp_path: Path) ->
     db.close()
     with pytest.warns(CacheWarning, match="another program"):
         store = SQLiteStore(foreign)
-    assert not store.is_usable and store.get("k") is None
-    store.put("k", b"{}")  # dropped, the file is left alone
+    assert not store.is_usable and store.get("responses", "k") is None
+    store.add("responses", "k", b"{}")  # dropped, the file is left alone
     with sqlite3.connect(foreign) as db:
         assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("users",)]
     db.close()
@@ -337,7 +337,7 @@ def test_an_unwritable_location_is_reported_and_bypassed(tmp_path: Path) -> None
     blocker.write_text("a file where the cache directory should be")
     with pytest.warns(CacheWarning, match="not-a-dir"):
         store = SQLiteStore(blocker / "responses.sqlite")
-    assert store.error and store.get("k") is None
+    assert store.error and store.get("responses", "k") is None
 
 
 @pytest.mark.parametrize("planted", ["responses.sqlite", "responses.sqlite-wal"])
@@ -349,7 +349,7 @@ def test_a_link_planted_as_the_cache_file_is_refused_and_its_target_untouched(
     (tmp_path / planted).symlink_to(victim)
     with pytest.warns(CacheWarning, match="symbolic link"):
         store = SQLiteStore(tmp_path / "responses.sqlite")
-    store.put("k", b"{}")
+    store.add("responses", "k", b"{}")
     store.close()
     assert not store.is_usable and victim.read_text() == "precious\n"
 
@@ -376,7 +376,7 @@ async def test_memory_holds_at_most_memory_entries_and_disk_keeps_the_rest(
         hit = await cache.get("k0")  # evicted from memory, still on disk
         assert hit is not None and hit.text == "r0" and hit.usage == Usage(2, 3)
         assert "k0" in cache.memory and len(cache.memory) == 3
-        assert cache.store is not None and len(cache.store) == 6
+        assert cache.store is not None and cache.store.count("responses") == 6
     finally:
         await cache.aclose()
 

@@ -32,6 +32,24 @@ def _check_checkpoint_dir(path: Path | None) -> None:
         _fail(f"--checkpoint-dir {path} is a file; name a folder (it is made if missing)")
 
 
+def _with_state(resources: Any, url: str) -> Any:
+    """Returns the resources keeping their state in ``--state``, the store checked first.
+
+    Raises:
+        StateError: the store cannot be reached (host and port named, password
+            masked) or is newer than this plait; a `ConfigError`, so one line and exit 2.
+    """
+    from plait.resources.config import resources_with_state
+    from plait.resources.state import open_store, release_store
+
+    try:
+        resources = resources_with_state(resources, url)
+    except TypeError as exc:
+        _fail(f"--state: {exc}")
+    release_store(open_store(resources.state))
+    return resources
+
+
 def _resources(path: Path | None, program: Any) -> Any:
     """Returns the resources of a run: read from ``--resources``, or bound to the program.
 

@@ -47,6 +47,9 @@ common_run_options = [
                       "(example below)."),
     click.option("--checkpoint-dir", type=click.Path(path_type=Path),
                  help="Makes the run resumable: rerun with the same directory to continue."),
+    click.option("--state", "state", metavar="URL",
+                 help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite "
+                      "path): endpoints with cache = true share their replies there."),
     click.option("--max-concurrent", type=click.IntRange(min=1),
                  help="Most LLM calls in flight at once (endpoint limits apply too)."),
     click.option("--chunk-size", type=click.IntRange(min=1), default=2000, show_default=True,

@@ -51,6 +51,7 @@ async def run(
     record: bool = False,
     report: bool = False,
     batch_api: bool = False,
+    state: Any = None,
     **kwargs: Any,
 ) -> Any:
     """Runs ``module`` on one input, or on each item when the first argument is a list.
@@ -75,6 +76,9 @@ async def run(
         batch_api: send the batch's LLM calls through the provider's Batch API,
             level by level, at the batch price (`plait.execution.batch_api.BatchJob`;
             ``checkpoint_dir`` keeps the batch ids, so a rerun resumes).
+        state: a state store URL (``"postgresql://…"`` or an SQLite path):
+            endpoints with ``cache = true`` keep their replies there, shared
+            by every process that names it (`plait.resources.state`).
         **kwargs: execution options (``timeout`` per attempt, ``deadline`` for
             the whole call or batch, ``progress``, ``on_error``, ``cache=False``
             to skip response caches) or keyword arguments of ``forward``.
@@ -91,6 +95,11 @@ async def run(
         DeadlineExceededError: the ``deadline`` passed before the work was done.
     """
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
+    if state is not None:
+        from plait.resources.config import resources_with_state
+
+        found = resources_of(module, resources, who=type(module).__name__, takes="plait.run")
+        resources = resources_with_state(found, state)
     if resources is not None:
         call["resources"] = resources
     if record:

@@ -1,4 +1,4 @@
-"""Response cache: a memory LRU in front of an on-disk SQLite store.
+"""Response cache: a memory LRU in front of a state store (an SQLite file, or PostgreSQL).
 
 An endpoint whose configuration sets ``cache`` answers a repeated request
 from here instead of the provider: the second run of a batch sends nothing
@@ -14,11 +14,13 @@ only in key or URL share entries; ``rollout_id`` is how a caller asks for a
 deliberately fresh sample of an otherwise identical request.
 
 Values are JSON (text, tool calls, usage, finish reason, model), never
-pickle, so a cache file cannot run code when read. The store is one SQLite
-file in WAL mode, shared by every cache object of the process that names
-the same file. A file that SQLite cannot read (overwritten, truncated, from
-another program or format) is reported once with a `CacheWarning` naming it
-and then bypassed: calls go to the provider and nothing is written to it.
+pickle, so a stored reply cannot run code when read. The replies live in
+the table ``responses`` of a state store (`plait.resources.state`), shared
+by every cache object of the process that names the same store: an SQLite
+file in WAL mode (a file SQLite cannot read is reported once with a
+`CacheWarning` naming it and then bypassed: calls go to the provider and
+nothing is written to it), or a PostgreSQL schema that every process and
+machine shares (the first reply stored under a key stays).
 
 Configuration (``cache`` in an endpoint)::
 
@@ -26,25 +28,22 @@ Configuration (``cache`` in an endpoint)::
     "cache": "runs/responses.sqlite"                # that file
     "cache": {"path": "runs/r.sqlite", "memory_entries": 1000}
 
+With a state URL (``ResourceConfig(..., state=...)``, ``plait.run(...,
+state=...)``, a ``[state]`` table with ``url`` in a resources file,
+``--state``), ``True`` and a mapping without ``path`` keep the cache in that
+store instead; a ``path`` the endpoint names itself still wins.
+
 The default directory is ``$PLAIT_CACHE_DIR`` when set, else
 ``$XDG_CACHE_HOME/plait``, else ``~/.cache/plait``.
-
-SQLite work runs inline on the event loop: a hit from disk is one indexed
-read (about 15 µs) and a write one autocommitted insert (about 70 µs, no
-fsync: WAL with ``synchronous=NORMAL``), measured against a call's ~0.5 ms
-of client CPU; threads would cost more than they save.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
 import os
-import sqlite3
-import threading
-import time
-import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,17 +51,17 @@ from typing import Any
 
 import orjson
 
-from plait import _files
 from plait.backends import providers
 from plait.backends.types import Message, Request, Response, ToolCall, Usage
 from plait.resources.config import EndpointConfig
+from plait.resources.state import StateStore, StateURL, StateWarning, open_store, release_store
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
+    "MAX_PENDING_WRITES",
     "CacheWarning",
     "MemoryLRU",
     "ResponseCacheStore",
-    "SQLiteStore",
     "cache_key",
     "create_cache",
     "default_cache_path",
@@ -74,15 +73,17 @@ DEFAULT_MEMORY_ENTRIES = 10_000
 """Replies kept in memory per cache object unless ``memory_entries`` says otherwise."""
 
 _KEY_FORMAT = 1  # part of every key: bump it when what goes into a key changes
-_STORE_FORMAT = 1  # PRAGMA user_version of a plait cache file
 _TABLE = "responses"
+
+MAX_PENDING_WRITES = 10_000
+"""Writes to a PostgreSQL store waiting for the batch in flight, per cache; more are dropped."""
 
 Entry = tuple[str, tuple[ToolCall, ...], int, int, str | None, str | None]
 """A cached reply: text, tool calls, input tokens, output tokens, finish reason, model."""
 
 
-class CacheWarning(UserWarning):
-    """A response cache file could not be used; calls bypass it."""
+CacheWarning = StateWarning
+"""A response cache file could not be used; calls bypass it (the state store's warning)."""
 
 
 # -- keys -------------------------------------------------------------------------------
@@ -254,182 +255,32 @@ class MemoryLRU:
         return len(self._entries)
 
 
-# -- disk -------------------------------------------------------------------------------
-
-# SQLite answers BUSY/LOCKED while another process writes; that passes, so the
-# lookup is a miss (or the write is skipped) and the file stays in use.
-_TRANSIENT = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
-
-
-class SQLiteStore:
-    """The on-disk half of the cache: one SQLite file, keys to JSON values.
-
-    Opened on construction. Any SQLite error other than a passing lock makes
-    the store unusable: it warns once (`CacheWarning`, naming the file and
-    the reason), closes the file and from then on every `get` misses and
-    every `put` is dropped. `error` then says why.
-
-    Thread-safe (one lock per store): `create_cache` shares one store
-    between every cache of the process that names the same file, whatever
-    thread or event loop they run on.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 2.0) -> None:
-        self.path = Path(path)
-        self.error: str | None = None
-        """Why the store is bypassed, or None while it works."""
-        self._lock = threading.Lock()
-        self._db: sqlite3.Connection | None = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            companions = (self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))
-            _files.check_no_links(self.path, *companions)
-            db = sqlite3.connect(
-                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
-            )
-        except (OSError, sqlite3.Error) as exc:
-            self._fail(exc)
-            return
-        self._db = db
-        try:
-            self._prepare(db)
-        except sqlite3.Error as exc:
-            self._fail(exc)
-
-    def _prepare(self, db: sqlite3.Connection) -> None:
-        db.execute("PRAGMA journal_mode=WAL")  # reads the header: garbage fails here
-        db.execute("PRAGMA synchronous=NORMAL")
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        if version == 0:
-            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master")]
-            if tables and _TABLE not in tables:
-                raise sqlite3.DatabaseError(
-                    f"it is an SQLite database of another program (tables {', '.join(tables)})"
-                )
-            db.execute(
-                f"CREATE TABLE IF NOT EXISTS {_TABLE} "
-                "(key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL) WITHOUT ROWID"
-            )
-            db.execute(f"PRAGMA user_version={_STORE_FORMAT}")
-        elif version != _STORE_FORMAT:
-            raise sqlite3.DatabaseError(
-                f"it is in cache format {version}; this plait reads format {_STORE_FORMAT}"
-            )
-
-    @property
-    def is_usable(self) -> bool:
-        """Whether the file is open and working."""
-        return self._db is not None
-
-    def get(self, key: str) -> bytes | None:
-        """Returns the stored value of ``key``, or None (also when the store is bypassed)."""
-        if self._db is None:
-            return None
-        try:
-            with self._lock:
-                row = self._db.execute(
-                    f"SELECT value FROM {_TABLE} WHERE key = ?", (key,)
-                ).fetchone()
-        except sqlite3.Error as exc:
-            self._on_error(exc, "read")
-            return None
-        return None if row is None else row[0]
-
-    def put(self, key: str, value: bytes) -> None:
-        """Stores ``value`` under ``key`` (replacing it); dropped when the store is bypassed."""
-        if self._db is None:
-            return
-        try:
-            with self._lock:
-                self._db.execute(
-                    f"INSERT OR REPLACE INTO {_TABLE} (key, value, created) VALUES (?, ?, ?)",
-                    (key, value, time.time()),
-                )
-        except sqlite3.Error as exc:
-            self._on_error(exc, "write")
-
-    def __len__(self) -> int:
-        """Returns how many replies the file holds (0 when bypassed)."""
-        if self._db is None:
-            return 0
-        try:
-            with self._lock:
-                return int(self._db.execute(f"SELECT count(*) FROM {_TABLE}").fetchone()[0])
-        except sqlite3.Error as exc:
-            self._on_error(exc, "count")
-            return 0
-
-    def close(self) -> None:
-        """Closes the file (a WAL checkpoint folds pending writes into it)."""
-        with self._lock:
-            db, self._db = self._db, None
-        if db is not None:
-            try:
-                db.close()
-            except sqlite3.Error as exc:  # closing a broken file: nothing left to save
-                logger.debug("closing response cache %s failed: %s", self.path, exc)
-
-    def _on_error(self, exc: sqlite3.Error, action: str) -> None:
-        name = getattr(exc, "sqlite_errorname", "")
-        if name in _TRANSIENT or "locked" in str(exc):
-            logger.debug("response cache %s busy on %s; skipped: %s", self.path, action, exc)
-            return
-        self._fail(exc)
-
-    def _fail(self, exc: BaseException) -> None:
-        """Bypasses the store from now on and says so, once."""
-        if self.error is not None:
-            return
-        self.error = str(exc) or type(exc).__name__
-        self.close()
-        # The state is final before the warning: under ``-W error`` it raises.
-        warnings.warn(
-            f"response cache {self.path} is unusable ({self.error}); it is bypassed and "
-            "calls go to the provider. Delete or move the file to start a new cache.",
-            CacheWarning,
-            stacklevel=2,
-        )
-
-
-# One store per file per process, counted by the caches using it.
-_stores: dict[Path, tuple[SQLiteStore, int]] = {}
-_stores_lock = threading.Lock()
-
-
-def _acquire_store(path: Path) -> SQLiteStore:
-    with _stores_lock:
-        store, users = _stores.get(path, (None, 0))
-        if store is None:
-            store = SQLiteStore(path)
-        _stores[path] = (store, users + 1)
-        return store
-
-
-def _release_store(store: SQLiteStore) -> None:
-    with _stores_lock:
-        current, users = _stores.get(store.path, (None, 0))
-        if current is not store:
-            return
-        if users > 1:
-            _stores[store.path] = (store, users - 1)
-            return
-        del _stores[store.path]
-    store.close()
-
-
 # -- the cache --------------------------------------------------------------------------
 
 
 class ResponseCacheStore:
-    """A response cache: `MemoryLRU` in front of a shared `SQLiteStore`.
+    """A response cache: `MemoryLRU` in front of the table ``responses`` of a state store.
 
     Implements the manager's ``ResponseCache`` protocol (``key``, ``get``,
     ``put``, ``aclose``). Built by `create_cache` from an endpoint's config;
-    build one yourself only to inspect or prefill a cache file.
+    build one yourself only to inspect or prefill a cache.
+
+    The store is an SQLite file (worked inline: about 15 µs a read) or a
+    PostgreSQL server (`plait.resources.state`): a lookup there runs on the
+    store's threads and waits at most the store's timeout (and never past the
+    call's deadline, which cancels it); a write is not waited for: writes go
+    in batches, one batch in flight at a time (at most `MAX_PENDING_WRITES`
+    waiting, the rest dropped), and `aclose` waits for those on their way. A
+    failed lookup misses and a failed write is dropped: the cache never fails
+    a call.
 
     Args:
-        path: the SQLite file (created, with its directory, if missing).
+        location: the SQLite file (created, with its directory, if missing)
+            or a state URL (`plait.resources.state.StateURL`).
         memory_entries: replies kept in memory (0: none).
+
+    Raises:
+        StateError: a PostgreSQL store cannot be reached or is newer than this plait.
 
     Example::
 
@@ -441,11 +292,20 @@ class ResponseCacheStore:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], memory_entries: int = DEFAULT_MEMORY_ENTRIES
+        self,
+        location: str | os.PathLike[str] | StateURL,
+        memory_entries: int = DEFAULT_MEMORY_ENTRIES,
     ) -> None:
-        self.path = Path(path).expanduser().absolute()
+        if isinstance(location, StateURL) or (isinstance(location, str) and "://" in location):
+            self.url = StateURL.parse(location)
+        else:
+            self.url = StateURL.parse(Path(location).expanduser().absolute())
+        self.path = Path(self.url.target) if self.url.kind == "sqlite" else None
+        """The SQLite file, or None for a PostgreSQL store."""
         self.memory = MemoryLRU(memory_entries)
-        self.store: SQLiteStore | None = _acquire_store(self.path)
+        self.store: StateStore | None = open_store(self.url)
+        self._pending: list[tuple[str, bytes]] = []  # writes not yet sent (PostgreSQL)
+        self._flushing: asyncio.Future[int] | None = None
 
     def key(self, endpoint: EndpointConfig, request: Request) -> str:
         """Returns the cache key of ``request`` on ``endpoint`` (see `cache_key`)."""
@@ -456,34 +316,98 @@ class ResponseCacheStore:
         entry = self.memory.get(key)
         if entry is None:
             store = self.store
-            raw = store.get(key) if store is not None else None
+            if store is None:
+                return None
+            if store.blocking:
+                raw = await self._off_loop(store, store.get, None, _TABLE, key)
+            else:
+                raw = store.get(_TABLE, key)
             if raw is None:
                 return None
             entry = _decode(raw)
             if entry is None:  # a value this plait cannot read: a miss, replaced on put
+                self._send(store, store.delete, _TABLE, key)
                 return None
             self.memory.put(key, entry)
         return _response_of(entry)
 
     async def put(self, key: str, response: Response) -> None:
-        """Stores the reply of a successful call (what it says, never its meta or cost)."""
+        """Stores the reply of a successful call (what it says, never its meta or cost).
+
+        The first reply stored under a key stays: another process writing the
+        same key at once leaves one row.
+        """
         entry = _entry_of(response)
         self.memory.put(key, entry)
-        if self.store is not None:
-            self.store.put(key, _encode(entry))
+        store = self.store
+        if store is None:
+            return
+        if not store.blocking:
+            store.add(_TABLE, key, _encode(entry))
+        elif len(self._pending) < MAX_PENDING_WRITES:
+            self._pending.append((key, _encode(entry)))
+            if self._flushing is None:
+                self._flush(store)
+        else:
+            logger.debug("response cache %s: too many writes pending; one dropped", self.url)
+
+    def _flush(self, store: StateStore) -> None:
+        """Sends the pending writes as one batch on the store's threads; the next batch
+        goes when it is done (one batch in flight per cache)."""
+        batch, self._pending = self._pending, []
+        loop = asyncio.get_running_loop()
+        flushing = loop.run_in_executor(_executor(store), store.add_many, _TABLE, batch)
+        self._flushing = flushing
+
+        def done(future: asyncio.Future[int]) -> None:
+            self._flushing = None
+            if not future.cancelled() and future.exception() is not None:
+                logger.debug("response cache %s: a write failed: %s", self.url, future.exception())
+            if self._pending and self.store is store:
+                self._flush(store)
+
+        flushing.add_done_callback(done)
+
+    def _send(self, store: StateStore, method: Any, *args: Any) -> None:
+        """Runs a rare write (a delete) inline on SQLite, on the store's threads otherwise."""
+        if not store.blocking:
+            method(*args)
+        else:
+            asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
+
+    async def _off_loop(self, store: StateStore, method: Any, default: Any, *args: Any) -> Any:
+        """Runs a read on the store's threads, waiting at most its timeout."""
+        future = asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
+        try:
+            return await asyncio.wait_for(future, getattr(store, "timeout", None))
+        except (TimeoutError, RuntimeError):  # slow, or the store closed under us
+            return default
 
     async def aclose(self) -> None:
-        """Stops using the file; it closes when the last cache of the process lets go."""
-        store, self.store = self.store, None
-        if store is not None:
-            _release_store(store)
+        """Waits (at most twice the store's timeout) for writes on their way, then lets go
+        of the store; it closes when the last cache of the process lets go."""
+        store = self.store
+        if store is None:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 2 * getattr(store, "timeout", 0.0)
+        while self._flushing is not None and deadline > loop.time():
+            await asyncio.wait([self._flushing], timeout=deadline - loop.time())
+        self.store = None
+        release_store(store)
 
     def __repr__(self) -> str:
         state = "bypassed" if self.store is None or not self.store.is_usable else "open"
+        where = str(self.path) if self.path is not None else str(self.url)
         return (
-            f"ResponseCacheStore({str(self.path)!r}, memory {len(self.memory)}/"
+            f"ResponseCacheStore({where!r}, memory {len(self.memory)}/"
             f"{self.memory.max_entries}, {state})"
         )
+
+
+def _executor(store: StateStore) -> Any:
+    """Returns the threads a blocking store's calls run on."""
+    return getattr(store, "executor", None)
 
 
 def default_cache_path() -> Path:
@@ -500,12 +424,19 @@ def default_cache_path() -> Path:
     return Path(directory).expanduser() / "responses.sqlite"
 
 
-def create_cache(endpoint: EndpointConfig) -> ResponseCacheStore:
+def create_cache(
+    endpoint: EndpointConfig, state: str | StateURL | None = None
+) -> ResponseCacheStore:
     """Builds the response cache an endpoint's ``cache`` setting asks for.
 
-    ``True`` uses `default_cache_path`; a string or path names the file; a
-    mapping may give ``path`` (default: as for True) and ``memory_entries``.
-    The manager calls this when it first routes a call to the endpoint.
+    ``True`` uses ``state`` when given, else `default_cache_path`; a string
+    or path names the file (or a state URL); a mapping may give ``path``
+    (default: as for True) and ``memory_entries``. The manager calls this
+    when it first routes a call to the endpoint, with its configuration's
+    ``state``.
+
+    Raises:
+        StateError: the state store is PostgreSQL and cannot be reached.
     """
     setting = endpoint.cache
     path: Any = None
@@ -516,4 +447,4 @@ def create_cache(endpoint: EndpointConfig) -> ResponseCacheStore:
             memory_entries = setting["memory_entries"]
     elif isinstance(setting, str | os.PathLike):
         path = setting
-    return ResponseCacheStore(path or default_cache_path(), memory_entries)
+    return ResponseCacheStore(path or state or default_cache_path(), memory_entries)

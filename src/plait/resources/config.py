@@ -25,6 +25,7 @@ endpoint of the chain after its retries goes to the next (`ResourceManager`).
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import weakref
@@ -39,6 +40,7 @@ from plait.backends._urls import redact_url
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
 from plait.resources.model_strings import entry_for
+from plait.resources.state.url import StateURL
 from plait.resources.usage import Price, price_for
 from plait.resources.validation import suggestion as _suggest
 
@@ -525,6 +527,10 @@ class ResourceConfig:
             Errors name it, and it is trusted less than code: its
             ``api_key_env`` may only name a variable that looks like a
             credential (see `allow_api_key_env`).
+        state: the state store (`plait.resources.state`): a
+            ``postgresql://`` URL or an SQLite path. Endpoints with
+            ``cache = true`` keep their replies there, shared by every process
+            that names it. In a file, a ``[state]`` table with ``url``.
 
     Raises:
         ConfigError: listing every problem found, one per line, each naming
@@ -550,7 +556,13 @@ class ResourceConfig:
     and ``n_ctx``. See `EndpointConfig` for what each means.
     """
 
-    def __init__(self, mapping: Mapping[str, Any], *, source: str | None = None) -> None:
+    def __init__(
+        self,
+        mapping: Mapping[str, Any],
+        *,
+        source: str | None = None,
+        state: str | os.PathLike[str] | StateURL | None = None,
+    ) -> None:
         prefix = f"in {source}: " if source else ""
         if not isinstance(mapping, Mapping):
             raise ConfigError(
@@ -580,6 +592,8 @@ class ResourceConfig:
         self._wildcard = endpoints.get(WILDCARD) or valid_chains.get(WILDCARD)
         self.source = source
         """The file the configuration was read from, if any."""
+        self.state = None if state is None else StateURL.parse(state)
+        """The state store's URL (password masked when shown), or None: caches stay local."""
         # ResourceManager.shared() keeps one manager per running loop here, so
         # the managers live exactly as long as this configuration.
         self._shared: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -624,7 +638,8 @@ class ResourceConfig:
             raise _not_utf8(file, exc) from exc
         data = _READERS[suffix](text, file)
         _check_size(data, file)
-        return cls(data, source=str(file))
+        data, state = _state_table(data, file)
+        return cls(data, source=str(file), state=state)
 
     @property
     def identity(self) -> tuple[Any, ...]:
@@ -644,8 +659,19 @@ class ResourceConfig:
                 (alias, tuple(e.name for e in chain))
                 for alias, chain in sorted(self._chains.items())
             )
-            self._identity = (endpoints, chains)
+            self._identity = (endpoints, chains, self.state)
         return self._identity
+
+    def with_state(self, state: str | os.PathLike[str] | StateURL | None) -> ResourceConfig:
+        """Returns this configuration with ``state`` as its state store (itself when equal)."""
+        url = None if state is None else StateURL.parse(state)
+        if url == self.state:
+            return self
+        other = copy.copy(self)
+        other.state = url
+        other._shared = weakref.WeakKeyDictionary()
+        other._identity = None
+        return other
 
     def resolve(self, alias: str) -> EndpointConfig:
         """Returns the endpoint that serves ``alias`` (its own entry, else ``"*"``).
@@ -897,6 +923,51 @@ def _check_size(data: Any, file: Path) -> None:
             pending.extend((item, depth + 1) for item in value.values())
         elif isinstance(value, list):
             pending.extend((item, depth + 1) for item in value)
+
+
+def resources_with_state(resources: Any, state: str | os.PathLike[str] | StateURL) -> Any:
+    """Returns ``resources`` (a `ResourceConfig` or a mapping) keeping their state in ``state``.
+
+    What ``plait.run(..., state=...)`` and ``--state`` use.
+
+    Raises:
+        TypeError: ``resources`` is a manager (or anything else), which keeps its own state.
+        ConfigError: ``state`` is not a state URL.
+    """
+    if isinstance(resources, Mapping):
+        resources = ResourceConfig(resources)
+    if not isinstance(resources, ResourceConfig):
+        raise TypeError(
+            "state applies to resources given as a ResourceConfig or a mapping, not a "
+            f"{type(resources).__name__}, which keeps its own; build it from "
+            "ResourceConfig(..., state=URL)"
+        )
+    return resources.with_state(state)
+
+
+def _state_table(data: Any, file: Path) -> tuple[Any, str | None]:
+    """Returns the file's aliases and the ``url`` of its ``[state]`` table, if it has one.
+
+    A top-level ``state`` entry with a ``url`` and no ``provider`` is the
+    table (an alias named ``state`` keeps working: it has a provider).
+    """
+    table = data.get("state") if isinstance(data, Mapping) else None
+    if not isinstance(table, Mapping) or "url" not in table or "provider" in table:
+        return data, None
+    unknown = sorted(str(key) for key in table if key != "url")
+    if unknown:
+        raise ConfigError(
+            f"{file}: table 'state': unknown key(s) {_quote_list(unknown)}; it takes 'url' "
+            "(a postgresql:// URL or an SQLite path; put the schema in it as ?schema=NAME)"
+        )
+    url = table["url"]
+    if not isinstance(url, str) or not url:
+        raise ConfigError(f"{file}: table 'state': 'url' must be a non-empty string")
+    try:
+        StateURL.parse(url)
+    except ConfigError as exc:
+        raise ConfigError(f"{file}: table 'state': {exc}") from None
+    return {alias: entry for alias, entry in data.items() if alias != "state"}, url
 
 
 _READERS: dict[str, Callable[[str, Path], Any]] = {

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import logging
 import time
@@ -103,7 +104,7 @@ _UNFINISHED = frozenset({"length", "content_filter"})
 """Finish reasons of replies that were cut off or withheld: returned, never cached."""
 
 
-def _default_cache_factory(config: EndpointConfig) -> ResponseCache:
+def _default_cache_factory(config: EndpointConfig, state: Any = None) -> ResponseCache:
     try:
         module = importlib.import_module("plait.resources.cache")
     except ModuleNotFoundError as exc:
@@ -113,7 +114,7 @@ def _default_cache_factory(config: EndpointConfig) -> ResponseCache:
             f"alias {config.name!r}: key 'cache' is set but the response cache "
             "(plait.resources.cache) is not available in this installation"
         ) from exc
-    cache: ResponseCache = module.create_cache(config)
+    cache: ResponseCache = module.create_cache(config, state)
     return cache
 
 
@@ -175,7 +176,8 @@ class ResourceManager:
             counts an endpoint without a price as free); a call that could
             never fit raises `BudgetExceededError` without sending anything.
         cache_factory: builds the response cache of an endpoint whose config
-            sets ``cache``; defaults to ``plait.resources.cache.create_cache``.
+            sets ``cache``; defaults to ``plait.resources.cache.create_cache``
+            (in the configuration's ``state`` store when it names one).
         clock: monotonic clock for the limiters (tests inject a fake one).
         sleep: sleep for limiter waits and retry backoff, on ``clock``'s scale.
         seed: seeds retry jitter, for reproducible tests.
@@ -221,7 +223,9 @@ class ResourceManager:
         self._budget_store = budget_store
         if budget_store is not None:
             self.ledger = budget_store.share("manager", self.ledger)
-        self._cache_factory = cache_factory or _default_cache_factory
+        self._cache_factory = cache_factory or functools.partial(
+            _default_cache_factory, state=config.state
+        )
         self._clock = clock
         self._sleep = sleep
         self._seed = seed

@@ -1,0 +1,286 @@
+"""The shared state store: a PostgreSQL schema every process and machine uses (``plait[postgres]``).
+
+Imported only when a state URL names PostgreSQL, so ``import plait`` never
+loads psycopg. Opening connects once, directly, to create the schema and
+its tables (under an advisory lock, so processes starting together do not
+race) and to check its version; a server that cannot be reached, or a
+schema written by a newer plait, raises `StateError` naming the host and
+port with the password masked.
+
+After that, work goes through a psycopg connection pool on the caller's
+thread (callers on an event loop use `executor`, a few threads of the
+store's own, under a timeout). A failure never raises: a read misses, a
+write is dropped, one log line says the store is down, and for the next
+second every call skips it at once instead of waiting again; then it is
+tried again, and a connection broken by a server restart is replaced (the
+pool drops it) so the store reconnects by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import psycopg
+import psycopg_pool
+from psycopg import sql
+
+from plait.resources.state.base import (
+    MAX_VALUE_BYTES,
+    SCHEMA_VERSION,
+    TABLES,
+    StateError,
+    check_table,
+)
+from plait.resources.state.url import StateURL
+
+__all__ = ["PostgresStore"]
+
+logger = logging.getLogger("plait.resources")
+
+T = TypeVar("T")
+
+_LOCK_ID = 0x706C616974  # "plait": serialises schema creation across processes
+_RETRY_AFTER = 1.0  # seconds a failed store is skipped before it is tried again
+
+
+class PostgresStore:
+    """A `StateStore` in one PostgreSQL schema (``url.schema``), shared by every process.
+
+    Args:
+        url: a ``postgresql://`` state URL.
+        timeout: seconds one operation may take (connecting, waiting for a
+            pooled connection, the statement); also the connect timeout.
+        max_connections: the pool's bound, and the threads of `executor`.
+
+    Raises:
+        StateError: the server cannot be reached or refuses the login, or the
+            schema was written by a newer plait.
+    """
+
+    blocking = True
+
+    def __init__(self, url: StateURL, *, timeout: float = 2.0, max_connections: int = 8) -> None:
+        self.url = url
+        self.timeout = timeout
+        self.error: str | None = None
+        """What went wrong in the current outage, or None while the store answers."""
+        self._down_until = 0.0
+        self._closed = False
+        self._lock = threading.Lock()
+        connect = {"autocommit": True, "connect_timeout": max(1, math.ceil(timeout))}
+        self._prepare(connect)
+        self._sql = {
+            table: {
+                name: sql.SQL(text).format(sql.Identifier(url.schema, table)).as_string(None)
+                for name, text in _STATEMENTS.items()
+            }
+            for table in TABLES
+        }
+        options = f"-c statement_timeout={int(timeout * 1000)}"
+        self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+            url.target,
+            kwargs={**connect, "options": options},
+            min_size=1,
+            max_size=max_connections,
+            timeout=timeout,
+            name="plait-state",
+            open=False,
+        )
+        self._pool.open(wait=False)
+        self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="plait-state")
+        """Where callers on an event loop run this store's calls."""
+
+    def _prepare(self, connect: dict[str, Any]) -> None:
+        """Creates the schema and tables on first use, and refuses a newer schema."""
+        schema = sql.Identifier(self.url.schema)
+        meta = sql.Identifier(self.url.schema, "meta")
+        try:
+            with psycopg.connect(self.url.target, **connect) as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_ID,))
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+                conn.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, value text NOT NULL)"
+                    ).format(meta)
+                )
+                conn.execute(
+                    sql.SQL(
+                        "INSERT INTO {} VALUES ('schema_version', %s) ON CONFLICT DO NOTHING"
+                    ).format(meta),
+                    (str(SCHEMA_VERSION),),
+                )
+                row = conn.execute(
+                    sql.SQL("SELECT value FROM {} WHERE name = 'schema_version'").format(meta)
+                ).fetchone()
+                self._check_version(None if row is None else row[0])
+                for table in TABLES:
+                    conn.execute(
+                        sql.SQL(
+                            "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, "
+                            "value bytea NOT NULL, created double precision NOT NULL)"
+                        ).format(sql.Identifier(self.url.schema, table))
+                    )
+        except psycopg.OperationalError as exc:
+            raise StateError(
+                f"state store {self.url} is unreachable at {self.url.where}: "
+                f"{self._reason(exc)}; start the server or correct the state URL"
+            ) from None
+        except psycopg.Error as exc:
+            raise StateError(
+                f"state store {self.url}: cannot prepare schema {self.url.schema!r}: "
+                f"{self._reason(exc)}"
+            ) from None
+
+    def _check_version(self, found: Any) -> None:
+        try:
+            version = int(found)
+        except (TypeError, ValueError):
+            version = -1
+        if version > SCHEMA_VERSION:
+            raise StateError(
+                f"state store {self.url}: schema {self.url.schema!r} is in plait state format "
+                f"{version}, newer than this plait reads ({SCHEMA_VERSION}); upgrade plait, "
+                "or name another schema with ?schema=NAME in the URL"
+            )
+        if version < 1:
+            raise StateError(
+                f"state store {self.url}: schema {self.url.schema!r} has a table 'meta' that "
+                "plait did not write; name another schema with ?schema=NAME in the URL"
+            )
+
+    def _reason(self, exc: BaseException) -> str:
+        """Returns the error's text on one line, with the URL's password masked."""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        password = urlsplit(self.url.target).password
+        if password:
+            text = text.replace(password, "***").replace(unquote(password), "***")
+        return text
+
+    @property
+    def is_usable(self) -> bool:
+        """Whether the store is open (it stays so through an outage, and reconnects)."""
+        return not self._closed
+
+    def get(self, table: str, key: str) -> bytes | None:
+        """Returns the value of ``key``, or None (absent, too large, or the store is down)."""
+        query = self._sql[check_table(table)]["get"]
+
+        def read(conn: psycopg.Connection[Any]) -> bytes | None:
+            row = conn.execute(query, (key, MAX_VALUE_BYTES)).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return self._call("read", read, None)
+
+    def add(self, table: str, key: str, value: bytes) -> bool:
+        """Stores ``value`` unless ``key`` has one (one row per key, whoever writes it)."""
+        query = self._sql[check_table(table)]["add"]
+        if len(value) > MAX_VALUE_BYTES:
+            return False
+
+        def write(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(query, (key, value, time.time())).rowcount == 1
+
+        return self._call("write", write, False)
+
+    def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """`add` for each ``(key, value)``, sent together (psycopg pipelines them)."""
+        query = self._sql[check_table(table)]["add"]
+        now = time.time()
+        rows = [(key, value, now) for key, value in items if len(value) <= MAX_VALUE_BYTES]
+        if not rows:
+            return 0
+
+        def write(conn: psycopg.Connection[Any]) -> int:
+            with conn.cursor() as cursor:
+                cursor.executemany(query, rows)
+                return max(cursor.rowcount, 0)
+
+        return self._call("write", write, 0)
+
+    def delete(self, table: str, key: str) -> bool:
+        """Removes ``key``; returns whether it was there."""
+        query = self._sql[check_table(table)]["delete"]
+        return self._call("delete", lambda conn: conn.execute(query, (key,)).rowcount == 1, False)
+
+    def count(self, table: str) -> int:
+        """Returns how many keys ``table`` holds (0 while the store is down)."""
+        query = self._sql[check_table(table)]["count"]
+
+        def count(conn: psycopg.Connection[Any]) -> int:
+            row = conn.execute(query).fetchone()
+            return 0 if row is None else int(row[0])
+
+        return self._call("count", count, 0)
+
+    def _call(self, action: str, work: Callable[[psycopg.Connection[Any]], T], default: T) -> T:
+        """Runs ``work`` on a pooled connection; ``default`` when the store is down or closed.
+
+        A connection broken under it (a server restart) is tried once more on
+        another, since the pool hands out connections it has not checked.
+        """
+        if self._closed or time.monotonic() < self._down_until:
+            return default
+        failure: BaseException | None = None
+        for _ in range(2):
+            try:
+                with self._pool.connection(timeout=self.timeout) as conn:
+                    result = work(conn)
+            except psycopg_pool.PoolTimeout as exc:
+                failure = exc
+                break
+            except psycopg.OperationalError as exc:
+                failure = exc
+                continue
+            except (psycopg.Error, psycopg_pool.PoolClosed) as exc:
+                failure = exc
+                break
+            if self.error is not None:
+                self.error = None
+                logger.warning("state store %s answers again", self.url)
+            return result
+        self._down(action, failure)
+        return default
+
+    def _down(self, action: str, failure: BaseException | None) -> None:
+        """Skips the store for a moment and says so once per outage."""
+        self._down_until = time.monotonic() + _RETRY_AFTER
+        with self._lock:
+            if self.error is not None or self._closed:
+                return
+            self.error = self._reason(failure) if failure is not None else "failed"
+        logger.warning(
+            "state store %s failed on %s (%s); reads miss and writes are dropped until it "
+            "answers again (retried every %.0f s)",
+            self.url,
+            action,
+            self.error,
+            _RETRY_AFTER,
+        )
+
+    def close(self) -> None:
+        """Closes the pool and the threads; later calls miss and drop."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self._pool.close(timeout=self.timeout)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("down" if self.error else "open")
+        return f"PostgresStore({str(self.url)!r}, schema {self.url.schema!r}, {state})"
+
+
+_STATEMENTS = {
+    "get": "SELECT value FROM {} WHERE key = %s AND octet_length(value) <= %s",
+    "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
+    "delete": "DELETE FROM {} WHERE key = %s",
+    "count": "SELECT count(*) FROM {}",
+}

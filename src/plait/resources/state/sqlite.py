@@ -1,0 +1,207 @@
+"""The embedded state store: one SQLite file in WAL mode, shared by the processes of one machine.
+
+A file that SQLite cannot read (overwritten, truncated, from another program
+or a newer plait) is reported once with a `StateWarning` naming it and then
+bypassed: reads miss and writes are dropped, so the work goes on without it.
+Its work runs inline: a read is one indexed lookup (about 15 µs) and a write
+one autocommitted insert (about 70 µs, no fsync: WAL with
+``synchronous=NORMAL``), cheaper than a thread hop.
+
+The layout is the response cache file of earlier plait versions (table
+``responses``, ``PRAGMA user_version`` 1), so an existing cache keeps working.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import threading
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+from plait import _files
+from plait.resources.state.base import (
+    MAX_VALUE_BYTES,
+    SCHEMA_VERSION,
+    TABLES,
+    StateWarning,
+    check_table,
+)
+from plait.resources.state.url import StateURL
+
+__all__ = ["SQLiteStore"]
+
+logger = logging.getLogger("plait.resources")
+
+# SQLite answers BUSY/LOCKED while another process writes; that passes, so the
+# lookup is a miss (or the write is skipped) and the file stays in use.
+_TRANSIENT = frozenset({"SQLITE_BUSY", "SQLITE_LOCKED"})
+
+
+class SQLiteStore:
+    """A `StateStore` in one SQLite file; opened (and its tables made) on construction.
+
+    Any SQLite error other than a passing lock makes the store unusable: it
+    warns once (`StateWarning`, naming the file and the reason), closes the
+    file and from then on every `get` misses and every `add` is dropped.
+    `error` then says why. Thread-safe (one lock per store).
+    """
+
+    blocking = False
+
+    def __init__(self, path: str | os.PathLike[str] | StateURL, *, busy_timeout: float = 2.0):
+        self.url = path if isinstance(path, StateURL) else StateURL.parse(Path(path))
+        self.path = Path(self.url.target)
+        self.error: str | None = None
+        """Why the store is bypassed, or None while it works."""
+        self._lock = threading.Lock()
+        self._db: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            companions = (self.path.with_name(self.path.name + end) for end in ("-wal", "-shm"))
+            _files.check_no_links(self.path, *companions)
+            db = sqlite3.connect(
+                self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+        except (OSError, sqlite3.Error) as exc:
+            self._fail(exc)
+            return
+        self._db = db
+        try:
+            self._prepare(db)
+        except sqlite3.Error as exc:
+            self._fail(exc)
+
+    def _prepare(self, db: sqlite3.Connection) -> None:
+        db.execute("PRAGMA journal_mode=WAL")  # reads the header: garbage fails here
+        db.execute("PRAGMA synchronous=NORMAL")
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master")]
+            if tables and not set(tables) & set(TABLES):
+                raise sqlite3.DatabaseError(
+                    f"it is an SQLite database of another program (tables {', '.join(tables)})"
+                )
+        elif version > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(
+                f"it is in cache format {version}; this plait reads format {SCHEMA_VERSION}"
+                " (upgrade plait, or name another file)"
+            )
+        for table in TABLES:
+            db.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} "
+                "(key TEXT PRIMARY KEY, value BLOB NOT NULL, created REAL NOT NULL) WITHOUT ROWID"
+            )
+        db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    @property
+    def is_usable(self) -> bool:
+        """Whether the file is open and working."""
+        return self._db is not None
+
+    def get(self, table: str, key: str) -> bytes | None:
+        """Returns the stored value of ``key``, or None (also when the store is bypassed)."""
+        if self._db is None:
+            return None
+        sql = f"SELECT value FROM {check_table(table)} WHERE key = ? AND length(value) <= ?"
+        try:
+            with self._lock:
+                row = self._db.execute(sql, (key, MAX_VALUE_BYTES)).fetchone()
+        except sqlite3.Error as exc:
+            self._on_error(exc, "read")
+            return None
+        return None if row is None else bytes(row[0])
+
+    def add(self, table: str, key: str, value: bytes) -> bool:
+        """Stores ``value`` unless ``key`` has one; dropped when the store is bypassed."""
+        if self._db is None or len(value) > MAX_VALUE_BYTES:
+            return False
+        sql = (
+            f"INSERT INTO {check_table(table)} (key, value, created) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO NOTHING"
+        )
+        try:
+            with self._lock:
+                return self._db.execute(sql, (key, value, time.time())).rowcount == 1
+        except sqlite3.Error as exc:
+            self._on_error(exc, "write")
+            return False
+
+    def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
+        """`add` for each ``(key, value)``, in one transaction."""
+        if self._db is None:
+            return 0
+        sql = (
+            f"INSERT INTO {check_table(table)} (key, value, created) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO NOTHING"
+        )
+        now = time.time()
+        rows = [(key, value, now) for key, value in items if len(value) <= MAX_VALUE_BYTES]
+        try:
+            with self._lock, self._db:  # one transaction: committed, or rolled back whole
+                self._db.execute("BEGIN")
+                return self._db.executemany(sql, rows).rowcount
+        except sqlite3.Error as exc:
+            self._on_error(exc, "write")
+            return 0
+
+    def delete(self, table: str, key: str) -> bool:
+        """Removes ``key``; returns whether it was there."""
+        if self._db is None:
+            return False
+        try:
+            with self._lock:
+                sql = f"DELETE FROM {check_table(table)} WHERE key = ?"
+                return self._db.execute(sql, (key,)).rowcount == 1
+        except sqlite3.Error as exc:
+            self._on_error(exc, "delete")
+            return False
+
+    def count(self, table: str) -> int:
+        """Returns how many keys ``table`` holds (0 when bypassed)."""
+        if self._db is None:
+            return 0
+        try:
+            with self._lock:
+                sql = f"SELECT count(*) FROM {check_table(table)}"
+                return int(self._db.execute(sql).fetchone()[0])
+        except sqlite3.Error as exc:
+            self._on_error(exc, "count")
+            return 0
+
+    def close(self) -> None:
+        """Closes the file (a WAL checkpoint folds pending writes into it)."""
+        with self._lock:
+            db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.close()
+            except sqlite3.Error as exc:  # closing a broken file: nothing left to save
+                logger.debug("closing state store %s failed: %s", self.path, exc)
+
+    def _on_error(self, exc: sqlite3.Error, action: str) -> None:
+        name = getattr(exc, "sqlite_errorname", "")
+        if name in _TRANSIENT or "locked" in str(exc):
+            logger.debug("state store %s busy on %s; skipped: %s", self.path, action, exc)
+            return
+        self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        """Bypasses the store from now on and says so, once."""
+        if self.error is not None:
+            return
+        self.error = str(exc) or type(exc).__name__
+        self.close()
+        # The state is final before the warning: under ``-W error`` it raises.
+        warnings.warn(
+            f"response cache {self.path} is unusable ({self.error}); it is bypassed and "
+            "calls go to the provider. Delete or move the file to start a new cache.",
+            StateWarning,
+            stacklevel=2,
+        )
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r}, {'open' if self._db else 'bypassed'})"

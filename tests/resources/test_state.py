@@ -1,0 +1,325 @@
+"""The state store's contract, run against SQLite and a real PostgreSQL server.
+
+The PostgreSQL server is the session's (tests/postgres_server.py), each test
+in a schema of its own; "no request was sent" is the scripted server's count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from plait.backends.types import Message, Request
+from plait.errors import ConfigError
+from plait.resources import ResourceConfig, ResourceManager
+from plait.resources.cache import ResponseCacheStore
+from plait.resources.state import (
+    StateError,
+    StateStore,
+    StateURL,
+    open_store,
+    release_store,
+)
+from plait.testing import ScriptedServer
+from postgres_server import PostgresServer
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return str(tmp_path / "state.sqlite")
+    return str(request.getfixturevalue("state_url"))
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[StateStore]:
+    opened = open_store(url)
+    yield opened
+    release_store(opened)
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ScriptedServer]:
+    async with ScriptedServer() as running:
+        yield running
+
+
+def ask(text: str) -> Request:
+    return Request(messages=(Message("user", text),))
+
+
+def endpoint(server: ScriptedServer) -> dict[str, Any]:
+    return {
+        "provider": "openai",
+        "model": "gpt-4o-mini",
+        "base_url": server.base_url,
+        "api_key": "test-key",
+        "retry_base_delay": 0.01,
+        "cache": True,
+    }
+
+
+# -- the contract, on both stores -----------------------------------------------------
+
+
+def test_a_key_is_stored_once_and_read_back(store: StateStore) -> None:
+    assert store.get("responses", "k") is None
+    assert store.add("responses", "k", b"first")
+    assert not store.add("responses", "k", b"second")  # the first value stays
+    assert store.get("responses", "k") == b"first"
+    assert store.count("responses") == 1
+    assert store.delete("responses", "k") and not store.delete("responses", "k")
+    assert store.get("responses", "k") is None and store.count("responses") == 0
+    with pytest.raises(ValueError, match="unknown state table 'users'"):
+        store.get("users", "k")
+
+
+def test_a_batch_of_writes_stores_each_new_key_once(store: StateStore) -> None:
+    assert store.add("responses", "old", b"kept")
+    items = [("old", b"replaced?"), ("a", b"1"), ("b", b"2"), ("a", b"again")]
+    store.add_many("responses", items)
+    assert store.count("responses") == 3
+    assert [store.get("responses", k) for k in ("old", "a", "b")] == [b"kept", b"1", b"2"]
+    assert store.add_many("responses", []) == 0
+
+
+def test_concurrent_writers_of_one_key_store_one_row(store: StateStore) -> None:
+    stored: list[bool] = []
+    start = threading.Barrier(8)
+
+    def write(n: int) -> None:
+        start.wait()
+        stored.append(store.add("responses", "same", f"writer {n}".encode()))
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert stored.count(True) == 1
+    assert store.count("responses") == 1
+    assert (store.get("responses", "same") or b"").startswith(b"writer ")
+
+
+def test_values_over_the_cap_are_neither_written_nor_read(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert store.add("responses", "big", b"x" * 64)
+    module = sys.modules[type(store).__module__]
+    monkeypatch.setattr(module, "MAX_VALUE_BYTES", 32)
+    assert store.get("responses", "big") is None  # stored before the cap: read as absent
+    assert not store.add("responses", "bigger", b"x" * 33)
+    assert store.add("responses", "small", b"x" * 32)
+
+
+def test_one_store_per_url_per_process(url: str) -> None:
+    first, second = open_store(url), open_store(url)
+    assert first is second
+    release_store(first)
+    assert first.is_usable  # still held by the second user
+    release_store(second)
+    assert not first.is_usable
+
+
+async def test_the_cache_keeps_replies_in_the_store_a_new_manager_reads(
+    url: str, server: ScriptedServer
+) -> None:
+    config = ResourceConfig({"fast": endpoint(server)}, state=url)
+    async with ResourceManager(config) as manager:
+        first = [await manager.complete("fast", ask(f"q{i}")) for i in range(5)]
+    async with ResourceManager(config) as manager:  # its memory is empty: the store answers
+        again = [await manager.complete("fast", ask(f"q{i}")) for i in range(5)]
+    assert server.stats.requests == 5
+    assert [r.text for r in again] == [r.text for r in first]
+    assert all(r.meta["cached"] for r in again)
+
+
+async def test_plait_run_with_state_keeps_the_cache_in_the_store(
+    url: str, server: ScriptedServer
+) -> None:
+    import plait
+
+    program = plait.LLMInference("fast")
+    outputs = await plait.run(
+        program, ["a", "b", "c"], resources={"fast": endpoint(server)}, state=url
+    )
+    assert [str(o) for o in outputs] == ["echo: a", "echo: b", "echo: c"]
+    store = open_store(url)
+    try:
+        for _ in range(100):  # PostgreSQL writes are not waited for; they land soon
+            if store.count("responses") == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert store.count("responses") == 3
+    finally:
+        release_store(store)
+
+
+# -- PostgreSQL: schema, URL, faults -----------------------------------------------------
+
+
+def test_a_newer_schema_is_refused_saying_what_to_do(state_url: str) -> None:
+    import psycopg
+
+    release_store(open_store(state_url))  # creates the schema, version 1
+    parsed = StateURL.parse(state_url)
+    with psycopg.connect(parsed.target, autocommit=True) as conn:
+        conn.execute(f"UPDATE {parsed.schema}.meta SET value = '99' WHERE name = 'schema_version'")
+    with pytest.raises(StateError, match=r"format 99, newer than this plait.*upgrade plait"):
+        open_store(state_url)
+
+
+def test_the_password_is_masked_in_every_repr_and_error(postgres_server: PostgresServer) -> None:
+    closed = _closed_port()
+    url = f"postgresql://bob:hunter2@127.0.0.1:{closed}/db?schema=proj&sslmode=disable"
+    parsed = StateURL.parse(url)
+    assert "hunter2" not in f"{parsed} {parsed!r}" and "bob:***@" in str(parsed)
+    assert "hunter2" in parsed.target and "schema" not in parsed.target
+    with pytest.raises(StateError) as caught:
+        open_store(url)
+    message = str(caught.value)
+    assert f"127.0.0.1:{closed}" in message and "hunter2" not in message
+    assert "\n" not in message
+    with pytest.raises(ConfigError, match=r"bob:\*\*\*@.*schema 'Bad-Name'"):
+        StateURL.parse("postgresql://bob:hunter2@h/db?schema=Bad-Name")
+    with pytest.raises(ConfigError, match="unknown scheme 'mysql'"):
+        StateURL.parse("mysql://bob:hunter2@h/db")
+
+
+async def test_the_database_restarted_mid_run_fails_no_call_and_the_cache_reconnects(
+    postgres_server: PostgresServer, state_url: str, server: ScriptedServer
+) -> None:
+    server.latency = 0.02
+    config = ResourceConfig({"fast": endpoint(server)}, state=state_url)
+    async with ResourceManager(config) as manager:
+        cache = manager._endpoint(config["fast"]).cache
+        assert isinstance(cache, ResponseCacheStore) and cache.store is not None
+        before = [manager.complete("fast", ask(f"before {i}")) for i in range(40)]
+        restart = asyncio.to_thread(postgres_server.restart)
+        results = await asyncio.gather(restart, *before)
+        during = await asyncio.gather(*(manager.complete("fast", ask(f"d {i}")) for i in range(40)))
+        assert all(r.text.startswith("echo: ") for r in [*results[1:], *during])
+        # The store comes back by itself: a new reply reaches it once it answers.
+        for attempt in range(100):
+            await manager.complete("fast", ask(f"after {attempt}"))
+            await asyncio.sleep(0.05)
+            if cache.store.get("responses", cache.key(config["fast"], ask(f"after {attempt}"))):
+                break
+        else:
+            pytest.fail("the cache never wrote to the restarted database again")
+
+
+async def test_a_database_that_does_not_answer_slows_no_call_past_its_timeout(
+    state_url: str, server: ScriptedServer
+) -> None:
+    import psycopg
+
+    config = ResourceConfig({"fast": endpoint(server)}, state=state_url)
+    async with ResourceManager(config) as manager:
+        await manager.complete("fast", ask("warm"))  # the schema exists, the pool is open
+        parsed = StateURL.parse(state_url)
+        with psycopg.connect(parsed.target) as blocker:  # holds the table until it closes
+            blocker.execute(f"LOCK TABLE {parsed.schema}.responses IN ACCESS EXCLUSIVE MODE")
+            replies = await asyncio.gather(
+                *(manager.complete("fast", ask(f"blocked {i}")) for i in range(4))
+            )
+        assert [r.text for r in replies] == [f"echo: blocked {i}" for i in range(4)]
+        assert not any(r.meta.get("cached") for r in replies)
+    assert server.stats.requests == 5
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# -- processes ---------------------------------------------------------------------------
+
+CHILD = """
+import asyncio, json, sys
+from plait.backends.types import Message, Request
+from plait.resources import ResourceConfig, ResourceManager
+
+async def main():
+    config = ResourceConfig(json.loads(sys.argv[1]), state=sys.argv[2])
+    async with ResourceManager(config) as manager:
+        replies = await asyncio.gather(*(
+            manager.complete("fast", Request(messages=(Message("user", f"q{i}"),)))
+            for i in range(20)
+        ))
+    print(sum(1 for r in replies if r.meta.get("cached")))
+
+asyncio.run(main())
+"""
+
+
+async def test_two_processes_share_the_cache_through_postgres(
+    state_url: str, server: ScriptedServer
+) -> None:
+    import json
+
+    env = {**os.environ, "PYTHONPATH": SRC}
+    args = [sys.executable, "-c", CHILD, json.dumps({"fast": endpoint(server)}), state_url]
+    first = await asyncio.to_thread(subprocess.run, args, capture_output=True, text=True, env=env)
+    assert first.returncode == 0, first.stderr
+    assert server.stats.requests == 20 and first.stdout.strip() == "0"
+    second = await asyncio.to_thread(subprocess.run, args, capture_output=True, text=True, env=env)
+    assert second.returncode == 0, second.stderr
+    assert server.stats.requests == 20  # the second process sent nothing upstream
+    assert second.stdout.strip() == "20"
+
+
+def test_plait_run_with_an_unreachable_state_store_says_so_in_one_line(
+    postgres_server: PostgresServer, tmp_path: Path
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "hi"}\n')
+    resources = tmp_path / "res.toml"
+    resources.write_text('[fast]\nprovider = "openai"\nmodel = "gpt-4o-mini"\ncache = true\n')
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import plait\n"
+        "class Echo(plait.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.llm = plait.LLMInference('fast')\n"
+        "    def forward(self, text):\n"
+        "        return self.llm(text)\n"
+    )
+    closed = _closed_port()
+    url = f"postgresql://bob:hunter2@127.0.0.1:{closed}/db"
+    done = subprocess.run(
+        [sys.executable, "-m", "plait", "run", f"{program}:Echo", "-i", str(rows), "-o",
+         str(tmp_path / "out.jsonl"), "-r", str(resources), "--state", url],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC,
+                                             "OPENAI_API_KEY": "test-key"},
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{closed}" in lines[0] and "unreachable" in lines[0]
+    assert "hunter2" not in done.stderr and "bob:***@" in lines[0]
+
+
+def test_a_state_table_in_a_resources_file(tmp_path: Path, state_url: str) -> None:
+    file = tmp_path / "res.toml"
+    file.write_text(f'[fast]\nprovider = "local"\n\n[state]\nurl = "{state_url}"\n')
+    config = ResourceConfig.from_file(file)
+    assert config.aliases() == ["fast"] and config.state == StateURL.parse(state_url)
+    file.write_text(f'[fast]\nprovider = "local"\n\n[state]\nurl = "{state_url}"\nsize = 1\n')
+    with pytest.raises(ConfigError, match=r"table 'state': unknown key\(s\) 'size'"):
+        ResourceConfig.from_file(file)
