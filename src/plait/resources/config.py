@@ -547,7 +547,8 @@ class ResourceConfig:
     ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
     ``max_event_bytes``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
-    and ``n_ctx``. See `EndpointConfig` for what each means.
+    and ``n_ctx``; ``test`` takes none of its own (its replies go in
+    ``backend_options``). See `EndpointConfig` for what each means.
     """
 
     def __init__(self, mapping: Mapping[str, Any], *, source: str | None = None) -> None:
