@@ -25,7 +25,7 @@ from plait import (
     run,
 )
 from plait.backends import providers
-from plait.backends.types import Message, Request, ToolSpec
+from plait.backends.types import Message, Price, Request, Response, ToolCall, ToolSpec
 from plait.errors import BackendError, BudgetExceededError, ConfigError, RateLimitError
 from plait.streaming import OutputStreamChunk
 from plait.testing import TestBackend
@@ -217,3 +217,26 @@ async def test_nothing_touches_the_network(monkeypatch: pytest.MonkeyPatch) -> N
         outputs = await run(Predict(Triage, alias="llm"), ["a", "b", "c"], resources=manager)
         chunks = [chunk async for chunk in manager.stream("llm", ask())]
     assert len(outputs) == 3 and chunks
+
+
+def test_a_test_backend_given_as_it_is_costs_nothing_like_the_test_provider() -> None:
+    config = ResourceConfig(
+        {
+            "made": {"provider": TestBackend()},
+            "built": {"provider": TestBackend, "backend_options": {"replies": ["x"]}},
+            "priced": {"provider": TestBackend(), "price": {"input": 1.0, "output": 2.0}},
+        }
+    )
+    assert config["made"].effective_price == Price(0.0, 0.0)  # not "unknown"
+    assert config["built"].effective_price == Price(0.0, 0.0)
+    assert config["priced"].effective_price == Price(1.0, 2.0)
+
+
+async def test_a_response_reply_keeps_its_tool_calls_and_is_not_changed() -> None:
+    reply = Response(text="", tool_calls=(ToolCall("c1", "lookup", '{"city": "Oslo"}'),))
+    backend = TestBackend(replies=[reply, reply])
+    async with ResourceManager({"llm": {"provider": backend}}) as manager:
+        first = await manager.complete("llm", ask())
+        second = await manager.complete("llm", ask("again"))
+    assert first.tool_calls == second.tool_calls == reply.tool_calls
+    assert first.usage.output_tokens > 0 and reply.usage.total_tokens == 0 and not reply.meta

@@ -26,6 +26,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from plait.backends.base import Backend
@@ -100,7 +101,10 @@ class TestBackend(Backend):
         reply = await self._reply(request, index)
         if isinstance(reply, BaseException):
             raise reply
-        response = reply if isinstance(reply, Response) else _response(request, reply)
+        if isinstance(reply, Response):  # a copy: the layers above fill in its usage and meta
+            response = replace(reply, usage=replace(reply.usage), meta=dict(reply.meta))
+        else:
+            response = _response(request, reply)
         if response.model is None:
             response.model = self.model
         if response.usage.total_tokens == 0:
