@@ -5,26 +5,30 @@ request recorded; nothing touches the network."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import socket
 import subprocess
 import sys
+import uuid
 from typing import Any, Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from plait import (
     InputField,
     LLMInference,
     OutputField,
     Predict,
+    ReAct,
     ResourceConfig,
     ResourceManager,
     Signature,
     run,
 )
 from plait.backends import providers
+from plait.backends.test._made import made_value
 from plait.backends.types import Message, Price, Request, Response, ToolCall, ToolSpec
 from plait.errors import BackendError, BudgetExceededError, ConfigError, RateLimitError
 from plait.streaming import OutputStreamChunk
@@ -240,3 +244,54 @@ async def test_a_response_reply_keeps_its_tool_calls_and_is_not_changed() -> Non
         second = await manager.complete("llm", ask("again"))
     assert first.tool_calls == second.tool_calls == reply.tool_calls
     assert first.usage.output_tokens > 0 and reply.usage.total_tokens == 0 and not reply.meta
+
+
+class Node(BaseModel):
+    name: str
+    children: list[Node] = []
+    parent: Node | None = None
+
+
+class Bounded(BaseModel):
+    above_three: int = Field(gt=3, le=10)
+    half: float = Field(ge=0.5)
+    word: str = Field(min_length=10, max_length=12)
+    day: datetime.date
+    moment: datetime.datetime
+    key: uuid.UUID
+    which: Literal[3, 4]
+    pair: tuple[int, str]
+    maybe: int | None
+    tree: Node
+    three: list[int] = Field(min_length=3)
+    counts: dict[str, int]
+    flag: bool
+
+
+@pytest.mark.parametrize("model", [Bounded, Node, Item])
+def test_a_made_value_is_valid_for_bounds_formats_tuples_and_recursive_models(
+    model: type[BaseModel],
+) -> None:
+    value = made_value(model.model_json_schema())
+    model.model_validate(value)  # raises when the made value breaks the schema
+    assert made_value(model.model_json_schema()) == value  # the same every time
+
+
+async def test_a_react_agent_runs_to_its_final_answer() -> None:
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    class Sum(Signature):
+        """Answer."""
+
+        question: str = InputField()
+        answer: int = OutputField()
+
+    backend = TestBackend()
+    async with ResourceManager({"llm": {"provider": backend}}) as manager:
+        agent = ReAct(Sum, tools=[add], alias="llm", first_tool_choice="required")
+        assert (await run(agent, "1 + 2?", resources=manager)).answer == 0
+    first, second = backend.calls[:2]
+    assert first.tool_choice == "required" and [t.name for t in first.tools] == ["add"]
+    assert [m.content for m in second.messages if m.role == "tool"] == ["0"]  # add(a=0, b=0)
