@@ -7,15 +7,18 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
 import socket
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
 
+import plait
 from plait import (
     InputField,
     LLMInference,
@@ -295,3 +298,32 @@ async def test_a_react_agent_runs_to_its_final_answer() -> None:
     first, second = backend.calls[:2]
     assert first.tool_choice == "required" and [t.name for t in first.tools] == ["add"]
     assert [m.content for m in second.messages if m.role == "tool"] == ["0"]  # add(a=0, b=0)
+
+
+def test_plait_run_over_a_file_with_the_test_provider_from_a_resources_file(tmp_path: Path) -> None:
+    program = tmp_path / "triage.py"
+    program.write_text(
+        "from typing import Literal\n"
+        "from plait import InputField, OutputField, Predict, Signature\n\n"
+        "class Sort(Signature):\n"
+        '    """Sort a message."""\n'
+        "    message: str = InputField()\n"
+        '    label: Literal["bug", "question"] = OutputField()\n\n'
+        'sort = Predict(Sort, alias="llm")\n'
+    )
+    (tmp_path / "in.jsonl").write_text('{"message": "it crashes"}\n{"message": "hi"}\n')
+    (tmp_path / "res.toml").write_text('llm = "test"\n')
+    env = {**os.environ, "PYTHONPATH": str(Path(plait.__file__).parents[1])}
+    command = ["run", f"{program}:sort", "-i", "in.jsonl", "-o", "out.jsonl"]
+    done = subprocess.run(
+        [sys.executable, "-m", "plait", *command, "--resources", "res.toml"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [(row["label"], row["error"]) for row in rows] == [("bug", None), ("bug", None)]
+    assert "cost $0.0000" in done.stdout + done.stderr
