@@ -6,7 +6,9 @@ value, a number its lower bound (else 0), a string ``"test"`` (stretched or
 cut to its length bounds, or a sample of its ``format``), a list one item (or
 as many as ``minItems`` asks), an object every property it lists. Nested
 models are followed through ``$ref``; past a few levels an optional field is
-left null and a list empty, so a recursive model ends.
+left null and a list empty, so a recursive model ends. A string's ``pattern``
+and a number's ``multipleOf`` are not followed: a field with one needs its
+replies given.
 """
 
 from __future__ import annotations
