@@ -18,6 +18,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
 
 from tests.cli.sample_programs import Answer, Summarize  # noqa: E402
+from tests.distributed.ray_programs import Brief  # noqa: E402
 
 from plait import LLMInference, Module  # noqa: E402
 from plait.distributed import PlaitMapper, map_dataset  # noqa: E402
@@ -187,3 +188,40 @@ def test_the_endpoints_a_program_names_are_found_through_its_modules_and_chains(
     # "nowhere" is unknown and "llm" too (no "*" entry): their calls will say so
     assert [e.name for e in found] == ["a", "b", "judge"]
     assert endpoints_used(TwoAliases(), config) == found
+
+
+def _spent_by_workers(out: list[dict]) -> tuple[int, set[str]]:
+    served = [r for r in out if r["error"] is None]
+    return len(served), {r["output"].split()[0] for r in served}
+
+
+def test_two_workers_spend_one_endpoint_budget_together(cluster, server):
+    rows = [{"text": f"row {i}"} for i in range(60)]
+    ds = ray.data.from_items(rows, override_num_blocks=6)
+    # Prompts are free and a reply ("echo: row N") is 3 tokens at $1/3 each: a call costs
+    # (and, with max_tokens=3, holds at most) $1.00, so $20 has room for 20 calls.
+    price = {"input": 0.0, "output": 1_000_000 / 3}
+    resources = {"llm": server.endpoint(max_retries=0, price=price, budget=20.0)}
+
+    out = map_dataset(Brief(), ds, resources=resources, concurrency=2, batch_size=10).take_all()
+
+    served, pids = _spent_by_workers(out)
+    assert 19 <= server.stats.requests <= 20  # one budget for both workers, and used
+    assert served == server.stats.requests
+    assert len(pids) == 2
+    refused = [r["error"] for r in out if r["error"] is not None]
+    assert len(refused) == 60 - served and all("budget" in e for e in refused)
+
+
+def test_a_jobs_own_budget_holds_across_its_workers(cluster, server):
+    rows = [{"text": f"row {i}"} for i in range(40)]
+    ds = ray.data.from_items(rows, override_num_blocks=4)
+    resources = {"llm": server.endpoint(max_retries=0)}
+
+    out = map_dataset(
+        Brief(), ds, resources=resources, concurrency=2, batch_size=10, max_calls=15
+    ).take_all()
+
+    served, pids = _spent_by_workers(out)
+    assert server.stats.requests == served == 15  # max_calls is exact, whatever is in flight
+    assert len(pids) == 2

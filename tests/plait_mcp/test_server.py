@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
@@ -75,6 +76,13 @@ async def test_plait_mcp_over_streamable_http() -> None:
     with http_process(command, port) as url:
         async with Client(url) as client:
             await check_served_tools(client)
+        async with httpx.AsyncClient(timeout=30) as plain:  # what a web page could send
+            large = await plain.get(url, headers={"x-big": "a" * 100_000})
+            rebound = await plain.post(url, json={}, headers={"host": f"rebound.example:{port}"})
+            page = await plain.post(url, json={}, headers={"origin": "http://rebound.example"})
+            text = await plain.post(url, content="{}", headers={"content-type": "text/plain"})
+    assert large.status_code == 431  # the head bound `plait serve` has
+    assert (rebound.status_code, page.status_code, text.status_code) == (421, 403, 400)
 
 
 async def test_a_served_predict_takes_its_signature_inputs_and_uses_the_resources() -> None:

@@ -25,3 +25,11 @@ class WhoAnswers(Module):
     def forward(self, text: str) -> dict:
         reply = self.reply(text)
         return {"reply": reply, "pid": self.process(reply)}
+
+
+class WhoAnswersBriefly(WhoAnswers):
+    """`WhoAnswers` whose model call may answer 2 tokens at most (what a budget holds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reply = LLMInference("llm", "Echo.", max_tokens=2)

@@ -20,9 +20,10 @@ from plait.testing import ScriptedServer
 
 
 @contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """Serves ``app`` with uvicorn on 127.0.0.1; yields its base URL; stops it afterwards."""
-    server, thread = _start(app)
+async def serving(app: Any, **config: Any) -> AsyncIterator[str]:
+    """Serves ``app`` with uvicorn on 127.0.0.1 (``config``: more `uvicorn.Config` options);
+    yields its base URL; stops it afterwards."""
+    server, thread = _start(app, **config)
     await until(lambda: server.started or not thread.is_alive(), "uvicorn to start")
     try:
         yield _url(server)
@@ -46,8 +47,10 @@ def serving_in_thread(app: Any) -> Iterator[str]:
         thread.join(60)
 
 
-def _start(app: Any) -> tuple[uvicorn.Server, threading.Thread]:
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+def _start(app: Any, **options: Any) -> tuple[uvicorn.Server, threading.Thread]:
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=0, log_level="warning", lifespan="on", **options
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

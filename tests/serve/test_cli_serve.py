@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from plait.testing import ScriptedServer
 from serve.support import Gate, until
@@ -274,3 +276,33 @@ async def test_the_access_log_is_one_json_object_a_line_with_the_request_id(tmp_
     assert entry["method"] == "POST" and entry["path"] == "/programs/ask/run"
     assert set(entry) == {"request_id", "method", "path", "status", "duration_ms", "client"}
     assert "trace-43" not in logs["--no-access-log"]
+
+
+@pytest.mark.parametrize("workers", [[], ["--workers", "2"]], ids=["one", "workers"])
+async def test_plait_serve_answers_431_to_a_head_over_64_kib(
+    tmp_path: Path, workers: list[str]
+) -> None:
+    from serve.test_http_protocol import TAKEN_AT_MOST, head_flood
+
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    process = await asyncio.create_subprocess_exec(
+        *plait_command("serve", f"{program}:make", "-r", str(resources), "--port", "0", *workers),
+        env=environment(),
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        url = await _listening_url(process)
+        async with httpx.AsyncClient(timeout=60) as client:
+            for _ in range(3000):  # the workers listen once they have started
+                with contextlib.suppress(httpx.ConnectError):
+                    if (await client.get(f"{url}/healthz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.02)
+            large = await client.get(f"{url}/healthz", headers={"x-big": "a" * 70_000})
+        answer, sent = await asyncio.to_thread(head_flood, url)
+    finally:
+        process.terminate()
+        await asyncio.wait_for(process.wait(), 60)
+    assert large.status_code == 431 and large.json()["error"]["type"] == "head_too_large"
+    assert answer.startswith(b"HTTP/1.1 431 ") or answer == b""
+    assert sent < TAKEN_AT_MOST

@@ -129,7 +129,11 @@ async def test_a_body_over_the_limit_is_413_and_a_run_past_the_deadline_504() ->
                 for _ in range(10):
                     yield b"x" * 20
 
-            chunked = await client.post(f"{url}/programs/llm/run", content=chunks())
+            chunked = await client.post(
+                f"{url}/programs/llm/run",
+                content=chunks(),
+                headers={"content-type": "application/json"},
+            )
             slow = await client.post(f"{url}/programs/llm/run", json={"prompt": "x"})
             gate.opened.set()
     assert large.status_code == chunked.status_code == 413

@@ -26,7 +26,7 @@ pytest.importorskip("ray.serve")
 from ray import serve  # noqa: E402
 
 from plait.serve.ray_serve import deployment, run  # noqa: E402
-from serve.ray_programs import WhoAnswers  # noqa: E402
+from serve.ray_programs import WhoAnswers, WhoAnswersBriefly  # noqa: E402
 from serve.support import RAY_ON_A_BUSY_MACHINE, sse_events, upstream  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -143,6 +143,41 @@ def test_events_and_the_openai_route_pass_through_the_proxy(served):
     assert chat.status_code == 200
     content = json.loads(chat.json()["choices"][0]["message"]["content"])
     assert content["reply"] == "echo: hi there"
+
+
+def test_two_replicas_spend_one_endpoint_budget_together(served, upstream_server):
+    """Rounds of 40 requests at once against a budget with room for 100 calls: the two
+    replicas send at most 100 together (each one's own $100 would let all 120 of three
+    rounds through), and no fewer than the budget less one call's worst case."""
+    port = int(served.rsplit(":", 1)[1])
+    # Prompts are free and a reply ("echo: qN") is 2 tokens at $0.50 each: a call costs
+    # (and, with max_tokens=2, holds at most) $1.00.
+    budgeted = upstream(
+        upstream_server, max_concurrent=64, budget=100.0, price={"input": 0, "output": 500_000}
+    )
+    serve.delete("plait")
+    upstream_server.stats.reset()
+    try:
+        run({"who": WhoAnswersBriefly()}, budgeted, replicas=2, port=port, name="budgeted",
+            ray_options={"ray_actor_options": {"num_cpus": 0}})  # fmt: skip
+        served_pids: set[int] = set()
+        answered = refused = 0
+        for _ in range(6):  # rounds until the budget refuses
+            bodies = [{"text": f"q{i}"} for i in range(40)]
+            answers = asyncio.run(_post_all(f"{served}/programs/who/run", bodies))
+            ok = [a for a in answers if a.status_code == 200]
+            answered += len(ok)
+            served_pids |= {a.json()["output"]["pid"] for a in ok}
+            refused += len(answers) - len(ok)
+            if refused:
+                break
+    finally:
+        serve.delete("budgeted")
+        run({"who": WhoAnswers()}, upstream(upstream_server, max_concurrent=LIMIT), replicas=2,
+            port=port, ray_options={"ray_actor_options": {"num_cpus": 0}})  # fmt: skip
+    assert refused > 0
+    assert 99 <= answered == upstream_server.stats.requests <= 100  # one budget, and used
+    assert len(served_pids) == 2
 
 
 def test_resources_built_in_code_are_refused_with_what_to_pass_instead():

@@ -92,13 +92,16 @@ async def test_openapi_describes_inputs_from_forward_and_the_declared_output() -
     assert ok.json()["output"] == {"title": "short", "words": 2}
 
 
+JSON = {"content-type": "application/json"}
+
+
 async def test_bad_input_is_a_422_naming_the_field() -> None:
     async with ScriptedServer() as server:
         programs = {"qa": Predict("question -> answer"), "sum": Summarize()}
         async with serving(app(programs, upstream(server))) as url, httpx.AsyncClient() as client:
             missing = await client.post(f"{url}/programs/qa/run", json={"query": "hi"})
             wrong_type = await client.post(f"{url}/programs/sum/run", json={"text": ["x"]})
-            not_json = await client.post(f"{url}/programs/qa/run", content=b"{nope")
+            not_json = await client.post(f"{url}/programs/qa/run", content=b"{nope", headers=JSON)
     assert missing.status_code == 422
     assert missing.json()["error"]["message"] == "question: Field required"
     assert "query" in str(missing.json()["error"]["fields"])
@@ -118,7 +121,7 @@ async def test_the_run_route_answers_like_a_typed_route_for_other_methods_and_qu
             )
             off = await client.post(f"{url}/programs/qa/run?stream=no", json={"question": "hi"})
             on = await client.post(f"{url}/programs/qa/run?stream=1", json={"question": "hi"})
-            empty = await client.post(f"{url}/programs/qa/run")
+            empty = await client.post(f"{url}/programs/qa/run", headers=JSON)
             other = await client.post(f"{url}/programs/nope/run", json={"question": "hi"})
             nowhere = await client.get(f"{url}/nowhere")
     assert got.status_code == 405 and got.headers["allow"] == "POST"

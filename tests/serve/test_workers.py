@@ -33,13 +33,15 @@ def make():
 """
 
 
-def files(tmp_path: Path, base_url: str, max_concurrent: int) -> tuple[Path, Path]:
+def files(
+    tmp_path: Path, base_url: str, max_concurrent: int, budget: str = ""
+) -> tuple[Path, Path]:
     program = tmp_path / "pid.py"
     program.write_text(PROGRAM)
     resources = tmp_path / "res.toml"
     resources.write_text(
         f'[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "{base_url}"\napi_key = "k"\n'
-        f"max_concurrent = {max_concurrent}\nmax_retries = 0\n"
+        f"max_concurrent = {max_concurrent}\nmax_retries = 0\n{budget}"
     )
     return program, resources
 
@@ -156,4 +158,57 @@ async def test_workers_get_the_api_keys_without_the_environment(tmp_path: Path) 
     shown = answer.json()["output"]
     assert "PATH" in shown  # the environments were shown
     assert key not in shown
+    assert code == 0
+
+
+def ten_tokens(body: dict) -> dict:
+    """A reply of 10 completion tokens and no prompt tokens: $1.00 at the price below."""
+    return {"content": "ok", "usage": {"prompt_tokens": 0, "completion_tokens": 10}}
+
+
+async def test_two_workers_together_spend_one_endpoint_budget(tmp_path: Path) -> None:
+    """Rounds of 64 requests at once against a budget with room for 150 calls: the two
+    workers send at most 150 together (each one's own $150 would let all 192 of three
+    rounds through), and no fewer than the budget less one call's worst case."""
+    async with ScriptedServer(latency=0.05, keep_log=False, responder=ten_tokens) as server:
+        # $0.10 a completion token, none for the prompt: every call costs $1.00, and holds
+        # at most $1.00 (the program's max_tokens=10) while in flight.
+        budget = "budget = 150.0\nprice = {input = 0.0, output = 100000.0}\n"
+        program, resources = files(tmp_path, server.base_url, max_concurrent=64, budget=budget)
+        program.write_text(PROGRAM.replace('"Be brief.")', '"Be brief.", max_tokens=10)'))
+        command = plait_command(
+            "serve", f"pid={program}:make", "-r", str(resources), "--port", "0", "--workers", "2"
+        )
+        process = await asyncio.create_subprocess_exec(
+            *command, env=environment(), stderr=asyncio.subprocess.PIPE
+        )
+        url = await _listening_url(process)
+        assert process.stderr is not None
+        log = asyncio.ensure_future(process.stderr.read())  # a full pipe would stall them
+        served: list[httpx.Response] = []
+        refused = 0
+        try:
+            for _ in range(5):  # rounds of fresh connections, until the budget refuses
+                async with httpx.AsyncClient(
+                    limits=httpx.Limits(max_connections=64), timeout=120
+                ) as client:
+                    await _until_ready(client, url)
+                    answers = await asyncio.gather(
+                        *(
+                            client.post(f"{url}/programs/pid/run", json={"prompt": f"q{i}"})
+                            for i in range(64)
+                        )
+                    )
+                served += [a for a in answers if a.status_code == 200]
+                refused += sum(a.status_code != 200 for a in answers)
+                if refused:
+                    break
+        finally:
+            process.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(process.wait(), 60)
+            await log
+    pids = {a.json()["output"].split()[0] for a in served}
+    assert 149 <= server.stats.requests <= 150, refused  # one budget for both, and used
+    assert len(served) == server.stats.requests
+    assert len(pids) == 2  # both workers spent from it
     assert code == 0

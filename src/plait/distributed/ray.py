@@ -37,22 +37,28 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
+from plait.distributed.budgets import BudgetAccounts, LinkedBudgets
 from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
 from plait.errors import UnknownAliasError, described
 from plait.module import Module
+from plait.resources.budget import Budget
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import limiter_shares
+from plait.resources.shared_budget import BudgetStore
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
 
 __all__ = [
+    "BudgetActor",
     "ClusterLimiters",
     "EndpointLimits",
     "PlaitMapper",
     "RayLink",
+    "budget_actor",
     "build_config",
+    "cluster_budgets",
     "cluster_limiters",
     "config_spec",
     "endpoints_used",
@@ -73,6 +79,13 @@ class EndpointLimits(LeaseLedger):
     event loop without a thread each. ``stats()`` tells what is leased, to whom, and how
     many leases lapsed.
     """
+
+
+@ray.remote(num_cpus=0, max_concurrency=100_000)  # type: ignore[call-overload]
+class BudgetActor(BudgetAccounts):
+    """A Ray actor keeping the books of the budgets every worker of a deployment or job
+    shares (`plait.distributed.budgets.BudgetAccounts`): endpoint budgets, the manager's,
+    and a job's own."""
 
 
 class RayLink:
@@ -144,6 +157,21 @@ def endpoint_actor(
     ).remote(
         config.max_concurrent, config.rpm, config.tpm, term=lease_term, adaptive=config.adaptive
     )
+
+
+def budget_actor(namespace: str, lifetime: str | None = None) -> Any:
+    """Returns the `BudgetActor` of ``namespace``, creating it on first use (any worker
+    may; ``lifetime`` as for `endpoint_actor`)."""
+    actor_class = cast("ActorClass[BudgetActor]", BudgetActor)
+    return actor_class.options(
+        name=f"plait-budgets:{namespace}", get_if_exists=True, lifetime=lifetime
+    ).remote()
+
+
+def cluster_budgets(actor: Any) -> BudgetStore:
+    """Returns a worker's budget store whose books ``actor`` (a `BudgetActor`) keeps, so
+    every worker given the same actor spends each budget once with the others."""
+    return BudgetStore(LinkedBudgets(RayLink(actor)))
 
 
 class ClusterLimiters:
@@ -252,6 +280,10 @@ class PlaitMapper:
         namespace: names this job's limit actors (two jobs with one namespace share limits).
         max_concurrent: LLM calls one worker keeps in flight (default 64).
         columns: ``{argument: column}`` for arguments whose column has another name.
+        budget: the job's ``(max_calls, max_tokens, max_cost)``, spent by all workers
+            together (None: no job budget).
+        budget_ledger: the `BudgetActor` keeping the books of the job's budgets (the
+            endpoints' ``budget`` and ``budget``); default: the one of ``namespace``.
 
     Example::
 
@@ -269,6 +301,8 @@ class PlaitMapper:
         namespace: str = "default",
         max_concurrent: int = 64,
         columns: Mapping[str, str] | None = None,
+        budget: tuple[int | None, int | None, float | None] | None = None,
+        budget_ledger: Any = None,
     ) -> None:
         from plait.cli.programs import RowMapper
 
@@ -278,6 +312,10 @@ class PlaitMapper:
         self.config = build_config(resources)
         self.max_concurrent = max_concurrent
         self._factory = _limiter_factory(limits, namespace, workers)
+        # Budgets are one for the whole job, whatever ``limits`` says: money is not split.
+        self._budgets = cluster_budgets(budget_ledger or budget_actor(namespace))
+        self._budget_limits = budget
+        self._budget: Any = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
@@ -291,17 +329,23 @@ class PlaitMapper:
     async def _run(self, items: list[Any]) -> list[Any]:
         from plait.execution import run
         from plait.resources import ResourceManager
+        from plait.resources.budget import budgeted
 
         if self._manager is None:
-            self._manager = ResourceManager(self.config, limiter_factory=self._factory)
-        return await run(
-            self.mapper.module,
-            items,
-            resources=self._manager,
-            max_concurrent=self.max_concurrent,
-            on_error="collect",
-            progress=False,
-        )
+            self._manager = ResourceManager(
+                self.config, limiter_factory=self._factory, budget_store=self._budgets
+            )
+            if self._budget_limits is not None:
+                self._budget = self._budgets.share("job", Budget.of(*self._budget_limits))
+        with budgeted(self._budget):
+            return await run(
+                self.mapper.module,
+                items,
+                resources=self._manager,
+                max_concurrent=self.max_concurrent,
+                on_error="collect",
+                progress=False,
+            )
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         names = list(batch)
@@ -352,6 +396,9 @@ def map_dataset(
     max_concurrent: int = 64,
     columns: Mapping[str, str] | None = None,
     namespace: str | None = None,
+    max_calls: int | None = None,
+    max_tokens: int | None = None,
+    max_cost: float | None = None,
 ) -> Any:
     """Runs ``program`` on every row of a Ray Dataset; returns the Dataset of results.
 
@@ -373,11 +420,18 @@ def map_dataset(
         columns: ``{argument: column}`` renames.
         namespace: names the endpoint actors; default: one per call, so
             separate jobs do not share limits unless asked to.
+        max_calls, max_tokens, max_cost: the job's hard budget, spent by all workers
+            together (as `plait.resources.budget.Budget`): a row whose call it refuses
+            gets its ``error``; endpoints' ``budget`` are spent once by the job too.
     """
     # A Dataset keeps the context it was created with: ordering is set on its own.
     ds.context.execution_options.preserve_order = True
     if namespace is None:
         namespace = os.urandom(4).hex()
+    budget = Budget.of(max_calls, max_tokens, max_cost)  # the limits checked here, once
+    # Made here, so the job's driver owns it: the books outlive any one worker, and the
+    # handle each mapper holds keeps it alive for the job.
+    ledger = budget_actor(namespace)
     return ds.map_batches(
         PlaitMapper,
         fn_constructor_kwargs={
@@ -388,6 +442,8 @@ def map_dataset(
             "namespace": namespace,
             "max_concurrent": max_concurrent,
             "columns": dict(columns or {}),
+            "budget": None if budget is None else (max_calls, max_tokens, max_cost),
+            "budget_ledger": ledger,
         },
         concurrency=concurrency,
         batch_size=batch_size,

@@ -5,6 +5,17 @@ All three resolve the options of the call (call kwargs > bind > the innermost
 (`_run_single`) or hand a batch (a list as first argument) to
 `plait.execution.batch`. Synchronous callers go through
 `plait.execution.sync_bridge`; `awaitable_or_result` is the rule that decides.
+
+Cold start: a new process's first result waits for little but the replies. The first
+call of an OpenAI-compatible endpoint imports the backend's module and httptools itself
+(about 8 ms; the http transport is plait's own). No thread imports them beforehand: a
+program is bound in well under a millisecond, so the first call came before such a
+thread had done anything and only waited on it. What a first call of a text program
+does not need loads on use (checkpoints, `BatchJob`, response formats, streamed fields,
+hashlib, random, email.utils; a base_url's ASCII host is checked without the IDNA codec;
+traceback loads only when an error Value is made): `tests/execution/test_cold_path.py`
+holds it so, and `benchmarks/cold_start_bench.py` measures the whole process against
+the replies' time.
 """
 
 from __future__ import annotations

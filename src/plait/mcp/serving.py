@@ -94,7 +94,9 @@ class ProgramServer:
         """Serves streamable HTTP at ``http://host:port/mcp`` until cancelled (or Ctrl-C).
 
         With ``api_keys``, a request must carry ``Authorization: Bearer <one of them>``
-        (else 401), as `plait serve` asks; without any, only this machine may connect.
+        (else 401), as `plait serve` asks; without any, only this machine may connect. A
+        request head over 64 KiB is answered 431, and a request not sent within its time
+        408, as by `plait serve` (`plait.serve.http_protocol`).
 
         Raises:
             ConfigError: ``host`` is reachable from other machines and no key is given.
@@ -107,7 +109,12 @@ class ProgramServer:
             from plait.serve.middleware import RequireApiKey
 
             app = RequireApiKey(app, tuple(api_keys))
-        config = uvicorn.Config(app, host=host, port=port, log_level="warning")
+        from plait.serve.http_protocol import http_protocol
+        from plait.serve.options import ServeOptions
+
+        # a request's head and the time to send it bounded as `plait serve` bounds them
+        http = http_protocol(ServeOptions())
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)
         await uvicorn.Server(config).serve()
 
     def run(

@@ -72,6 +72,7 @@ from plait.resources.endpoint import (
 )
 from plait.resources.limits import EndpointLimiter
 from plait.resources.retry import RetryPolicy, exhausted
+from plait.resources.shared_budget import BudgetStore
 from plait.resources.usage import UsageTotals, active_meters
 
 __all__ = ["EndpointStats", "ResourceManager", "ResponseCache"]
@@ -181,6 +182,10 @@ class ResourceManager:
         limiter_factory: builds the limiter of each endpoint from its
             configuration, instead of a local `Limiter` (``plait.distributed``
             plugs in one that asks a Ray actor, so limits hold across a cluster).
+        budget_store: keeps ``budget`` and the endpoints' ``budget`` where other
+            processes spend them too (`plait.resources.shared_budget.BudgetStore`:
+            ``plait serve --workers``' SQLite file, a cluster's budget actor), so
+            together they spend each once.
 
     Example::
 
@@ -203,6 +208,7 @@ class ResourceManager:
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         seed: int | None = None,
         limiter_factory: Callable[[EndpointConfig], EndpointLimiter] | None = None,
+        budget_store: BudgetStore | None = None,
     ) -> None:
         if not isinstance(config, ResourceConfig):
             config = ResourceConfig(config)
@@ -212,6 +218,9 @@ class ResourceManager:
         self.budget = budget
         self.ledger = None if budget is None else Budget(max_cost=budget, unpriced_free=True)
         """The books of ``budget`` (`Budget.snapshot` says what is spent, held and left)."""
+        self._budget_store = budget_store
+        if budget_store is not None:
+            self.ledger = budget_store.share("manager", self.ledger)
         self._cache_factory = cache_factory or _default_cache_factory
         self._clock = clock
         self._sleep = sleep
@@ -297,6 +306,10 @@ class ResourceManager:
             )
             if config.cache:
                 endpoint.cache = self._cache_factory(config)
+            if self._budget_store is not None:
+                endpoint.ledger = self._budget_store.share(
+                    f"endpoint:{config.name}", endpoint.ledger
+                )
             self._endpoints[config.name] = endpoint
         if in_chain and endpoint.circuit is None:
             endpoint.circuit = Circuit(

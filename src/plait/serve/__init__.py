@@ -19,9 +19,11 @@ in-memory stores), ``owners.py`` (whose a paused run is: the fingerprint of its 
 ``events.py`` (stream events as SSE), ``asgi.py`` (the app and its routes),
 ``run_route.py`` (``POST /programs/{name}/run`` as plain ASGI in front of FastAPI),
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
-access log, API keys, body limit), ``metrics.py`` (Prometheus), ``responses.py`` (answers
-cancelled when their client leaves), ``errors.py`` (JSON errors, error ids), ``options.py``,
-``server.py`` (uvicorn, draining on SIGTERM), ``ray_serve.py`` (the same app as Ray Serve
+access log, Host and Origin, API keys, JSON bodies and their size), ``metrics.py``
+(Prometheus), ``responses.py`` (answers cancelled when their client leaves), ``errors.py``
+(JSON errors, error ids), ``options.py``, ``server.py`` (uvicorn, draining on SIGTERM),
+``http_protocol.py`` (uvicorn's protocol with request heads bounded in size and time),
+``ray_serve.py`` (the same app as Ray Serve
 replicas whose endpoint limits hold across the cluster; the ``serve-ray`` extra).
 
 Nothing here is imported by ``import plait``; ``import plait.serve`` itself stays light

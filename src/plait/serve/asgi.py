@@ -27,7 +27,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from plait.serve.errors import error_response, failure_response
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
-from plait.serve.middleware import AccessLog, LimitBody, ObservedRequests, RequireApiKey
+from plait.serve.middleware import (
+    LOOPBACK_NAMES,
+    AccessLog,
+    CheckBody,
+    CheckHost,
+    ObservedRequests,
+    RequireApiKey,
+)
 from plait.serve.options import ServeOptions
 from plait.serve.owners import owner_of
 from plait.serve.programs import ServedProgram, served_programs
@@ -100,7 +107,8 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
 
 class ServedApp(FastAPI):
     """The FastAPI app of a server, behind plait's own layers (`_layers`): request ids,
-    access log and metrics, CORS, API keys, the body limit, and `RunRoutes`, which answers
+    access log and metrics, the Host and Origin check, CORS, API keys, the body's type and
+    size, and `RunRoutes`, which answers
     the run requests before FastAPI's per-request machinery would."""
 
     run_routes: dict[str, APIRoute]
@@ -145,7 +153,7 @@ def _layers(
 ) -> ASGIApp:
     """Returns ``inner`` (FastAPI's stack) inside plait's layers, outermost last here."""
     layered: ASGIApp = RunRoutes(inner, service, app.run_routes)
-    layered = LimitBody(layered, max_bytes=options.max_body_bytes)
+    layered = CheckBody(layered, max_bytes=options.max_body_bytes)
     if options.api_keys:
         layered = RequireApiKey(layered, keys=options.api_keys)
     if options.cors_origins:
@@ -156,6 +164,9 @@ def _layers(
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["x-request-id"],
         )
+    if (options.allowed_hosts or not options.api_keys) and "*" not in options.allowed_hosts:
+        names = LOOPBACK_NAMES | frozenset(options.allowed_hosts)
+        layered = CheckHost(layered, names, options.cors_origins)
     return ObservedRequests(layered, metrics=metrics, access_log=access_log)
 
 

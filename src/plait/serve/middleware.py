@@ -1,8 +1,8 @@
 """The ASGI layers every request passes, outermost first: request ids, access log and metrics
-(`ObservedRequests`), CORS when asked, API keys (`RequireApiKey`), the body size limit
-(`LimitBody`). Each is plain ASGI, so streamed responses and disconnects pass through untouched.
-The access log's lines are written by a thread of their own (`AccessLog`), off the requests'
-event loop.
+(`ObservedRequests`), the Host and Origin check (`CheckHost`: on without API keys), CORS when
+asked, API keys (`RequireApiKey`), the body's type and size (`CheckBody`). Each is plain ASGI,
+so streamed responses and disconnects pass through untouched. The access log's lines are
+written by a thread of their own (`AccessLog`), off the requests' event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ from starlette.types import Message, Receive, Scope, Send
 from plait.serve import owners
 from plait.serve.errors import error_response, failure_response
 
-__all__ = ["AccessLog", "LimitBody", "ObservedRequests", "RequireApiKey"]
+__all__ = [
+    "LOOPBACK_NAMES",
+    "AccessLog",
+    "CheckBody",
+    "CheckHost",
+    "ObservedRequests",
+    "RequireApiKey",
+]
 
 access_logger = logging.getLogger("plait.serve.access")
 
@@ -33,6 +40,13 @@ _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 """Paths that answer without an API key: an orchestrator's probes carry none, and a browser
 opening the chat page cannot send one (the page holds no data; it asks for the key)."""
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+"""The names a server without API keys answers to (with any port): only this machine's own
+programs reach it by them, and no web page elsewhere can take them as its own name."""
+
+_SHOWN = 100
+"""Characters of a client's Host or Origin an error repeats (the rest is cut)."""
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -123,9 +137,9 @@ class ObservedRequests:
     returns it in the ``X-Request-ID`` header, counts the request in the metrics, and has
     ``access_log`` write one JSON line when it is answered (when the logger
     ``plait.serve.access`` takes INFO lines). An exception no layer handled becomes the 500
-    with an error id (see `plait.serve.errors`). A response that started but never ended
-    (an event stream the client left) is counted and logged as 499, as a plain run the
-    client left is."""
+    with an error id (see `plait.serve.errors`). A request answered in part or not at all
+    (an event stream the client left, a body it never finished sending) is counted and
+    logged as 499, as a plain run the client left is."""
 
     def __init__(self, app: App, metrics: Any, access_log: AccessLog | None = None) -> None:
         self.app = app
@@ -154,8 +168,10 @@ class ObservedRequests:
         self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_with_id)
-            if answer["started"] and not answer["ended"]:
-                answer["status"] = 499  # a stream the client left: its head said 200
+            if not answer["ended"]:
+                # the client left: a stream (its head said 200), or a body it did not finish
+                # sending (or not in time: the server answered 408 itself)
+                answer["status"] = 499
         except Exception as exc:
             if answer["started"]:
                 raise  # the answer is under way: the server closes the connection
@@ -218,10 +234,103 @@ class RequireApiKey:
         return matched
 
 
-class LimitBody:
-    """Answers 413 to a request whose body is larger than ``max_bytes``: at once when its
-    ``Content-Length`` says so, otherwise as soon as it has sent that much. The body is read
-    here, whole, before the app sees it (the app reads it whole anyway)."""
+class CheckHost:
+    """Answers 421 to a request whose ``Host`` is not one of ``names`` (any port), and 403 to
+    one whose ``Origin`` is a page elsewhere: neither a name in ``names`` nor one of
+    ``origins``.
+
+    This keeps web pages from calling a server without API keys. A page the user opens can
+    have its own name resolve to 127.0.0.1 (DNS rebinding) and then call the server as its
+    own origin, reading the answers; its requests still name the page's host in ``Host``,
+    and in ``Origin`` when it posts. A page elsewhere that posts across origins without a
+    preflight names itself in ``Origin``. A request without ``Host`` is refused too; one
+    without ``Origin`` (a program's, not a browser's) is not.
+
+    Args:
+        names: host names as a ``Host`` header spells them without its port, in lower case.
+        origins: origins a browser may call from besides pages on ``names`` (CORS's), or
+            ``"*"`` for any.
+    """
+
+    def __init__(self, app: App, names: frozenset[str], origins: tuple[str, ...] = ()) -> None:
+        self.app = app
+        self.names = names
+        self.origins = frozenset(origins)
+        self.any_origin = "*" in self.origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        host: str | None = None
+        origin: str | None = None
+        for key, value in scope["headers"]:
+            if key == b"host":
+                host = value.decode("latin-1")
+            elif key == b"origin":
+                origin = value.decode("latin-1")
+        if host is None or _host_name(host) not in self.names:
+            known = ", ".join(sorted(self.names))
+            message = (
+                f"Host {(host or '')[:_SHOWN]!r} is not a name of this server, which answers "
+                f"only {known} (any port), so that no web page elsewhere can call it; name "
+                "it so, or start it with --allowed-host NAME (allowed_hosts=)"
+            )
+            response = error_response(421, "unknown_host", message, scope)
+        elif origin is not None and not self._allowed(origin):
+            message = (
+                f"Origin {origin[:_SHOWN]!r}: this server answers pages on its own names "
+                "only; let a page elsewhere call it with --cors-origin ORIGIN (cors_origins=)"
+            )
+            response = error_response(403, "cross_origin", message, scope)
+        else:
+            await self.app(scope, receive, send)
+            return
+        await response(scope, receive, send)
+
+    def _allowed(self, origin: str) -> bool:
+        if self.any_origin or origin in self.origins:
+            return True
+        scheme, separator, authority = origin.partition("://")
+        return (
+            separator == "://"
+            and scheme.lower() in ("http", "https")
+            and "/" not in authority
+            and _host_name(authority) in self.names
+        )
+
+
+def _host_name(authority: str) -> str:
+    """Returns the host name of a ``Host`` header or an origin's authority, without its
+    port, in lower case (an IPv6 address keeps its brackets)."""
+    authority = authority.strip().lower()
+    if authority.startswith("["):
+        return authority[: authority.find("]") + 1] or authority
+    return authority.partition(":")[0]
+
+
+def _is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names JSON: ``application/json`` or an ``application/…+json``
+    type, any parameters (a browser can send neither across origins without a preflight)."""
+    if content_type is None:
+        return False
+    essence = content_type.partition(";")[0].strip().lower()
+    return essence == "application/json" or (
+        essence.startswith("application/") and essence.endswith("+json")
+    )
+
+
+class CheckBody:
+    """Answers 415 to a POST whose body is not JSON by its ``Content-Type``, and 413 to a
+    request whose body is larger than ``max_bytes``: at once when its ``Content-Length`` says
+    so, otherwise as soon as it has sent that much. The body is read here, whole, before the
+    app sees it (the app reads it whole anyway).
+
+    Every POST this server takes (a run, a resume, a chat completion) is JSON, and a web page
+    can post only text, a form or no type at all to another origin without asking first (a
+    CORS preflight, which this server answers only for ``cors_origins``). So no page the user
+    visits can start a run or resume a paused one with the user's browser.
+    """
 
     def __init__(self, app: App, max_bytes: int) -> None:
         self.app = app
@@ -231,7 +340,18 @@ class LimitBody:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = _header(scope, b"content-length")
+        declared: bytes | None = None
+        kind: str | None = None
+        for key, value in scope["headers"]:
+            if key == b"content-length":
+                declared = value
+            elif key == b"content-type":
+                kind = value.decode("latin-1")
+        if scope["method"] == "POST" and not _is_json(kind):
+            got = f"got {kind[:_SHOWN]!r}" if kind is not None else "none was sent"
+            said = f"the body must be JSON: send the header Content-Type: application/json ({got})"
+            await error_response(415, "unsupported_media_type", said, scope)(scope, receive, send)
+            return
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._refuse(scope, receive, send)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 from collections.abc import Iterable
@@ -38,6 +39,21 @@ class ServeOptions:
     """Seconds one request may run (waits for limits included); past it, 504. None: no limit."""
     cors_origins: tuple[str, ...] = ()
     """Origins a browser may call from (``"*"`` for any); empty: CORS off."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host names a request may name in its ``Host`` (and a browser's ``Origin``) besides
+    ``localhost``, ``127.0.0.1`` and ``[::1]``, any port; ``"*"`` for any. Without API keys
+    the check is always on (a web page whose own name was pointed at 127.0.0.1 cannot call
+    the server: 421, or 403 for its ``Origin``); with keys, only when names are given."""
+    max_head_bytes: int = 65_536
+    """Largest request head (request line and headers); a larger one is answered 431 and
+    its connection closed before the rest is read. Held by `plait.serve.serve`'s server
+    (`plait.serve.server.http_protocol`)."""
+    head_timeout: float = 10.0
+    """Seconds a connection may take to send a request's head, from its opening or the
+    request's first byte; then 408 and the connection is closed. Held like ``max_head_bytes``."""
+    body_timeout: float = 60.0
+    """Seconds a request may take to send its body once its head is in; then 408 and the
+    connection is closed. Held like ``max_head_bytes``."""
     grace: float = 30.0
     """Seconds a stopping server lets runs in flight finish before it cancels them."""
     access_log: bool = True
@@ -46,6 +62,10 @@ class ServeOptions:
     """Processes serving together with these resources (``plait serve --workers``): each
     holds one ``workers``-th of every endpoint's limits (``max_concurrent``, ``rpm``,
     ``tpm``), so together they never pass them."""
+    budget_store: Any = None
+    """Where the endpoints' ``budget`` are kept when processes spend them together (a
+    `plait.resources.shared_budget.BudgetStore`); None: in this process. ``plait serve
+    --workers N`` gives every worker the one SQLite file its parent made."""
     pending_store: Any = None
     """Where paused runs wait (a `PendingStore`); None: the file ``pending_db``, or memory."""
     pending_db: str | None = None
@@ -69,12 +89,12 @@ class ServeOptions:
 
     def __post_init__(self) -> None:
         counts = ("max_active", "max_queued", "max_body_bytes", "max_pending_bytes", "workers")
-        for name in (*counts, "max_pending_runs", "max_pending_per_key"):
+        for name in (*counts, "max_pending_runs", "max_pending_per_key", "max_head_bytes"):
             if getattr(self, name) < (0 if name == "max_queued" else 1):
                 raise ConfigError(
                     f"serve option {name} must be positive, got {getattr(self, name)}"
                 )
-        for name in ("deadline", "grace", "pending_ttl"):
+        for name in ("deadline", "grace", "pending_ttl", "head_timeout", "body_timeout"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ConfigError(f"serve option {name} must be > 0 seconds, got {value}")
@@ -84,6 +104,7 @@ class ServeOptions:
             self.approval_key()  # an unset variable or a short key is found now, not on a pause
         object.__setattr__(self, "api_keys", tuple(self.api_keys))
         object.__setattr__(self, "cors_origins", tuple(self.cors_origins))
+        object.__setattr__(self, "allowed_hosts", tuple(map(_host_name, self.allowed_hosts)))
         for key in self.api_keys:
             if not isinstance(key, str) or len(key) < 8 or not key.isprintable() or " " in key:
                 raise ConfigError(
@@ -172,3 +193,25 @@ def check_exposure(host: str, options: ServeOptions) -> None:
         "the program at your expense; pass --api-key-env NAME or --api-key-file PATH, or "
         "bind 127.0.0.1"
     )
+
+
+def _host_name(entry: str) -> str:
+    """Returns an ``allowed_hosts`` entry as the ``Host`` header spells its name: lower case,
+    an IPv6 address in brackets.
+
+    Raises:
+        ConfigError: the entry is not a bare host name (a URL, a port, spaces).
+    """
+    name = entry.strip().lower() if isinstance(entry, str) else ""
+    if ":" in name and not name.startswith("["):
+        with contextlib.suppress(ValueError):  # an IPv6 address given without its brackets
+            name = f"[{ipaddress.IPv6Address(name)}]"
+    bracketed = name.startswith("[") and name.endswith("]")
+    port = ":" in name and not bracketed
+    if not name or port or any(c in name for c in "/@ \t,") or not name.isprintable():
+        raise ConfigError(
+            f"allowed host {entry!r} is not a host name; give the name alone, as a client "
+            "puts it in the Host header without its port (api.example.com, 10.0.0.5, [::1]), "
+            "or '*' for any"
+        )
+    return name

@@ -22,9 +22,16 @@ restart or scale without taking the limits with them (a replica that dies gives 
 permits back when its lease lapses), and named after the app and its limits, so a
 redeploy with other limits gets fresh ones; they hold no CPU and go with the cluster.
 
+The endpoints' ``budget`` are spent once by all replicas together: one more detached actor
+of the app (`plait.distributed.ray.BudgetActor`) keeps their books, and every request
+holds its worst case there before it is sent (two messages a request: the hold, and its
+settle), waiting while room held by any replica may come back. The books last as long as
+the actor, with the cluster: a redeploy with the same budgets goes on from what was
+spent, one with other budgets or limits starts new books.
+
 What stays per replica: admission (``max_active`` runs, ``max_queued`` waiting), the
-response cache, usage totals and budgets, ``/metrics``, and paused runs (a paused run is
-kept by the replica that paused it). Ray Serve may send a replica twice its places at once,
+response cache, usage totals, ``/metrics``, and paused runs (a paused run is kept by the
+replica that paused it). Ray Serve may send a replica twice its places at once,
 so an overload is still answered by plait's own 429 and health probes get through.
 
 Programs and resources travel to the replicas: programs pickled (or a function, run on
@@ -52,7 +59,14 @@ except ModuleNotFoundError as exc:
         f"plait.serve.ray_serve needs {exc.name}: pip install 'plait[serve-ray]'"
     ) from None
 
-from plait.distributed.ray import build_config, cluster_limiters, config_spec, endpoints_used
+from plait.distributed.ray import (
+    budget_actor,
+    build_config,
+    cluster_budgets,
+    cluster_limiters,
+    config_spec,
+    endpoints_used,
+)
 from plait.resources.config import ResourceConfig
 from plait.serve.options import ServeOptions, check_exposure
 
@@ -88,7 +102,9 @@ class PlaitReplica:
         limiters = cluster_limiters(self._namespace, lifetime="detached")
         # Before the replica takes requests: reaching the actors is not on a request's path.
         await limiters.open(endpoints_used(programs, config))
-        self._manager = ResourceManager(config, limiter_factory=limiters)
+        # The books of the endpoints' budgets, one for all replicas, outlive any replica too.
+        budgets = cluster_budgets(budget_actor(self._namespace, lifetime="detached"))
+        self._manager = ResourceManager(config, limiter_factory=limiters, budget_store=budgets)
         return app(programs, self._manager, **vars(self._options))
 
     async def __del__(self) -> None:
@@ -212,10 +228,11 @@ def _resources_spec(resources: Any) -> dict[str, Any] | str:
 
 
 def _namespace(name: str, config: ResourceConfig) -> str:
-    """Names the endpoint actors of an app: its name and a digest of each endpoint's limits,
-    so replicas of one deployment share them and a redeploy with other limits does not."""
+    """Names the endpoint and budget actors of an app: its name and a digest of each
+    endpoint's limits and budget, so replicas of one deployment share them and a redeploy
+    with other limits or budgets does not."""
     limits = [
-        (endpoint.name, endpoint.max_concurrent, endpoint.rpm, endpoint.tpm)
+        (endpoint.name, endpoint.max_concurrent, endpoint.rpm, endpoint.tpm, endpoint.budget)
         for endpoint in config.endpoints()
     ]
     digest = hashlib.sha256(json.dumps(limits).encode()).hexdigest()[:12]

@@ -199,6 +199,7 @@ class RunService:
             self.manager = ResourceManager(
                 _config(self.resources),
                 limiter_factory=limiter_shares(workers) if workers > 1 else None,
+                budget_store=self.options.budget_store,
             )
 
     async def aclose(self) -> None:

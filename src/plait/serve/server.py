@@ -6,12 +6,17 @@ then uvicorn stops as usual and cancels whatever is left. A second signal stops 
 With ``workers > 1`` uvicorn's process manager runs the workers: each loads the programs
 and opens its own resources holding one ``workers``-th of every endpoint's limits (so
 together they never pass them), and a stop lets requests finish within ``grace``
-(uvicorn's graceful timeout) without the readiness phase.
+(uvicorn's graceful timeout) without the readiness phase. Every connection is served by
+`plait.serve.http_protocol.BoundedHttp`, which bounds a request's head and the time a client
+takes to send a request. The endpoints' ``budget`` are not split but shared: the parent
+makes a private folder (mode 0700) with one SQLite file
+(`plait.resources.budget_file.BudgetFile`) that every worker holds and settles its
+requests in, so the workers together spend each budget once; the folder goes when the
+server stops.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -19,11 +24,12 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from plait.serve.http_protocol import http_protocol
 from plait.serve.options import ServeOptions, check_exposure
 
 __all__ = ["DrainingServer", "log_access_to_stderr", "serve", "serve_workers", "worker_app"]
@@ -57,6 +63,7 @@ def serve(
         host=host,
         port=port,
         log_level=log_level,
+        http=http_protocol(options),
         timeout_graceful_shutdown=1,  # what outlives the drain is cancelled soon after it
         access_log=False,  # plait.serve.access logs every request with its id
     )
@@ -79,9 +86,15 @@ def serve_workers(
         ConfigError: ``host`` is not loopback and no API key is set.
     """
     check_exposure(host, options)
-    config = {"programs": programs, "resources": resources_path, "options": _plain(options)}
-    with _private_file(json.dumps(config)) as path:
-        os.environ[_WORKER_CONFIG_ENV] = path
+    folder = tempfile.mkdtemp(prefix="plait-serve-")  # mode 0700: this user's alone
+    config = {
+        "programs": programs,
+        "resources": resources_path,
+        "options": _plain(options),
+        "budget_file": str(Path(folder) / "budgets.db"),
+    }
+    try:
+        os.environ[_WORKER_CONFIG_ENV] = _private_file(folder, json.dumps(config))
         try:
             uvicorn.run(
                 "plait.serve.server:worker_app",
@@ -90,32 +103,31 @@ def serve_workers(
                 port=port,
                 workers=options.workers,
                 log_level=log_level,
+                http=http_protocol(options),
                 timeout_graceful_shutdown=int(options.grace),
                 access_log=False,
             )
         finally:
             del os.environ[_WORKER_CONFIG_ENV]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def _private_file(text: str) -> Iterator[str]:
-    """Yields the path of a file holding ``text`` that only this user can reach (in a new
-    folder of mode 0700), removed, with its folder, when the block ends.
+def _private_file(folder: str, text: str) -> str:
+    """Writes ``text`` to a file in ``folder`` (made with mode 0700, so this user's alone)
+    and returns its path.
 
     The workers' configuration holds the API keys, so it never goes in the environment,
     which every process a tool starts inherits: the environment names this file, and each
     worker takes that name out of its own as it reads it. The file stays while the server
-    runs, for the workers uvicorn starts again in place of ones that died.
+    runs, for the workers uvicorn starts again in place of ones that died; the folder goes
+    when the server stops.
     """
     from plait._files import write_atomically
 
-    folder = tempfile.mkdtemp(prefix="plait-serve-")
     path = os.path.join(folder, "workers.json")
-    try:
-        write_atomically(path, text)
-        yield path
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    write_atomically(path, text)
+    return path
 
 
 def worker_app() -> Any:
@@ -123,6 +135,8 @@ def worker_app() -> Any:
     from plait._files import read_json
     from plait.cli.programs import load_program
     from plait.resources import ResourceConfig
+    from plait.resources.budget_file import BudgetFile
+    from plait.resources.shared_budget import BudgetStore
     from plait.serve import app
 
     config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
@@ -133,6 +147,7 @@ def worker_app() -> Any:
     return app(
         programs,
         ResourceConfig.from_file(resources) if resources else None,
+        budget_store=BudgetStore(BudgetFile(config["budget_file"])),
         **config["options"],
     )
 
@@ -161,6 +176,10 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "max_body_bytes": options.max_body_bytes,
         "deadline": options.deadline,
         "cors_origins": list(options.cors_origins),
+        "allowed_hosts": list(options.allowed_hosts),
+        "max_head_bytes": options.max_head_bytes,
+        "head_timeout": options.head_timeout,
+        "body_timeout": options.body_timeout,
         "grace": options.grace,
         "access_log": options.access_log,
         "workers": options.workers,

@@ -90,6 +90,14 @@ def _default_pending_db(resources: Path | None) -> Path:
     help="Let browsers on ORIGIN call the API ('*' for any); CORS is off without it.",
 )
 @click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name clients may reach the server by besides localhost, 127.0.0.1 and "
+    "[::1] ('*' for any); without API keys no other name is answered (421).",
+)
+@click.option(
     "--max-queued",
     type=click.IntRange(min=0),
     default=512,
@@ -185,6 +193,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         serve_options = ServeOptions(
             api_keys=tuple(keys),
             cors_origins=tuple(options.pop("cors_origins")),
+            allowed_hosts=tuple(options.pop("allowed_hosts")),
             pending_db=str(pending_db or _default_pending_db(resources)),
             workers=workers,
             **options,
