@@ -71,7 +71,7 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
     assert len(problems) == 5
     assert "5 problems" in message
     assert "alias 'a': unknown provider 'opanai'" in message
-    assert "known: 'anthropic', 'local', 'openai'; did you mean 'openai'?" in message
+    assert "known: 'anthropic', 'local', 'openai', 'test'; did you mean 'openai'?" in message
     assert "alias 'b': unknown key 'max_concurent'; did you mean 'max_concurrent'?" in message
     assert "alias 'c': key 'rpm' must be a finite number > 0, got -5" in message
     assert "alias 'c': key 'timeout' must be a finite number > 0, got 'soon' (str)" in message
@@ -96,7 +96,10 @@ def test_all_problems_are_collected_into_one_error_naming_alias_and_key() -> Non
         ({**OPENAI, "api_key": 123456789}, "key 'api_key' must be a non-empty string, got int"),
         ({**OPENAI, "model_path": "m.gguf"}, "key 'model_path' does not apply to provider"),
         ({"provider": "local", "base_url": "http://x"}, "key 'base_url' does not apply"),
-        ({"model": "gpt-4o"}, "missing key 'provider'; one of 'anthropic', 'local', 'openai'"),
+        (
+            {"model": "gpt-4o"},
+            "missing key 'provider'; one of 'anthropic', 'local', 'openai', 'test'",
+        ),
         (["openai"], "expected a mapping like"),
         ("openai", "model string 'openai' names no model"),
         ({**OPENAI, "circuit_failures": 0}, "key 'circuit_failures' must be a positive integer"),

@@ -45,7 +45,7 @@ def test_a_model_string_gets_the_providers_defaults_and_price() -> None:
     [
         ("openrouter/gpt-4o", "string 'openrouter/gpt-4o' does not start with a known provider"),
         ("opnai:gpt-4o", "known provider; did you mean 'openai'?"),
-        ("gpt-4o-mini", "'anthropic', 'local', 'openai', 'openai-chat'"),
+        ("gpt-4o-mini", "'anthropic', 'local', 'openai', 'openai-chat', 'test'"),
         ("openai", "model string 'openai' names no model; write 'openai:<model>'"),
         ("anthropic:", "names no model"),
         ("", "does not start with a known provider"),

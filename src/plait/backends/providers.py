@@ -25,6 +25,7 @@ _BUILT_IN = (
     "plait.backends.openai.spec",
     "plait.backends.anthropic.spec",
     "plait.backends.local.spec",
+    "plait.backends.test.spec",
 )
 """The spec module of each built-in provider: one line per provider."""
 

@@ -503,7 +503,16 @@ def _validate_user_entry(alias: str, entry: Mapping[str, Any], problems: list[st
             problems.append(f"{where}: key 'backend_options' {problem}")
     if len(problems) > before:
         return None
+    if "price" not in values and _free_backend(backend):
+        values["price"] = providers.FREE  # a TestBackend given as it is costs nothing, as "test"
     return EndpointConfig(name=alias, provider=name, backend=backend, **values)
+
+
+def _free_backend(backend: Any) -> bool:
+    """Whether ``backend`` (a class or an instance) is a free provider's backend, or a subclass."""
+    cls = backend if isinstance(backend, type) else type(backend)
+    spec = providers.get(getattr(cls, "provider", None))
+    return spec is not None and spec.free and issubclass(cls, spec.backend_class())
 
 
 def _unknown_key_text(key: Any, provider: str) -> str:
@@ -553,7 +562,8 @@ class ResourceConfig:
     ``headers``, ``max_connections``, ``dialect``, ``max_response_bytes``,
     ``max_event_bytes``; for ``anthropic``
     ``base_url``, ``api_key``, ``api_key_env``; for ``local`` ``model_path``
-    and ``n_ctx``. See `EndpointConfig` for what each means.
+    and ``n_ctx``; ``test`` takes none of its own (its replies go in
+    ``backend_options``). See `EndpointConfig` for what each means.
     """
 
     def __init__(

@@ -1,5 +1,8 @@
-"""Test helpers that ship with plait: a scripted OpenAI-compatible server.
+"""Test helpers that ship with plait: the test provider and a scripted OpenAI-compatible server.
 
+`TestBackend` is the ``test`` provider's backend: a user's tests run their
+program against it, with replies made from each request's schema or given,
+and read the requests it received in ``calls`` (docs/testing.md).
 `ScriptedServer` runs inside a test's event loop; `start_server_process`
 runs the same server in a child process for benchmarks; `start_llama_server`
 serves the embedded model with ``python -m llama_cpp.server``;
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING
 from plait import _lazy
 
 if TYPE_CHECKING:
+    from plait.backends.test.backend import TestBackend
     from plait.testing._faults import Fault
     from plait.testing._llama_server import start_llama_server
     from plait.testing._process import fetch_stats, start_server_process
@@ -32,6 +36,7 @@ __all__ = [
     "RequestRecord",
     "ScriptedServer",
     "ServerStats",
+    "TestBackend",
     "fetch_stats",
     "server_in_thread",
     "start_llama_server",
@@ -45,6 +50,7 @@ _HOMES = {
     "RequestRecord": "plait.testing.scripted_server",
     "ScriptedServer": "plait.testing.scripted_server",
     "ServerStats": "plait.testing.scripted_server",
+    "TestBackend": "plait.backends.test.backend",
     "fetch_stats": "plait.testing._process",
     "server_in_thread": "plait.testing._thread",
     "start_llama_server": "plait.testing._llama_server",
