@@ -1,6 +1,6 @@
 """The attempts of one call on one endpoint: its slot, its budget hold, retries, settling.
 
-`call` is the per-attempt path `ResourceManager.complete` ends in; the
+`call_endpoint` is the per-attempt path `ResourceManager.complete` ends in; the
 `ResourceManager.stream` path (`plait.resources.streaming`) uses the same
 steps. Each attempt:
 
@@ -165,13 +165,18 @@ def unsent(route: Route, reserved: int, held: BudgetHold | None) -> None:
         held.release()
 
 
-async def call(
+async def call_endpoint(
     manager: ResourceManager,
     route: Route,
     request: Request,
     max_retries: int | None,
     on_text: TextSink | None = None,
 ) -> Response:
+    """Makes one call on ``route``'s endpoint, its attempts and retries; the reply with its meta.
+
+    ``on_text`` makes each attempt read the backend's stream (`chunks.streamed`);
+    the sink is told to discard its text before a retry.
+    """
     backend, policy, timeout, reserved = plan(route, request, max_retries)
     started = time.perf_counter()
     waited = 0.0
@@ -290,6 +295,7 @@ async def after_failure(
 
 
 def record(manager: ResourceManager, route: Route, usage: Usage) -> None:
+    """Prices a call's usage and adds it to the alias's, endpoint's, manager's, meters' totals."""
     price = route.endpoint.price
     if price is not None:
         usage.cost = price.cost(usage.input_tokens, usage.output_tokens)

@@ -11,7 +11,7 @@ itself stays one page and the path makes the calls it made as methods):
 2. `reuse.cached_or_fresh` answers from the endpoint's response cache when it
    has one and it hits (and the caller accepts the cached reply), or waits
    for an identical call already in flight;
-3. `attempts.call` makes the attempts: it waits for the endpoint's limiter
+3. `attempts.call_endpoint` makes the attempts: it waits for the endpoint's limiter
    (slot, rpm, tpm, pause), holds room for the request's worst case in every
    budget over it (`attempts.hold_room`: the endpoint's, the manager's, the
    run's; waiting while room held by calls in flight may come back, refusing
@@ -114,6 +114,8 @@ class ResourceManager:
         self.budget = budget
         self.ledger = None if budget is None else Budget(max_cost=budget, unpriced_free=True)
         """The books of ``budget`` (`Budget.snapshot` says what is spent, held and left)."""
+        # What the concern modules read and write (attempts: ledger, _sleep, _total;
+        # reuse: _in_flight; sharing: _closed, _closer); the manager owns it all.
         self._budget_store = budget_store
         if budget_store is not None:
             self.ledger = budget_store.share("manager", self.ledger)

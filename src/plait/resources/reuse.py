@@ -4,7 +4,7 @@
 it answers from the endpoint's response cache when that hits (and the
 caller's ``accept`` takes the cached reply), waits for an identical call
 already in flight instead of paying for it twice, and otherwise makes the
-call (`plait.resources.attempts.call`), storing the reply only when it was
+call (`plait.resources.attempts.call_endpoint`), storing the reply only when it was
 accepted (finished normally, and ``accept`` said yes).
 """
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from plait.backends.types import Request, Response
 from plait.errors import ConfigError
-from plait.resources.attempts import call
+from plait.resources.attempts import call_endpoint
 from plait.resources.config import EndpointConfig
 from plait.resources.endpoint import ResponseCache
 from plait.resources.usage import active_meters
@@ -63,7 +63,7 @@ async def cached_or_fresh(
     endpoint = route.endpoint
     response_cache = endpoint.cache if cache else None
     if response_cache is None:
-        response = await call(manager, route, request, max_retries, on_text)
+        response = await call_endpoint(manager, route, request, max_retries, on_text)
         if accept is not None:
             accept(response)
         return response
@@ -80,7 +80,7 @@ async def cached_or_fresh(
     leader: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
     in_flight[key] = leader
     try:
-        response = await call(manager, route, request, max_retries, on_text)
+        response = await call_endpoint(manager, route, request, max_retries, on_text)
         accepted = accepts(accept, response)
         if accepted:
             await response_cache.put(key, response)
