@@ -34,6 +34,18 @@ def test_graph_names_import_from_tracing() -> None:
     assert callable(Tracer().trace) and InferenceGraph.topological_order
 
 
+def test_resource_manager_names_import_from_their_module_and_the_package() -> None:
+    """`ResourceManager` is split over several modules; its public names stay where they were."""
+    from plait import resources
+    from plait.resources import manager
+
+    assert {"EndpointStats", "ResourceManager", "ResponseCache"} <= set(manager.__all__)
+    for name in manager.__all__:
+        assert getattr(manager, name) is not None, name
+    assert manager.ResourceManager is resources.ResourceManager is plait.ResourceManager
+    assert manager.EndpointStats is resources.EndpointStats
+
+
 def test_functional_imports_as_f() -> None:
     import plait.functional as F
 
