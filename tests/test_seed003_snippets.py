@@ -307,6 +307,45 @@ def test_a_call_from_synchronous_code_returns_the_result() -> None:
     assert [p.answer for p in batch] == ["4", "4"]
 
 
+def test_predictor_forward_snippet() -> None:
+    # udspy: `forward(self, **inputs)` is the synchronous entry point ("Sync wrapper").
+    with server_in_thread(responder=lambda body: '{"answer": "4"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer")
+        result = predictor.forward(question="2+2?")
+    assert isinstance(result, Prediction) and result.answer == "4"
+    assert server.stats.requests == 1
+
+
+class Exclaim(Module):
+    async def forward(self, text: str) -> str:
+        return text + "!"
+
+
+def test_an_async_module_without_resources_is_refused_at_the_call() -> None:
+    # Not a coroutine that nothing runs: one line naming the fix, at the call.
+    with pytest.raises(
+        plait.PlaitError,
+        match=r"Exclaim.forward is async and Exclaim has no "
+        r"resources.*module.bind\(config\).*asyncio.run\(module.aforward",
+    ):
+        Exclaim()("hi")
+    with pytest.raises(plait.PlaitError, match="has no resources"):
+        Predict("question -> answer").forward(question="2+2?")
+    assert asyncio.run(Exclaim().aforward("hi")) == "hi!"  # the fix it names, for no LLM calls
+
+    async def streamed() -> list[Any]:
+        return [event async for event in Exclaim().astream("hi")]
+
+    with pytest.raises(plait.PlaitError, match=r"Exclaim has no resources: bind them"):
+        asyncio.run(streamed())
+
+
+async def test_an_async_module_without_resources_is_awaitable_inside_a_loop() -> None:
+    assert await Exclaim()("hi") == "hi!"
+    assert await Exclaim().forward("hi") == "hi!"  # inside a loop, forward stays a coroutine
+
+
 async def test_a_call_inside_a_running_loop_is_awaitable() -> None:
     async with ScriptedServer(responder=lambda body: '{"answer": "4"}') as server:
         plait.settings.configure(lm=server.endpoint())
