@@ -4,8 +4,9 @@ plait's own API is the primary one; where a seed spells a thing differently
 and no alias on plait's own objects can carry the spelling, the adapter lives
 here. Each is a few lines over plait's API and says which seed it serves:
 seed 000's ``get_execution_settings`` and ``get_trace_context``; dsprrr's
-``signature`` (seed 002); udspy's ``LM``, ``OpenAILM``, its ``UDSPY_LM_*`` variables and ``with_callbacks`` (seed 003, whose module paths
-``udspy.callback`` and ``udspy.adapter`` are `plait.callback` and `plait.adapter`).
+``signature`` (seed 002); udspy's ``LM``, ``OpenAILM``, its ``UDSPY_LM_*``
+variables and ``with_callbacks`` (seed 003, whose module paths ``udspy.callback``
+and ``udspy.adapter`` are `plait.callback` and `plait.adapter`).
 """
 
 from __future__ import annotations
