@@ -112,3 +112,25 @@ def test_valueify_of_a_parameter_takes_the_kind_given() -> None:
     (traced,) = program.seen
     assert traced.kind is ValueKind.FSTRING and traced.ref == "param:template"
     assert graph.nodes["F.render"].args == (ValueRef("param:template"),)
+
+
+def test_render_an_fstring_value_with_vars_in_meta_snippet() -> None:
+    # Seed 001: "F-string rendering: Value(FSTRING) with variables in meta" → Value(TEXT).
+    template = Value(ValueKind.FSTRING, "Hi {name}", meta={"vars": {"name": "Ada"}})
+    rendered = F.render(template)
+    assert rendered.kind is ValueKind.TEXT and rendered.payload == "Hi Ada"
+    assert F.render(template, {"name": "Bob"}).payload == "Hi Bob"  # given variables win
+    graph = Tracer().trace(_RendersItsTemplate(), "Ada")
+    assert list(graph.nodes) == ["input:name", "F.render", "llm"]
+    assert graph.nodes["F.render"].dependencies == ("input:name",)  # the vars' refs count
+
+
+class _RendersItsTemplate(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm")
+
+    def forward(self, name: Any) -> Any:
+        return self.llm(
+            F.render(Value(ValueKind.FSTRING, "Hi {name}", meta={"vars": {"name": name}}))
+        )
