@@ -169,10 +169,12 @@ class AskTwice(Module):
     def __init__(self) -> None:
         super().__init__()
         self.kinds: list[ValueKind] = []
+        self.metas: list[dict[str, Any]] = []
 
     async def forward(self, question: str) -> Value:
         first = await F.chat_complete(question, alias="llm")
         self.kinds.append(first.kind)
+        self.metas.append(first.meta)
         return await F.chat_complete(f"Again: {first.payload}", alias="llm")
 
 
@@ -182,6 +184,9 @@ async def test_chat_complete_in_an_async_forward_returns_a_response_value(
     program = AskTwice()
     reply = await program.bind(config_for(server))("hi")
     assert reply == "echo: Again: echo: hi" and program.kinds == [ValueKind.RESPONSE]
+    # Seed 001: "LLM response object → RESPONSE: includes tokens, model in meta".
+    meta = program.metas[0]
+    assert meta["model"] and meta["input_tokens"] > 0 and meta["output_tokens"] > 0
     with pytest.raises(RuntimeError, match="has no resources"):
         F.chat_complete("hi", alias="llm")
 

@@ -14,7 +14,6 @@ function, so what inspects ``type(module).forward`` sees what was written.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import types
 from typing import Any
@@ -27,6 +26,8 @@ class SyncEntry:
         self.function = function
 
         def entry(module: Any, *args: Any, **kwargs: Any) -> Any:
+            import asyncio  # lazily: ``import plait`` stays free of the runtime
+
             try:
                 asyncio.get_running_loop()
             except RuntimeError:  # a script: nothing would ever run the coroutine

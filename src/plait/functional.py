@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from plait._context import current_trace
+from plait._context import current_run, current_trace
 from plait._jsontext import loads
 from plait.values import (
     Value,
@@ -131,7 +131,9 @@ def chat_complete(
     tracing it records one LLM node named ``F.chat_complete`` and returns its
     symbolic Value; inside an ``async def forward`` (or with resources from
     ``ExecutionSettings``) it returns an awaitable of ``Value(RESPONSE)`` (or
-    ``Value(STRUCTURED)`` with a ``response_format``); from synchronous code
+    ``Value(STRUCTURED)`` with a ``response_format``), whose meta inside a
+    program holds the reply's ``model``, ``input_tokens``, ``output_tokens``,
+    ``cost`` and ``usage``; from synchronous code
     with resources it returns that Value at once.
 
     One might expect `LLMInference` to delegate to this op; the delegation
@@ -148,6 +150,9 @@ def chat_complete(
 
     llm = LLMInference(alias, system_prompt, temperature, max_tokens, response_format)
     object.__setattr__(llm, "_name", "F.chat_complete")
+    executor = current_run()
+    if executor is not None and current_trace() is None:  # inside an ``async def forward``
+        return executor.run_llm(llm, (prompt,), {})  # the reply with its meta (model, tokens)
     result = llm(prompt)
     if current_trace() is not None:
         return result

@@ -28,7 +28,6 @@ forward`` module like ``run_sync`` (`plait._sync_entry`).
 
 from __future__ import annotations
 
-import asyncio
 import copy as _copy
 import dataclasses
 import functools
@@ -769,6 +768,8 @@ def takes_keyword(function: Any, name: str) -> bool:
 
 
 def _loop_running() -> bool:
+    import asyncio  # lazily: ``import plait`` stays free of the runtime
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
