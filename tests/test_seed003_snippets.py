@@ -28,6 +28,7 @@ from plait import (
     Prediction,
     Signature,
     StreamEvent,
+    ValueKind,
     emit_event,
     tool,
 )
@@ -182,6 +183,17 @@ async def test_predict_runs_the_tool_loop_snippet() -> None:
         "name": "calculator",
     }
     assert len(predictor.traces()) == 2  # each turn is traced on the Predict
+
+
+async def test_tool_invocation_results_are_tool_result_values_snippet() -> None:
+    # Seed 001: "Tool invocation results: Value(TOOL_RESULT) to standardize outputs".
+    async with ScriptedServer(responder=add_then_answer) as server:
+        plait.settings.configure(lm=server.endpoint())
+        result = await Predict("question -> answer", tools=[calculator_tool()])(question="2+3?")
+    (value,) = [step.as_value() for step in result.trajectory]
+    assert value.kind is ValueKind.TOOL_RESULT and value.payload == "5.0"
+    assert value.meta["tool"] == "calculator" and value.meta["ok"] is True
+    assert value.meta["args"] == {"operation": "add", "a": 2, "b": 3}
 
 
 async def test_predict_with_auto_execute_tools_false_does_one_step() -> None:
