@@ -134,3 +134,26 @@ class _RendersItsTemplate(Module):
         return self.llm(
             F.render(Value(ValueKind.FSTRING, "Hi {name}", meta={"vars": {"name": name}}))
         )
+
+
+class _KeepsATracedValue(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm")
+        self.seen: list[Value] = []
+
+    def forward(self, text: Any) -> Any:
+        reply = self.llm(text)
+        self.seen.append(reply)
+        return reply
+
+
+def test_an_ops_value_has_a_ref_only_inside_a_trace_and_a_traced_payload_is_symbolic() -> None:
+    # Seed 001: "During execution, ops ... return Value with ref"; a recorded call
+    # returns "Value(kind=ValueKind.RESPONSE, payload=None, ref=node_id)".
+    eager = F.render("Hi {name}", {"name": "Ada"})
+    assert eager.payload == "Hi Ada" and eager.ref is None  # no graph, no node to name
+    program = _KeepsATracedValue()
+    Tracer().trace(program, "x")
+    (traced,) = program.seen
+    assert traced.ref == "llm" and traced.is_symbolic and traced.payload is not None
