@@ -15,6 +15,7 @@ function, so what inspects ``type(module).forward`` sees what was written.
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from typing import Any
 
@@ -26,12 +27,10 @@ class SyncEntry:
         self.function = function
 
         def entry(module: Any, *args: Any, **kwargs: Any) -> Any:
-            import asyncio  # lazily: ``import plait`` stays free of the runtime
-
-            try:
-                asyncio.get_running_loop()
-            except RuntimeError:  # a script: nothing would ever run the coroutine
-                return module.run_sync(*args, **kwargs)
+            # No asyncio loaded means no loop running (``import plait`` does not load it).
+            asyncio = sys.modules.get("asyncio")
+            if asyncio is None or asyncio._get_running_loop() is None:
+                return module.run_sync(*args, **kwargs)  # a script: nothing would run it
             return function(module, *args, **kwargs)
 
         self._entry = functools.update_wrapper(entry, function)
