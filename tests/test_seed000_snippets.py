@@ -29,7 +29,9 @@ from plait import (
     run,
     valueify,
 )
+from plait.execution import ExecutionSettings
 from plait.execution.tape import Tape
+from plait.porting import get_execution_settings, get_trace_context
 from plait.testing import ScriptedServer, server_in_thread
 from plait.tracing import Tracer
 
@@ -167,10 +169,12 @@ class AskTwice(Module):
     def __init__(self) -> None:
         super().__init__()
         self.kinds: list[ValueKind] = []
+        self.metas: list[dict[str, Any]] = []
 
     async def forward(self, question: str) -> Value:
         first = await F.chat_complete(question, alias="llm")
         self.kinds.append(first.kind)
+        self.metas.append(first.meta)
         return await F.chat_complete(f"Again: {first.payload}", alias="llm")
 
 
@@ -180,6 +184,9 @@ async def test_chat_complete_in_an_async_forward_returns_a_response_value(
     program = AskTwice()
     reply = await program.bind(config_for(server))("hi")
     assert reply == "echo: Again: echo: hi" and program.kinds == [ValueKind.RESPONSE]
+    # Seed 001: "LLM response object → RESPONSE: includes tokens, model in meta".
+    meta = program.metas[0]
+    assert meta["model"] and meta["input_tokens"] > 0 and meta["output_tokens"] > 0
     with pytest.raises(RuntimeError, match="has no resources"):
         F.chat_complete("hi", alias="llm")
 
@@ -289,3 +296,40 @@ def test_parameters_are_equal_only_to_themselves_and_same_as_compares_fields() -
     ):
         assert not param1.same_as(other)
     assert not param1.same_as("value")
+
+
+# ------------------------------------------------- the seed's context readers
+class Recorded(Module):
+    """The seed's ``Module.__call__`` sketch: while tracing, a call is recorded on the context."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference(alias="llm")
+        self.seen: list[Any] = []
+
+    def forward(self, text: str) -> Any:
+        ctx = get_trace_context()
+        self.seen.append(ctx)
+        return ctx.record_call(self.llm, (text,), {})
+
+
+async def test_get_trace_context_and_get_execution_settings_snippet(
+    server: ScriptedServer,
+) -> None:
+    assert get_trace_context() is None and get_execution_settings() is None
+    program = Recorded()
+    graph = Tracer().trace(program, "x")
+    assert list(graph.nodes) == ["input:text", "llm"] and program.seen[0] is not None
+    config = config_for(server)
+    async with ExecutionSettings(resources=config, max_concurrent=7):
+        settings = get_execution_settings()
+        assert settings.resources is config and settings.max_concurrent == 7
+        assert await program("hi") == "echo: hi"  # the recorded call ran for real
+    assert get_execution_settings() is None
+
+
+def test_execution_settings_scheduler_snippet() -> None:
+    # plait has one scheduler; what the seed's would hold is max_concurrent and the
+    # endpoints' limits (docs/porting.md, "Different on purpose").
+    with pytest.raises(TypeError, match="scheduler"):
+        ExecutionSettings(scheduler=object())  # type: ignore[call-arg]

@@ -112,3 +112,48 @@ def test_valueify_of_a_parameter_takes_the_kind_given() -> None:
     (traced,) = program.seen
     assert traced.kind is ValueKind.FSTRING and traced.ref == "param:template"
     assert graph.nodes["F.render"].args == (ValueRef("param:template"),)
+
+
+def test_render_an_fstring_value_with_vars_in_meta_snippet() -> None:
+    # Seed 001: "F-string rendering: Value(FSTRING) with variables in meta" → Value(TEXT).
+    template = Value(ValueKind.FSTRING, "Hi {name}", meta={"vars": {"name": "Ada"}})
+    rendered = F.render(template)
+    assert rendered.kind is ValueKind.TEXT and rendered.payload == "Hi Ada"
+    assert F.render(template, {"name": "Bob"}).payload == "Hi Bob"  # given variables win
+    graph = Tracer().trace(_RendersItsTemplate(), "Ada")
+    assert list(graph.nodes) == ["input:name", "F.render", "llm"]
+    assert graph.nodes["F.render"].dependencies == ("input:name",)  # the vars' refs count
+
+
+class _RendersItsTemplate(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm")
+
+    def forward(self, name: Any) -> Any:
+        return self.llm(
+            F.render(Value(ValueKind.FSTRING, "Hi {name}", meta={"vars": {"name": name}}))
+        )
+
+
+class _KeepsATracedValue(Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.llm = LLMInference("llm")
+        self.seen: list[Value] = []
+
+    def forward(self, text: Any) -> Any:
+        reply = self.llm(text)
+        self.seen.append(reply)
+        return reply
+
+
+def test_an_ops_value_has_a_ref_only_inside_a_trace_and_a_traced_payload_is_symbolic() -> None:
+    # Seed 001: "During execution, ops ... return Value with ref"; a recorded call
+    # returns "Value(kind=ValueKind.RESPONSE, payload=None, ref=node_id)".
+    eager = F.render("Hi {name}", {"name": "Ada"})
+    assert eager.payload == "Hi Ada" and eager.ref is None  # no graph, no node to name
+    program = _KeepsATracedValue()
+    Tracer().trace(program, "x")
+    (traced,) = program.seen
+    assert traced.ref == "llm" and traced.is_symbolic and traced.payload is not None

@@ -26,6 +26,7 @@ from plait import (
     metric_field_match,
     signature,
 )
+from plait.adapter import ChatAdapter
 
 
 def answers(*texts: str | None, field: str = "answer") -> Any:
@@ -217,6 +218,8 @@ async def test_optimize_grid_snippet() -> None:
     # mod$state$best_score, best_trial; trials as a table
     assert mod.state.best_score == 1.0 and mod.state.best_trial == report.best.number
     assert len(mod.state.trials_table()) == 4
+    # mod$state$optimization_history: the trials are the history, each naming its optimizer
+    assert {t["optimizer"] for t in mod.state.trials} == {mod.state.optimizer} != {None}
 
 
 async def test_optimize_grid_short_form_and_is_compiled_snippet() -> None:
@@ -226,3 +229,11 @@ async def test_optimize_grid_short_form_and_is_compiled_snippet() -> None:
         await mod.optimize_grid(SENTIMENTS, metric_exact_match())  # no parameters
         assert mod.is_compiled() is True  # #> [1] TRUE
     assert mod.temperature == 0.0
+
+
+def test_predict_template_snippet() -> None:
+    # dsprrr's PredictModule has a glue `template`; plait builds the prompt from the
+    # signature through its adapter (docs/porting.md says why), so template= is refused.
+    with pytest.raises(TypeError, match="template"):
+        Predict("question -> answer", template="Q: {question}")  # type: ignore[call-arg]
+    assert isinstance(Predict("question -> answer", adapter=ChatAdapter()).adapter, ChatAdapter)

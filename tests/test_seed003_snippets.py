@@ -28,6 +28,7 @@ from plait import (
     Prediction,
     Signature,
     StreamEvent,
+    ValueKind,
     emit_event,
     tool,
 )
@@ -184,6 +185,17 @@ async def test_predict_runs_the_tool_loop_snippet() -> None:
     assert len(predictor.traces()) == 2  # each turn is traced on the Predict
 
 
+async def test_tool_invocation_results_are_tool_result_values_snippet() -> None:
+    # Seed 001: "Tool invocation results: Value(TOOL_RESULT) to standardize outputs".
+    async with ScriptedServer(responder=add_then_answer) as server:
+        plait.settings.configure(lm=server.endpoint())
+        result = await Predict("question -> answer", tools=[calculator_tool()])(question="2+3?")
+    (value,) = [step.as_value() for step in result.trajectory]
+    assert value.kind is ValueKind.TOOL_RESULT and value.payload == "5.0"
+    assert value.meta["tool"] == "calculator" and value.meta["ok"] is True
+    assert value.meta["args"] == {"operation": "add", "a": 2, "b": 3}
+
+
 async def test_predict_with_auto_execute_tools_false_does_one_step() -> None:
     async with ScriptedServer(responder=add_then_answer) as server:
         plait.settings.configure(lm=server.endpoint())
@@ -305,6 +317,45 @@ def test_a_call_from_synchronous_code_returns_the_result() -> None:
         batch = predictor([{"question": "1+3?"}, {"question": "2*2?"}])
     assert isinstance(result, Prediction) and result.answer == "4"
     assert [p.answer for p in batch] == ["4", "4"]
+
+
+def test_predictor_forward_snippet() -> None:
+    # udspy: `forward(self, **inputs)` is the synchronous entry point ("Sync wrapper").
+    with server_in_thread(responder=lambda body: '{"answer": "4"}') as server:
+        plait.settings.configure(lm=server.endpoint())
+        predictor = Predict("question -> answer")
+        result = predictor.forward(question="2+2?")
+    assert isinstance(result, Prediction) and result.answer == "4"
+    assert server.stats.requests == 1
+
+
+class Exclaim(Module):
+    async def forward(self, text: str) -> str:
+        return text + "!"
+
+
+def test_an_async_module_without_resources_is_refused_at_the_call() -> None:
+    # Not a coroutine that nothing runs: one line naming the fix, at the call.
+    with pytest.raises(
+        plait.PlaitError,
+        match=r"Exclaim.forward is async and Exclaim has no "
+        r"resources.*module.bind\(config\).*asyncio.run\(module.aforward",
+    ):
+        Exclaim()("hi")
+    with pytest.raises(plait.PlaitError, match="has no resources"):
+        Predict("question -> answer").forward(question="2+2?")
+    assert asyncio.run(Exclaim().aforward("hi")) == "hi!"  # the fix it names, for no LLM calls
+
+    async def streamed() -> list[Any]:
+        return [event async for event in Exclaim().astream("hi")]
+
+    with pytest.raises(plait.PlaitError, match=r"Exclaim has no resources: bind them"):
+        asyncio.run(streamed())
+
+
+async def test_an_async_module_without_resources_is_awaitable_inside_a_loop() -> None:
+    assert await Exclaim()("hi") == "hi!"
+    assert await Exclaim().forward("hi") == "hi!"  # inside a loop, forward stays a coroutine
 
 
 async def test_a_call_inside_a_running_loop_is_awaitable() -> None:

@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from plait._context import current_trace
+from plait._context import current_run, current_trace
 from plait._jsontext import loads
 from plait.values import (
     Value,
@@ -67,17 +67,23 @@ __all__ = [
 _MISSING: Any = object()
 
 
-def _op(name: str, *, handles_errors: bool = False) -> Callable[[Callable[..., Any]], Any]:
+def _op(
+    name: str, *, handles_errors: bool = False, prepare: Callable[..., Any] | None = None
+) -> Callable[[Callable[..., Any]], Any]:
     """Makes ``impl`` a graph-aware op named ``F.<name>``.
 
     ``impl`` receives raw payloads (or, with ``handles_errors``, the Values
-    themselves) and returns raw data or a Value.
+    themselves) and returns raw data or a Value. ``prepare(args, kwargs)``,
+    when given, completes the arguments from the Values' meta first (it is
+    the last chance to read meta: nodes record and ``impl`` gets payloads).
     """
     op_name = f"F.{name}"
 
     def decorate(impl: Callable[..., Any]) -> Callable[..., Value]:
         @functools.wraps(impl)
         def op(*args: Any, **kwargs: Any) -> Value:
+            if prepare is not None:
+                args, kwargs = prepare(args, kwargs)
             session = current_trace()
             if session is not None:
                 return session.record_op(op_name, op, args, kwargs)
@@ -125,7 +131,9 @@ def chat_complete(
     tracing it records one LLM node named ``F.chat_complete`` and returns its
     symbolic Value; inside an ``async def forward`` (or with resources from
     ``ExecutionSettings``) it returns an awaitable of ``Value(RESPONSE)`` (or
-    ``Value(STRUCTURED)`` with a ``response_format``); from synchronous code
+    ``Value(STRUCTURED)`` with a ``response_format``), whose meta inside a
+    program holds the reply's ``model``, ``input_tokens``, ``output_tokens``,
+    ``cost`` and ``usage``; from synchronous code
     with resources it returns that Value at once.
 
     One might expect `LLMInference` to delegate to this op; the delegation
@@ -142,6 +150,9 @@ def chat_complete(
 
     llm = LLMInference(alias, system_prompt, temperature, max_tokens, response_format)
     object.__setattr__(llm, "_name", "F.chat_complete")
+    executor = current_run()
+    if executor is not None and current_trace() is None:  # inside an ``async def forward``
+        return executor.run_llm(llm, (prompt,), {})  # the reply with its meta (model, tokens)
     result = llm(prompt)
     if current_trace() is not None:
         return result
@@ -161,9 +172,27 @@ def _as_response(output: Any) -> Value:
 
 
 # ------------------------------------------------------------------- text
-@_op("render")
+def _vars_from_meta(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Gives a template Value's ``meta["vars"]`` as the variables, when none are given."""
+    template = args[0] if args else kwargs.get("template")
+    given = len(args) > 1 or "variables" in kwargs
+    if given or not isinstance(template, Value) or "vars" not in template.meta:
+        return args, kwargs
+    if args:  # the template alone, by position
+        return (args[0], template.meta["vars"]), kwargs
+    return args, {**kwargs, "variables": template.meta["vars"]}
+
+
+@_op("render", prepare=_vars_from_meta)
 def render(template: str, variables: Mapping[str, Any] | None = None, **kwargs: Any) -> str:
-    """Fills the ``{name}`` slots of ``template`` from ``variables`` and keyword arguments."""
+    """Fills the ``{name}`` slots of ``template`` from ``variables`` and keyword arguments.
+
+    A template Value that carries its variables in ``meta["vars"]``
+    (``Value(FSTRING, "Hi {name}", meta={"vars": {"name": "Ada"}})``) is
+    rendered from them when no ``variables`` are given.
+    """
     values = {**(variables or {}), **kwargs}
     return template.format_map(values)
 

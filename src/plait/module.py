@@ -18,7 +18,12 @@ Calling a module does one of four things, decided by context:
    ``result = predictor(question=...)``), instead of a coroutine that
    would never run;
 4. otherwise ``forward`` runs directly, which is how modules without LLM
-   calls are used and tested.
+   calls are used and tested; an ``async def forward`` called so from a
+   script (no loop running) is refused at once, since nothing would run
+   its coroutine.
+
+``module.forward(...)`` called by hand from a script runs an ``async def
+forward`` module like ``run_sync`` (`plait._sync_entry`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from collections.abc import AsyncGenerator, Iterator, Mapping
 from typing import Any, Self
 
 from plait import _context
+from plait._sync_entry import SyncEntry
+from plait.errors import PlaitError
 from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter, module_parent
 
@@ -99,6 +106,15 @@ class Module:
     """The bounded deque of this module's trace records, made on first use."""
     _state: ModuleState
     """What optimizers recorded on this module, made on first use (see `state`)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # An ``async def forward`` called by hand from a script runs the module
+        # (udspy's synchronous ``forward``) instead of returning a coroutine
+        # nothing would run; see `plait._sync_entry`.
+        super().__init_subclass__(**kwargs)
+        forward = cls.__dict__.get("forward")
+        if inspect.iscoroutinefunction(forward):
+            cls.forward = SyncEntry(forward)  # type: ignore[method-assign,assignment]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
         # The registries exist before any ``__init__`` runs, so a subclass that
@@ -230,7 +246,20 @@ class Module:
     acall = aforward
 
     def _call_directly(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """Runs ``forward`` with no resources. Override to refuse (as LLMInference does)."""
+        """Runs ``forward`` with no resources. Override to refuse (as LLMInference does).
+
+        An ``async def forward`` called from a script with no resources is
+        refused at the call: its coroutine would never run (no loop runs it),
+        and ``astream`` and callbacks need resources too.
+        """
+        if is_async_module(self) and not _loop_running():
+            name = type(self).__name__
+            raise PlaitError(
+                f"{name}.forward is async and {name} has no resources, so this call would "
+                "return a coroutine that nothing runs: give it resources (module.bind(config) "
+                "or plait.settings.configure(lm=...)), or run it with "
+                "asyncio.run(module.aforward(...))"
+            )
         return call_forward(self, args, kwargs)
 
     # --------------------------------------------------------------- backward
@@ -736,6 +765,16 @@ def takes_keyword(function: Any, name: str) -> bool:
         inspect.Parameter.POSITIONAL_OR_KEYWORD,
         inspect.Parameter.KEYWORD_ONLY,
     )
+
+
+def _loop_running() -> bool:
+    import asyncio  # lazily: ``import plait`` stays free of the runtime
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def has_own_backward(module: Module) -> bool:

@@ -145,3 +145,34 @@ def test_unknown_options_and_actions_are_refused(backend: OpenAICompatBackend) -
         backend.generate_from_context("hi", Context(), model_options={"temprature": 1})
     with pytest.raises(TypeError, match="an action is a Message, text, a CBlock or a Component"):
         backend.generate_from_raw([42])
+
+
+class SchemaBlindBackend(OpenAICompatBackend):
+    """A backend that cannot constrain decoding (as some of Mellea's cannot)."""
+
+    follows_response_schema = False
+
+
+async def test_a_backend_that_cannot_honour_format_logs_a_warning_and_continues(
+    server: ScriptedServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Mellea: "some backends do not support this parameter. They will log warnings and
+    # continue to generate."
+    blind = SchemaBlindBackend("test-model", base_url=server.base_url)
+    try:
+        with caplog.at_level("WARNING", logger="plait.porting.mellea"):
+            thunk, _ = blind.generate_from_context(
+                CBlock("Name someone."), Context(), format=Person
+            )
+            (raw,) = blind.generate_from_raw(["Name another."], format=Person)
+            replies = [await thunk, await raw]
+    finally:
+        await blind.aclose()
+    assert [r.text for r in replies] == ["echo: Name someone.", "echo: Name another."]
+    assert all("response_format" not in body for body in bodies(server))
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2
+    assert warned[0] == (
+        "SchemaBlindBackend cannot constrain replies to format=Person; "
+        "the call continues without it"
+    )

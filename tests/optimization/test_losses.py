@@ -373,7 +373,7 @@ def test_human_feedback_reads_real_stdin() -> None:
     script = (
         "import asyncio, json\n"
         "from plait.optimization import HumanFeedbackLoss\n"
-        "feedback = asyncio.run(HumanFeedbackLoss()('The answer is 41.', '42'))\n"
+        "feedback = asyncio.run(HumanFeedbackLoss().aforward('The answer is 41.', '42'))\n"
         "print('RESULT ' + json.dumps([feedback.text, feedback.score, feedback.items]))\n"
     )
     done = subprocess.run(

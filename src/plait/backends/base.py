@@ -41,6 +41,12 @@ class Backend(ABC):
 
     provider: str = "abstract"
 
+    follows_response_schema: bool = True
+    """Whether `complete` constrains replies to ``request.response_schema``. A
+    backend that cannot sets it False: a Mellea-style call given ``format=``
+    then logs a warning and continues without it (`plait.porting.mellea`);
+    modules still validate and re-ask, as for any reply."""
+
     @abstractmethod
     async def complete(self, request: Request) -> Response:
         """Makes one call and returns the whole reply.

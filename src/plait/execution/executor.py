@@ -240,16 +240,7 @@ class Executor:
     ) -> Any:
         path = scoped(module._name or type(module).__name__)
         if isinstance(module, LLMInference):
-            profiler = _context.PROFILE.get()
-            if profiler is None:
-                return (await self.call_llm(module, args, kwargs, path)).payload
-            clock = profiler.start_node()
-            try:
-                value = await self.call_llm(module, args, kwargs, path)
-            finally:
-                clock.stop()
-            profiler.record(path, path, NODE_SCOPE.get()[1], clock, value.meta)
-            return value.payload
+            return (await self._llm_value(module, args, kwargs, path)).payload
         scope = NODE_SCOPE.set((path, NODE_SCOPE.get()[1]))
         try:
             if is_async_module(module):
@@ -259,6 +250,39 @@ class Executor:
             return output
         finally:
             NODE_SCOPE.reset(scope)
+
+    async def run_llm(
+        self, module: LLMInference, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Value:
+        """Makes one LLM call inside an ``async def forward`` and returns its whole Value.
+
+        Like `run_module`, but the reply keeps its meta (model, tokens, cost,
+        latency): what ``await F.chat_complete(...)`` returns. Callbacks are
+        told the reply's payload, as for any module call.
+        """
+        path = scoped(module._name or type(module).__name__)
+        return await observed(
+            module,
+            args,
+            kwargs,
+            lambda: self._llm_value(module, args, kwargs, path),
+            path,
+            reported=lambda value: value.payload,
+        )
+
+    async def _llm_value(
+        self, module: LLMInference, args: tuple[Any, ...], kwargs: dict[str, Any], path: str
+    ) -> Value:
+        profiler = _context.PROFILE.get()
+        if profiler is None:
+            return await self.call_llm(module, args, kwargs, path)
+        clock = profiler.start_node()
+        try:
+            value = await self.call_llm(module, args, kwargs, path)
+        finally:
+            clock.stop()
+        profiler.record(path, path, NODE_SCOPE.get()[1], clock, value.meta)
+        return value
 
     def call_module(self, module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Handles ``child(x)`` inside an ``async def forward``.

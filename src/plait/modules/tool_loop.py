@@ -44,6 +44,7 @@ from plait.modules.traces import module_path
 from plait.signatures.signature import Signature
 from plait.streaming import ToolCallEvent, ToolResultEvent, emit_event, is_streaming
 from plait.tools import Tool, ToolResult, tool_identity
+from plait.values import Value, ValueKind
 
 __all__ = ["DECLINE_CHOICES", "ReActPrediction", "ReActStep", "ToolLoop", "ToolRun"]
 
@@ -85,6 +86,16 @@ class ReActStep:
             "turn": self.turn,
             "error": self.error,
         }
+
+    def as_value(self) -> Value:
+        """Returns the call's result as ``Value(TOOL_RESULT)``: the text the model was shown.
+
+        The meta says which call it answers (``tool``, ``args``, ``call_id``,
+        ``turn``) and how it went (``ok``, ``error``), so code downstream
+        reads every tool's result in one shape.
+        """
+        meta = {k: v for k, v in self.to_dict().items() if k not in ("result", "thought")}
+        return Value(ValueKind.TOOL_RESULT, self.result, meta=meta)
 
 
 class ReActPrediction(Prediction):

@@ -3,9 +3,10 @@
 plait's own API is the primary one; where a seed spells a thing differently
 and no alias on plait's own objects can carry the spelling, the adapter lives
 here. Each is a few lines over plait's API and says which seed it serves:
-dsprrr's ``signature`` (seed 002); udspy's ``LM``, ``OpenAILM``, its
-``UDSPY_LM_*`` variables and ``with_callbacks`` (seed 003, whose module paths
-``udspy.callback`` and ``udspy.adapter`` are `plait.callback` and `plait.adapter`).
+seed 000's ``get_execution_settings`` and ``get_trace_context``; dsprrr's
+``signature`` (seed 002); udspy's ``LM``, ``OpenAILM``, its ``UDSPY_LM_*``
+variables and ``with_callbacks`` (seed 003, whose module paths ``udspy.callback``
+and ``udspy.adapter`` are `plait.callback` and `plait.adapter`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from plait import _context
 from plait.errors import ConfigError
 
 __all__ = [
     "LM",
     "OpenAILM",
     "environment_lm",
+    "get_execution_settings",
+    "get_trace_context",
     "is_openai_client",
     "signature",
     "with_callbacks",
@@ -29,6 +33,28 @@ __all__ = [
 MODEL_ENV = "UDSPY_LM_MODEL"
 API_KEY_ENV = "UDSPY_LM_API_KEY"
 BASE_URL_ENV = "UDSPY_LM_BASE_URL"
+
+
+def get_execution_settings() -> Any:
+    """Returns the `ExecutionSettings` in effect here, or None when none are (seed 000).
+
+    The innermost ``ExecutionSettings`` block (``plait.settings.context``)
+    with what it leaves unset taken from ``plait.settings.configure``: the
+    values every call made here starts from (a ``bind`` and the call's own
+    options still come first). Reading it changes nothing.
+    """
+    scoped = _context.SETTINGS.get()
+    configured = _context.GLOBAL_SETTINGS[0]
+    return configured if scoped is None else scoped.merged_over(configured)
+
+
+def get_trace_context() -> Any:
+    """Returns the trace being recorded here, or None outside tracing (seed 000).
+
+    While a program is traced, a module call is recorded on it
+    (``record_call(module, args, kwargs)``) instead of running.
+    """
+    return _context.current_trace()
 
 
 def signature(text: str, instructions: str | None = None) -> Any:

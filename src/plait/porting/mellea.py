@@ -48,6 +48,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import (
     AsyncIterator,
@@ -291,6 +292,9 @@ class ModelOutputThunk:
         )
 
 
+logger = logging.getLogger("plait.porting.mellea")
+
+
 # ------------------------------------------------------------- the calls
 def generate_from_context(
     backend: Backend,
@@ -333,7 +337,7 @@ def generate_from_context(
     Raises:
         TypeError: an action, option or format of an unknown kind.
     """
-    settings = _CallSettings.of(action, format, model_options, tool_calls)
+    settings = _CallSettings.of(action, format, model_options, tool_calls).honoured_by(backend)
     action_message = _action_message(action)
     if action_message is not None and not ctx.pending:
         request = settings.apply(ctx.to_request(action_message))
@@ -375,7 +379,7 @@ def generate_from_raw(
     template = ctx.template if ctx is not None else None
     thunks = []
     for action in actions:
-        settings = _CallSettings.of(action, format, model_options, tool_calls)
+        settings = _CallSettings.of(action, format, model_options, tool_calls).honoured_by(backend)
         if isinstance(action, Request):
             thunks.append(ModelOutputThunk(backend, settings.apply(action)))
             continue
@@ -554,6 +558,21 @@ class _CallSettings:
             options["stop"] = tuple(options["stop"])
         tools = _tool_specs(getattr(action, "tools", None) or ()) if tool_calls else ()
         return cls(_schema_of(format), options, model, tools)
+
+    def honoured_by(self, backend: Backend) -> _CallSettings:
+        """These settings without ``format`` when ``backend`` cannot follow a response schema.
+
+        Mellea's rule: such a backend logs a warning and continues to
+        generate (free text), rather than failing the call.
+        """
+        if self.schema is None or getattr(backend, "follows_response_schema", True):
+            return self
+        logger.warning(
+            "%s cannot constrain replies to format=%s; the call continues without it",
+            type(backend).__name__,
+            self.schema.name,
+        )
+        return replace(self, schema=None)
 
     def apply(self, request: Request) -> Request:
         changes: dict[str, Any] = {}
