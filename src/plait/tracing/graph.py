@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -57,6 +56,7 @@ class Slot:
         """Returns the text this slot stands for, given its node's payload."""
         if not self.json:
             return format(repr(payload) if self.mode == "r" else payload, self.spec)
+        import json  # on first use: only a slot inside JSON text, which few programs build
 
         if self.quoted and self.mode == "v":
             try:

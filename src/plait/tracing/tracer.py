@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 import linecache
 import os
 import re
@@ -580,6 +579,8 @@ def _holds_mark(text: str) -> bool:
 
 def _json_slot(match: re.Match[str], text: str) -> tuple[Slot, int, int] | None:
     """Returns the slot of a JSON-escaped token, taking in its quotes when it is a whole string."""
+    import json  # only text with JSON-escaped tokens, which few programs build
+
     opening, mode, escaped = match.groups()
     try:
         spec, ref = json.loads(f'"{escaped}"').split("|", 1)
