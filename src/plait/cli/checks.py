@@ -7,6 +7,7 @@ The names are the ``plait.cli`` package's own, for its commands.
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +158,6 @@ def _check_port(host: str, port: int) -> None:
     The port is bound as uvicorn binds it (``SO_REUSEADDR``) and let go at once, so what
     this finds free the server then takes, unless another process takes it in between.
     """
-    import errno
     import socket
 
     if port == 0:

@@ -22,7 +22,10 @@ from typing import TYPE_CHECKING, Any, cast
 from plait import _files
 from plait.cli.datasets import count_rows, open_writer, read_rows
 from plait.cli.programs import ProgramError, RowMapper
+from plait.errors import described
 from plait.execution.checkpoint_codec import CheckpointError
+from plait.execution.graph_cache import RunGraphs
+from plait.execution.run import execute_bound
 from plait.module import Module
 
 if TYPE_CHECKING:
@@ -63,8 +66,6 @@ class FileRun:
     every chunk look each input shape up once, so a program is traced once per shape."""
 
     def __post_init__(self) -> None:
-        from plait.execution.graph_cache import RunGraphs
-
         self.graphs = RunGraphs(self.mapper.module)
 
     @property
@@ -179,8 +180,6 @@ async def _run_chunk(
     progress: Any,
     outcome: RunOutcome,
 ) -> None:
-    from plait.execution.run import execute_bound
-
     items: list[Any] = []
     positions: list[int] = []  # chunk position of each item
     mapping_errors: dict[int, str] = {}
@@ -235,7 +234,6 @@ async def _run_chunk(
 def _error_text(error: BaseException) -> tuple[str, bool]:
     """Returns what a failed row's ``error`` column says, and whether a budget left the row
     undone (it refused a call: the row is said to be left undone, not to have failed)."""
-    from plait.errors import described
     from plait.report.profiling import budget_refusal
 
     refusal = budget_refusal(error)

@@ -41,8 +41,10 @@ from plait.distributed.budgets import BudgetAccounts, LinkedBudgets
 from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
 from plait.errors import UnknownAliasError, described
+from plait.execution import run
 from plait.module import Module
-from plait.resources.budget import Budget
+from plait.resources import ResourceManager
+from plait.resources.budget import Budget, budgeted
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import limiter_shares
 from plait.resources.shared_budget import BudgetStore
@@ -327,10 +329,6 @@ class PlaitMapper:
             asyncio.run_coroutine_threadsafe(opening, self._loop).result()
 
     async def _run(self, items: list[Any]) -> list[Any]:
-        from plait.execution import run
-        from plait.resources import ResourceManager
-        from plait.resources.budget import budgeted
-
         if self._manager is None:
             self._manager = ResourceManager(
                 self.config, limiter_factory=self._factory, budget_store=self._budgets

@@ -34,7 +34,7 @@ from plait.execution.llm_call import USE_CACHE
 from plait.execution.observe import resolve_callbacks
 from plait.execution.settings import OPTION_NAMES, effective_options, resources_of
 from plait.execution.sync_bridge import run_to_completion
-from plait.execution.tape import Tape
+from plait.execution.tape import Tape, get_tape
 from plait.media import Media
 from plait.module import Module
 from plait.values import Value
@@ -144,7 +144,6 @@ async def _start(
 
 async def _recorded(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Runs a call that keeps its forward record; returns ``(output, tape)`` (lists for a batch)."""
-    from plait.execution.tape import get_tape
 
     def tape_of(output: Any) -> Tape | None:
         ids = output.meta.get("_tape_ids") if isinstance(output, Value) else None

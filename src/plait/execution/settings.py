@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextvars
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
-from plait.errors import PlaitError
+from plait.errors import PlaitError, UnknownAliasError
 from plait.module import bound_resources
 
 if TYPE_CHECKING:
@@ -185,9 +185,6 @@ def check_served(resources: Any, alias: str, *, who: str, setting: str) -> None:
     Raises:
         UnknownAliasError: no entry and no ``"*"``; says who calls it and how to fix it.
     """
-    from collections.abc import Mapping
-
-    from plait.errors import UnknownAliasError
     from plait.resources import ResourceConfig, ResourceManager
 
     config = resources.config if isinstance(resources, ResourceManager) else resources

@@ -20,6 +20,7 @@ It runs over stdio (what Claude Desktop and IDEs start) or streamable HTTP;
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import re
 import typing
@@ -434,8 +435,6 @@ def _result_of(output: Any, text: str | None = None) -> Any:
 
 
 def _json_text(data: Any) -> str:
-    import json
-
     return json.dumps(data, ensure_ascii=False)
 
 

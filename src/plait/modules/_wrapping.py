@@ -16,6 +16,9 @@ from typing import Any, Literal
 
 from plait import _context
 from plait.module import Module
+from plait.modules.predict import history_messages
+from plait.signatures.adapters import format_value
+from plait.values import unwrap
 
 __all__ = [
     "AttemptCaller",
@@ -197,7 +200,6 @@ class AttemptCaller:
                 )
             return await call_child(self.module, self.args, kwargs)
         from plait.history import History
-        from plait.modules.predict import history_messages
 
         history = History(messages=history_messages(self.kwargs.get("history")))
         if retry is not None:
@@ -220,8 +222,6 @@ class AttemptCaller:
 
 def render_inputs(inputs: dict[str, Any]) -> str:
     """Returns inputs as ``name: value`` lines (as the JSON adapter writes them)."""
-    from plait.signatures.adapters import format_value
-
     return "\n".join(f"{name}: {format_value(value)}" for name, value in inputs.items())
 
 
@@ -234,8 +234,6 @@ def bind_signature_inputs(
         TypeError: inputs are missing or unknown, or positionals are ambiguous;
             the message names every problem and the expected call.
     """
-    from plait.values import unwrap
-
     expected = list(signature.input_fields)
     call = ", ".join(f"{name}=..." for name in expected) or "no inputs"
     if args:

@@ -11,6 +11,7 @@ own rollout id (``refine:<i>``).
 from __future__ import annotations
 
 import asyncio
+import string
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -217,7 +218,6 @@ def _checked_template(template: str | None) -> str | None:
         return None
     if not isinstance(template, str):
         raise TypeError(f"refinement_prompt must be a str, got {type(template).__name__}")
-    import string
 
     try:
         names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]

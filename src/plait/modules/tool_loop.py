@@ -37,6 +37,7 @@ from plait.confirmation import (
     rejection,
 )
 from plait.errors import ResumeRefusedError, StructuredOutputError
+from plait.media import Audio, File, Image, Media
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import record_system
 from plait.modules.prediction import Prediction
@@ -601,8 +602,6 @@ def _media_dict(item: Any) -> dict[str, Any]:
 
 def _media_of(data: Any) -> tuple[Any, ...]:
     """The media a paused state holds, read back (their formats read from the bytes again)."""
-    from plait.media import Audio, File, Image, Media
-
     kinds: dict[Any, type[Media]] = {"image": Image, "audio": Audio, "file": File}
     items = []
     for item in data:

@@ -28,7 +28,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait._together import together
+from plait.callbacks import ReportedCall
 from plait.errors import described
+from plait.execution.observe import callbacks_for
+from plait.execution.run import awaitable_or_result, run
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
@@ -187,8 +190,6 @@ async def _run_rows(
     progress: bool | None,
 ) -> list[ExampleRow]:
     """Runs ``module`` (eval mode) on every input as one batch; returns a row per input."""
-    from plait.execution import run
-
     was_training = module.training
     module.eval()
     try:
@@ -252,8 +253,6 @@ def run_dataset(
         usage), totals, `RunResult.save` and `RunResult.to_frame`. A failed
         example does not stop the others.
     """
-    from plait.execution.run import awaitable_or_result
-
     work = _run_dataset(module, dataset, resources, max_concurrent, progress)
     return awaitable_or_result(work)
 
@@ -329,7 +328,6 @@ def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
-    from plait.execution.run import awaitable_or_result
     from plait.resources.usage import Budget
 
     budget = Budget.of(max_calls, max_tokens, max_cost)
@@ -348,8 +346,6 @@ async def _evaluate(
     budget: Any = None,
 ) -> EvaluationResult:
     """The body of `evaluate`: reports the call to callbacks around `_scored`."""
-    from plait.callbacks import ReportedCall
-    from plait.execution.observe import callbacks_for
     from plait.resources.usage import budgeted
 
     pairs = examples_of(dataset)

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from plait.report.fallbacks import budget_lines, fallback_lines
 from plait.report.run_report import PRICE_HINT, RunReport
 
 __all__ = ["render_html", "write_html"]
@@ -377,8 +378,6 @@ def _fact(value: Any) -> str:
 def _fallback_facts(report: RunReport) -> list[tuple[str, str]]:
     """Returns a row per endpoint of each fallback chain at work (what it served and
     failed, when its circuit opened) and per budget (spent, held, left)."""
-    from plait.report.fallbacks import budget_lines, fallback_lines
-
     rows = []
     for alias, members in report.fallbacks.items():
         for line in fallback_lines({alias: members})[1:]:

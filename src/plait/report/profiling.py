@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
+from plait.errors import BudgetExceededError
 
 if TYPE_CHECKING:
-    from plait.errors import BudgetExceededError
     from plait.report import RunReport
 
 __all__ = [
@@ -600,8 +600,6 @@ def profile(max_records: int | None = None) -> Profiler:
 def budget_refusal(error: BaseException) -> BudgetExceededError | None:
     """Returns the budget's refusal (`BudgetExceededError`) that made an item fail, if that
     is what did: the item is then work left undone, told apart from a failure."""
-    from plait.errors import BudgetExceededError
-
     seen: BaseException | None = error
     for _ in range(8):  # a module of the program may have wrapped it (BestOfN's, say)
         if seen is None:

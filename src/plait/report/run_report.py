@@ -26,6 +26,8 @@ from plait import _jsontext as jsontext
 from plait.errors import PlaitError
 from plait.report.fallbacks import budget_lines, fallback_data, fallback_lines
 from plait.report.profiling import Profiler
+from plait.resources.books import budget_books
+from plait.resources.usage import active_budgets
 
 __all__ = ["FORMAT", "RunReport", "RunReportError", "graph_data"]
 
@@ -157,9 +159,6 @@ class RunReport:
             budgets: the books of the budgets the run was held to, by name (see the
                 ``budgets`` field); by default those of the budgets open here.
         """
-        from plait.resources.books import budget_books
-        from plait.resources.usage import active_budgets
-
         nodes = [asdict(r) for r in profiler.records]
         requests = [asdict(r) for r in profiler.requests]
         if graph is not None and not isinstance(graph, dict):

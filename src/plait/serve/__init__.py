@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from plait import _lazy
+from plait.errors import ConfigError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -96,8 +97,6 @@ def app(programs: Any, resources: Any = None, **options: Any) -> FastAPI:
         from plait.serve.asgi import build_app
     except ModuleNotFoundError as exc:
         if exc.name in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
-            from plait.errors import ConfigError
-
             raise ConfigError(f"plait.serve needs {exc.name}: pip install 'plait[serve]'") from None
         raise
     from plait.serve.options import ServeOptions

@@ -25,6 +25,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from plait.errors import ConfigError
+from plait.module import bound_resources
 from plait.serve.errors import error_response, failure_response
 from plait.serve.metrics import CONTENT_TYPE, ServerMetrics
 from plait.serve.middleware import (
@@ -172,9 +174,6 @@ def _layers(
 
 def _resources(resources: Any, served: dict[str, ServedProgram]) -> Any:
     """Returns the resources of the server: those given, or the ones every program is bound to."""
-    from plait.errors import ConfigError
-    from plait.module import bound_resources
-
     if resources is not None:
         return resources
     bound = {id(found): found for p in served.values() if (found := bound_resources(p.module))}

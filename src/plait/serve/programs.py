@@ -13,6 +13,7 @@ checks what it receives, and the schema then says less, never something false.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import typing
 from collections.abc import Mapping
@@ -28,12 +29,16 @@ from pydantic import (
     create_model,
     field_validator,
 )
+from pydantic_core import to_jsonable_python
 
 from plait.cli.programs import inputs_of
 from plait.errors import ConfigError
+from plait.execution.graph_cache import trace_cached
 from plait.history import History
+from plait.media import WITH_CONTENT
 from plait.module import LLMInference, Module
 from plait.signatures import Signature
+from plait.values import ValueRef
 
 __all__ = ["ChatForm", "PendingCall", "RunUsage", "ServedProgram", "json_data", "served_programs"]
 
@@ -254,7 +259,6 @@ class ServedProgram:
                 return only
         if isinstance(data, str):
             return data
-        import json
 
         return json.dumps(data, ensure_ascii=False)
 
@@ -294,8 +298,6 @@ def json_data(value: Any, *, content: bool = False) -> Any:
             what a request gives; `plait.media.as_data`) rather than their summary: the
             inputs a paused run keeps, to validate again when it is resumed.
     """
-    from pydantic_core import to_jsonable_python
-
     if isinstance(value, History):
         return value.to_list()
     to_dict = getattr(value, "to_dict", None)
@@ -304,8 +306,6 @@ def json_data(value: Any, *, content: bool = False) -> Any:
     elif isinstance(value, Mapping):
         value = dict(value)
     if content:
-        from plait.media import WITH_CONTENT
-
         return to_jsonable_python(value, fallback=_json_fallback, context=WITH_CONTENT)
     return to_jsonable_python(value, fallback=_json_fallback)
 
@@ -415,9 +415,6 @@ def _reply_field(output_type: Any) -> str | None:
 def _reply_module(module: Module, arguments: dict[str, Any]) -> Module:
     """Returns the module whose output is the program's output as it is (see
     `ServedProgram.reply_streams`): the one call its traced graph returns, else itself."""
-    from plait.execution.graph_cache import trace_cached
-    from plait.values import ValueRef
-
     try:
         graph = trace_cached(module, (), arguments)
     except Exception:  # not traceable here (the run will say why): stream its own text only

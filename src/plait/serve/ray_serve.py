@@ -59,6 +59,8 @@ except ModuleNotFoundError as exc:
         f"plait.serve.ray_serve needs {exc.name}: pip install 'plait[serve-ray]'"
     ) from None
 
+import ray
+
 from plait.distributed.ray import (
     budget_actor,
     build_config,
@@ -67,7 +69,9 @@ from plait.distributed.ray import (
     config_spec,
     endpoints_used,
 )
+from plait.resources import ResourceManager
 from plait.resources.config import ResourceConfig
+from plait.serve import app
 from plait.serve.options import ServeOptions, check_exposure
 
 __all__ = ["PlaitReplica", "deployment", "programs_loader", "run"]
@@ -93,9 +97,6 @@ class PlaitReplica:
         self._manager: Any = None
 
     async def __serve_build_asgi_app__(self) -> Any:
-        from plait.resources import ResourceManager
-        from plait.serve import app
-
         programs = self._programs() if _is_builder(self._programs) else self._programs
         config = build_config(self._resources)
         # "detached": the limits outlive any one replica, which Ray may restart or remove.
@@ -183,7 +184,6 @@ def run(
     application = deployment(
         programs, resources, replicas=replicas, name=name, ray_options=ray_options, **options
     )
-    import ray
 
     started_ray = not ray.is_initialized()
     if started_ray:

@@ -28,8 +28,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from plait.confirmation import ConfirmationRequired, ResumeState, approval_used
+from plait.confirmation import (
+    APPROVAL_KEY_ENV,
+    ConfirmationRequired,
+    ResumeState,
+    approval_used,
+    set_approval_key,
+    set_approval_ledger,
+)
 from plait.errors import ConfigError, ConfirmationRejected, ResumeRefusedError
+from plait.execution import run
 from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.limits import limiter_shares, too_small_to_share
@@ -213,8 +221,6 @@ class RunService:
     def _approvals_open(self) -> None:
         """Seals pauses with the configured key, and records used approvals in the store
         when it can (`SQLitePendingStore`), so a replay is refused after a restart too."""
-        from plait.confirmation import APPROVAL_KEY_ENV, set_approval_key, set_approval_ledger
-
         key = self.options.approval_key()
         if key is not None:
             set_approval_key(key)
@@ -230,8 +236,6 @@ class RunService:
             set_approval_ledger(self.pending)  # type: ignore[arg-type]
 
     def _approvals_close(self) -> None:
-        from plait.confirmation import set_approval_key, set_approval_ledger
-
         if self.options.approval_key_env is not None:
             set_approval_key(None)
         if callable(getattr(self.pending, "use", None)):
@@ -283,8 +287,6 @@ class RunService:
                 ``ResumeRefusedError`` for a resume the approval rules refuse); a resumed
                 run whose approval was not used by then waits again (`_put_back`).
         """
-        from plait.execution import run
-
         outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
         with metered(outcome.usage):
             try:

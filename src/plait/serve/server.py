@@ -29,6 +29,9 @@ from typing import Any
 
 import uvicorn
 
+from plait.resources import ResourceConfig
+from plait.resources.shared_budget import BudgetStore
+from plait.serve import app
 from plait.serve.http_protocol import http_protocol
 from plait.serve.options import ServeOptions, check_exposure
 
@@ -134,10 +137,7 @@ def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
     from plait._files import read_json
     from plait.cli.programs import load_program
-    from plait.resources import ResourceConfig
     from plait.resources.budget_file import BudgetFile
-    from plait.resources.shared_budget import BudgetStore
-    from plait.serve import app
 
     config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
     if config["options"]["access_log"]:

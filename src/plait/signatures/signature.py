@@ -24,6 +24,7 @@ class name does not matter), and equal signatures hash alike.
 
 from __future__ import annotations
 
+import inspect
 import keyword
 import sys
 import types
@@ -32,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
+
+from plait.signatures.parser import parse_signature
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -211,8 +214,6 @@ class SignatureMeta(type):
 
 
 def _clean_doc(doc: str) -> str:
-    import inspect
-
     return inspect.cleandoc(doc)
 
 
@@ -346,8 +347,6 @@ class Signature(metaclass=SignatureMeta):
             TypeError, ValueError: ``types`` names something that is not a class,
                 or uses a name that is not an identifier or is a type word.
         """
-        from plait.signatures.parser import parse_signature
-
         inputs, outputs = parse_signature(text, types)
         fields = [FieldSpec(n, a, "", "input") for n, a in inputs]
         fields += [FieldSpec(n, a, "", "output") for n, a in outputs]

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from plait.module import LLMInference
 from plait.values import ValueRef
 
 __all__ = ["InferenceGraph", "Node", "Scope", "Slot", "Template", "iter_refs", "substitute"]
@@ -55,7 +56,7 @@ class Slot:
         """Returns the text this slot stands for, given its node's payload."""
         if not self.json:
             return format(repr(payload) if self.mode == "r" else payload, self.spec)
-        import json  # only a slot inside JSON text, which few programs build
+        import json  # on first use: only a slot inside JSON text, which few programs build
 
         if self.quoted and self.mode == "v":
             try:
@@ -294,8 +295,6 @@ class InferenceGraph:
 
     def llm_nodes(self) -> list[Node]:
         """Returns the nodes that call an LLM (LLMInference leaves), in order."""
-        from plait.module import LLMInference  # model layer, below graph
-
         return [n for n in self.nodes.values() if isinstance(n.module, LLMInference)]
 
     # ------------------------------------------------------------- integrity

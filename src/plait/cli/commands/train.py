@@ -4,6 +4,7 @@ saved, under a budget, resumable from a checkpoint, or its ``--estimate``."""
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -249,8 +250,6 @@ def _train_report(
     trainer: Any, profiler: Any, learning: Any, spec: str, graph: Any, kwargs: dict[str, Any]
 ) -> Any:
     """The run report of ``plait train`` (of a stopped one too: its ``training`` says so)."""
-    from dataclasses import asdict
-
     return profiler.report(
         program=spec,  # as the user typed it, like `plait run`
         kind="train",

@@ -15,6 +15,8 @@ from contextvars import ContextVar
 from typing import Any
 
 from plait.callbacks import BaseCallback, active_callbacks
+from plait.errors import PlaitError, UnknownAliasError
+from plait.execution.graph_cache import trace_cached
 from plait.module import Module
 from plait.optimization.costs.parts import (
     _CHARS_PER_TOKEN,
@@ -239,9 +241,6 @@ def _from_graph(
 
 def _llm_steps(program: Module, example_input: Any) -> int:
     """Returns the program's model-calling steps for one input, from its traced graph."""
-    from plait.errors import PlaitError
-    from plait.execution.graph_cache import trace_cached
-
     try:
         graph = trace_cached(program, (example_input,), {})
     except (PlaitError, TypeError, ValueError):
@@ -274,8 +273,6 @@ def _demo_tokens(examples: Sequence[tuple[Any, Any]]) -> float:
 
 def _price(manager: Any, aliases: Sequence[str]) -> Any:
     """Returns the price of the first alias's endpoint; None when any of them has no price."""
-    from plait.errors import UnknownAliasError
-
     prices = []
     for alias in aliases:
         try:

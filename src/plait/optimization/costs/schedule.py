@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from plait.execution.run import awaitable_or_result
+from plait.execution.settings import resources_of
 from plait.module import Module
 from plait.optimization.costs.measure import (
     _price,
@@ -49,8 +51,6 @@ def estimate(
     Returns:
         A `CostEstimate` (``print`` it for the table).
     """
-    from plait.execution.run import awaitable_or_result
-
     check_sample(sample)
     budget = _budget(max_calls, max_tokens, max_cost)
     return awaitable_or_result(_estimate_evaluation(program, dataset, resources, sample, budget))
@@ -72,7 +72,6 @@ def check_sample(sample: Any) -> None:
 async def _estimate_evaluation(
     program: Module, dataset: Any, resources: Any, sample: int, budget: Any
 ) -> CostEstimate:
-    from plait.execution.settings import resources_of
     from plait.optimization.evaluation import examples_of
     from plait.resources import ResourceManager
 

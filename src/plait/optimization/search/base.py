@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plait._together import together
+from plait.execution.run import awaitable_or_result
 from plait.execution.settings import check_served, resources_of
 from plait.module import Module
 from plait.optimization.evaluation import Metric, evaluate, examples_of
@@ -38,6 +39,7 @@ from plait.optimization.search.report import (
     sign_test,
 )
 from plait.optimization.search.resume import CheckpointedSearch
+from plait.resources.usage import Budget, budgeted, metered
 
 __all__ = ["Candidate", "ProgramSearch", "SearchOverrides"]
 
@@ -218,8 +220,6 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
         max_cost: float | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
     ) -> None:
-        from plait.resources.usage import Budget
-
         Budget.of(max_calls, max_tokens, max_cost)  # checks the limits now, not when compiled
         if balance not in (True, False, "auto"):
             raise ValueError(f"balance must be True, False or 'auto', got {balance!r}")
@@ -275,8 +275,6 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
             CheckpointError: the checkpoint is a symbolic link, not a regular
                 file, or not a search checkpoint as plait writes it.
         """
-        from plait.execution.run import awaitable_or_result
-
         train = _either("trainset", trainset, "train_set", train_set)
         val = _either("valset", valset, "val_set", val_set)
         compiling = self._compile(program, train, val, resources)
@@ -286,8 +284,6 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
         self, program: Module, train_set: Any, val_set: Any, resources: Any
     ) -> SearchReport:
         """The body of `compile`."""
-        from plait.resources.usage import Budget, budgeted, metered
-
         resources = resources_of(program, resources, who=type(self).__name__, takes="compile()")
         train = examples_of(train_set) if train_set is not None else []
         val = examples_of(val_set) if val_set is not None else train

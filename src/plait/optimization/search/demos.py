@@ -43,6 +43,7 @@ from plait.optimization.events import learning_step
 from plait.optimization.search.base import ProgramSearch
 from plait.optimization.search.report import _label
 from plait.parameter import Parameter
+from plait.resources.usage import metered
 
 __all__ = [
     "balanced_sample",
@@ -226,8 +227,6 @@ async def _remembered_pool(
     The checkpoint keeps the demos of the examples run so far and those a
     budget left undone; a rerun runs only those.
     """
-    from plait.resources.usage import metered
-
     held = search._held_step("bootstrap")
     demos = held["value"]["demos"] if held else {}
     undone = held["value"]["undone"] if held else list(range(len(train)))

@@ -14,11 +14,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from plait.execution.run import awaitable_or_result
 from plait.execution.settings import resources_of
 from plait.module import Module
 from plait.optimization.evaluation import examples_of
 from plait.optimization.search.checkpoint import trial_key
 from plait.optimization.search.resume import _ESTIMATING, _NeedsCalls
+from plait.resources import ResourceManager
+from plait.resources.usage import Budget, metered
 
 if TYPE_CHECKING:
     from plait.optimization.search.base import Candidate, SearchParts
@@ -51,7 +54,6 @@ class EstimatedSearch:
             A `CostEstimate`: low / expected / high calls, tokens and cost per
             phase; ``print(estimate)`` shows the table.
         """
-        from plait.execution.run import awaitable_or_result
         from plait.optimization.costs import check_sample
 
         check_sample(sample)
@@ -69,8 +71,6 @@ class EstimatedSearch:
     ) -> Any:
         """The body of `estimate`."""
         from plait.optimization import costs
-        from plait.resources import ResourceManager
-        from plait.resources.usage import Budget, metered
 
         resources = resources_of(program, resources, who=type(self).__name__, takes="estimate()")
         train = examples_of(train_set) if train_set is not None else []

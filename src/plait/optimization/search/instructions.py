@@ -22,6 +22,7 @@ from plait.optimization.search.demos import (
 )
 from plait.optimization.training.updates import as_text, check_update
 from plait.parameter import Parameter
+from plait.resources import ResourceManager
 from plait.resources.usage import active_budgets
 
 __all__ = ["propose_instruction"]
@@ -63,8 +64,6 @@ async def _proposed_instruction(
     module: Module, train: Sequence[Example], resources: Any, alias: str, seed: int, shown: int
 ) -> str | None:
     """The body of `propose_instruction`."""
-    from plait.resources import ResourceManager
-
     manager = ResourceManager.shared(resources)
     current = str(module.instructions.value)  # type: ignore[attr-defined]
     rng = random.Random(seed)

@@ -11,7 +11,7 @@ from typing import Any
 
 from plait._together import together
 from plait.module import Module
-from plait.optimization.costs import Phase, Proposal, Range, Variant
+from plait.optimization.costs import Phase, Proposal, Range, Variant, measure_variant
 from plait.optimization.evaluation import Metric
 from plait.optimization.search.base import Candidate, ProgramSearch
 from plait.optimization.search.demos import (
@@ -31,6 +31,7 @@ from plait.optimization.search.demos import (
 from plait.optimization.search.instructions import propose_instruction
 from plait.optimization.training.updates import as_text
 from plait.parameter import Parameter
+from plait.resources.usage import metered
 
 __all__ = ["RandomSearch"]
 
@@ -182,9 +183,6 @@ class RandomSearch(ProgramSearch):
         asked again). Returns a `_Drawn`; None when the run has no proposal left to ask
         for.
         """
-
-        from plait.optimization.costs import Proposal, measure_variant
-        from plait.resources.usage import metered
 
         steps = _instructed_steps(program)
         if not steps or not self._asks_left(program):

@@ -89,9 +89,10 @@ from typing import Any
 
 from plait._together import together
 from plait.errors import BudgetExceededError
+from plait.execution import run
 from plait.feedback import Feedback
 from plait.module import Module
-from plait.optimization.evaluation import Metric
+from plait.optimization.evaluation import Metric, evaluate, exact_match
 from plait.optimization.events import learning_step, rounds_of, tell_decision, tell_update
 from plait.optimization.search.base import Candidate, ProgramSearch
 from plait.optimization.search.demos import (
@@ -116,6 +117,7 @@ from plait.optimization.training.backward import backward
 from plait.optimization.training.losses import Loss, VerifierLoss
 from plait.optimization.training.step import TrainingStep, on_examples
 from plait.optimization.training.textgrad import TextGradOptimizer
+from plait.resources.usage import metered
 from plait.values import Value
 
 __all__ = ["ReflectiveSearch"]
@@ -202,8 +204,6 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
         start: Trial,
     ) -> list[Trial]:
         """Runs rounds as a two-stage pipeline (see the module docs) until ``max_calls``."""
-        from plait.resources.usage import metered
-
         if not train:
             raise ValueError("ReflectiveSearch needs a non-empty train_set")
         components = [n for n, p in program.named_parameters() if p.requires_grad]
@@ -427,8 +427,6 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
         self, program: Module, batch: list[Example], resources: Any
     ) -> tuple[list[Any], list[float]]:
         """Runs ``program`` in training mode on ``batch``; returns the losses and their scores."""
-        from plait.execution import run
-
         step = TrainingStep(program, self.loss or VerifierLoss(self.metric or _exact))
         examples = on_examples(step)
         examples.train()
@@ -451,8 +449,6 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
         return list(losses), scores
 
     async def _scores(self, program: Module, batch: list[Example], resources: Any) -> list[float]:
-        from plait.optimization.evaluation import evaluate
-
         result = await evaluate(
             program,
             batch,
@@ -551,8 +547,6 @@ def _minibatch_evidence(before: list[float], after: list[float]) -> dict[str, An
 
 
 def _exact(output: Any, target: Any) -> bool:
-    from plait.optimization.evaluation import exact_match
-
     return exact_match(output, target)
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from plait.module import Module
-from plait.optimization.costs import Phase, Range
+from plait.optimization.costs import Phase, Proposal, Range, repeat_feedback, sample_twice
 from plait.optimization.search.checkpoint import SearchCheckpoint, trial_key
 from plait.optimization.search.demos import (
     Example,
@@ -22,6 +22,8 @@ from plait.optimization.search.demos import (
 from plait.optimization.training.backward import backward
 from plait.optimization.training.optimizer import DEFAULT_RETRIES
 from plait.optimization.training.textgrad import TextGradOptimizer
+from plait.optimization.training.updates import as_text
+from plait.resources.usage import metered
 from plait.values import Value
 
 
@@ -176,10 +178,6 @@ class ReflectiveEstimate:
         copy of the program runs ``sample`` training examples in training mode, backward
         brings their feedback, repeated to a minibatch's worth, and a `TextGradOptimizer`
         step asks for the new value (its re-asks included)."""
-        from plait.optimization.costs import Proposal, repeat_feedback, sample_twice
-        from plait.optimization.training.updates import as_text
-        from plait.resources.usage import metered
-
         texts = [
             name
             for name, p in program.named_parameters()

@@ -12,7 +12,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
+from plait.optimization.search.checkpoint import REMEDY, Reader
 from plait.optimization.search.report import Trial
 
 
@@ -118,9 +120,6 @@ class _Rounds:
     @staticmethod
     def restore(data: dict[str, Any], program: Module, start: Trial, n: int, path: Any) -> _Rounds:
         """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``)."""
-        from plait.execution.checkpoint_codec import CheckpointError
-        from plait.optimization.search.checkpoint import REMEDY, Reader
-
         read = Reader(path, n)
 
         def copy_with(parameters: dict[str, Any], where: str) -> Module:

@@ -23,7 +23,7 @@ from plait.optimization.search.checkpoint import (
     trial_key,
 )
 from plait.optimization.search.report import Trial, _set_setting
-from plait.resources.usage import active_budgets
+from plait.resources.usage import active_budgets, metered
 
 if TYPE_CHECKING:
     from plait.optimization.search.base import Candidate, SearchParts
@@ -103,8 +103,6 @@ class CheckpointedSearch:
         calls it made; one the budget may have cut short is not, so a rerun
         does it again.
         """
-        from plait.resources.usage import metered
-
         held = self._held_step(key)
         if held is not None:
             return held["value"]

@@ -30,6 +30,7 @@ from typing import Any
 
 from plait import _context
 from plait._together import together
+from plait.execution.executor import Executor
 from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
@@ -139,8 +140,6 @@ def _program_names(reached: dict[str, int]) -> dict[str, int]:
 
 
 async def _executor_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
-    from plait.execution.executor import Executor
-
     resources = find_resources(resources)
     if resources is None:
         # The forward pass's own manager: a bound program needs no settings block.

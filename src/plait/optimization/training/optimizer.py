@@ -38,6 +38,7 @@ from dataclasses import asdict
 from typing import Any, Self
 
 from pydantic import BaseModel
+from pydantic_core import to_jsonable_python
 
 from plait import _jsontext as jsontext
 from plait._together import together
@@ -560,6 +561,4 @@ async def _maybe_await(result: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
-    from pydantic_core import to_jsonable_python
-
     return to_jsonable_python(value, fallback=str)

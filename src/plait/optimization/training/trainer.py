@@ -43,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from plait import _context
+from plait.errors import BudgetExceededError
+from plait.execution import run
+from plait.execution.run import awaitable_or_result
 from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
@@ -70,7 +73,7 @@ from plait.optimization.training.report import (
 from plait.optimization.training.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.optimization.training.trainer_checkpoint import CheckpointedTrainer
 from plait.optimization.training.trainer_estimate import EstimatedTrainer
-from plait.resources.usage import active_budgets
+from plait.resources.usage import Budget, active_budgets, budgeted
 from plait.values import Value
 
 __all__ = ["TrainReport", "Trainer"]
@@ -130,8 +133,6 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         max_tokens: int | None = None,
         max_cost: float | None = None,
     ) -> None:
-        from plait.resources.usage import Budget
-
         Budget.of(max_calls, max_tokens, max_cost)  # checks the limits now, not in fit()
         step, optimizer = _step_and_optimizer(
             step_or_module, loss_fn, optimizer, epochs, batch_size
@@ -200,14 +201,10 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         loop running, as a module call does. Cancelled, it leaves the program
         with the best parameters validated so far and its report in `report`.
         """
-        from plait.execution.run import awaitable_or_result
-
         return awaitable_or_result(observed_run(self, self.module, self._fit(), _summary))
 
     async def _fit(self) -> TrainReport:
         """The body of `fit`: the training loop within the budget, if there is one."""
-        from plait.resources.usage import Budget, budgeted
-
         profiler = _context.PROFILE.get()
         if profiler is not None:  # its report names the program's modules as validation does
             profiler.show_program_at(PROGRAM_PATH, type(self.module).__name__)
@@ -249,8 +246,6 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         validation) that the budget cut short is dropped and training stops:
         None when even the first validation was cut short.
         """
-        from plait.errors import BudgetExceededError
-
         state = self._load()
         resumed = None
         if state is None:
@@ -308,8 +303,6 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
     async def _train_batch(self, batch: list[tuple[Any, Any]]) -> tuple[StepReport, float | None]:
         """Runs one minibatch, its backward and one optimizer step; returns the step and the
         minibatch's mean loss score (None when no loss gave a score)."""
-        from plait.execution import run
-
         self._examples.train()
         self.optimizer.zero_feedback()
         try:

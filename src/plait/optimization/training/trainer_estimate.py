@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from plait.execution import run
+from plait.execution.run import awaitable_or_result
 from plait.optimization import costs
 from plait.optimization.costs import Phase, Proposal, Range, check_sample
 from plait.optimization.costs.parts import repeat_feedback, sample_twice
@@ -44,8 +46,6 @@ class EstimatedTrainer:
         Returns:
             A `CostEstimate`; ``print(estimate)`` shows the table.
         """
-        from plait.execution.run import awaitable_or_result
-
         check_sample(sample)
         return awaitable_or_result(self._estimate(sample))
 
@@ -128,7 +128,6 @@ class EstimatedTrainer:
         parameters: the program and the optimizer are left as they are. ``least_calls``
         is the calls of all the updates of a step when no reply is asked again.
         """
-        from plait.execution import run
         from plait.optimization.training.updates import as_text
         from plait.resources.usage import metered
 

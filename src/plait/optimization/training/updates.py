@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from plait._jsontext import loads
 
@@ -94,7 +94,6 @@ def update_model_for(value_type: Any) -> type[BaseModel]:
     """
     if value_type is None:
         return ParameterUpdate
-    from pydantic import create_model
 
     return create_model(
         "ParameterUpdate",
