@@ -331,7 +331,9 @@ class ToolLoop:
         else:
             result = await found.call(call.arguments, call_id=call.id)
         await emit_event(
-            ToolResultEvent(self.module, call.name, result.content, result.ok, call.id, path)
+            ToolResultEvent(
+                self.module, call.name, result.content, result.ok, call.id, path, result.error
+            )
         )
         return result
 
