@@ -49,6 +49,20 @@ async def test_an_agent_fails_at_the_turn_whose_forced_tool_call_was_cut_off() -
     assert len(bodies(server)) == 1  # no extraction call made from the remains
 
 
+def rambling_text(body: dict[str, Any]) -> dict[str, Any]:
+    """The same, from a server that gives an unfinished forced call back as text."""
+    return {"content": '{"query": "the user wants to know', "finish_reason": "length"}
+
+
+async def test_a_forced_call_returned_as_unfinished_text_is_named_as_that_tools() -> None:
+    async with scripted(rambling_text) as (_, manager):
+        agent = ReAct(
+            "question -> answer", tools=[search], first_tool_choice="search", max_tokens=8
+        ).bind(manager)
+        with pytest.raises(ReplyCutOffError, match="argument 'query' of a call of tool 'search'"):
+            await agent(question="What do my notes say?")
+
+
 class Ticket(BaseModel):
     title: str
     summary: str

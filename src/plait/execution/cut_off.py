@@ -33,12 +33,16 @@ def cut_off_error(
     """
     limit = request.options.max_tokens
     tool = ""
-    if response.tool_calls:
-        call = response.tool_calls[-1]  # the last call is the one being written
-        spec = next((t for t in request.tools if t.name == call.name), None)
-        tool = call.name if spec is not None else ""
+    forced = next((t for t in request.tools if t.name == request.tool_choice), None)
+    if response.tool_calls or forced is not None:
+        # the last call is the one being written; a forced call a backend could not read
+        # back as a call (its JSON unfinished) is still that tool's, its text the arguments
+        name = response.tool_calls[-1].name if response.tool_calls else request.tool_choice
+        spec = next((t for t in request.tools if t.name == name), None)
+        tool = spec.name if spec is not None else ""
         known = set(_property_names(spec.parameters)) if spec is not None else set()
-        field = open_field(call.arguments, known)
+        text = response.tool_calls[-1].arguments if response.tool_calls else response.text
+        field = open_field(text, known)
         where = f"a call of tool {tool!r}" if tool else "a tool call"
         if field:
             where = f"argument {field!r} of {where}"

@@ -274,6 +274,7 @@ def _final_error(
 ) -> StructuredOutputError:
     last = problems[-1]
     if isinstance(last, ReplyCutOffError):  # the step fails for the cut, named as it is
+        last.target = last.target or target
         if len(problems) > 1:
             last.__cause__ = problems[0]
         return last
