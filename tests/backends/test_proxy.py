@@ -166,6 +166,20 @@ async def test_an_http_endpoint_is_reached_through_http_proxy(
     assert scripted.stats.requests == 2
 
 
+async def test_the_batch_api_goes_through_the_same_proxy(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = urlsplit(scripted.base_url).port
+    async with LoopbackProxy({f"{HOST}:{port}": ("127.0.0.1", port)}) as proxy:
+        monkeypatch.setenv("http_proxy", f"http://me:s3cret@127.0.0.1:{proxy.port}")
+        config = resources(scripted, f"http://{HOST}:{port}/v1")
+        answers = await run(LLMInference("llm"), ["one", "two"], resources=config, batch_api=True)
+    assert answers == ["echo: one", "echo: two"]
+    basic = "Basic " + base64.b64encode(b"me:s3cret").decode()
+    assert {headers["proxy-authorization"] for _, headers in proxy.seen} == {basic}
+    assert proxy.seen[0][0] == f"POST http://{HOST}:{port}/v1/files HTTP/1.1"
+
+
 async def test_an_https_endpoint_is_reached_through_a_connect_tunnel(
     scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
