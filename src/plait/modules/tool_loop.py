@@ -224,10 +224,10 @@ class ToolLoop:
                 try:
                     step = await ask(run.messages, choice, values)
                 except StructuredOutputError as unusable:  # the module decides what follows
-                    run.usage.add(unusable.usage)
+                    run.usage += unusable.usage
                     run.final = unusable
                     return run
-                run.usage.add(step.usage)
+                run.usage += step.usage
                 if step.is_final:
                     run.final = step
                     return run

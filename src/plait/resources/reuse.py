@@ -128,8 +128,10 @@ def cache_hit(route: Route, response: Response) -> Response:
     """Counts a reply served from the cache, and marks it as costing nothing and sent by no one."""
     route.endpoint.cache_hits += 1
     for meter in active_meters():
-        meter.cached += 1
-    response.usage.cost = 0.0
+        meter.usage.cached += 1
+    usage = response.usage  # the cache's own copy, or `copy_response`'s: this caller's
+    usage.cost = 0.0
+    usage.cached = 1
     meta = response.meta
     meta["cached"] = True
     meta["alias"] = route.alias
