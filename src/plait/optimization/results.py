@@ -63,6 +63,17 @@ class ExampleRow(HoldsUsage):
             "cost": usage["cost"],
         }
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "usage" not in state:  # pickled by a plait before `usage`: its fields one by one
+            state = dict(state)
+            state["usage"] = Usage(
+                state.pop("input_tokens", 0),
+                state.pop("output_tokens", 0),
+                state.pop("cost", 0.0),
+                state.pop("cached", 0),
+            )
+        self.__dict__.update(state)
+
     def as_record(self) -> dict[str, Any]:
         """Returns the row as JSON-compatible data (models as dicts, other objects as text)."""
         from pydantic_core import to_jsonable_python
