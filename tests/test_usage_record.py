@@ -94,7 +94,7 @@ def test_adding_usages() -> None:
 
 
 async def test_every_record_of_a_run_reads_the_same_usage(tmp_path: Path) -> None:
-    """A run's rows, traces, node and request records and meter agree, cache hits too."""
+    """A run's rows, node and request records and meter agree, cache hits too."""
     data = [(f"q{i}", f"q{i}") for i in range(4)]
     async with ScriptedServer() as server:
         config = ResourceConfig(
