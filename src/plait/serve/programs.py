@@ -54,8 +54,8 @@ def _run_usage() -> type[BaseModel]:
     """Returns the schema of a run's ``usage``: what its `UsageMeter` counted (``as_dict``).
 
     Built from the meter's calls and the fields of `Usage` (the one record of usage,
-    typed there), so the schema cannot drift from the record; the meter's ``refused``
-    is not part of it (a served run that a budget refuses fails).
+    typed there), so the schema cannot drift from the record. It declares those; a
+    body may carry more (the meter's ``refused``).
     """
     types = typing.get_type_hints(Usage) | {"calls": int}
     described = {
