@@ -374,6 +374,7 @@ class Profiler:
         self.nodes_seen += 1
         if self._programs:
             node_id, module_path = self.shown_path(node_id), self.shown_path(module_path)
+        usage = meta.get("usage", _NO_USAGE)
         self._nodes.offer(
             NodeTiming(
                 node_id=node_id,
@@ -381,13 +382,13 @@ class Profiler:
                 input_index=index,
                 start=clock.start,
                 end=self.now(),
-                usage=meta.get("usage", _NO_USAGE),
+                usage=usage,
                 finish_reason=meta.get("finish_reason"),
                 wait=clock.waited,
             ),
             self._rng,
         )
-        if meta.get("cached"):  # the response's mark; its `Usage.cached` says the same
+        if usage.cached:
             self._alias(meta.get("alias") or module_path)["cache_hits"] += 1
 
     def show_program_at(self, path: str, name: str) -> None:
