@@ -210,3 +210,17 @@ def test_a_result_pickled_before_still_loads() -> None:
     assert row.usage == Usage(7, 3, 0.25, cached=1) and (row.calls, row.refused) == (2, 0)
     assert (row.input_tokens, result.cost, float(result)) == (7, 0.25, 1.0)
     assert pickle.loads(pickle.dumps(result)).rows[0].usage == row.usage
+
+
+async def test_the_managers_totals_count_cache_hits_as_the_meters_do(tmp_path: Path) -> None:
+    async with ScriptedServer() as server:
+        config = ResourceConfig({"llm": server.endpoint(cache=str(tmp_path / "cache.sqlite"))})
+        async with ResourceManager(config) as manager:
+            for _ in range(3):
+                with metered() as meter:
+                    await plait.run(LLMInference("llm"), ["same"], resources=manager)
+            stats = manager.stats()
+            usage = manager.usage()
+        assert (stats["llm"].calls, stats["llm"].cache_hits, stats["llm"].usage.cached) == (3, 2, 2)
+        assert usage["llm"].cached == manager.total_usage().cached == 2
+        assert meter.usage.cached == 1 and server.stats.requests == 1

@@ -46,8 +46,9 @@ class UsageTotals:
     """Running totals of usage and calls for one endpoint or alias.
 
     Attributes:
-        usage: summed tokens and cost.
-        calls: number of finished calls counted.
+        usage: summed tokens and cost of the calls sent; ``usage.cached``: the calls
+            answered from a response cache (their tokens not counted: nothing was spent).
+        calls: number of finished calls sent.
     """
 
     __slots__ = ("calls", "usage")
