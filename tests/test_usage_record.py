@@ -21,6 +21,7 @@ import pytest
 import plait
 from plait import LLMInference, ResourceConfig, ResourceManager
 from plait.backends.types import Usage
+from plait.modules.tool_loop import ToolRun
 from plait.modules.traces import TraceRecord
 from plait.optimization.results import ExampleRow
 from plait.report import RunReport
@@ -224,3 +225,13 @@ async def test_the_managers_totals_count_cache_hits_as_the_meters_do(tmp_path: P
         assert (stats["llm"].calls, stats["llm"].cache_hits, stats["llm"].usage.cached) == (3, 2, 2)
         assert usage["llm"].cached == manager.total_usage().cached == 2
         assert meter.usage.cached == 1 and server.stats.requests == 1
+
+
+def test_a_paused_tool_run_saved_before_still_restores() -> None:
+    run = ToolRun.start([])
+    run.usage = Usage(5, 2, 0.5, cached=1)
+    saved = run.to_dict("agent")
+    assert saved["usage"] == {"input_tokens": 5, "output_tokens": 2, "cost": 0.5, "cached": 1}
+    assert ToolRun.restore(saved).usage == run.usage
+    del saved["usage"]["cached"]  # as a plait before the usage record saved it
+    assert ToolRun.restore(saved).usage == Usage(5, 2, 0.5)

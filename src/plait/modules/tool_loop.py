@@ -411,11 +411,7 @@ class ToolRun:
             "messages": [_paused_message_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
-            "usage": {
-                "input_tokens": self.usage.input_tokens,
-                "output_tokens": self.usage.output_tokens,
-                "cost": self.usage.cost,
-            },
+            "usage": dataclasses.asdict(self.usage),  # a state saved before has no "cached"
             "turn": self.turn,
             "pending": None
             if pending is None
