@@ -1,9 +1,10 @@
 """Token usage, prices and cost.
 
-Every finished call carries a `Usage` (input and output tokens, and its cost
-once a price is known). The resource manager adds each call's usage to the
-totals of its endpoint and of the alias the program used, and stops an
-endpoint (or the whole manager) cleanly once a cost budget is spent.
+Every finished call carries a `Usage` (input and output tokens, its cost once
+a price is known, and whether the response cache answered it). The resource
+manager adds each call's usage to the totals of its endpoint, of the alias
+the program used and of the open meters, and stops an endpoint (or the whole
+manager) cleanly once a cost budget is spent.
 
 A `Budget` (`plait.resources.budget`, re-exported here with `budgeted` and
 `active_budgets`) is a hard limit on a piece of work rather than an endpoint:
