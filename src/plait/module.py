@@ -610,7 +610,7 @@ class Module:
                 "Module.traces_frame() needs pandas, which is not installed: "
                 "`pip install pandas`, or use module.traces() (a list of records)"
             ) from None
-        return pandas.DataFrame([dataclasses.asdict(record) for record in self.traces()])
+        return pandas.DataFrame([record.as_dict() for record in self.traces()])
 
     def clear_traces(self) -> None:
         """Forgets the trace records of this module and all its descendants."""

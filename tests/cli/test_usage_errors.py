@@ -344,6 +344,20 @@ MISTAKES = {
         (*EVAL, "--max-cost", "1", "--estimate"),
         "--max-cost needs the price of every endpoint",
     ),
+    # every whole-number and decimal option says so in words, not click's "range" types
+    "max concurrent not a whole number": (
+        (*RUN, "--max-concurrent", "abc"),
+        "Invalid value for '--max-concurrent': 'abc' is not a valid whole number; "
+        "see 'plait run --help'",
+    ),
+    "timeout not a number": (
+        (*RUN, "--timeout", "soon"),
+        "Invalid value for '--timeout': 'soon' is not a valid number; see 'plait run --help'",
+    ),
+    "train max concurrent not a whole number": (
+        (*TRAIN, "--max-concurrent", "many"),
+        "Invalid value for '--max-concurrent': 'many' is not a valid whole number",
+    ),
     # estimates check what the run would
     "estimate metric unknown": (
         (*EVAL, "--estimate", "--metric", "nosuch"),

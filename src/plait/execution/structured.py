@@ -248,7 +248,7 @@ async def ask_structured(
                 on_attempt(attempt)
             raise
         attempt.response = response
-        usage.add(response.usage)
+        usage += response.usage
         if on_attempt is not None:
             on_attempt(attempt)
         if attempt.error is None:

@@ -283,7 +283,7 @@ class Predict(Module):
         extracted = not isinstance(run.final, Prediction)
         if extracted:  # the turns ran out: one more must answer, with no tools on offer
             run.final = await self._ask(self._answer_request(run.messages), run.values)
-            run.usage.add(run.final.usage)
+            run.usage += run.final.usage
         prediction = run.prediction(run.final, extracted=extracted)
         run.extend_history(history, prediction.raw)
         return prediction

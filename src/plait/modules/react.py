@@ -221,7 +221,7 @@ class ReAct(Module):
         final_text = run.final.raw if isinstance(run.final, StructuredOutputError) else None
         text = render_trajectory(run.trajectory, final_text)
         extracted = await self.extract(**run.values, trajectory=text)
-        run.usage.add(extracted.usage)
+        run.usage += extracted.usage
         return run.prediction(extracted, extracted=True)
 
     # ---------------------------------------------------------------- helpers

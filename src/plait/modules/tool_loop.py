@@ -228,10 +228,10 @@ class ToolLoop:
                 except ReplyCutOffError:  # nothing of it can be used: this step fails
                     raise
                 except StructuredOutputError as unusable:  # the module decides what follows
-                    run.usage.add(unusable.usage)
+                    run.usage += unusable.usage
                     run.final = unusable
                     return run
-                run.usage.add(step.usage)
+                run.usage += step.usage
                 if step.is_final:
                     run.final = step
                     return run
@@ -417,11 +417,7 @@ class ToolRun:
             "messages": [_paused_message_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
-            "usage": {
-                "input_tokens": self.usage.input_tokens,
-                "output_tokens": self.usage.output_tokens,
-                "cost": self.usage.cost,
-            },
+            "usage": dataclasses.asdict(self.usage),  # a state saved before has no "cached"
             "turn": self.turn,
             "pending": None
             if pending is None

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait._together import together
+from plait.backends.types import Usage
 from plait.callbacks import ReportedCall
 from plait.errors import described
 from plait.execution.observe import callbacks_for
@@ -215,11 +216,13 @@ async def _run_rows(
                 output=result.output if result.ok else None,
                 error=error,
                 calls=usage.get("calls", 0),
-                cached=usage.get("cached", 0),
                 refused=usage.get("refused", 0),
-                input_tokens=usage.get("input_tokens", 0),
-                output_tokens=usage.get("output_tokens", 0),
-                cost=usage.get("cost", 0.0),
+                usage=Usage(
+                    usage.get("input_tokens", 0),
+                    usage.get("output_tokens", 0),
+                    usage.get("cost", 0.0),
+                    usage.get("cached", 0),
+                ),
             )
         )
     return rows

@@ -159,8 +159,8 @@ class RunReport:
             budgets: the books of the budgets the run was held to, by name (see the
                 ``budgets`` field); by default those of the budgets open here.
         """
-        nodes = [asdict(r) for r in profiler.records]
-        requests = [asdict(r) for r in profiler.requests]
+        nodes = [r.span() for r in profiler.records]
+        requests = [r.span() for r in profiler.requests]
         if graph is not None and not isinstance(graph, dict):
             graph = graph_data(graph)
         return cls(

@@ -131,7 +131,7 @@ class OpenTelemetryCallback(BaseCallback):
                 attributes["gen_ai.response.finish_reasons"] = [outputs.finish_reason]
             if outputs.model:
                 attributes["gen_ai.response.model"] = outputs.model
-            attributes["plait.cache_hit"] = bool(outputs.meta.get("cached", False))
+            attributes["plait.cache_hit"] = usage.cache_hit
             if self.capture_content:
                 message = {"role": "assistant", "content": outputs.text}
                 if outputs.tool_calls:

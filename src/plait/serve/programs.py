@@ -31,6 +31,7 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
+from plait.backends.types import Usage
 from plait.cli.programs import inputs_of, output_type_of
 from plait.errors import ConfigError
 from plait.execution.graph_cache import trace_cached
@@ -49,14 +50,30 @@ ChatForm = Literal["history", "messages", "text"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class RunUsage(BaseModel):
-    """The model calls one request made, and what they cost."""
+def _run_usage() -> type[BaseModel]:
+    """Returns the schema of a run's ``usage``: what its `UsageMeter` counted (``as_dict``).
 
-    calls: int = Field(description="Calls that reached a model (cache hits excluded).")
-    cached: int = Field(description="Calls answered from a response cache.")
-    input_tokens: int
-    output_tokens: int
-    cost: float = Field(description="Dollars, at the endpoints' prices (0 when unknown).")
+    Built from the meter's calls and the fields of `Usage` (the one record of usage,
+    typed there), so the schema cannot drift from the record. It declares those; a
+    body may carry more (the meter's ``refused``).
+    """
+    types = typing.get_type_hints(Usage) | {"calls": int}
+    described = {
+        "calls": "Calls that reached a model (cache hits excluded).",
+        "cached": "Calls answered from a response cache.",
+        "input_tokens": None,
+        "output_tokens": None,
+        "cost": "Dollars, at the endpoints' prices (0 when unknown).",
+    }
+    fields: dict[str, Any] = {
+        name: (types[name], Field(description=text)) for name, text in described.items()
+    }
+    return create_model(
+        "RunUsage", __doc__="The model calls one request made, and what they cost.", **fields
+    )
+
+
+RunUsage = _run_usage()
 
 
 class PendingCall(BaseModel):
@@ -77,13 +94,13 @@ class _Completed(BaseModel):
 
 
 class _Paused(BaseModel):
-    """A run waiting for a person's approval; each program's paused answer is named for it."""
+    """A run waiting for a person's approval; each program's paused answer is named for it
+    and adds the run's ``usage`` (`RunUsage`)."""
 
     run_id: str
     status: Literal["paused"]
     program: str
     pending: list[PendingCall]
-    usage: RunUsage
 
 
 class ChatMessage(BaseModel):
@@ -203,7 +220,7 @@ class ServedProgram:
             output=(output_type, ...),
             usage=(RunUsage, ...),
         )
-        paused_model = create_model(f"{prefix}Paused", __base__=_Paused)
+        paused_model = create_model(f"{prefix}Paused", __base__=_Paused, usage=(RunUsage, ...))
         return cls(
             name,
             module,

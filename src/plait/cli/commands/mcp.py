@@ -15,7 +15,7 @@ from plait.cli.checks import (
     _check_port,
 )
 from plait.cli.exits import _fail, _usage_errors
-from plait.cli.options import _RESOURCES_HELP
+from plait.cli.options import _RESOURCES_HELP, WholeNumber
 from plait.cli.programs import ProgramError
 
 __all__ = ["mcp_command"]
@@ -31,7 +31,7 @@ __all__ = ["mcp_command"]
     help="stdio for Claude Desktop and IDEs; http: streamable HTTP.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve HTTP on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--port", type=WholeNumber(1, 65535), default=8000, show_default=True)
 @click.option(
     "-r",
     "--resources",

@@ -17,7 +17,7 @@ from plait.cli.checks import (
 )
 from plait.cli.exits import _fail, _usage_errors
 from plait.cli.loading import _prepare
-from plait.cli.options import _RESOURCES_HELP
+from plait.cli.options import _RESOURCES_HELP, Amount, WholeNumber
 from plait.cli.programs import load_program
 from plait.errors import FileError
 
@@ -47,10 +47,10 @@ def _default_pending_db(resources: Path | None) -> Path:
     show_default=True,
     help="Interface to listen on; other than loopback needs an API key.",
 )
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--port", type=WholeNumber(0, 65535), default=8000, show_default=True)
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1,
     show_default=True,
     help="Processes; each holds 1/N of every endpoint's limits (together, the limits); "
@@ -58,13 +58,13 @@ def _default_pending_db(resources: Path | None) -> Path:
 )
 @click.option(
     "--ray-replicas",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     help="Serve from N Ray Serve replicas (a local Ray, or RAY_ADDRESS's cluster); "
     "endpoint limits hold across all of them.",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=30.0,
     show_default=True,
     help="Seconds runs in flight may take to finish on SIGTERM.",
@@ -100,14 +100,14 @@ def _default_pending_db(resources: Path | None) -> Path:
 )
 @click.option(
     "--max-queued",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     default=512,
     show_default=True,
     help="Runs that may wait for a place; beyond, 429 with Retry-After.",
 )
 @click.option(
     "--max-active",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=128,
     show_default=True,
     help="Runs executing at once.",
@@ -115,14 +115,14 @@ def _default_pending_db(resources: Path | None) -> Path:
 @click.option(
     "--max-body",
     "max_body_bytes",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1_048_576,
     show_default=True,
     help="Largest request body in bytes (413 beyond).",
 )
 @click.option(
     "--deadline",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=300.0,
     show_default=True,
     help="Seconds one request may run (504 beyond).",
@@ -135,28 +135,28 @@ def _default_pending_db(resources: Path | None) -> Path:
 )
 @click.option(
     "--pending-ttl",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=86_400.0,
     show_default=True,
     help="Seconds a paused run waits for its answer (410 beyond).",
 )
 @click.option(
     "--max-pending-bytes",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=4 * 1_048_576,
     show_default=True,
     help="Largest stored state of one paused run (507 beyond).",
 )
 @click.option(
     "--max-pending-runs",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1_000,
     show_default=True,
     help="Paused runs kept at once, of every key (503 beyond).",
 )
 @click.option(
     "--max-pending-per-key",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=100,
     show_default=True,
     help="Paused runs kept at once for one API key (429 beyond).",

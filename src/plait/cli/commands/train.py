@@ -26,7 +26,7 @@ from plait.cli.options import (
     _ESTIMATE_STOPPED,
     _REPORT_SAMPLE,
     _RESOURCES_HELP,
-    _WholeNumber,
+    WholeNumber,
     _with,
     budget_options,
     estimate_options,
@@ -61,8 +61,8 @@ __all__ = ["train_command"]
 @click.option("--target", "target_column", default="target", show_default=True)
 @click.option("--metric", default="exact_match", show_default=True)
 @click.option("--optimizer-alias", help="Alias of the optimizer's LLM (default: the program's).")
-@click.option("--epochs", type=_WholeNumber(min=1), default=1, show_default=True)
-@click.option("--batch-size", type=_WholeNumber(min=1), default=8, show_default=True)
+@click.option("--epochs", type=WholeNumber(min=1), default=1, show_default=True)
+@click.option("--batch-size", type=WholeNumber(min=1), default=8, show_default=True)
 @click.option(
     "--save",
     "save_path",
@@ -71,7 +71,7 @@ __all__ = ["train_command"]
     "needed unless --estimate.",
 )
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
-@click.option("--max-concurrent", type=click.IntRange(min=1))
+@click.option("--max-concurrent", type=WholeNumber(min=1))
 @click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN")
 @click.option("--load", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option(

@@ -170,7 +170,7 @@ class _PromptChars(BaseCallback):
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         chars = self._sent.pop(call_id, 0)
         usage = getattr(outputs, "usage", None)
-        if exception is None and usage is not None and not outputs.meta.get("cached"):
+        if exception is None and usage is not None and not usage.cache_hit:
             self.chars += chars
             self.tokens += usage.input_tokens
 
