@@ -139,6 +139,9 @@ class ToolResultEvent(_NamesItsModule, StreamEvent):
     call_id: str = ""
     module_path: str = ""
     """The dotted path of that module's call."""
+    error: str | None = None
+    """Why the call did not run as asked, as `ToolResult.error` says: ``"declined"`` when a
+    person rejected it (not a failure of the tool), ``"unknown_tool"`` …; None when it ran."""
 
 
 @dataclass

@@ -290,6 +290,7 @@ MISTAKES = {
     ),
     "target column missing": ((*EVAL, "--target", "label"), "no column 'label' to score against"),
     # train
+    "save missing": (TRAIN[:-2], "--save is missing: name the file the trained parameters go"),
     "save folder missing": (
         (*TRAIN[:-1], "sub/learned.json"),
         "--save sub/learned.json: the folder sub does not exist",

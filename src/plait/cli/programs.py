@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from plait.errors import PlaitError, TracingError
-from plait.module import Module
+from plait.module import LLMInference, Module
 
 __all__ = [
     "Columns",
@@ -337,6 +337,25 @@ def inputs_of(program: Module) -> Inputs:
         if parameter.default is parameter.empty:
             required.append(parameter.name)
     return Inputs(names, required, f"{type(program).__name__}.forward({', '.join(names)})")
+
+
+def output_type_of(program: Module) -> Any:
+    """Returns the type of the program's output, which ``plait serve`` and ``plait mcp``
+    describe: a `Signature` module's output fields (its `Prediction` holds them), else the
+    declared return type, else text for an `LLMInference`, else ``Any``."""
+    from plait.modules import Prediction  # the module library: only once a program is named
+    from plait.signatures import Signature  # pydantic: only once a program is named
+
+    declared = program.declared_return_type()
+    signature = getattr(program, "signature", None)
+    holds_fields = declared is None or (
+        isinstance(declared, type) and issubclass(declared, Prediction)
+    )
+    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
+        return signature.output_model()
+    if declared is not None:
+        return declared
+    return str if isinstance(program, LLMInference) else Any
 
 
 class Columns(Module):

@@ -3,15 +3,18 @@
 `server(...)` makes a `ProgramServer`: one MCP tool per program (named after
 its class, or by the name a mapping gives it; arguments from ``forward``'s
 parameters, or from the input fields of the `Signature` that drives it, with
-their types and descriptions) and one
-per plait `Tool` (its own schema). A program's result comes back as text (a
-string as it is, anything else as JSON) and, when it is data, as structured
-content too. A failure (bad arguments, an error in the program) is a tool
-result marked as an error whose text says what went wrong, which the calling
-model can read, with every URL and network address in it left out (an upstream's
-address, a key inside a URL: the server's log has them); the server goes on serving.
-A call that stops to ask a person (a tool that needs confirmation, served alone or inside
-a program) is such an error too, saying why: nobody on an MCP call can answer.
+their types and descriptions) and one per plait `Tool` (its own schema). A
+program's result comes back as text (a string as it is, anything else as JSON)
+and, when it is data, as structured content too; a program that declares its
+output type (a `Signature`'s output fields, a return annotation, a response
+format) lists it as the tool's ``outputSchema``, which its structured content
+follows. A failure (bad arguments, an error in the program) is a tool result
+marked as an error whose text says what went wrong, which the calling model can
+read, with every URL and network address in it left out (an upstream's address,
+a key inside a URL: the server's log has them); the server goes on serving. A
+call that stops to ask a person (a tool that needs confirmation, served alone or
+inside a program) is such an error too, saying why: nobody on an MCP call can
+answer.
 
 It runs over stdio (what Claude Desktop and IDEs start) or streamable HTTP;
 ``plait mcp prog.py:Prog`` does the same from the command line.
@@ -29,7 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from plait.backends._urls import without_addresses
-from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
+from plait.cli.programs import (
+    ProgramError,
+    inputs_of,
+    load_object,
+    one_line,
+    output_type_of,
+    program_of,
+)
 from plait.confirmation import ConfirmationRequired
 from plait.errors import ConfigError, described
 from plait.mcp.client import require_sdk
@@ -54,6 +64,12 @@ class _Entry:
     target: Module | Tool
     arguments: Any = None
     """The pydantic model that checks a program's arguments (None for a `Tool`)."""
+    output_schema: dict[str, Any] | None = None
+    """MCP's ``outputSchema`` of a typed program: what its ``structuredContent`` holds;
+    None when its output is text or undeclared."""
+    wrapped: bool = False
+    """Whether the structured content is ``{"result": output}`` (an output that is not a
+    JSON object: a number, a list, a label)."""
 
 
 class ProgramServer:
@@ -150,7 +166,12 @@ class ProgramServer:
         from mcp.types import Tool as ToolInfo
 
         tools = [
-            ToolInfo(name=e.name, description=e.description, input_schema=e.input_schema)
+            ToolInfo(
+                name=e.name,
+                description=e.description,
+                input_schema=e.input_schema,
+                output_schema=e.output_schema,
+            )
             for e in self.entries.values()
         ]
         return ListToolsResult(tools=tools)
@@ -305,7 +326,38 @@ def _entry_of(item: Any, resources: Any, name: str | None = None) -> _Entry:
         item.bind(resources)
     model = _arguments_model(item)
     schema = _without_titles(model.model_json_schema())
-    return _Entry(name or type(item).__name__, _description_of(item), schema, item, model)
+    output, wrapped = _output_schema(item)
+    return _Entry(
+        name or type(item).__name__,
+        _description_of(item),
+        schema,
+        item,
+        model,
+        output_schema=output,
+        wrapped=wrapped,
+    )
+
+
+def _output_schema(program: Module) -> tuple[dict[str, Any] | None, bool]:
+    """Returns MCP's ``outputSchema`` of the program's declared output, and whether it
+    wraps the output as ``{"result": ...}`` (MCP wants an object there); ``(None, False)``
+    for text or an output that declares nothing (or that pydantic cannot describe)."""
+    from pydantic import TypeAdapter
+
+    output = output_type_of(program)
+    if output is str or output is Any:
+        return None, False
+    try:
+        schema = _without_titles(TypeAdapter(output).json_schema())
+    except Exception:  # a class pydantic knows nothing about: no schema to promise
+        return None, False
+    if schema.get("type") == "object":
+        return schema, False
+    definitions = schema.pop("$defs", None)
+    wrapper = {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+    if definitions:
+        wrapper["$defs"] = definitions  # a "$ref" resolves within the document's root
+    return wrapper, True
 
 
 def _arguments_model(program: Module) -> Any:
@@ -395,7 +447,7 @@ async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
         reason = described(exc)
         logger.warning("%s failed: %s", entry.name, reason)
         return _error_result(f"{entry.name} failed: {without_addresses(reason)}")
-    return _result_of(output)
+    return _result_of(output, wrapped=entry.wrapped if entry.output_schema else None)
 
 
 async def _call_plait_tool(entry: _Entry, tool: Tool, arguments: dict[str, Any]) -> Any:
@@ -417,9 +469,15 @@ def _cannot_pause(name: str, pause: ConfirmationRequired) -> Any:
     )
 
 
-def _result_of(output: Any, text: str | None = None) -> Any:
+def _result_of(output: Any, text: str | None = None, wrapped: bool | None = None) -> Any:
     """Returns a ``CallToolResult``: the output as text, and as structured content when it
-    is data (an object; anything else is wrapped as ``{"result": ...}``)."""
+    is data (an object; anything else is wrapped as ``{"result": ...}``).
+
+    Args:
+        wrapped: for a program with an ``outputSchema``, whether that schema wraps the
+            output (so the content fits the schema whatever the value); None: decide by
+            the value.
+    """
     from mcp.types import CallToolResult, TextContent
     from pydantic_core import to_jsonable_python
 
@@ -429,7 +487,9 @@ def _result_of(output: Any, text: str | None = None) -> Any:
     if text is None:
         text = output if isinstance(output, str) else _json_text(data)
     structured = None
-    if not isinstance(output, str):
+    if wrapped is not None:
+        structured = {"result": data} if wrapped else data
+    elif not isinstance(output, str):
         structured = data if isinstance(data, dict) else {"result": data}
     return CallToolResult(content=[TextContent(text=text)], structured_content=structured)
 

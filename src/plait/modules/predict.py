@@ -395,6 +395,7 @@ async def ask_step(
     consumer streams) gets the reply's text as it is written.
 
     Raises:
+        ReplyCutOffError: the last reply was cut off at its token limit.
         StructuredOutputError: the reply held neither tool calls nor valid
             outputs after the re-ask (``raw`` is the last reply).
     """
@@ -430,6 +431,7 @@ async def ask_step(
         expected=f"every output field ({', '.join(fields)}) in the format described above",
         label=label,
         reasks=reasks,
+        fields=fields,
         on_attempt=trace,
     )
     if sink is not None:

@@ -36,7 +36,7 @@ from plait.confirmation import (
     claim_resume,
     rejection,
 )
-from plait.errors import ResumeRefusedError, StructuredOutputError
+from plait.errors import ReplyCutOffError, ResumeRefusedError, StructuredOutputError
 from plait.media import Audio, File, Image, Media
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import record_system
@@ -203,6 +203,8 @@ class ToolLoop:
             neither calls nor outputs, or None when the turns ran out.
 
         Raises:
+            ReplyCutOffError: a turn's reply (a tool call, or the answer) was
+                cut off at its token limit; the run stops at that turn.
             ConfirmationRequired: a tool call waits for a person's approval.
             ConfirmationRejected: the person declined it and ``on_decline`` is ``"raise"``.
             ResumeRefusedError: the resume state was changed, forged, made by
@@ -223,6 +225,8 @@ class ToolLoop:
                 choice = self.first_tool_choice if run.turn == 0 else "auto"
                 try:
                     step = await ask(run.messages, choice, values)
+                except ReplyCutOffError:  # nothing of it can be used: this step fails
+                    raise
                 except StructuredOutputError as unusable:  # the module decides what follows
                     run.usage += unusable.usage
                     run.final = unusable
@@ -327,7 +331,9 @@ class ToolLoop:
         else:
             result = await found.call(call.arguments, call_id=call.id)
         await emit_event(
-            ToolResultEvent(self.module, call.name, result.content, result.ok, call.id, path)
+            ToolResultEvent(
+                self.module, call.name, result.content, result.ok, call.id, path, result.error
+            )
         )
         return result
 

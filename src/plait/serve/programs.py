@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from plait.backends.types import Usage
-from plait.cli.programs import inputs_of
+from plait.cli.programs import inputs_of, output_type_of
 from plait.errors import ConfigError
 from plait.execution.graph_cache import trace_cached
 from plait.history import History
@@ -205,10 +205,15 @@ class ServedProgram:
         if not fields:
             raise ConfigError(f"program {name!r} takes no inputs, so a request has nothing to fill")
         prefix = _model_prefix(name)
+        described = _input_descriptions(module)
+        definitions: dict[str, Any] = {
+            name: (annotation, Field(default, description=described.get(name)))
+            for name, (annotation, default) in fields.items()
+        }
         input_model = create_model(
-            f"{prefix}Input", __config__=ConfigDict(extra="forbid"), **fields
+            f"{prefix}Input", __config__=ConfigDict(extra="forbid"), **definitions
         )
-        output_type = _describable(_output_type(module))
+        output_type = _describable(output_type_of(module))
         result_model = create_model(
             f"{prefix}Result",
             __base__=_Completed,
@@ -354,6 +359,16 @@ def _input_fields(module: Module) -> tuple[dict[str, Any], list[str]]:
     return fields, histories
 
 
+def _input_descriptions(module: Module) -> dict[str, str]:
+    """Returns the descriptions of the program's inputs that its `Signature` gives (so the
+    OpenAPI schema says what each field is, as ``plait mcp``'s tool schema does)."""
+    signature = getattr(module, "signature", None)
+    if isinstance(signature, type) and issubclass(signature, Signature):
+        return {n: s.description for n, s in signature.input_fields.items() if s.description}
+    wrapped = getattr(module, "module", None)
+    return _input_descriptions(wrapped) if isinstance(wrapped, Module) else {}
+
+
 def _input_annotations(module: Module) -> dict[str, Any]:
     signature = getattr(module, "signature", None)
     if isinstance(signature, type) and issubclass(signature, Signature):
@@ -399,23 +414,6 @@ def _describable(annotation: Any) -> Any:
     except Exception:  # a class pydantic knows nothing about: served as any JSON
         return Any
     return annotation
-
-
-def _output_type(module: Module) -> Any:
-    """Returns the type of the program's output: a `Signature` module's output fields (its
-    `Prediction` holds them), else the declared return type, else text for an LLMInference."""
-    from plait.modules import Prediction
-
-    declared = module.declared_return_type()
-    signature = getattr(module, "signature", None)
-    holds_fields = declared is None or (
-        isinstance(declared, type) and issubclass(declared, Prediction)
-    )
-    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
-        return signature.output_model()
-    if declared is not None:
-        return declared
-    return str if isinstance(module, LLMInference) else Any
 
 
 def _reply_field(output_type: Any) -> str | None:

@@ -15,7 +15,8 @@ SPEC §4.4).
 parsed by httptools (`_http`), the request's head built once per endpoint,
 orjson for both directions, so a call costs little more than its socket. The
 SDK costs several times more CPU per call (SPEC §4.4); it is here for users
-who need its authentication or proxy features.
+who need its authentication features. Both honour the environment's proxy
+variables (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``; `_proxy` for ours).
 
 Neither httptools nor openai is imported until a transport is first used, so
 ``import plait`` stays fast.
@@ -61,7 +62,8 @@ def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> Bac
 def _connection_error(where: str, exc: BaseException, url: str) -> BackendConnectionError:
     return BackendConnectionError(
         f"{where}: connection failed or dropped ({_described(exc, url)})",
-        unsent=isinstance(exc, ConnectionRefusedError),
+        # a refused connection, or a proxy that let nothing through, sent nothing
+        unsent=isinstance(exc, ConnectionRefusedError) or getattr(exc, "unsent", False),
     )
 
 
@@ -228,6 +230,8 @@ class HttpTransport(Transport):
         except _http.InvalidURL as exc:
             problem = scrub_text(str(exc), self._endpoint)
             raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        except _http.ProxyError as exc:  # a proxy variable plait cannot use: not retried
+            raise BackendError(f"{where}: {exc}") from None
         self._pool = pool
         return pool
 

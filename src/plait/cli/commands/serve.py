@@ -53,7 +53,8 @@ def _default_pending_db(resources: Path | None) -> Path:
     type=WholeNumber(min=1),
     default=1,
     show_default=True,
-    help="Processes; each holds 1/N of every endpoint's limits (together, the limits).",
+    help="Processes; each holds 1/N of every endpoint's limits (together, the limits); "
+    "each loads its own local model.",
 )
 @click.option(
     "--ray-replicas",

@@ -67,8 +67,8 @@ __all__ = ["train_command"]
     "--save",
     "save_path",
     type=click.Path(path_type=Path),
-    required=True,
-    help="Where the trained parameters go (JSON; `plait run --load` reads it).",
+    help="Where the trained parameters go (JSON; `plait run --load` reads it); "
+    "needed unless --estimate.",
 )
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
 @click.option("--max-concurrent", type=WholeNumber(min=1))
@@ -96,10 +96,18 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     --estimate, prints what training would spend instead and saves nothing.
     """
     save = kwargs["save_path"]
-    report_path = kwargs["report_path"] or save.with_name(save.name.split(".")[0] + ".run.json")
+    if save is None and not kwargs["estimate"]:
+        _fail(
+            "--save is missing: name the file the trained parameters go to (--save "
+            "learned.json), or add --estimate to see what training would spend"
+        )
+    report_path = kwargs["report_path"]
+    if save is not None and report_path is None:
+        report_path = save.with_name(save.name.split(".")[0] + ".run.json")
     with _usage_errors():
-        _check_writable(save, "--save")
-        _check_writable(report_path, "--report")
+        if not kwargs["estimate"]:  # an estimate writes nothing
+            _check_writable(save, "--save")
+            _check_writable(report_path, "--report")
         _check_checkpoint_dir(kwargs["checkpoint_dir"])
         program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
         metric = load_metric(kwargs["metric"])
