@@ -7,7 +7,8 @@ command (stdio) or reached at a URL (streamable HTTP), into plait `Tool`s;
 command serves one from the command line.
 
 Needs the ``mcp`` extra (``pip install 'plait[mcp]'``); ``import plait`` never
-loads this package, and the SDK is imported only when a server is opened or served.
+loads this package, and the SDK (`plait.mcp._sdk`) is imported only when a server is
+opened, or when `server` or `ProgramServer` is first read.
 """
 
 from __future__ import annotations

@@ -28,12 +28,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ConfigDict, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from plait import __version__
 from plait.backends._urls import without_addresses
 from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
 from plait.confirmation import ConfirmationRequired
 from plait.errors import ConfigError, described
-from plait.mcp.client import require_sdk
+from plait.mcp._sdk import (
+    INVALID_PARAMS,
+    CallToolResult,
+    ListToolsResult,
+    SDKError,
+    Server,
+    TextContent,
+    ToolInfo,
+    anyio,
+    stdio_server,
+    uvicorn,
+)
 from plait.module import Module
+from plait.serve.http_protocol import http_protocol
+from plait.serve.middleware import RequireApiKey
+from plait.serve.options import ServeOptions, is_loopback
 from plait.tools import Tool
 
 __all__ = ["ProgramServer", "check_exposure", "load_named", "load_served", "server"]
@@ -65,11 +83,6 @@ class ProgramServer:
     """
 
     def __init__(self, entries: list[_Entry], name: str) -> None:
-        require_sdk()
-        from mcp.server import Server
-
-        from plait import __version__
-
         self.name = name
         self.entries = {entry.name: entry for entry in entries}
         self.sdk_server = Server(
@@ -82,8 +95,6 @@ class ProgramServer:
     # ------------------------------------------------------------------ serving
     async def serve_stdio(self) -> None:
         """Serves one client on this process's stdin and stdout until it closes them."""
-        from mcp.server.stdio import stdio_server
-
         async with stdio_server() as (read_stream, write_stream):
             await self.sdk_server.run(
                 read_stream, write_stream, self.sdk_server.create_initialization_options()
@@ -102,17 +113,10 @@ class ProgramServer:
         Raises:
             ConfigError: ``host`` is reachable from other machines and no key is given.
         """
-        import uvicorn
-
         check_exposure(host, api_keys)
         app: Any = self.sdk_server.streamable_http_app(host=host)
         if api_keys:
-            from plait.serve.middleware import RequireApiKey
-
             app = RequireApiKey(app, tuple(api_keys))
-        from plait.serve.http_protocol import http_protocol
-        from plait.serve.options import ServeOptions
-
         # a request's head and the time to send it bounded as `plait serve` bounds them
         http = http_protocol(ServeOptions())
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)
@@ -134,8 +138,6 @@ class ProgramServer:
             ConfigError: over HTTP, ``host`` is reachable from other machines and no key
                 is given.
         """
-        import anyio
-
         if transport == "stdio":
             anyio.run(self.serve_stdio)
         elif transport == "http":
@@ -146,9 +148,6 @@ class ProgramServer:
 
     # ----------------------------------------------------------------- handlers
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
-        from mcp.types import ListToolsResult
-        from mcp.types import Tool as ToolInfo
-
         tools = [
             ToolInfo(name=e.name, description=e.description, input_schema=e.input_schema)
             for e in self.entries.values()
@@ -156,9 +155,6 @@ class ProgramServer:
         return ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
-        from mcp.shared.exceptions import MCPError as SDKError
-        from mcp.types import INVALID_PARAMS
-
         entry = self.entries.get(params.name)
         if entry is None:
             known = ", ".join(self.entries) or "none"
@@ -178,8 +174,6 @@ def check_exposure(host: str, api_keys: Sequence[str]) -> None:
     Raises:
         ConfigError: ``host`` is not loopback and no key is given.
     """
-    from plait.serve.options import is_loopback
-
     if api_keys or is_loopback(host):
         return
     raise ConfigError(
@@ -310,8 +304,6 @@ def _entry_of(item: Any, resources: Any, name: str | None = None) -> _Entry:
 
 def _arguments_model(program: Module) -> Any:
     """Returns a pydantic model of the program's inputs: names, types, defaults, descriptions."""
-    from pydantic import ConfigDict, Field, create_model
-
     names, required, _ = inputs_of(program)
     signature = getattr(program, "signature", None)
     fields_of_signature = getattr(signature, "input_fields", None)
@@ -374,8 +366,6 @@ def _without_titles(schema: Any) -> Any:
 
 # ------------------------------------------------------------------ calling
 async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
-    from pydantic import ValidationError
-
     try:
         checked = entry.arguments.model_validate(arguments)
     except ValidationError as exc:
@@ -420,9 +410,6 @@ def _cannot_pause(name: str, pause: ConfirmationRequired) -> Any:
 def _result_of(output: Any, text: str | None = None) -> Any:
     """Returns a ``CallToolResult``: the output as text, and as structured content when it
     is data (an object; anything else is wrapped as ``{"result": ...}``)."""
-    from mcp.types import CallToolResult, TextContent
-    from pydantic_core import to_jsonable_python
-
     if hasattr(output, "to_dict") and callable(output.to_dict):  # a Prediction
         output = output.to_dict()
     data = to_jsonable_python(output, fallback=str)
@@ -439,6 +426,4 @@ def _json_text(data: Any) -> str:
 
 
 def _error_result(message: str) -> Any:
-    from mcp.types import CallToolResult, TextContent
-
     return CallToolResult(content=[TextContent(text=message)], is_error=True)
