@@ -27,6 +27,7 @@ from typing import Any
 
 from plait._context import current_run, current_trace
 from plait._jsontext import loads
+from plait.module import LLMInference
 from plait.values import (
     Value,
     ValueKind,
@@ -146,8 +147,6 @@ def chat_complete(
         RuntimeError: there are no resources (no trace, no running program,
             no ``ExecutionSettings``).
     """
-    from plait.module import LLMInference  # the model layer; functional is imported lazily
-
     llm = LLMInference(alias, system_prompt, temperature, max_tokens, response_format)
     object.__setattr__(llm, "_name", "F.chat_complete")
     executor = current_run()

@@ -54,6 +54,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
+import orjson
+
 from plait.backends.types import Message, ToolSpec
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.confirmation import (
@@ -63,6 +65,7 @@ from plait.confirmation import (
     current_tool_call,
 )
 from plait.errors import ConfirmationRejected, PlaitError
+from plait.media import Media
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -379,8 +382,6 @@ class Tool:
         A tool whose values carry their own text for the model (an MCP tool's
         result with images) overrides this.
         """
-        from plait.media import Media
-
         if isinstance(value, Media):
             return f"[{value.describe()}]"
         return _render(value)
@@ -391,8 +392,6 @@ class Tool:
         A `plait.Image` (or `Audio`, `File`) returned by the function is one; a
         tool whose values hold media elsewhere (an MCP tool's result) overrides this.
         """
-        from plait.media import Media
-
         return (value,) if isinstance(value, Media) else ()
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
@@ -637,7 +636,6 @@ def _decode_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None
         return dict(arguments), None
     if not isinstance(arguments, str | bytes):
         return None, f"expected a JSON object, got {type(arguments).__name__}"
-    import orjson
 
     try:
         data = orjson.loads(arguments)

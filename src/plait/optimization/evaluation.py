@@ -36,6 +36,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
 from plait.optimization.results import _rebuild as _rebuild  # what pickles made before name
+from plait.resources.usage import Budget, budgeted
 
 __all__ = [
     "EvaluationResult",
@@ -328,8 +329,6 @@ def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
-    from plait.resources.usage import Budget
-
     budget = Budget.of(max_calls, max_tokens, max_cost)
     return awaitable_or_result(
         _evaluate(module, dataset, metric, resources, max_concurrent, progress, budget)
@@ -346,8 +345,6 @@ async def _evaluate(
     budget: Any = None,
 ) -> EvaluationResult:
     """The body of `evaluate`: reports the call to callbacks around `_scored`."""
-    from plait.resources.usage import budgeted
-
     pairs = examples_of(dataset)
     if not pairs:
         raise ValueError("evaluate() got an empty dataset")

@@ -10,6 +10,7 @@ plan also reads the reply back); a batch is ``in_progress`` until its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,8 +47,6 @@ class AnthropicBatchClient:
     @classmethod
     def from_endpoint(cls, config: Any) -> AnthropicBatchClient:
         """Builds a client from an ``anthropic`` endpoint's configuration."""
-        import os
-
         key = config.api_key or (os.environ.get(config.api_key_env) if config.api_key_env else None)
         return cls(config.model or "", base_url=config.base_url, api_key=key)
 

@@ -27,6 +27,8 @@ from plait.optimization.costs.parts import (
     Variant,
     _Size,
 )
+from plait.resources import ResourceManager
+from plait.resources.usage import metered
 
 __all__ = ["feedback_items", "mean_call", "measure", "measure_variant", "quiet"]
 
@@ -42,9 +44,6 @@ async def measure(
     With ``demos``, the first of them runs once more with that many labeled
     demos from ``train``, which measures what a demo adds to a prompt.
     """
-    from plait.resources import ResourceManager
-    from plait.resources.usage import metered
-
     manager = ResourceManager.shared(resources)
     demo_tokens = _demo_tokens(train or examples)
     if sample <= 0:
@@ -86,7 +85,6 @@ async def measure_variant(
     ``sample`` of ``examples``, the ones `measure` runs; None when no call reached a model
     (the cache answered, or every example failed)."""
     from plait.optimization.evaluation import run_dataset
-    from plait.resources import ResourceManager
 
     chosen = [x for x, _ in list(examples)[: max(sample, 0)]]
     if not chosen:
