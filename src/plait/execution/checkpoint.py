@@ -39,6 +39,7 @@ from typing import IO, Any
 from plait import _files
 from plait import _jsontext as jsontext
 from plait.execution.checkpoint_codec import CheckpointError, MediaBlobs, OutputCodec
+from plait.execution.structured import output_type_for
 
 __all__ = [
     "Checkpoint",
@@ -127,8 +128,6 @@ def _type_text(cls: type) -> str:
         schema = cls.output_model().model_json_schema()
         return f"{cls.signature_text()}|{getattr(cls, 'instructions', '')}|{_json_text(schema)}"
     try:
-        from plait.execution.structured import output_type_for
-
         return _json_text(output_type_for(cls).schema.schema)
     except TypeError:
         return f"{cls.__module__}.{cls.__qualname__}"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plait import _context
+from plait.history import History
 from plait.module import Module
 from plait.modules.predict import history_messages
 from plait.signatures.adapters import format_value
@@ -199,7 +200,6 @@ class AttemptCaller:
                     f"Your previous output:\n{to_text(retry.output)}\n\n{retry.reasons}"
                 )
             return await call_child(self.module, self.args, kwargs)
-        from plait.history import History
 
         history = History(messages=history_messages(self.kwargs.get("history")))
         if retry is not None:

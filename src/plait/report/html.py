@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from plait import _files
 from plait.report.fallbacks import budget_lines, fallback_lines
 from plait.report.run_report import PRICE_HINT, RunReport
 
@@ -498,6 +499,4 @@ def write_html(report: RunReport, path: str) -> None:
         FileError: ``path`` is a symbolic link (never written through) or not a
             regular file, or cannot be written.
     """
-    from plait import _files
-
     _files.write_atomically(path, render_html(report))

@@ -25,6 +25,7 @@ from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
 from plait.report.fallbacks import budget_lines, fallback_data, fallback_lines
+from plait.report.perfetto import trace_events
 from plait.report.profiling import Profiler
 from plait.resources.books import budget_books
 from plait.resources.usage import active_budgets
@@ -304,8 +305,6 @@ class RunReport:
 
     def trace_events(self) -> dict[str, Any]:
         """Returns the spans as a Chrome / Perfetto trace (``{"traceEvents": [...]}``)."""
-        from plait.report.perfetto import trace_events
-
         return trace_events(self.spans["nodes"], self.spans["requests"], self.started_at)
 
     def save_trace(self, path: str | os.PathLike[str]) -> None:

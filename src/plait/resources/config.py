@@ -26,6 +26,8 @@ endpoint of the chain after its retries goes to the next (`ResourceManager`).
 from __future__ import annotations
 
 import copy
+import inspect
+import json
 import os
 import re
 import weakref
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from plait._jsontext import loads
 from plait.backends import providers
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
@@ -339,8 +342,6 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
 
 def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
     """Returns a line per option that ``cls``'s constructor would refuse or that ``own`` sets."""
-    import inspect
-
     parameters = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     accepted = [
@@ -856,10 +857,6 @@ _FIX_THERE = "correct the file there"
 
 
 def _read_json(text: str, file: Path) -> Any:
-    import json
-
-    from plait._jsontext import loads
-
     try:
         return loads(text)
     except json.JSONDecodeError as exc:

@@ -10,10 +10,12 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from plait.signatures.signature import FieldSpec
-
 if TYPE_CHECKING:
     from pydantic import BaseModel
+
+    from plait.signatures.signature import (
+        FieldSpec,  # annotations only: signature.py imports this module
+    )
 
 __all__ = ["attribute_names", "output_model_for", "outputs_of"]
 

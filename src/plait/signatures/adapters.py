@@ -36,6 +36,7 @@ from plait._jsontext import loads
 from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
 from plait.media import Media
+from plait.signatures._models import outputs_of
 from plait.signatures.signature import FieldSpec, Signature, type_label
 
 __all__ = [
@@ -174,8 +175,6 @@ def validate_outputs(
         StructuredOutputError: a field is missing or invalid; the message names each one.
     """
     from pydantic import ValidationError
-
-    from plait.signatures._models import outputs_of
 
     specs = tuple(signature.output_fields.values())
     cleaned = dict(data)

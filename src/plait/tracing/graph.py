@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from plait.module import LLMInference
+from plait.tracing.export import to_dot, to_mermaid
 from plait.values import ValueRef
 
 __all__ = ["InferenceGraph", "Node", "Scope", "Slot", "Template", "iter_refs", "substitute"]
@@ -357,14 +358,10 @@ class InferenceGraph:
     # ---------------------------------------------------------------- export
     def to_mermaid(self) -> str:
         """Returns a Mermaid flowchart of the graph."""
-        from plait.tracing.export import to_mermaid
-
         return to_mermaid(self)
 
     def to_dot(self) -> str:
         """Returns a Graphviz DOT description of the graph."""
-        from plait.tracing.export import to_dot
-
         return to_dot(self)
 
 

@@ -26,6 +26,7 @@ from plait.optimization.costs.parts import (
     _rounded,
     _Size,
 )
+from plait.optimization.evaluation import examples_of
 from plait.resources import ResourceManager
 from plait.resources.usage import Budget
 
@@ -74,8 +75,6 @@ def check_sample(sample: Any) -> None:
 async def _estimate_evaluation(
     program: Module, dataset: Any, resources: Any, sample: int, budget: Any
 ) -> CostEstimate:
-    from plait.optimization.evaluation import examples_of
-
     resources = resources_of(program, resources, who="estimate", takes="estimate()")
     examples = examples_of(dataset)
     if not examples:
