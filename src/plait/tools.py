@@ -56,6 +56,7 @@ from typing import Any, overload
 
 import orjson
 
+from plait._jsondata import compact_json
 from plait.backends.types import Message, ToolSpec
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.confirmation import (
@@ -665,9 +666,7 @@ def _render(value: Any) -> str:
     """Returns a tool's return value as text for the model (JSON for data)."""
     if isinstance(value, str):
         return value
-    from pydantic_core import to_json
-
-    return to_json(value, fallback=str).decode()
+    return compact_json(value)
 
 
 def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:

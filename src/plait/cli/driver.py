@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from plait import _files
+from plait._jsondata import as_json_data
 from plait.cli.datasets import count_rows, open_writer, read_rows
 from plait.cli.programs import ProgramError, RowMapper
 from plait.errors import described
@@ -102,9 +103,7 @@ class RunOutcome:
 def output_columns(output: Any) -> dict[str, Any]:
     """Returns an output as columns: a mapping (a `Prediction` too), pydantic model or
     dataclass by field, anything else as ``output``."""
-    from pydantic_core import to_jsonable_python
-
-    data = to_jsonable_python(output, fallback=_jsonable)
+    data = as_json_data(output, fallback=_jsonable)
     if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
         return data
     return {"output": data}

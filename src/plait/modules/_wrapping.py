@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plait import _context
+from plait._jsondata import compact_json
 from plait.history import History
 from plait.module import Module
 from plait.modules.predict import history_messages
@@ -97,9 +98,7 @@ def to_text(output: Any) -> str:
     to_dict = getattr(output, "to_dict", None)
     if callable(to_dict):
         output = to_dict()
-    from pydantic_core import to_json
-
-    return to_json(output, fallback=str).decode()
+    return compact_json(output)
 
 
 def valid_output(inputs: dict[str, Any], output: Any) -> float:

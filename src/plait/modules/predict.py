@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
+from plait._jsondata import as_json_data
 from plait.backends.types import Message, Request, Response, SamplingOptions, as_message
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import PlaitError, StructuredOutputError
@@ -445,9 +446,7 @@ async def ask_step(
 # ------------------------------------------------------------------ helpers
 def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Returns demos as JSON data (models as dicts, enums as values), so state_dict stays JSON."""
-    from pydantic_core import to_jsonable_python
-
-    return to_jsonable_python(demos, fallback=str)
+    return as_json_data(demos)
 
 
 def _demo_type(sig: type[Signature]) -> Any:

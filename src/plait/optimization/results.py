@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from plait import _files
+from plait._jsondata import as_json_data
 
 __all__ = ["EvaluationResult", "ExampleRow", "RunResult"]
 
@@ -48,9 +49,7 @@ class ExampleRow:
 
     def as_record(self) -> dict[str, Any]:
         """Returns the row as JSON-compatible data (models as dicts, other objects as text)."""
-        from pydantic_core import to_jsonable_python
-
-        return to_jsonable_python(asdict(self), fallback=str)
+        return as_json_data(asdict(self))
 
 
 class _Rows:

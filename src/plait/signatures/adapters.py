@@ -32,6 +32,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from plait._jsondata import as_json_data
 from plait._jsontext import loads
 from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
@@ -97,9 +98,7 @@ def format_value(value: Any) -> str:
         return "\n".join(format_value(item) for item in value)
     if isinstance(value, enum.Enum):
         return format_value(value.value)
-    from pydantic_core import to_jsonable_python
-
-    return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
+    return json.dumps(as_json_data(value), ensure_ascii=False)
 
 
 def _describe_fields(specs: Sequence[FieldSpec]) -> str:
@@ -386,9 +385,7 @@ class JSONAdapter(_MessageAdapter):
         return "\n".join(lines)
 
     def format_outputs(self, signature: type[Signature], outputs: Mapping[str, Any]) -> str:
-        from pydantic_core import to_jsonable_python
-
-        return json.dumps(to_jsonable_python(dict(outputs), fallback=str), ensure_ascii=False)
+        return json.dumps(as_json_data(dict(outputs)), ensure_ascii=False)
 
     def stream_fields(self, text: str) -> dict[str, str]:
         """Returns the output fields in a reply that is still arriving (for streaming)."""
