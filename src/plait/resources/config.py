@@ -40,6 +40,7 @@ from plait._jsontext import loads
 from plait.backends import providers
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
+from plait.backends.base import Backend
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
 from plait.resources.model_strings import entry_for
@@ -454,15 +455,11 @@ def _known_providers() -> list[str]:
 
 
 def _is_backend_class(value: Any) -> bool:
-    from plait.backends.base import Backend
-
     return isinstance(value, type) and issubclass(value, Backend)
 
 
 def _user_backend(provider: Any) -> tuple[str, Any] | None:
     """Returns (name, class or instance) when ``provider`` names a user-written backend."""
-    from plait.backends.base import Backend
-
     if isinstance(provider, str):
         registered = _REGISTERED.get(provider)
         return None if registered is None else (provider, registered)

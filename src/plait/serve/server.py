@@ -29,6 +29,7 @@ from typing import Any
 
 import uvicorn
 
+from plait._files import read_json, write_atomically
 from plait.resources import ResourceConfig
 from plait.resources.shared_budget import BudgetStore
 from plait.serve import app
@@ -126,8 +127,6 @@ def _private_file(folder: str, text: str) -> str:
     runs, for the workers uvicorn starts again in place of ones that died; the folder goes
     when the server stops.
     """
-    from plait._files import write_atomically
-
     path = os.path.join(folder, "workers.json")
     write_atomically(path, text)
     return path
@@ -135,7 +134,6 @@ def _private_file(folder: str, text: str) -> str:
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
-    from plait._files import read_json
     from plait.cli.programs import load_program
     from plait.resources.budget_file import BudgetFile
 
