@@ -30,6 +30,7 @@ from typing import Any
 import uvicorn
 
 from plait._files import read_json, write_atomically
+from plait.cli.programs import load_program
 from plait.resources import ResourceConfig
 from plait.resources.shared_budget import BudgetStore
 from plait.serve import app
@@ -134,7 +135,6 @@ def _private_file(folder: str, text: str) -> str:
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
-    from plait.cli.programs import load_program
     from plait.resources.budget_file import BudgetFile
 
     config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
