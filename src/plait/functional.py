@@ -249,6 +249,7 @@ def parse_structured(text: Any, target: Any = None) -> Any:
     data = text if not isinstance(text, str) else _loads_lenient(text)
     if target is None:
         return data
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target).validate_python(data)
@@ -331,6 +332,7 @@ def coerce(value: Any, target: Any) -> Any:
         return target(value.strip())
     if target in (int, float, str, bool):
         return target(value)
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target).validate_python(value)

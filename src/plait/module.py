@@ -350,7 +350,8 @@ class Module:
         Predict-like modules). Needs resources, like ``await module(x)``.
         Stopping the iteration cancels the program and its requests.
         """
-        from plait.execution.astream import stream_events  # upper layer, loaded on first use
+        # late-bound upward call (ARCHITECTURE.md)
+        from plait.execution.astream import stream_events
 
         async for event in stream_events(self, args, kwargs):
             yield event
@@ -569,7 +570,8 @@ class Module:
         """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
         `plait.optimization.optimize_grid` (returns its `SearchReport`; awaited inside
         a running event loop, run to completion from a script, like a module call)."""
-        from plait.optimization.search.grid import optimize_grid  # learning layer, loaded on use
+        # late-bound upward call (ARCHITECTURE.md)
+        from plait.optimization.search.grid import optimize_grid
 
         return optimize_grid(self, devset, metric, parameters, **options)
 
@@ -761,7 +763,7 @@ def takes_keyword(function: Any, name: str) -> bool:
 
 
 def _loop_running() -> bool:
-    import asyncio  # lazily: ``import plait`` stays free of the runtime
+    import asyncio  # import time: `import plait` stays free of the runtime
 
     try:
         asyncio.get_running_loop()
@@ -896,7 +898,7 @@ def _serialization() -> ModuleType:
 def _pandas() -> ModuleType | None:
     """pandas, or None when it is not installed."""
     try:
-        import pandas  # optional dependency (plait[pandas]), heavy: loaded on first use
+        import pandas  # optional extra (plait[pandas]), heavy: loaded on first use
     except ImportError:
         return None
     return pandas

@@ -98,6 +98,7 @@ def _settings_of(options: dict[str, Any]) -> dict[str, Any]:
 
 def _resources_for_lm(lm: Any) -> Any:
     """Returns the resources of ``lm=``: one endpoint that serves every alias (``"*"``)."""
+    # import time: the resource layer loads with the first `lm=`
     from plait.resources import ResourceConfig, ResourceManager
 
     if lm is None or isinstance(lm, ResourceConfig | ResourceManager):

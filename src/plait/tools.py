@@ -367,6 +367,7 @@ class Tool:
         Checked against the function's signature; a tool whose schema comes from
         elsewhere (an MCP server's) overrides this to check against that schema.
         """
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
         try:
@@ -492,6 +493,7 @@ def _build_args_model(func: Callable[..., Any], name: str, params: dict[str, str
     alias: a parameter may be called ``json`` or ``copy``, which would shadow
     BaseModel's attributes.
     """
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import ConfigDict, Field, create_model
     from pydantic.fields import FieldInfo
 

@@ -195,13 +195,14 @@ class Value:
         Also callable as ``await Value.backward(outputs, grad=feedback)`` for
         several outputs at once. See ``plait.optimization.training.backward``.
         """
-        from plait.optimization.training.backward import backward  # learning layer, loaded on use
+        # late-bound upward call (ARCHITECTURE.md): the learning layer
+        from plait.optimization.training.backward import backward
 
         return await backward(self, grad, **options)
 
     def detach_tape(self) -> None:
         """Releases the forward records of this output early (backward is then impossible)."""
-        from plait.execution.tape import release_tape
+        from plait.execution.tape import release_tape  # late-bound upward call (ARCHITECTURE.md)
 
         for tape_id in self.meta.pop("_tape_ids", []):
             release_tape(tape_id)
@@ -456,7 +457,7 @@ def error_value(
     if sources:
         meta["sources"] = list(sources)
     if exc.__traceback__ is not None:
-        import traceback  # (and textwrap) only once something failed: `import plait` stays lean
+        import traceback  # import time: (and textwrap) only once something failed
 
         meta["traceback"] = "".join(traceback.format_exception(exc))
     return Value(ValueKind.ERROR, exc, meta=meta)

@@ -151,6 +151,7 @@ async def run_file(run: FileRun) -> RunOutcome:
         DatasetError: a file cannot be read or written (names file and row).
         CheckpointError: the checkpoint belongs to another program or input.
     """
+    # import time: `plait --help` loads none of this (nor rich, for the progress bar)
     from plait.execution.progress import BatchProgress
     from plait.resources.usage import budgeted
 
@@ -233,6 +234,7 @@ async def _run_chunk(
 def _error_text(error: BaseException) -> tuple[str, bool]:
     """Returns what a failed row's ``error`` column says, and whether a budget left the row
     undone (it refused a call: the row is said to be left undone, not to have failed)."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.report.profiling import budget_refusal
 
     refusal = budget_refusal(error)
@@ -297,6 +299,7 @@ def _free_name(key: str, prefix: str, record: dict[str, Any], taken: tuple[str, 
 def _score(run: FileRun, output: Any, row: dict, error: str | None) -> tuple[float, str | None]:
     """Returns a row's score and error: a failed row, or a metric that fails or returns no
     finite number, scores 0."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.evaluation import score_of
 
     if error is not None:

@@ -191,6 +191,7 @@ def load_metric(spec: str) -> Callable[[Any, Any], Any]:
     Raises:
         ProgramError: as `load_object`, or the metric does not take ``(output, target)``.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.evaluation import exact_match
 
     builtin = {"exact_match": exact_match, "contains": contains}
@@ -277,6 +278,7 @@ def trace_program(
         ProgramError: ``forward`` cannot be traced, or fails while it is; names the
             file and line.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.graph_cache import trace_cached
 
     try:
@@ -317,7 +319,7 @@ def inputs_of(program: Module) -> Inputs:
     an input), and a module that wraps another (`BestOfN`, `Refine`,
     `ValidateAndRepair`) takes the inputs of the module it wraps.
     """
-    from plait.signatures import Signature  # pydantic: only once a program is named
+    from plait.signatures import Signature  # import time: pydantic, only once a program is named
 
     parameters = inspect.signature(program.forward).parameters.values()
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):

@@ -307,6 +307,7 @@ class PlaitMapper:
         budget: tuple[int | None, int | None, float | None] | None = None,
         budget_ledger: Any = None,
     ) -> None:
+        # import time: cli.programs only for a program to map rows with
         from plait.cli.programs import RowMapper
 
         self.program = program if isinstance(program, Module) else program()

@@ -277,6 +277,7 @@ class OutputCodec:
             return cls(self._decode_dict(data, shape.get("items", {})))
         if "type" in shape:
             cls = self._declared(shape["type"])
+            # import time: pydantic loads on first use, not on a plain call
             from pydantic import ValidationError
 
             try:

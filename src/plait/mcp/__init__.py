@@ -36,7 +36,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("server", "ProgramServer"):  # the server side imports the SDK and pydantic
-        from plait.mcp import serving
+        from plait.mcp import serving  # optional extra (plait[mcp]): the server side loads the SDK
 
         return getattr(serving, name)
     raise AttributeError(f"module 'plait.mcp' has no attribute {name!r}")

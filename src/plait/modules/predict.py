@@ -267,7 +267,7 @@ class Predict(Module):
         self, args: tuple[Any, ...], inputs: dict[str, Any], history: Any
     ) -> Prediction:
         """Runs the tool loop until the model answers (its last turn without tools, if need be)."""
-        from plait.modules.tool_loop import ToolLoop  # tool_loop.py imports this module
+        from plait.modules.tool_loop import ToolLoop  # cycle: tool_loop.py imports this module
 
         turns = () if history is None else history
         loop = ToolLoop(self, self.signature, self.tools, self.max_turns)

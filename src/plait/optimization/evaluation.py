@@ -100,7 +100,8 @@ class _ExampleFirst:
 
 
 def _as_example(target: Any) -> Any:
-    from plait.modules.prediction import Prediction  # programs layer, loaded on first use
+    # import time: the module library, only for a Prediction row
+    from plait.modules.prediction import Prediction
 
     if isinstance(target, Mapping) and not isinstance(target, Prediction):
         return Prediction(target)

@@ -103,7 +103,7 @@ class _Rows:
             ImportError: pandas is not installed.
         """
         try:
-            import pandas
+            import pandas  # optional extra (plait[pandas])
         except ImportError:
             raise ImportError(
                 "to_frame() needs pandas, which is not installed: `pip install pandas`, "
@@ -145,6 +145,7 @@ class _Rows:
             ImportError: pyarrow is not installed.
         """
         try:
+            # optional extra (plait[parquet])
             import pyarrow
             import pyarrow.parquet
         except ImportError:

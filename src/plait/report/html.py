@@ -24,7 +24,7 @@ _COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#F
 
 def _go() -> Any:
     try:
-        import plotly.graph_objects as go
+        import plotly.graph_objects as go  # optional extra (plait[report])
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             "the HTML report needs plotly: pip install 'plait[report]'", name="plotly"
@@ -450,7 +450,7 @@ def _plots(report: RunReport) -> str:
 
 def render_html(report: RunReport) -> str:
     """Returns the page as one string (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # optional extra (plait[report])
 
     usage = report.usage
     requests = (

@@ -277,7 +277,8 @@ class RunReport:
                 deeper than a report does, or has a field of the wrong type; the
                 message names the file and the line and column or the field.
         """
-        from plait.report._shape import shape_problem  # pydantic, only when reading a file
+        # import time: pydantic, only when reading a file
+        from plait.report._shape import shape_problem
 
         try:
             text = Path(path).read_text(encoding="utf-8")

@@ -78,7 +78,7 @@ class OpenTelemetryCallback(BaseCallback):
 
     def __init__(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
         try:
-            from opentelemetry import trace
+            from opentelemetry import trace  # optional extra (plait[otel])
         except ImportError as exc:
             raise ImportError(
                 "OpenTelemetryCallback needs OpenTelemetry: pip install 'plait[otel]'"

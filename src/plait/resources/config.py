@@ -336,7 +336,7 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
     run. The backend's module is imported here, and only for a configuration
     that sets ``backend_options``, so ``import plait`` stays light.
     """
-    from plait.resources.endpoint import backend_class
+    from plait.resources.endpoint import backend_class  # cycle: endpoint.py imports this module
 
     return _option_problems(backend_class(provider), _checkers(provider), options)
 
@@ -621,7 +621,7 @@ class ResourceConfig:
                 expanded), or its content is invalid; the message names the
                 file (and the offending byte).
         """
-        from pathlib import Path  # only a configuration read from a file needs it
+        from pathlib import Path  # import time: only a configuration read from a file
 
         file = Path(path)
         suffix = file.suffix.lower()
@@ -865,7 +865,7 @@ def _read_json(text: str, file: Path) -> Any:
 
 
 def _read_toml(text: str, file: Path) -> Any:
-    import tomllib
+    import tomllib  # import time: only a TOML file
 
     try:
         return tomllib.loads(text)
@@ -877,7 +877,7 @@ def _read_toml(text: str, file: Path) -> Any:
 
 def _read_yaml(text: str, file: Path) -> Any:
     try:
-        import yaml
+        import yaml  # optional extra (plait[yaml])
     except ImportError as exc:
         raise ConfigError(
             f"{file}: reading YAML needs PyYAML; install it with pip install 'plait[yaml]' "

@@ -387,7 +387,7 @@ def _describable(annotation: Any) -> Any:
 def _output_type(module: Module) -> Any:
     """Returns the type of the program's output: a `Signature` module's output fields (its
     `Prediction` holds them), else the declared return type, else text for an LLMInference."""
-    from plait.modules import Prediction
+    from plait.modules import Prediction  # import time: the module library, only for this type
 
     declared = module.declared_return_type()
     signature = getattr(module, "signature", None)

@@ -135,6 +135,7 @@ def _private_file(folder: str, text: str) -> str:
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
+    # import time: sqlite3 only for a shared budget
     from plait.resources.budget_file import BudgetFile
 
     config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
@@ -153,6 +154,7 @@ def worker_app() -> Any:
 def log_access_to_stderr() -> None:
     """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
     to standard error, unless logging is configured to send them somewhere already."""
+    # import time: only for an access log on stderr
     from plait.serve.middleware import access_logger
 
     if access_logger.hasHandlers():

@@ -173,6 +173,7 @@ def validate_outputs(
     Raises:
         StructuredOutputError: a field is missing or invalid; the message names each one.
     """
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import ValidationError
 
     specs = tuple(signature.output_fields.values())
@@ -320,7 +321,7 @@ class _MessageAdapter:
         For ported code that asks an adapter; plait's backends do this translation
         themselves from `Tool.spec`, so a program never needs it.
         """
-        from plait.tools import Tool
+        from plait.tools import Tool  # import time: tools load asyncio, only for a tool
 
         spec = (tool if isinstance(tool, Tool) else Tool(tool)).spec
         return {
@@ -389,13 +390,13 @@ class JSONAdapter(_MessageAdapter):
 
     def stream_fields(self, text: str) -> dict[str, str]:
         """Returns the output fields in a reply that is still arriving (for streaming)."""
-        from plait.streaming import json_fields
+        from plait.streaming import json_fields  # import time: only a streamed reply
 
         return json_fields(text)
 
     def response_schema(self, signature: type[Signature]) -> ResponseSchema | None:
         """Returns the output model's JSON schema, named after the signature."""
-        from plait.execution.structured import output_type_for
+        from plait.execution.structured import output_type_for  # import time: only a schema sent
 
         return output_type_for(signature.output_model()).schema
 

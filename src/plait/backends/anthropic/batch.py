@@ -56,7 +56,7 @@ class AnthropicBatchClient:
 
     def _sdk_client(self) -> Any:
         if self._client is None:
-            from anthropic import AsyncAnthropic
+            from anthropic import AsyncAnthropic  # optional extra (plait[anthropic])
 
             self._client = AsyncAnthropic(
                 api_key=self._api_key, base_url=self.base_url, max_retries=0
@@ -137,9 +137,10 @@ class AnthropicBatchClient:
         return BatchReply(custom_id, error=error)
 
     def _succeeded(self, custom_id: str, message: Any, where: str) -> BatchReply:
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
-        from anthropic.types import Message
+        from anthropic.types import Message  # optional extra (plait[anthropic])
 
         try:
             parsed = Message.model_validate(message)

@@ -205,6 +205,7 @@ async def _demo_cost(
     if demos <= 0:
         return None
 
+    # cycle: the search package imports costs at its top
     from plait.optimization.search.demos import _labeled_pool, _pick, _with_demos, demo_modules
 
     if not demo_modules(program):

@@ -106,7 +106,7 @@ class SearchReport:
         """Returns the trials, best score first: a pandas DataFrame, or a list of dicts."""
         rows = sorted((t.row() for t in self.trials), key=lambda r: (-r["score"], r["number"]))
         try:
-            import pandas
+            import pandas  # optional extra (plait[pandas])
         except ImportError:
             return rows
         return pandas.DataFrame(rows)

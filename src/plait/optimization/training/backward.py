@@ -134,7 +134,8 @@ def _program_names(reached: dict[str, int]) -> dict[str, int]:
     A program trained through a `TrainingStep` (the Trainer, ReflectiveSearch)
     runs held at `PROGRAM_PATH`; its users know its parameters without that prefix.
     """
-    from plait.optimization.training.step import PROGRAM_PATH  # loads the losses: only once used
+    # import time: step loads the losses, only once used
+    from plait.optimization.training.step import PROGRAM_PATH
 
     prefix = f"{PROGRAM_PATH}."
     return {name.removeprefix(prefix): count for name, count in reached.items()}

@@ -127,6 +127,7 @@ class EstimatedTrainer:
         parameters: the program and the optimizer are left as they are. ``least_calls``
         is the calls of all the updates of a step when no reply is asked again.
         """
+        # import time: only an estimate that samples a step
         from plait.optimization.training.updates import as_text
 
         twin = self.step.copy()
