@@ -308,12 +308,11 @@ def main(argv: list[str] | None = None) -> None:
     print(table(all_figures))
     if args.cycles:
         for figures in all_figures:
-            print(
-                f"\n{figures.tree}: largest cycle, all imports: {', '.join(figures.cycle_all) or 'none'}"
-            )
-            print(
-                f"{figures.tree}: largest cycle, module level: {', '.join(figures.cycle_top) or 'none'}"
-            )
+            for label, cycle in (
+                ("all imports", figures.cycle_all),
+                ("module level", figures.cycle_top),
+            ):
+                print(f"\n{figures.tree}: largest cycle, {label}: {', '.join(cycle) or 'none'}")
 
 
 if __name__ == "__main__":
