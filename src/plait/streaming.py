@@ -337,9 +337,9 @@ def json_fields(text: str) -> dict[str, str]:
     has arrived. Uses jiter's partial mode, which reads an unfinished object
     (and an unfinished last string) instead of failing.
     """
-    import json
+    import json  # import time: only a streamed structured reply
 
-    import jiter
+    import jiter  # import time: only a streamed structured reply
 
     start = text.find("{")
     if start < 0:

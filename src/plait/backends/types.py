@@ -446,7 +446,7 @@ def tool_call_from_dict(call: Any, where: str = "tool call") -> ToolCall:
     source = function if isinstance(function, Mapping) else call
     arguments = source.get("arguments")
     if not isinstance(arguments, str):
-        import json
+        import json  # import time: only a tool call given as a dict
 
         arguments = "" if arguments is None else json.dumps(arguments)
     return ToolCall(

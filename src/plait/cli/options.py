@@ -121,6 +121,7 @@ def _with(options: list[Any]) -> Any:
 def _budget(kwargs: dict[str, Any]) -> Any:
     """Returns the `Budget` of ``--max-calls``, ``--max-tokens`` and ``--max-cost`` (None
     when none is given, or the command has none)."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.resources.usage import Budget
 
     return Budget.of(kwargs.get("max_calls"), kwargs.get("max_tokens"), kwargs.get("max_cost"))

@@ -191,6 +191,7 @@ def load_metric(spec: str) -> Callable[[Any, Any], Any]:
     Raises:
         ProgramError: as `load_object`, or the metric does not take ``(output, target)``.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.evaluation import exact_match
 
     builtin = {"exact_match": exact_match, "contains": contains}
@@ -277,6 +278,7 @@ def trace_program(
         ProgramError: ``forward`` cannot be traced, or fails while it is; names the
             file and line.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.graph_cache import trace_cached
 
     try:
@@ -317,7 +319,7 @@ def inputs_of(program: Module) -> Inputs:
     an input), and a module that wraps another (`BestOfN`, `Refine`,
     `ValidateAndRepair`) takes the inputs of the module it wraps.
     """
-    from plait.signatures import Signature  # pydantic: only once a program is named
+    from plait.signatures import Signature  # import time: pydantic, only once a program is named
 
     parameters = inspect.signature(program.forward).parameters.values()
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
@@ -343,8 +345,9 @@ def output_type_of(program: Module) -> Any:
     """Returns the type of the program's output, which ``plait serve`` and ``plait mcp``
     describe: a `Signature` module's output fields (its `Prediction` holds them), else the
     declared return type, else text for an `LLMInference`, else ``Any``."""
-    from plait.modules import Prediction  # the module library: only once a program is named
-    from plait.signatures import Signature  # pydantic: only once a program is named
+    # import time: the module library and pydantic load once a program is named
+    from plait.modules import Prediction
+    from plait.signatures import Signature
 
     declared = program.declared_return_type()
     signature = getattr(program, "signature", None)

@@ -63,6 +63,7 @@ class OutputType:
 
     def parse(self, text: str) -> Any:
         """Returns the typed object in ``text``; raises StructuredOutputError saying why not."""
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
         try:
@@ -102,6 +103,7 @@ def _type_name(target: Any) -> str:
 @functools.cache
 def type_adapter(target: Any) -> Any:
     """Returns pydantic's `TypeAdapter` for ``target`` (one per type, cached)."""
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target)
@@ -109,6 +111,7 @@ def type_adapter(target: Any) -> Any:
 
 @functools.cache
 def _wrapper(target: Any) -> Any:
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import create_model
 
     fields: dict[str, Any] = {_WRAP_KEY: (target, ...)}

@@ -31,6 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from plait import __version__
 from plait.backends._urls import without_addresses
 from plait.cli.programs import (
     ProgramError,
@@ -42,8 +46,22 @@ from plait.cli.programs import (
 )
 from plait.confirmation import ConfirmationRequired
 from plait.errors import ConfigError, described
-from plait.mcp.client import require_sdk
+from plait.mcp._sdk import (
+    INVALID_PARAMS,
+    CallToolResult,
+    ListToolsResult,
+    SDKError,
+    Server,
+    TextContent,
+    ToolInfo,
+    anyio,
+    stdio_server,
+    uvicorn,
+)
 from plait.module import Module
+from plait.serve.http_protocol import http_protocol
+from plait.serve.middleware import RequireApiKey
+from plait.serve.options import ServeOptions, is_loopback
 from plait.tools import Tool
 
 __all__ = ["ProgramServer", "check_exposure", "load_named", "load_served", "server"]
@@ -81,11 +99,6 @@ class ProgramServer:
     """
 
     def __init__(self, entries: list[_Entry], name: str) -> None:
-        require_sdk()
-        from mcp.server import Server
-
-        from plait import __version__
-
         self.name = name
         self.entries = {entry.name: entry for entry in entries}
         self.sdk_server = Server(
@@ -98,8 +111,6 @@ class ProgramServer:
     # ------------------------------------------------------------------ serving
     async def serve_stdio(self) -> None:
         """Serves one client on this process's stdin and stdout until it closes them."""
-        from mcp.server.stdio import stdio_server
-
         async with stdio_server() as (read_stream, write_stream):
             await self.sdk_server.run(
                 read_stream, write_stream, self.sdk_server.create_initialization_options()
@@ -118,17 +129,10 @@ class ProgramServer:
         Raises:
             ConfigError: ``host`` is reachable from other machines and no key is given.
         """
-        import uvicorn
-
         check_exposure(host, api_keys)
         app: Any = self.sdk_server.streamable_http_app(host=host)
         if api_keys:
-            from plait.serve.middleware import RequireApiKey
-
             app = RequireApiKey(app, tuple(api_keys))
-        from plait.serve.http_protocol import http_protocol
-        from plait.serve.options import ServeOptions
-
         # a request's head and the time to send it bounded as `plait serve` bounds them
         http = http_protocol(ServeOptions())
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)
@@ -150,8 +154,6 @@ class ProgramServer:
             ConfigError: over HTTP, ``host`` is reachable from other machines and no key
                 is given.
         """
-        import anyio
-
         if transport == "stdio":
             anyio.run(self.serve_stdio)
         elif transport == "http":
@@ -162,9 +164,6 @@ class ProgramServer:
 
     # ----------------------------------------------------------------- handlers
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
-        from mcp.types import ListToolsResult
-        from mcp.types import Tool as ToolInfo
-
         tools = [
             ToolInfo(
                 name=e.name,
@@ -177,9 +176,6 @@ class ProgramServer:
         return ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
-        from mcp.shared.exceptions import MCPError as SDKError
-        from mcp.types import INVALID_PARAMS
-
         entry = self.entries.get(params.name)
         if entry is None:
             known = ", ".join(self.entries) or "none"
@@ -199,8 +195,6 @@ def check_exposure(host: str, api_keys: Sequence[str]) -> None:
     Raises:
         ConfigError: ``host`` is not loopback and no key is given.
     """
-    from plait.serve.options import is_loopback
-
     if api_keys or is_loopback(host):
         return
     raise ConfigError(
@@ -342,8 +336,6 @@ def _output_schema(program: Module) -> tuple[dict[str, Any] | None, bool]:
     """Returns MCP's ``outputSchema`` of the program's declared output, and whether it
     wraps the output as ``{"result": ...}`` (MCP wants an object there); ``(None, False)``
     for text or an output that declares nothing (or that pydantic cannot describe)."""
-    from pydantic import TypeAdapter
-
     output = output_type_of(program)
     if output is str or output is Any:
         return None, False
@@ -362,8 +354,6 @@ def _output_schema(program: Module) -> tuple[dict[str, Any] | None, bool]:
 
 def _arguments_model(program: Module) -> Any:
     """Returns a pydantic model of the program's inputs: names, types, defaults, descriptions."""
-    from pydantic import ConfigDict, Field, create_model
-
     names, required, _ = inputs_of(program)
     signature = getattr(program, "signature", None)
     fields_of_signature = getattr(signature, "input_fields", None)
@@ -426,8 +416,6 @@ def _without_titles(schema: Any) -> Any:
 
 # ------------------------------------------------------------------ calling
 async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
-    from pydantic import ValidationError
-
     try:
         checked = entry.arguments.model_validate(arguments)
     except ValidationError as exc:
@@ -478,9 +466,6 @@ def _result_of(output: Any, text: str | None = None, wrapped: bool | None = None
             output (so the content fits the schema whatever the value); None: decide by
             the value.
     """
-    from mcp.types import CallToolResult, TextContent
-    from pydantic_core import to_jsonable_python
-
     if hasattr(output, "to_dict") and callable(output.to_dict):  # a Prediction
         output = output.to_dict()
     data = to_jsonable_python(output, fallback=str)
@@ -499,6 +484,4 @@ def _json_text(data: Any) -> str:
 
 
 def _error_result(message: str) -> Any:
-    from mcp.types import CallToolResult, TextContent
-
     return CallToolResult(content=[TextContent(text=message)], is_error=True)

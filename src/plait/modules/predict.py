@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
+from plait._jsondata import as_json_data
 from plait.backends.types import Message, Request, Response, SamplingOptions, as_message
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import PlaitError, StructuredOutputError
@@ -266,7 +267,7 @@ class Predict(Module):
         self, args: tuple[Any, ...], inputs: dict[str, Any], history: Any
     ) -> Prediction:
         """Runs the tool loop until the model answers (its last turn without tools, if need be)."""
-        from plait.modules.tool_loop import ToolLoop  # tool_loop.py imports this module
+        from plait.modules.tool_loop import ToolLoop  # cycle: tool_loop.py imports this module
 
         turns = () if history is None else history
         loop = ToolLoop(self, self.signature, self.tools, self.max_turns)
@@ -447,9 +448,7 @@ async def ask_step(
 # ------------------------------------------------------------------ helpers
 def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Returns demos as JSON data (models as dicts, enums as values), so state_dict stays JSON."""
-    from pydantic_core import to_jsonable_python
-
-    return to_jsonable_python(demos, fallback=str)
+    return as_json_data(demos)
 
 
 def _demo_type(sig: type[Signature]) -> Any:

@@ -37,6 +37,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
 from plait.optimization.results import _rebuild as _rebuild  # what pickles made before name
+from plait.resources.usage import Budget, budgeted
 
 __all__ = [
     "EvaluationResult",
@@ -100,7 +101,8 @@ class _ExampleFirst:
 
 
 def _as_example(target: Any) -> Any:
-    from plait.modules.prediction import Prediction  # programs layer, loaded on first use
+    # import time: the module library, only for a Prediction row
+    from plait.modules.prediction import Prediction
 
     if isinstance(target, Mapping) and not isinstance(target, Prediction):
         return Prediction(target)
@@ -331,8 +333,6 @@ def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
-    from plait.resources.usage import Budget
-
     budget = Budget.of(max_calls, max_tokens, max_cost)
     return awaitable_or_result(
         _evaluate(module, dataset, metric, resources, max_concurrent, progress, budget)
@@ -349,8 +349,6 @@ async def _evaluate(
     budget: Any = None,
 ) -> EvaluationResult:
     """The body of `evaluate`: reports the call to callbacks around `_scored`."""
-    from plait.resources.usage import budgeted
-
     pairs = examples_of(dataset)
     if not pairs:
         raise ValueError("evaluate() got an empty dataset")

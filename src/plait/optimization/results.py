@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from plait import _files
+from plait._jsondata import as_json_data
 from plait.backends.types import HoldsUsage, Usage
 
 __all__ = ["EvaluationResult", "ExampleRow", "RunResult"]
@@ -76,9 +77,7 @@ class ExampleRow(HoldsUsage):
 
     def as_record(self) -> dict[str, Any]:
         """Returns the row as JSON-compatible data (models as dicts, other objects as text)."""
-        from pydantic_core import to_jsonable_python
-
-        return to_jsonable_python(self.as_dict(), fallback=str)
+        return as_json_data(self.as_dict())
 
 
 _COLUMNS = tuple(ExampleRow(0, None).as_dict())
@@ -136,7 +135,7 @@ class _Rows:
             ImportError: pandas is not installed.
         """
         try:
-            import pandas
+            import pandas  # optional extra (plait[pandas])
         except ImportError:
             raise ImportError(
                 "to_frame() needs pandas, which is not installed: `pip install pandas`, "
@@ -178,6 +177,7 @@ class _Rows:
             ImportError: pyarrow is not installed.
         """
         try:
+            # optional extra (plait[parquet])
             import pyarrow
             import pyarrow.parquet
         except ImportError:

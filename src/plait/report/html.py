@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from plait import _files
 from plait.report.fallbacks import budget_lines, fallback_lines
 from plait.report.run_report import PRICE_HINT, RunReport
 
@@ -23,7 +24,7 @@ _COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#F
 
 def _go() -> Any:
     try:
-        import plotly.graph_objects as go
+        import plotly.graph_objects as go  # optional extra (plait[report])
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             "the HTML report needs plotly: pip install 'plait[report]'", name="plotly"
@@ -483,7 +484,7 @@ def _plots(report: RunReport) -> str:
 
 def render_html(report: RunReport) -> str:
     """Returns the page as one string (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # optional extra (plait[report])
 
     usage = report.usage
     requests = (
@@ -532,6 +533,4 @@ def write_html(report: RunReport, path: str) -> None:
         FileError: ``path`` is a symbolic link (never written through) or not a
             regular file, or cannot be written.
     """
-    from plait import _files
-
     _files.write_atomically(path, render_html(report))

@@ -597,7 +597,8 @@ class Profiler:
             **details: passed to `RunReport.from_profiler` (``program``,
                 ``kind``, ``graph``, ``training``, ``learning``, ``metrics``).
         """
-        from plait.report import RunReport  # the report builds on the profiler, not below it
+        # cycle: plait.report imports this module (the report builds on it)
+        from plait.report import RunReport
 
         return RunReport.from_profiler(self, **details)
 

@@ -117,7 +117,7 @@ def _default_tls() -> ssl.SSLContext:
     """Returns the TLS context of every https endpoint: the system's CAs, verified."""
     global _tls_context
     if _tls_context is None:
-        import ssl
+        import ssl  # import time: only an https endpoint
 
         _tls_context = ssl.create_default_context()
     return _tls_context

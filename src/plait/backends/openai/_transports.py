@@ -218,7 +218,8 @@ class HttpTransport(Transport):
         if pool is not None:
             return pool
         try:
-            from plait.backends.openai import _http  # imports httptools: only once a call is made
+            # import time: _http loads httptools, only once a call is made
+            from plait.backends.openai import _http
         except ImportError as exc:
             raise ImportError(
                 f"{where}: the http transport needs httptools, a dependency of plait, and "
@@ -242,7 +243,8 @@ class HttpTransport(Transport):
             return _timeout_error(where, timeout, exc)
         if isinstance(exc, OSError):  # a dropped connection, a failed lookup, TLS
             return _connection_error(where, exc, self._endpoint)
-        from plait.backends.openai._http import BodyTooLarge  # imported by `_open` already
+        # import time: `_open` loads _http on a first call
+        from plait.backends.openai._http import BodyTooLarge
 
         if isinstance(exc, BodyTooLarge):
             what = "its declared length" if exc.declared else "read so far"
@@ -339,7 +341,7 @@ class SdkTransport(Transport):
         if self._client is not None and self._loop is loop:
             return self._client
         try:
-            import openai
+            import openai  # optional extra (plait[openai])
         except ImportError as exc:
             raise ImportError(
                 "OpenAICompatBackend(transport='sdk') needs the openai package; "

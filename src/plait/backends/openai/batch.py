@@ -115,7 +115,7 @@ class OpenAIBatchClient:
         self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
         """Uploads the lines as a batch file and creates the batch; returns the batch object."""
-        import aiohttp
+        import aiohttp  # import time: aiohttp only for the Batch API
 
         content = b"\n".join(lines) + b"\n"
         form = aiohttp.FormData()
@@ -183,7 +183,7 @@ class OpenAIBatchClient:
     @contextlib.asynccontextmanager
     async def _answer(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[Any]:
         """Sends a request and yields its successful answer, body unread; a failure raises."""
-        import aiohttp
+        import aiohttp  # import time: aiohttp only for the Batch API
 
         if self._session is None or self._session.closed:
             self._proxy = self._environment_proxy()

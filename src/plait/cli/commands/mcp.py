@@ -67,6 +67,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     sent as Authorization: Bearer <key>. Needs the mcp extra: pip install 'plait[mcp]'.
     """
     with _usage_errors():
+        # optional extra (plait[mcp]); import time: `plait --help` loads none of this
         from plait.mcp.serving import check_exposure, load_named, server
         from plait.serve.options import read_api_keys
         from plait.tools import Tool
@@ -82,6 +83,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
         programs = [(who or type(p).__name__, p) for who, p in items if not isinstance(p, Tool)]
         config = None
         if resources is not None:
+            # import time: `plait --help` loads none of this, the command does
             from plait.resources import ResourceConfig
 
             config = ResourceConfig.from_file(resources)

@@ -186,6 +186,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
     POST /programs/NAME/runs/ID/resume, POST /v1/chat/completions, GET /openapi.json,
     /healthz, /readyz, /metrics.
     """
+    # import time: `plait --help` loads no server
     from plait.serve.options import ServeOptions, check_exposure, read_api_keys
 
     with _usage_errors():
@@ -203,6 +204,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         if ray_replicas is not None and workers > 1:
             _fail("--ray-replicas and --workers both run copies of the server; choose one")
         if workers > 1:
+            # import time: `plait --help` loads no server
             from plait.serve.runs import check_shares
             from plait.serve.server import serve_workers
 
@@ -230,7 +232,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             _serve_on_ray(named, config, ray_replicas, host, port, serve_options)
             return
         _check_port(host, port)
-        from plait.serve import app, serve
+        from plait.serve import app, serve  # import time: `plait --help` loads no server
 
         try:
             served = app(programs, config, **vars(serve_options))
@@ -248,7 +250,7 @@ def _serve_on_ray(
     options: Any,
 ) -> None:
     """Serves the programs from Ray Serve replicas (each loads them) until SIGTERM/Ctrl-C."""
-    from plait.serve.ray_serve import programs_loader, run
+    from plait.serve.ray_serve import programs_loader, run  # optional extra (plait[serve-ray])
 
     loader = programs_loader(named)
     run(loader, config, replicas=replicas, host=host, port=port, blocking=True, **vars(options))

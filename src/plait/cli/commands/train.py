@@ -148,6 +148,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
 def _check_training_checkpoint(trainer: Any) -> None:
     """Stops before any call when --checkpoint-dir holds a training of other settings or
     data, or a file plait cannot resume from."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.checkpoint_codec import CheckpointError
 
     try:
@@ -165,6 +166,7 @@ def _as_options(text: str) -> str:
 
 def _validation_line(training: dict[str, Any]) -> str:
     """The scores a training run ends with, or that it has none to show."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.training.report import NOTHING_VALIDATED
 
     if training.get("reason", "").endswith(NOTHING_VALIDATED):
@@ -196,6 +198,7 @@ def _trainer(
 ) -> Any:
     """Returns the `Trainer` of ``plait train``: SFA on the program's prompts, judged by
     ``metric`` through a `VerifierLoss`."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization import SFAOptimizer, Trainer, VerifierLoss
 
     return Trainer(
@@ -229,8 +232,9 @@ async def _train(
     of what ran to --report and, when a validation finished, the program with the best
     parameters validated so far to --save (``written``: the program and those two paths),
     and says in ``kept`` what it wrote."""
-    import asyncio
+    import asyncio  # import time: `plait --help` loads none of this, the command does
 
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.training.report import NOTHING_VALIDATED
     from plait.report.learning import LearningLog
     from plait.report.profiling import Profiler

@@ -79,11 +79,12 @@ def release_store(store: StateStore) -> None:
 
 def _open(url: StateURL) -> StateStore:
     if url.kind == "sqlite":
+        # import time: sqlite3 only for an SQLite store
         from plait.resources.state.sqlite import SQLiteStore
 
         return SQLiteStore(url)
     try:
-        from plait.resources.state.postgres import PostgresStore
+        from plait.resources.state.postgres import PostgresStore  # optional extra (plait[postgres])
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("psycopg"):
             raise
