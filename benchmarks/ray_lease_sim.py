@@ -15,12 +15,17 @@ permits took to come back (goal ≤ the lease term, 10 s) and the lowest and hig
 worker's calls over its fair share (goal: within 0.8–1.2), and the CPU seconds the
 simulation took (the ledger's and the limiters' Python, not Ray's).
 
-    python benchmarks/ray_lease_sim.py [--duration 30] [--scarce-duration 60]
+``--ray`` adds what the model of ``docs/ray_scaling.md`` needs from Ray itself: how many
+messages a second one limits actor (`plait.distributed.ray.EndpointLimits`, on a local
+Ray) answers, sent by the driver 256 at a time (a floor: the driver shares the cores).
+
+    python benchmarks/ray_lease_sim.py [--duration 30] [--scarce-duration 60] [--ray]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import time
 
 from plait.testing.lease_sim import Scenario, SimResult, simulate
@@ -51,6 +56,36 @@ def row(name: str, result: SimResult, cpu: float) -> str:
     )
 
 
+async def _actor_rate(actor: object, method: str, args: tuple, messages: int) -> float:
+    """Messages a second the actor answers, ``messages`` of ``method`` in windows of 256."""
+    call = getattr(actor, method).remote
+    started = time.perf_counter()
+    for _ in range(messages // 256):
+        await asyncio.gather(*(call(*args) for _ in range(256)))
+    return messages / (time.perf_counter() - started)
+
+
+def ray_actor_capacity(messages: int = 8192) -> None:
+    """Prints the messages a second one `EndpointLimits` actor answers on a local Ray."""
+    import ray  # an optional dependency (the ray extra), only for --ray
+
+    from plait.distributed.ray import EndpointLimits
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        actor = EndpointLimits.remote(256)  # type: ignore[attr-defined]
+        ray.get(actor.stats.remote())
+        asyncio.run(_actor_rate(actor, "give", ("nobody", 0, 0), 1024))  # warm-up
+        gives = asyncio.run(_actor_rate(actor, "give", ("nobody", 0, 0), messages))
+        opens = asyncio.run(_actor_rate(actor, "open", ("w", None), messages))
+        print(
+            f"one limits actor on a local Ray (2 cores, the driver sending): {gives:,.0f} "
+            f"messages/s (a give of no lease), {opens:,.0f} messages/s (a lease renewed)"
+        )
+    finally:
+        ray.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=30.0, help="simulated seconds")
@@ -61,6 +96,7 @@ def main() -> None:
         help="simulated seconds of the run with more workers than permits (turns)",
     )
     parser.add_argument("--workers", type=int, nargs="*", default=[8, 32, 128])
+    parser.add_argument("--ray", action="store_true", help="also measure a Ray limits actor")
     args = parser.parse_args()
     scenarios = [
         (f"limit 256, {n} workers", Scenario(workers=n, limit=256, duration=args.duration))
@@ -92,6 +128,8 @@ def main() -> None:
         f"permits back <= the term (10 s); every judged worker within "
         f"{GOAL_FAIRNESS[0]}-{GOAL_FAIRNESS[1]} of its fair share"
     )
+    if args.ray:
+        ray_actor_capacity()
 
 
 if __name__ == "__main__":
