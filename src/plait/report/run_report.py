@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +159,8 @@ class RunReport:
             budgets: the books of the budgets the run was held to, by name (see the
                 ``budgets`` field); by default those of the budgets open here.
         """
-        nodes = [asdict(r) for r in profiler.records]
-        requests = [asdict(r) for r in profiler.requests]
+        nodes = [_span(r) for r in profiler.records]
+        requests = [_span(r) for r in profiler.requests]
         if graph is not None and not isinstance(graph, dict):
             graph = graph_data(graph)
         return cls(
@@ -253,8 +253,13 @@ class RunReport:
     # -- files ------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """Returns the report as JSON-ready data (with its ``format``)."""
-        return {"format": FORMAT, **asdict(self)}
+        """Returns the report as JSON-ready data (with its ``format``).
+
+        The spans (a run's bulk: one per node and per request) are flat mappings of plain
+        values, copied one level deep instead of by `asdict`'s deep copy of each value.
+        """
+        spans = {kind: [dict(span) for span in items] for kind, items in self.spans.items()}
+        return {"format": FORMAT, **asdict(replace(self, spans={})), "spans": spans}
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes the report as JSON to ``path``, replacing it whole.
@@ -263,8 +268,10 @@ class RunReport:
             FileError: ``path`` is a symbolic link (never written through) or
                 not a regular file, or cannot be written.
         """
+        # dumps, not dump: it encodes in C at once, where dump writes piece by piece from Python
+        text = json.dumps(self.to_dict(), ensure_ascii=False, default=str)
         with _files.replacing(path) as file:
-            json.dump(self.to_dict(), file, ensure_ascii=False, default=str)
+            file.write(text)
             file.write("\n")
 
     @classmethod
@@ -369,3 +376,23 @@ def _timelines(profiler: Profiler) -> dict[str, dict[str, Any]]:
             "errors": [tl.errors.get(b, 0) for b in span],
         }
     return out
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+_NAMES: dict[type, tuple[str, ...]] = {}
+"""The field names of each kind of profiler record, read once."""
+
+
+def _span(record: Any) -> dict[str, Any]:
+    """A profiler record as a mapping, as `asdict` makes it but without its deep copy of each
+    value when every field is a plain value (as a node's and a request's are)."""
+    kind = type(record)
+    names = _NAMES.get(kind)
+    if names is None:
+        names = _NAMES[kind] = tuple(f.name for f in fields(kind))
+    span = {name: getattr(record, name) for name in names}
+    if all(type(value) in _PLAIN for value in span.values()):
+        return span
+    return asdict(record)

@@ -1,0 +1,34 @@
+"""A saved run report is the same JSON as ``asdict`` made it, for less CPU (issue 39)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from plait.report.profiling import NodeTiming, RequestTiming
+from plait.report.run_report import FORMAT, RunReport, _span
+
+
+def test_a_span_is_what_asdict_makes_of_a_record():
+    node = NodeTiming("n1", "summary", 3, 0.5, 0.75, 12, 4, 0.001, False, "stop", 0.01)
+    request = RequestTiming("llm", "llm", 7, 2, 0.1, 0.2, 0.4, None, "timed out", 1, 2, 0.5)
+
+    assert _span(node) == asdict(node)
+    assert _span(request) == asdict(request)
+
+
+def test_a_saved_report_reads_back_as_asdict_and_json_dump_wrote_it(tmp_path: Path):
+    node = NodeTiming("n1", "summary", 0, 0.5, 0.75)
+    report = RunReport(
+        program="p.py:P",
+        spans={"nodes": [_span(node)], "requests": []},
+        metrics={"score": 0.5, "when": Path("x")},  # not JSON: written as its text
+        failures=[{"item": 1, "error": "ValueError: bad é"}],
+    )
+    path = tmp_path / "run.json"
+
+    report.save(path)
+
+    expected = json.dumps({"format": FORMAT, **asdict(report)}, ensure_ascii=False, default=str)
+    assert path.read_text(encoding="utf-8") == expected + "\n"
