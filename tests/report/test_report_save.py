@@ -19,10 +19,10 @@ def test_a_span_is_what_asdict_makes_of_a_record():
 
 
 def test_a_saved_report_reads_back_as_asdict_and_json_dump_wrote_it(tmp_path: Path):
-    node = NodeTiming("n1", "summary", 0, 0.5, 0.75)
+    nodes = [_span(NodeTiming(f"n{i}", "summary", i, 0.5, 0.75)) for i in range(2500)]
     report = RunReport(
         program="p.py:P",
-        spans={"nodes": [_span(node)], "requests": []},
+        spans={"nodes": nodes, "requests": []},  # written a thousand at a time
         metrics={"score": 0.5, "when": Path("x")},  # not JSON: written as its text
         failures=[{"item": 1, "error": "ValueError: bad é"}],
     )
@@ -32,3 +32,4 @@ def test_a_saved_report_reads_back_as_asdict_and_json_dump_wrote_it(tmp_path: Pa
 
     expected = json.dumps({"format": FORMAT, **asdict(report)}, ensure_ascii=False, default=str)
     assert path.read_text(encoding="utf-8") == expected + "\n"
+    assert report.to_dict() == json.loads(expected) | {"metrics": report.metrics}

@@ -268,10 +268,18 @@ class RunReport:
             FileError: ``path`` is a symbolic link (never written through) or
                 not a regular file, or cannot be written.
         """
-        # dumps, not dump: it encodes in C at once, where dump writes piece by piece from Python
-        text = json.dumps(self.to_dict(), ensure_ascii=False, default=str)
+        # The report's JSON is made by json.dumps, which encodes in C (json.dump writes
+        # piece by piece from Python, several times slower); the spans, a run's bulk, go
+        # in slices of their own, so the text is never all in memory at once.
+        marker = f"plait-spans-{os.urandom(8).hex()}"
+        head: dict[str, Any] = {"format": FORMAT, **asdict(replace(self, spans={}))}
+        head["spans"] = marker
+        text = json.dumps(head, ensure_ascii=False, default=str)
+        before, after = text.split(json.dumps(marker), 1)
         with _files.replacing(path) as file:
-            file.write(text)
+            file.write(before)
+            _write_spans(file, self.spans)
+            file.write(after)
             file.write("\n")
 
     @classmethod
@@ -396,3 +404,15 @@ def _span(record: Any) -> dict[str, Any]:
     if all(type(value) in _PLAIN for value in span.values()):
         return span
     return asdict(record)
+
+
+def _write_spans(file: Any, spans: dict[str, list[dict[str, Any]]]) -> None:
+    """Writes ``spans`` as ``json.dumps`` would, a thousand spans at a time."""
+    file.write("{")
+    for number, (kind, items) in enumerate(spans.items()):
+        file.write(f"{', ' if number else ''}{json.dumps(kind)}: [")
+        for start in range(0, len(items), 1000):
+            part = json.dumps(items[start : start + 1000], ensure_ascii=False, default=str)
+            file.write(f"{', ' if start else ''}{part[1:-1]}")
+        file.write("]")
+    file.write("}")
