@@ -2,7 +2,8 @@
 
 Writes N rows ``{"text": ...}``, runs ``python -m plait run`` on them (a one-call
 program, 64 calls in flight) against the scripted server in its own process,
-and prints rows/s and the CLI process's peak resident memory for each size. A
+and prints rows/s, the CLI process's CPU per row (user + system, which a loaded machine
+disturbs less than the wall time) and its peak resident memory for each size. A
 flat profile — memory bounded by ``--chunk-size``, not the file — shows as a
 large/small memory ratio near 1 while the row ratio is 10 ×.
 
@@ -35,8 +36,9 @@ class Summarize(Module):
 """
 
 
-def run_cli(workdir: Path, rows: int, base_url: str) -> tuple[float, int, int]:
-    """Returns (seconds, peak RSS in KiB, exit code) of one CLI run over ``rows`` rows."""
+def run_cli(workdir: Path, rows: int, base_url: str) -> tuple[float, int, int, float]:
+    """Returns (seconds, peak RSS in KiB, exit code, CPU seconds) of one CLI run over
+    ``rows`` rows."""
     source = workdir / f"in-{rows}.jsonl"
     with source.open("w") as file:
         for i in range(rows):
@@ -58,7 +60,8 @@ def run_cli(workdir: Path, rows: int, base_url: str) -> tuple[float, int, int]:
         # wait4 reports the peak resident memory of this child alone.
         _, status, usage = os.wait4(process.pid, 0)
     seconds = time.perf_counter() - started
-    return seconds, usage.ru_maxrss, os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime
+    return seconds, usage.ru_maxrss, os.waitstatus_to_exitcode(status), cpu
 
 
 def main() -> None:
@@ -72,19 +75,20 @@ def main() -> None:
         (workdir / "bench_program.py").write_text(PROGRAM)
         results = {}
         for rows in (args.small, args.large):
-            seconds, peak_kib, code = run_cli(workdir, rows, url)
+            seconds, peak_kib, code, cpu = run_cli(workdir, rows, url)
             lines = sum(1 for _ in (workdir / f"out-{rows}.jsonl").open())
-            results[rows] = (seconds, peak_kib, code, lines)
+            results[rows] = (seconds, peak_kib, code, lines, cpu)
         served = fetch_stats(url)["requests"]
     ideal = args.latency / 64
     print(f"plait run, one call per row, server latency {args.latency * 1000:g} ms, 64 in flight")
-    for rows, (seconds, peak_kib, code, lines) in results.items():
+    for rows, (seconds, peak_kib, code, lines, cpu) in results.items():
         print(
             f"{rows:>8} rows: {seconds:7.1f} s  {rows / seconds:7.0f} rows/s "
             f"({ideal * rows / seconds:4.2f} of the latency-bound ideal)  "
+            f"CLI CPU {cpu * 1000 / rows:5.3f} ms/row  "
             f"peak RSS {peak_kib / 1024:6.1f} MiB  exit {code}  {lines} output rows"
         )
-    (s_sec, s_mem, _, _), (l_sec, l_mem, _, _) = results[args.small], results[args.large]
+    (s_sec, s_mem, *_), (l_sec, l_mem, *_) = results[args.small], results[args.large]
     growth = args.large / args.small
     print(f"rows x{growth:.0f}: time x{l_sec / s_sec:.2f}, peak memory x{l_mem / s_mem:.2f}")
     print(f"server saw {served} requests")

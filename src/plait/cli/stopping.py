@@ -17,7 +17,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from plait.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
@@ -56,14 +56,32 @@ def _say(text: str) -> None:
 def run_stoppable(work: Coroutine[Any, Any, Any]) -> Any:
     """Runs ``work`` in a new event loop until it ends or a signal stops it.
 
+    The loop is uvloop's where it is installed (the ``fast`` extra, and ``serve``, for
+    which uvicorn picks it up the same way): a command's CPU goes mostly to the event
+    loop and its sockets, and uvloop's take a fraction of asyncio's
+    (``benchmarks/cli_bench.py``). ``PLAIT_EVENT_LOOP=asyncio`` keeps asyncio's.
+
     Raises:
         Stopped: Ctrl-C or SIGTERM cancelled the work; it has finished stopping.
     """
     try:
-        return asyncio.run(_until_signalled(work))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            return runner.run(_until_signalled(work))
     except KeyboardInterrupt:  # Ctrl-C before the loop's handlers were in place
         work.close()  # it may never have started
         raise Stopped(signal.SIGINT) from None
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it is installed and not declined; None: asyncio's."""
+    if os.environ.get("PLAIT_EVENT_LOOP", "").strip().lower() == "asyncio":
+        return None
+    try:
+        import uvloop  # optional extra (plait[fast]): loaded only when a command runs
+    except ImportError:
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 async def _until_signalled(work: Coroutine[Any, Any, Any]) -> Any:

@@ -11,8 +11,16 @@ most calls never leave the process:
   ``idle`` seconds (50 ms) go back. When another worker waits below its fair share (the
   limit divided among the workers holding or asking), a worker above its own share
   gives permits back as its calls end instead of reusing them: two busy workers settle
-  at half each, one alone uses the whole limit, and more workers than permits take
-  turns, each permit going back after every call.
+  at half each, one alone uses the whole limit. Shares are whole permits; the permits
+  left over (fewer than the workers sharing) go round in turns: a worker at its share
+  that asks gets one more for a turn of ``turn`` seconds (2), then gives it back as a
+  call ends, and the next turn goes to the worker that has waited longest. More workers
+  than permits have a share of 0 and take turns at every permit: a turn of many calls,
+  not one, so it costs a few messages a turn rather than two a call.
+  A lease holding permits whose worker keeps no message open at the ledger (a live
+  worker always keeps a watch or an ask there) for ``grace`` seconds (1) is presumably
+  dead: its permits stay out until its term ends, but the fair shares split only what
+  the others can use, so no live worker goes without while it lapses.
 * **A lease lasts** ``term`` seconds (10) from the ledger's last message from its
   worker. A worker holding anything keeps one watch call open at the ledger, answered
   at the latest after a third of the term (at once when the worker's share changes or
@@ -103,6 +111,17 @@ class _Holder:
     ask: _Ask | None = None
     watch: asyncio.Future[None] | None = None
     told_keep: int | None = field(default=None)
+    turn_ends: float = 0.0
+    """While more workers ask than there are permits: when this holder's turn ends."""
+    queued_at: float | None = None
+    """Since when the holder has been asking without a grant (an ask answered with none
+    and sent again keeps its place in the line of turns)."""
+
+    def silent(self, now: float, grace: float, term: float) -> bool:
+        """Holds permits, but has kept no message open at the ledger for ``grace`` seconds
+        (its last message came ``term`` before its lease expires)."""
+        open_message = self.ask is not None or (self.watch is not None and not self.watch.done())
+        return bool(self.permits) and not open_message and now - (self.expires - term) > grace
 
 
 # size: one ledger's state machine (leases, epochs, fair shares, lapses), read as a whole.
@@ -117,6 +136,10 @@ class LeaseLedger:
         tpm: tokens per minute across all workers; None for no limit.
         term: seconds a lease lasts without word from its worker.
         hold: seconds a worker may keep rate tokens it did not ask for a waiting call.
+        turn: seconds a worker keeps a permit while more workers ask than there are
+            permits (a turn of many calls, not one: two messages a turn, not a call).
+        grace: seconds a lease holding permits may have no message open at the ledger
+            before the fair shares leave its permits out (default: a tenth of the term).
         adaptive: lower the limits on repeated 429s and recover on success, as a `Limiter`.
         burst_seconds: as for `Limiter`; the buckets hold ``hold`` seconds less.
         clock: monotonic seconds (tests may inject one).
@@ -131,6 +154,8 @@ class LeaseLedger:
         *,
         term: float = DEFAULT_TERM,
         hold: float = 0.05,
+        turn: float = 2.0,
+        grace: float | None = None,
         adaptive: bool = True,
         burst_seconds: float = 1.0,
         min_scale: float = 0.1,
@@ -145,6 +170,8 @@ class LeaseLedger:
         self.max_concurrent = max_concurrent
         self.term = term
         self.hold = hold
+        self.turn = turn
+        self.grace = term / 10 if grace is None else grace
         self._adaptation = Adaptation(adaptive, min_scale, recovery_step, decrease_interval)
         self._clock = clock
         self._sleep = sleep
@@ -271,6 +298,8 @@ class LeaseLedger:
 
     async def _wait_for_grant(self, record: _Holder, want: int, seq: int) -> int:
         self.asks += 1
+        if record.queued_at is None:
+            record.queued_at = self._clock()
         if record.ask is not None:  # an older ask the worker stopped waiting for
             self._answer(record.ask, 0)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -326,6 +355,7 @@ class LeaseLedger:
         record.ask = None
         self._asks.remove(ask)
         if permits:
+            record.queued_at = None
             record.permits += permits
             self._leased += permits
             self.granted += permits
@@ -343,7 +373,9 @@ class LeaseLedger:
                 watch.set_result(None)
 
     def _grant(self) -> None:
-        """Grants free permits: first to asks below their fair share, then in order of asking."""
+        """Grants free permits: first to asks below their fair share, then one more each,
+        for a turn, to asks at their share (those waiting longest first), then the rest in
+        order of asking."""
         if not self._asks:
             return
         if self._limit is None:
@@ -353,55 +385,88 @@ class LeaseLedger:
         free = self._limit - self._leased
         if free <= 0:
             return
-        fair = self._fair_shares()
-        for ask in list(self._asks):
+        fair, _ = self._fair_shares()
+        waiting = sorted(self._asks, key=_queued)
+        for ask in waiting:
             short = fair[ask.holder] - ask.holder.permits
-            if short > 0:
+            if short > 0 and free > 0:
                 permits = min(ask.want, short, free)
                 self._answer(ask, permits)
                 free -= permits
-                if free == 0:
-                    return
+        for ask in waiting:
+            if free > 0 and ask.holder.ask is ask and ask.holder.permits == fair[ask.holder]:
+                self._start_turn(ask.holder)
+                self._answer(ask, 1)
+                free -= 1
         for ask in list(self._asks):
+            if free <= 0:
+                return
             permits = min(ask.want, free)
             self._answer(ask, permits)
             free -= permits
-            if free == 0:
-                return
 
-    def _fair_shares(self) -> dict[_Holder, int]:
-        """Each holder's fair part of the limit: the limit split evenly among the
-        holders that hold permits or ask for them (the remainder to the oldest leases);
-        0 for all when there are more of them than permits, so that they take turns."""
+    def _start_turn(self, holder: _Holder) -> None:
+        """Starts a holder's turn at one permit above its share, and tells its watch when
+        the turn ends."""
+        holder.turn_ends = self._clock() + self.turn
+        # told a moment after its end, so that the turn has ended by the clock then
+        asyncio.get_running_loop().call_later(self.turn + 0.001, self._changed)
+
+    def _fair_shares(self) -> tuple[dict[_Holder, int], int]:
+        """Each holder's fair part of the limit, and the permits left over, which the
+        holders take in turns.
+
+        The limit, less the permits of silent leases (presumably dead: they keep what
+        they hold until they lapse), is split evenly among the other holders that hold
+        permits or ask for them, in whole permits; what is left (fewer permits than those
+        holders) goes round them in turns of one permit each. With more of those holders
+        than permits, each one's share is 0: they take turns at every permit.
+        """
         limit = self._limit
         assert limit is not None
-        active = [h for h in self._holders.values() if h.permits or h.ask is not None]
-        shares = dict.fromkeys(self._holders.values(), limit // (len(active) + 1))
-        if len(active) > limit:
-            shares.update(dict.fromkeys(active, 0))
-        elif active:
-            base, extra = divmod(limit, len(active))
-            for rank, holder in enumerate(sorted(active, key=lambda h: h.epoch)):
-                shares[holder] = base + (rank < extra)
-        return shares
+        now = self._clock()
+        silent = {h for h in self._holders.values() if h.silent(now, self.grace, self.term)}
+        shares = {h: h.permits for h in silent}
+        pool = max(0, limit - sum(shares.values()))
+        active = [
+            h
+            for h in self._holders.values()
+            if (h.permits or h.ask is not None) and h not in silent
+        ]
+        shares.update(
+            (h, pool // (len(active) + 1)) for h in self._holders.values() if h not in shares
+        )
+        if not active:
+            return shares, 0
+        base, extra = divmod(pool, len(active))
+        shares.update(dict.fromkeys(active, base))
+        return shares, extra
 
     def _keeps(self) -> dict[_Holder, int | None]:
         """How many permits each holder may keep: all of the limit while no other holder
-        waits below its fair share, its fair share otherwise (and while 429s have
-        lowered the limit below what is leased)."""
+        waits below its fair share (or at it, for a turn at a permit left over), its fair
+        share otherwise, one more during its turn (and its fair share alone while 429s
+        have lowered the limit below what is leased)."""
         limit = self._limit
         if limit is None:
             return dict.fromkeys(self._holders.values())
-        fair = self._fair_shares()
-        # below its share, or (more holders than permits) asking with none at all
+        fair, extra = self._fair_shares()
         needy = [
-            h for h in self._holders.values() if h.ask is not None and h.permits < max(fair[h], 1)
+            h
+            for h in self._holders.values()
+            if h.ask is not None and (h.permits < fair[h] or (extra and h.permits == fair[h]))
         ]
         over = self._leased > limit
-        return {
-            holder: fair[holder] if over or any(n is not holder for n in needy) else limit
-            for holder in self._holders.values()
-        }
+        now = self._clock()
+
+        def keep(holder: _Holder) -> int:
+            if not over and not any(n is not holder for n in needy):
+                return limit
+            if not over and holder.turn_ends > now:
+                return fair[holder] + 1  # its turn goes on
+            return fair[holder]
+
+        return {holder: keep(holder) for holder in self._holders.values()}
 
     # -- lapsed leases ------------------------------------------------------------------
 
@@ -597,6 +662,11 @@ class LeaseLedger:
             "requests_left": _level(self._requests, self._clock()),
             "tokens_left": _level(self._tokens, self._clock()),
         }
+
+
+def _queued(ask: _Ask) -> float:
+    queued_at = ask.holder.queued_at
+    return 0.0 if queued_at is None else queued_at
 
 
 def _level(bucket: TokenBucket | None, now: float) -> float | None:

@@ -14,13 +14,12 @@ read per node.
 from __future__ import annotations
 
 import contextlib
-import functools
-import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from plait import _context
 from plait.callbacks import ReportedCall, active_callbacks, callbacks_for
+from plait.execution.binding import bind_method
 from plait.module import LLMInference
 
 __all__ = ["module_inputs", "observed", "observed_sync", "resolve_callbacks"]
@@ -39,15 +38,9 @@ def module_inputs(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
         prompt = args[0] if args else kwargs.get("prompt", next(iter(kwargs.values()), None))
         return {"prompt": prompt}
     try:
-        bound = _signature_of(type(module).forward).bind(module, *args, **kwargs)
+        return bind_method(type(module).forward, module, args, kwargs)
     except TypeError:
         return {"args": args, **kwargs}
-    return {name: value for name, value in bound.arguments.items() if name != "self"}
-
-
-@functools.lru_cache(maxsize=256)
-def _signature_of(function: Any) -> inspect.Signature:
-    return inspect.signature(function)
 
 
 async def observed(

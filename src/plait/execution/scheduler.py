@@ -14,7 +14,6 @@ bookkeeping of dependents never changes and fan-in graphs cannot deadlock.
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from plait.errors import (
     ResumeRefusedError,
     locate,
 )
+from plait.execution.binding import bind_method
 from plait.execution.observe import observed, observed_sync
 from plait.execution.tape import INNER_CALLS
 from plait.module import LLMInference, call_forward, is_async_module
@@ -91,28 +91,6 @@ async def execute_graph(
         raise
 
 
-@functools.lru_cache(maxsize=256)
-def _signature_of(function: Any) -> inspect.Signature:
-    return inspect.signature(function)
-
-
-@functools.lru_cache(maxsize=256)
-def _positional_names(function: Any) -> tuple[str, ...] | None:
-    """Returns the names of a method's parameters after ``self`` when every one of them
-    can be given by position and none is required by keyword (so ``args`` of exactly
-    that length bind one to one, as `inspect.Signature.bind` would), else None."""
-    parameters = list(_signature_of(function).parameters.values())
-    if not parameters or parameters[0].kind == parameters[0].VAR_POSITIONAL:
-        return None  # no ``self`` to leave out
-    names = []
-    for parameter in parameters[1:]:
-        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            names.append(parameter.name)
-        elif parameter.kind == parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
-            return None
-    return tuple(names)
-
-
 def _bind_inputs(
     graph: InferenceGraph, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> dict[str, Value]:
@@ -121,11 +99,7 @@ def _bind_inputs(
     forward = graph.root.forward
     function = getattr(forward, "__func__", None)
     if function is not None:  # a method: its signature is read once per function, not per call
-        names = None if kwargs else _positional_names(function)
-        if names is not None and len(names) == len(args):  # the usual call: every input by position
-            arguments = dict(zip(names, args, strict=True))
-        else:
-            arguments = _signature_of(function).bind(graph.root, *args, **kwargs).arguments
+        arguments = bind_method(function, graph.root, args, kwargs)
     else:
         arguments = inspect.signature(forward).bind(*args, **kwargs).arguments
     results: dict[str, Value] = {}

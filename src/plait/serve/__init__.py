@@ -21,7 +21,8 @@ in-memory stores), ``owners.py`` (whose a paused run is: the fingerprint of its 
 ``openai_api.py`` (``/v1/chat/completions``, ``/v1/models``), ``middleware.py`` (request ids,
 access log, Host and Origin, API keys, JSON bodies and their size), ``metrics.py``
 (Prometheus), ``responses.py`` (answers cancelled when their client leaves), ``errors.py``
-(JSON errors, error ids), ``options.py``, ``server.py`` (uvicorn, draining on SIGTERM),
+(JSON errors, error ids), ``ids.py`` (request, run and completion ids from a pool of random
+bytes), ``options.py``, ``server.py`` (uvicorn, draining on SIGTERM),
 ``http_protocol.py`` (uvicorn's protocol with request heads bounded in size and time),
 ``ray_serve.py`` (the same app as Ray Serve
 replicas whose endpoint limits hold across the cluster; the ``serve-ray`` extra).

@@ -9,12 +9,12 @@ to quote, and the server log has the details under that id.
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from starlette.types import Scope
 
 from plait.errors import described
+from plait.serve.ids import random_id
 from plait.serve.responses import JsonResponse
 
 __all__ = ["error_response", "failure_id", "failure_response", "request_id_of"]
@@ -44,7 +44,7 @@ def failure_id(exc: BaseException, scope: Scope, what: str, expected: bool = Fal
     """Logs a failure under a new error id and returns the id: an unexpected one as an error
     with its traceback; an ``expected`` one (a spent budget: the operator's limit doing its
     work) as a one-line warning that names it and where the run stopped."""
-    error_id = uuid.uuid4().hex[:16]
+    error_id = random_id()[:16]
     log = logger.warning if expected else logger.error
     log(
         "%s failed (error id %s, request %s, %s %s)%s",

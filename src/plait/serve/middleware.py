@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import hmac
 import logging
-import queue
 import re
 import threading
 import time
-import uuid
+from collections import deque
 from typing import Any
 
 import orjson
@@ -22,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from plait.serve import owners
 from plait.serve.errors import error_response, failure_response
+from plait.serve.ids import random_id
 
 __all__ = [
     "LOOPBACK_NAMES",
@@ -58,8 +58,11 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 class AccessLog:
     """Writes one JSON line per request to the logger ``plait.serve.access``, from a thread
-    of its own: a request only puts its fields on a queue, and the thread makes the line and
-    hands it to the logger's handlers (whose writes may block on a slow terminal or pipe).
+    of its own: a request only appends its fields to a queue, and the thread, waking every
+    ``interval`` seconds (50 ms), makes the lines of all the requests queued and hands them
+    to the logger's handlers (whose writes may block on a slow terminal or pipe), then
+    flushes them once. A request wakes no thread and takes no lock: a line costs the
+    event loop an append.
 
     The queue holds at most ``max_queued`` lines, so a log output that stalls for good cannot
     grow the server's memory without end: while it is full, new lines are dropped and
@@ -70,9 +73,12 @@ class AccessLog:
     `close` (the app's shutdown).
     """
 
-    def __init__(self, max_queued: int = 10_000) -> None:
-        self._lines: queue.Queue[tuple[Any, ...] | None] = queue.Queue(max_queued)
+    def __init__(self, max_queued: int = 10_000, interval: float = 0.05) -> None:
+        self._lines: deque[tuple[Any, ...]] = deque()
+        self._max_queued = max_queued
+        self._interval = interval
         self._writer: threading.Thread | None = None
+        self._stop = threading.Event()
         self._lock = threading.Lock()
         self.dropped = 0
         """Lines dropped so far because the queue was full."""
@@ -83,53 +89,89 @@ class AccessLog:
         if self._writer is None:
             with self._lock:
                 if self._writer is None:
+                    self._stop = threading.Event()
                     self._writer = threading.Thread(
-                        target=self._write, name="plait-access-log", daemon=True
+                        target=self._write,
+                        args=(self._stop,),
+                        name="plait-access-log",
+                        daemon=True,
                     )
                     self._writer.start()
-        try:
-            self._lines.put_nowait(fields)
-        except queue.Full:
+        if len(self._lines) >= self._max_queued:
             self.dropped += 1  # only the event loop's thread adds: no lock needed
+        else:
+            self._lines.append(fields)  # a deque's append and popleft are thread-safe
 
     def close(self, wait: float = 5.0) -> None:
         """Writes the lines queued, then stops the thread (a later line starts another).
 
-        Waits at most about ``wait`` seconds for each of room on the queue and the writer's
-        end, so an output stalled for good cannot hold the server's shutdown; the daemon
-        writer is then left behind with what it had not written.
+        Waits at most about ``wait`` seconds for the writer's end, so an output stalled for
+        good cannot hold the server's shutdown; the daemon writer is then left behind with
+        what it had not written.
         """
         with self._lock:
             writer, self._writer = self._writer, None
         if writer is None:
             return
-        try:
-            self._lines.put(None, timeout=wait)
-        except queue.Full:
-            return
+        self._stop.set()
         writer.join(timeout=wait)
         if not writer.is_alive():
             self._say_dropped()
+            _flush(access_logger)
 
-    def _write(self) -> None:
-        while (fields := self._lines.get()) is not None:
-            self._say_dropped()
-            request_id, method, path, status, seconds, client = fields
-            line = {
-                "request_id": request_id,
-                "method": method,
-                "path": path,
-                "status": status,
-                "duration_ms": round(seconds * 1000, 2),
-                "client": f"{client[0]}:{client[1]}" if client else None,
-            }
-            access_logger.info(orjson.dumps(line).decode())
+    def _write(self, stop: threading.Event) -> None:
+        while True:
+            stopping = stop.wait(self._interval)
+            while self._lines:
+                self._say_dropped()
+                request_id, method, path, status, seconds, client = self._lines.popleft()
+                line = {
+                    "request_id": request_id,
+                    "method": method,
+                    "path": path,
+                    "status": status,
+                    "duration_ms": round(seconds * 1000, 2),
+                    "client": f"{client[0]}:{client[1]}" if client else None,
+                }
+                access_logger.info(orjson.dumps(line).decode())
+            _flush(access_logger)
+            if stopping:
+                return
 
     def _say_dropped(self) -> None:
         dropped = self.dropped
         if dropped > self._dropped_said:
             lost, self._dropped_said = dropped - self._dropped_said, dropped
             access_logger.warning(orjson.dumps({"dropped_lines": lost}).decode())
+
+
+class BatchedStreamHandler(logging.StreamHandler):
+    """A `logging.StreamHandler` that keeps its lines until flushed, then writes them to its
+    stream at once: the `AccessLog` writer flushes once per batch of lines, so standard
+    error takes one write per batch instead of one per request."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._pending: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._pending.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+
+    def flush(self) -> None:
+        with self.lock:  # type: ignore[union-attr]
+            pending, self._pending = self._pending, []
+            if pending:
+                self.stream.write("".join(pending))
+            super().flush()
+
+
+def _flush(logger: logging.Logger) -> None:
+    """Flushes the handlers of ``logger`` (a `BatchedStreamHandler` writes its buffer)."""
+    for handler in logger.handlers:
+        handler.flush()
 
 
 class ObservedRequests:
@@ -151,7 +193,7 @@ class ObservedRequests:
             await self.app(scope, receive, send)
             return
         given = _header(scope, b"x-request-id")
-        request_id = given if given and _CLIENT_ID.match(given) else uuid.uuid4().hex
+        request_id = given if given and _CLIENT_ID.match(given) else random_id()
         scope.setdefault("state", {})["request_id"] = request_id
         answer = {"status": 500, "started": False, "ended": False}
         start = time.perf_counter()

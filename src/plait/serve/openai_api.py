@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,6 +33,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from plait.serve.errors import error_response, request_id_of
+from plait.serve.ids import random_id
 from plait.serve.owners import owner_of
 from plait.serve.programs import ChatMessage, ServedProgram
 from plait.serve.responses import ClientLeft, JsonResponse, until_disconnected
@@ -104,7 +104,7 @@ class _Reply:
         self.scope = scope
         self.model = model
         self.created = int(time.time())
-        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.id = f"chatcmpl-{random_id()}"
 
     def completion(self, name: str, data: dict[str, Any]) -> dict[str, Any]:
         """Returns the completion of a run that ended as ``name`` with the body ``data``."""

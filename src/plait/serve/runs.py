@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +42,7 @@ from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.limits import limiter_shares, too_small_to_share
 from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import RunEvents
+from plait.serve.ids import random_id
 from plait.serve.options import ServeOptions
 from plait.serve.pending import (
     MemoryPendingStore,
@@ -287,7 +287,7 @@ class RunService:
                 ``ResumeRefusedError`` for a resume the approval rules refuse); a resumed
                 run whose approval was not used by then waits again (`_put_back`).
         """
-        outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
+        outcome = Outcome(random_id(), UsageMeter(), owner)
         with metered(outcome.usage):
             try:
                 outcome.output = await run(served.module, **self._call_options(resume), **arguments)
@@ -321,7 +321,7 @@ class RunService:
             PlaitError: the program failed (after the events it made before failing); a
                 resumed run whose approval was not used by then waits again.
         """
-        outcome = Outcome(uuid.uuid4().hex, UsageMeter(), owner)
+        outcome = Outcome(random_id(), UsageMeter(), owner)
         reply = served.reply_streams(arguments)
         encoder = RunEvents()
         with metered(outcome.usage):

@@ -155,11 +155,11 @@ def log_access_to_stderr() -> None:
     """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
     to standard error, unless logging is configured to send them somewhere already."""
     # import time: only for an access log on stderr
-    from plait.serve.middleware import access_logger
+    from plait.serve.middleware import BatchedStreamHandler, access_logger
 
     if access_logger.hasHandlers():
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = BatchedStreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     access_logger.addHandler(handler)
     access_logger.setLevel(logging.INFO)

@@ -8,7 +8,9 @@ runs the same server in a child process for benchmarks; `start_llama_server`
 serves the embedded model with ``python -m llama_cpp.server``;
 `server_in_thread` runs a `ScriptedServer` on a loop of its own, for callers
 that block their thread. See
-`plait.testing.scripted_server` for the full story.
+`plait.testing.scripted_server` for the full story. `plait.testing.lease_sim` runs
+simulated Ray workers sharing one lease ledger on virtual time (tests and
+``benchmarks/ray_lease_sim.py``).
 
 Names are loaded on first use, so ``python -m plait.testing.scripted_server``
 does not import its own module twice and ``import plait.testing`` stays cheap.

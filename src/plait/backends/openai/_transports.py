@@ -25,6 +25,7 @@ Neither httptools nor openai is imported until a transport is first used, so
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = ["HttpTransport", "SdkTransport", "Transport"]
 
 
+@functools.lru_cache(maxsize=256)  # every request names its endpoint, in case it fails
 def describe_endpoint(base_url: str, model: str) -> str:
     """Returns how errors name an endpoint: URL (credentials masked) and model, never the key."""
     return f"OpenAI-compatible endpoint {redact_url(base_url)} (model {model!r})"
