@@ -24,7 +24,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_block_of_the_page_runs(
-    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # a page's saved .py files import as modules
@@ -38,7 +38,7 @@ def test_every_block_of_the_page_runs(
         for name in set(sys.modules) - before:  # a page's own modules are not the next page's
             if str(getattr(sys.modules[name], "__file__", None)).startswith(str(tmp_path)):
                 del sys.modules[name]
-    with capsys.disabled():
+    with capfd.disabled():  # capfd: a child process (an MCP server) needs real fds
         for skipped in runner.skipped:
             print(f"\n  not run: {skipped}", end="")
 
