@@ -22,6 +22,8 @@ PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
+# Ray Data warns about its own deprecated settings when it reads its context (the Ray page).
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_every_block_of_the_page_runs(
     page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
