@@ -58,6 +58,31 @@ def test_a_block_marked_skip_says_why_and_an_unknown_language_is_refused(tmp_pat
     runner.close()
 
 
+def test_a_saved_file_a_shell_block_and_a_background_server_share_the_page_folder(
+    tmp_path: Path,
+) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        '```text title="hello.txt"\nhello\n```\n\n'
+        "<!-- docs: background http://127.0.0.1:8799/hello.txt -->\n"
+        f"```bash\n{sys.executable} -m http.server 8799 --bind 127.0.0.1\n```\n\n"
+        "```bash\ncurl -sf localhost:8799/hello.txt > fetched.txt\n```\n\n"
+        '```python\nassert open("fetched.txt").read() == "hello\\n"\n```\n'
+    )
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    runner = PageRun(page, folder)
+    try:
+        for block in blocks_of(page):
+            with pytest.MonkeyPatch.context() as patch:
+                patch.chdir(folder)
+                runner.run(block)
+        [server] = runner.background
+    finally:
+        runner.close()
+    assert server.poll() is not None  # stopped when the page ended
+
+
 def test_the_site_names_every_page_and_only_pages_that_exist() -> None:
     config = yaml.load((ROOT / "mkdocs.yml").read_text(), Loader=yaml.BaseLoader)
 
