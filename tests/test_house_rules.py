@@ -1,15 +1,23 @@
-"""The size rule of the house, as a check: a long file, function or class says why it is long.
+"""Rules of the house, as checks: long code, and an import inside a function, say why.
 
 A file over 800 lines, a function over 80 (its docstring not counted) or a class over 400
 fails this test unless it carries a written reason: a comment ``# size: <why>`` among the
 first 40 lines of the file, or on the lines just above the ``def`` / ``class`` (its
 decorators may stand between). The reason is for the next reader: it says why the piece
 is whole, or what splits it. The figures are the brief's.
+
+An import inside a function hides an edge between modules from the reader of the file's
+top, so it needs one of the reasons the brief allows, named in a comment on the import or
+on the line just above its run of adjacent imports (one comment may explain a group):
+``import time`` (a heavy or rarely needed module loaded on first use), ``optional extra``
+(a dependency plait may run without), ``late-bound`` (an upward call listed in
+ARCHITECTURE.md), or ``cycle`` (two modules that import each other; a debt to pay).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +28,7 @@ MAX_FILE_LINES = 800
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 400
 REASON = "# size:"
+IMPORT_REASON = re.compile(r"#.*\b(import time|optional extra|late-bound|cycle)\b")
 
 
 @dataclass(frozen=True)
@@ -102,3 +111,75 @@ def test_the_rule_itself(tmp_path: Path, source: str, expected: list[str]) -> No
     path = tmp_path / "probe.py"
     path.write_text(source, encoding="utf-8")
     assert [str(o).split(": ", 1)[1] for o in oversized(path, tmp_path)] == expected
+
+
+def unexplained_imports(path: Path, root: Path = SRC.parent) -> list[str]:
+    """Returns ``path:line`` of each import inside a function that gives no reason."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    name = str(path.relative_to(root))
+    found: list[str] = []
+
+    def explained(node: ast.stmt, run_start: int) -> bool:
+        own = lines[node.lineno - 1 : node.end_lineno]
+        above = lines[run_start - 2].strip() if run_start > 1 else ""
+        return any(IMPORT_REASON.search(line) for line in own) or (
+            above.startswith("#") and IMPORT_REASON.search(above) is not None
+        )
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            statements = getattr(node, field, None)
+            if not isinstance(statements, list):
+                continue
+            run_start = end = 0
+            for statement in statements:
+                if not isinstance(statement, ast.Import | ast.ImportFrom):
+                    run_start = 0
+                    continue
+                if not run_start or statement.lineno != end + 1:
+                    run_start = statement.lineno
+                end = statement.end_lineno or statement.lineno
+                if in_function and not explained(statement, run_start):
+                    found.append(f"{name}:{statement.lineno}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef))
+
+    visit(ast.parse(text), False)
+    return found
+
+
+def test_every_import_inside_a_function_says_why() -> None:
+    found = [line for path in sorted(SRC.rglob("*.py")) for line in unexplained_imports(path)]
+    assert not found, (
+        "import these at the top of the file, or say why not in a comment on the import "
+        "(or just above its group): 'import time: ...', 'optional extra (plait[...])', "
+        "'late-bound upward call (ARCHITECTURE.md)' or 'cycle: ...':\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("import json\ndef f():\n    return json\n", []),
+        ("def f():\n    import json\n", ["probe.py:2"]),
+        ("def f():\n    import json  # the parser\n", ["probe.py:2"]),
+        ("def f():\n    import json  # import time: only an error needs it\n", []),
+        ("def f():\n    # optional extra (plait[yaml])\n    import yaml\n    import json\n", []),
+        (
+            "def f():\n    # optional extra (plait[yaml])\n    import yaml\n\n    import json\n",
+            ["probe.py:5"],
+        ),
+        ("class C:\n    def m(self):\n        if self:\n            import json\n", ["probe.py:4"]),
+        (
+            "def f():\n    try:\n        import pg  # optional extra\n    finally:\n        pass\n",
+            [],
+        ),
+        ("def f():\n    from a import (  # cycle: a imports this module\n        b,\n    )\n", []),
+    ],
+)
+def test_the_import_rule_itself(tmp_path: Path, source: str, expected: list[str]) -> None:
+    """The check finds an import inside a function without a reason, and takes one given."""
+    path = tmp_path / "probe.py"
+    path.write_text(source, encoding="utf-8")
+    assert unexplained_imports(path, tmp_path) == expected

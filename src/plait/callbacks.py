@@ -249,7 +249,7 @@ class CallScope:
 
 def _new_call_id() -> str:
     """Returns a fresh call id (a UUID4 in hex); uuid loads only when callbacks listen."""
-    import uuid
+    import uuid  # import time: only when a callback listens
 
     return uuid.uuid4().hex
 

@@ -80,6 +80,7 @@ from typing import Any, Protocol
 
 from plait import _context
 from plait import _jsontext as jsontext
+from plait._jsondata import as_json_data
 from plait.errors import (
     ConfigError,
     ConfirmationRejected,
@@ -590,13 +591,6 @@ def _check_same_inputs(pause: ConfirmationRequired, inputs: Mapping[str, Any]) -
 
 
 # ------------------------------------------------------------------ the seal and its key
-def as_json_data(value: Any) -> Any:
-    """Returns ``value`` as JSON data, the way a pause stores it (other values become text)."""
-    from pydantic_core import to_jsonable_python  # loaded only when a run pauses or resumes
-
-    return to_jsonable_python(value, fallback=str)
-
-
 def _canonical(data: Any, what: str) -> bytes:
     """Returns the one JSON text of ``data`` that a seal covers (sorted keys, no spaces)."""
     _check_nesting(data, what)

@@ -15,6 +15,8 @@ catch the whole family with one clause and still tell the cases apart::
     │   └── CircuitOpenError      every endpoint of a fallback chain is skipped for a
     │                             cool-down after failing again and again
     ├── StructuredOutputError a reply could not be parsed into the requested type
+    │   └── ReplyCutOffError      the reply was cut off at its ``max_tokens`` limit; names
+    │                             the field (or the tool argument), the limit and the fix
     ├── ExecutionError        a run failed as a whole, not in one node
     │   └── DeadlineExceededError  a call or batch ran past its ``deadline``
     ├── ExecutionInterrupt    not a failure: the program stopped on purpose and can resume
@@ -81,6 +83,7 @@ __all__ = [
     "MediaError",
     "PlaitError",
     "RateLimitError",
+    "ReplyCutOffError",
     "ResumeRefusedError",
     "StructuredOutputError",
     "TracingError",
@@ -277,6 +280,40 @@ class StructuredOutputError(PlaitError, ValueError):
         self.raw = raw
         self.target = target
         self.usage: Any = None
+
+
+class ReplyCutOffError(StructuredOutputError):
+    """A typed reply or a tool call was cut off at its token limit (``finish_reason`` "length").
+
+    What was cut cannot be used, so the step where it happened fails with this error,
+    rather than passing the remains on (an agent would otherwise fail a step later, for a
+    reason nobody can see). The message is plait's own text, with nothing the model wrote:
+    the step, the field (or tool argument) being written when the limit struck, the limit,
+    and the fix (a larger ``max_tokens``, or a length limit on that field).
+
+    Attributes:
+        field: the output field or tool argument being written ("" when unknown).
+        tool: the tool whose call was cut ("" for a typed reply).
+        limit: the request's ``max_tokens`` (None: the provider's default limit).
+        reason: the message without the step's label: one line a server may show its
+            clients (it quotes nothing the model or the provider wrote).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        raw: str = "",
+        field: str = "",
+        tool: str = "",
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, raw=raw)
+        self.reason = reason
+        self.field = field
+        self.tool = tool
+        self.limit = limit
 
 
 class FileError(PlaitError, OSError):

@@ -49,7 +49,8 @@ class Feedback:
         the same ``ValueError`` as any output without a record, telling the
         caller to call ``.train()`` before the forward pass.
         """
-        from plait.optimization.training.backward import backward  # learning layer, loaded on use
+        # late-bound upward call (ARCHITECTURE.md): the learning layer
+        from plait.optimization.training.backward import backward
 
         return await backward(self, grad, **options)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from plait._context import current_run, current_trace
 from plait._jsontext import loads
+from plait.module import LLMInference
 from plait.values import (
     Value,
     ValueKind,
@@ -146,8 +147,6 @@ def chat_complete(
         RuntimeError: there are no resources (no trace, no running program,
             no ``ExecutionSettings``).
     """
-    from plait.module import LLMInference  # the model layer; functional is imported lazily
-
     llm = LLMInference(alias, system_prompt, temperature, max_tokens, response_format)
     object.__setattr__(llm, "_name", "F.chat_complete")
     executor = current_run()
@@ -250,6 +249,7 @@ def parse_structured(text: Any, target: Any = None) -> Any:
     data = text if not isinstance(text, str) else _loads_lenient(text)
     if target is None:
         return data
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target).validate_python(data)
@@ -332,6 +332,7 @@ def coerce(value: Any, target: Any) -> Any:
         return target(value.strip())
     if target in (int, float, str, bool):
         return target(value)
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target).validate_python(value)

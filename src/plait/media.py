@@ -61,7 +61,7 @@ Detail = Literal["auto", "low", "high"]
 def _sha256(data: bytes) -> str:
     """Returns the SHA-256 of ``data`` in hex; hashlib (OpenSSL behind it) loads with the first
     media value, since `import plait` and programs of text never hash anything."""
-    import hashlib
+    import hashlib  # import time: only media that hash their bytes
 
     return hashlib.sha256(data).hexdigest()
 
@@ -158,7 +158,7 @@ class Media(_Content):
                 _decode_data_uri(source, self.kind), "a data URI", media_type, name, cap
             )
         elif isinstance(source, str | os.PathLike):
-            from pathlib import Path  # only media read from a file need it
+            from pathlib import Path  # import time: only media read from a file need it
 
             path = Path(source)
             data = _read_file(path, self.kind, cap)
@@ -290,6 +290,7 @@ class Media(_Content):
         bytes, the cap applied). A path is refused: data reaching pydantic comes from outside
         (a served program's request, an MCP tool's arguments), which must not name the
         server's files. As data, an item is its `summary` (see `as_data`)."""
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic_core import core_schema
 
         return core_schema.no_info_plain_validator_function(
@@ -332,6 +333,7 @@ class _SummarySerializer:
     """
 
     def __get__(self, item: Any, owner: type) -> Any:
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic_core import SchemaSerializer, core_schema
 
         serializer = SchemaSerializer(

@@ -35,6 +35,7 @@ import inspect
 import typing
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping
+from types import ModuleType
 from typing import Any, Self
 
 from plait import _context
@@ -210,7 +211,7 @@ class Module:
         if executor is not None:
             return executor.call_module(self, args, kwargs)
         if _context.setting("resources") is not None or bound_resources(self) is not None:
-            from plait.execution.run import call_bound  # upper layer, loaded on first use
+            from plait.execution.run import call_bound  # late-bound upward call (ARCHITECTURE.md)
 
             return call_bound(self, args, kwargs)
         return self._call_directly(args, kwargs)
@@ -349,7 +350,8 @@ class Module:
         Predict-like modules). Needs resources, like ``await module(x)``.
         Stopping the iteration cancels the program and its requests.
         """
-        from plait.execution.astream import stream_events  # upper layer, loaded on first use
+        # late-bound upward call (ARCHITECTURE.md)
+        from plait.execution.astream import stream_events
 
         async for event in stream_events(self, args, kwargs):
             yield event
@@ -360,7 +362,7 @@ class Module:
         Inside Jupyter (a loop is already running) the call runs on a
         background loop thread instead of failing.
         """
-        from plait.execution.run import run_sync
+        from plait.execution.run import run_sync  # late-bound upward call (ARCHITECTURE.md)
 
         return run_sync(self, args, kwargs)
 
@@ -459,9 +461,7 @@ class Module:
 
         See `plait.optimization.serialization.save_module`; never pickle.
         """
-        from plait.optimization.serialization import save_module  # learning layer
-
-        return save_module(self, path, optimizer)
+        return _serialization().save_module(self, path, optimizer)
 
     def load(self, path: Any) -> Any:
         """Loads parameter values saved by `save`; returns the saved optimizer state or None.
@@ -470,9 +470,7 @@ class Module:
         of another type than the current ones (a dict for a prompt) one
         ``TypeError`` naming the file; either way nothing changes.
         """
-        from plait.optimization.serialization import load_module  # learning layer
-
-        return load_module(self, path)
+        return _serialization().load_module(self, path)
 
     # --------------------------------------------------------------- training
     @property
@@ -572,7 +570,8 @@ class Module:
         """Tries every combination of ``parameters`` on ``devset``, keeps the best; see
         `plait.optimization.optimize_grid` (returns its `SearchReport`; awaited inside
         a running event loop, run to completion from a script, like a module call)."""
-        from plait.optimization.search.grid import optimize_grid  # learning layer, loaded on use
+        # late-bound upward call (ARCHITECTURE.md)
+        from plait.optimization.search.grid import optimize_grid
 
         return optimize_grid(self, devset, metric, parameters, **options)
 
@@ -603,14 +602,13 @@ class Module:
         Raises:
             ImportError: pandas is not installed.
         """
-        try:
-            import pandas
-        except ImportError:
+        pandas = _pandas()
+        if pandas is None:
             raise ImportError(
                 "Module.traces_frame() needs pandas, which is not installed: "
                 "`pip install pandas`, or use module.traces() (a list of records)"
             ) from None
-        return pandas.DataFrame([dataclasses.asdict(record) for record in self.traces()])
+        return pandas.DataFrame([record.as_dict() for record in self.traces()])
 
     def clear_traces(self) -> None:
         """Forgets the trace records of this module and all its descendants."""
@@ -659,11 +657,8 @@ class ModuleState:
     def trials_table(self) -> Any:
         """Returns the trials as a pandas DataFrame, or as a list of dicts without pandas."""
         rows = [{k: v for k, v in trial.items() if not k.startswith("_")} for trial in self.trials]
-        try:
-            import pandas
-        except ImportError:
-            return rows
-        return pandas.DataFrame(rows)
+        pandas = _pandas()
+        return rows if pandas is None else pandas.DataFrame(rows)
 
 
 def _json_kind(x: Any) -> Any:
@@ -768,7 +763,7 @@ def takes_keyword(function: Any, name: str) -> bool:
 
 
 def _loop_running() -> bool:
-    import asyncio  # lazily: ``import plait`` stays free of the runtime
+    import asyncio  # import time: `import plait` stays free of the runtime
 
     try:
         asyncio.get_running_loop()
@@ -797,14 +792,12 @@ def call_forward(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     guarantees ReAct keeps. A ``resume_state=`` given to the call itself (a
     direct call; a run strips it and offers it) is offered the same way.
     """
-    if "resume_state" in kwargs:
-        from plait.resumable import resume_call  # programs layer: loaded by resuming calls only
+    resuming = "resume_state" in kwargs
+    if resuming or _takes_resume_state(type(module).forward):
+        # late-bound upward call (ARCHITECTURE.md): the programs layer, loaded by such modules only
+        from plait.resumable import resume_call, run_resumable
 
-        return resume_call(module, args, kwargs)
-    if _takes_resume_state(type(module).forward):
-        from plait.resumable import run_resumable
-
-        return run_resumable(module, args, kwargs)
+        return (resume_call if resuming else run_resumable)(module, args, kwargs)
     return module.forward(*args, **kwargs)
 
 
@@ -893,3 +886,19 @@ class LLMInference(Module):
             name = getattr(self.response_format, "__name__", repr(self.response_format))
             parts.append(f"response_format={name}")
         return ", ".join(parts)
+
+
+def _serialization() -> ModuleType:
+    """`plait.optimization.serialization`, which `Module.save` and `Module.load` use."""
+    from plait.optimization import serialization  # late-bound upward call (ARCHITECTURE.md)
+
+    return serialization
+
+
+def _pandas() -> ModuleType | None:
+    """pandas, or None when it is not installed."""
+    try:
+        import pandas  # optional extra (plait[pandas]), heavy: loaded on first use
+    except ImportError:
+        return None
+    return pandas

@@ -33,6 +33,7 @@ from typing import Any
 from plait import _context
 from plait.errors import ConfigError
 from plait.execution.settings import ExecutionSettings
+from plait.porting import environment_lm, is_openai_client
 
 __all__ = ["configure", "context", "reset"]
 
@@ -56,8 +57,6 @@ def configure(**options: Any) -> None:
             write), or no option was given and ``UDSPY_LM_MODEL`` is not set.
     """
     if not options:
-        from plait.porting import environment_lm
-
         options = {"lm": environment_lm()}
     layer = ExecutionSettings(**_settings_of(options))
     _context.GLOBAL_SETTINGS[0] = layer.merged_over(_context.GLOBAL_SETTINGS[0])
@@ -99,7 +98,7 @@ def _settings_of(options: dict[str, Any]) -> dict[str, Any]:
 
 def _resources_for_lm(lm: Any) -> Any:
     """Returns the resources of ``lm=``: one endpoint that serves every alias (``"*"``)."""
-    from plait.porting import is_openai_client
+    # import time: the resource layer loads with the first `lm=`
     from plait.resources import ResourceConfig, ResourceManager
 
     if lm is None or isinstance(lm, ResourceConfig | ResourceManager):

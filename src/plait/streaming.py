@@ -139,6 +139,9 @@ class ToolResultEvent(_NamesItsModule, StreamEvent):
     call_id: str = ""
     module_path: str = ""
     """The dotted path of that module's call."""
+    error: str | None = None
+    """Why the call did not run as asked, as `ToolResult.error` says: ``"declined"`` when a
+    person rejected it (not a failure of the tool), ``"unknown_tool"`` …; None when it ran."""
 
 
 @dataclass
@@ -334,9 +337,9 @@ def json_fields(text: str) -> dict[str, str]:
     has arrived. Uses jiter's partial mode, which reads an unfinished object
     (and an unfinished last string) instead of failing.
     """
-    import json
+    import json  # import time: only a streamed structured reply
 
-    import jiter
+    import jiter  # import time: only a streamed structured reply
 
     start = text.find("{")
     if start < 0:

@@ -54,6 +54,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, overload
 
+import orjson
+
+from plait._jsondata import compact_json
 from plait.backends.types import Message, ToolSpec
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.confirmation import (
@@ -63,6 +66,7 @@ from plait.confirmation import (
     current_tool_call,
 )
 from plait.errors import ConfirmationRejected, PlaitError
+from plait.media import Media
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -363,6 +367,7 @@ class Tool:
         Checked against the function's signature; a tool whose schema comes from
         elsewhere (an MCP server's) overrides this to check against that schema.
         """
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
         try:
@@ -379,8 +384,6 @@ class Tool:
         A tool whose values carry their own text for the model (an MCP tool's
         result with images) overrides this.
         """
-        from plait.media import Media
-
         if isinstance(value, Media):
             return f"[{value.describe()}]"
         return _render(value)
@@ -391,8 +394,6 @@ class Tool:
         A `plait.Image` (or `Audio`, `File`) returned by the function is one; a
         tool whose values hold media elsewhere (an MCP tool's result) overrides this.
         """
-        from plait.media import Media
-
         return (value,) if isinstance(value, Media) else ()
 
     async def _invoke(self, kwargs: dict[str, Any]) -> Any:
@@ -492,6 +493,7 @@ def _build_args_model(func: Callable[..., Any], name: str, params: dict[str, str
     alias: a parameter may be called ``json`` or ``copy``, which would shadow
     BaseModel's attributes.
     """
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import ConfigDict, Field, create_model
     from pydantic.fields import FieldInfo
 
@@ -637,7 +639,6 @@ def _decode_arguments(arguments: Any) -> tuple[dict[str, Any] | None, str | None
         return dict(arguments), None
     if not isinstance(arguments, str | bytes):
         return None, f"expected a JSON object, got {type(arguments).__name__}"
-    import orjson
 
     try:
         data = orjson.loads(arguments)
@@ -667,9 +668,7 @@ def _render(value: Any) -> str:
     """Returns a tool's return value as text for the model (JSON for data)."""
     if isinstance(value, str):
         return value
-    from pydantic_core import to_json
-
-    return to_json(value, fallback=str).decode()
+    return compact_json(value)
 
 
 def tool_table(tools: Iterable[Tool | Callable[..., Any]]) -> dict[str, Tool]:

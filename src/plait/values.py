@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from plait._context import current_trace
+from plait.errors import TracingError
 
 __all__ = [
     "SYMBOLIC",
@@ -172,9 +173,7 @@ class Value:
         return self.kind is ValueKind.ERROR
 
     def __getitem__(self, key: Any) -> Value:
-        from plait import functional as F  # ops sit above values; imported on use
-
-        return F.select(self, key)
+        return _functional().select(self, key)
 
     def __getattr__(self, name: str) -> Value:
         # Reached only when normal lookup fails: `reply.answer` on a traced or
@@ -183,15 +182,11 @@ class Value:
         kind = self.__dict__.get("kind")
         if name.startswith("_") or not (payload is SYMBOLIC or kind is ValueKind.STRUCTURED):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        from plait import functional as F
-
-        return F.select(self, name)
+        return _functional().select(self, name)
 
     def get(self, key: Any, default: Any = None) -> Value:
         """Returns ``self[key]``, or ``default`` (as a Value) when the key is missing."""
-        from plait import functional as F
-
-        return F.select(self, key, default=default)
+        return _functional().select(self, key, default=default)
 
     # --------------------------------------------------------------- training
     async def backward(self, grad: Any = None, **options: Any) -> Any:
@@ -200,13 +195,14 @@ class Value:
         Also callable as ``await Value.backward(outputs, grad=feedback)`` for
         several outputs at once. See ``plait.optimization.training.backward``.
         """
-        from plait.optimization.training.backward import backward  # learning layer, loaded on use
+        # late-bound upward call (ARCHITECTURE.md): the learning layer
+        from plait.optimization.training.backward import backward
 
         return await backward(self, grad, **options)
 
     def detach_tape(self) -> None:
         """Releases the forward records of this output early (backward is then impossible)."""
-        from plait.execution.tape import release_tape
+        from plait.execution.tape import release_tape  # late-bound upward call (ARCHITECTURE.md)
 
         for tape_id in self.meta.pop("_tape_ids", []):
             release_tape(tape_id)
@@ -237,16 +233,12 @@ class Value:
     def __add__(self, other: Any) -> Any:
         if isinstance(other, str) and not isinstance(other, Value):
             return format(self) + other
-        from plait import functional as F
-
-        return F.add(self, other)
+        return _functional().add(self, other)
 
     def __radd__(self, other: Any) -> Any:
         if isinstance(other, str) and not isinstance(other, Value):
             return other + format(self)
-        from plait import functional as F
-
-        return F.add(other, self)
+        return _functional().add(other, self)
 
     # ---------------------------------------------- decisions on unknown data
     def _refuse(self, action: str) -> None:
@@ -254,8 +246,6 @@ class Value:
             session = current_trace()
             if session is not None:
                 session.fail(self, action)
-            from plait.errors import TracingError
-
             raise TracingError(f"a traced value ({self.ref}) was used in {action} outside a trace")
 
     def __bool__(self) -> bool:
@@ -423,9 +413,7 @@ def _refused_call(name: str) -> str:
 
 def _field_or_method(name: str) -> property:
     def select(self: TracedValue) -> Any:
-        from plait import functional as F
-
-        selected = F.select(self, name)
+        selected = _functional().select(self, name)
         if not isinstance(selected, TracedValue):  # defensive: selection outside a trace
             return selected
         field = _FieldOrMethod(selected.kind, SYMBOLIC, ref=selected.ref)
@@ -469,7 +457,7 @@ def error_value(
     if sources:
         meta["sources"] = list(sources)
     if exc.__traceback__ is not None:
-        import traceback  # (and textwrap) only once something failed: `import plait` stays lean
+        import traceback  # import time: (and textwrap) only once something failed
 
         meta["traceback"] = "".join(traceback.format_exception(exc))
     return Value(ValueKind.ERROR, exc, meta=meta)
@@ -595,3 +583,10 @@ def _collect(x: Any, seen: dict[str, None]) -> None:
     elif isinstance(x, dict):
         for item in x.values():
             _collect(item, seen)
+
+
+def _functional() -> types.ModuleType:
+    """`plait.functional`, whose ops (`select`, `add`) `value[...]`, `.field` and `+` record."""
+    from plait import functional  # late-bound upward call (ARCHITECTURE.md): ops sit above values
+
+    return functional

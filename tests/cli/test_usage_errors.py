@@ -290,6 +290,7 @@ MISTAKES = {
     ),
     "target column missing": ((*EVAL, "--target", "label"), "no column 'label' to score against"),
     # train
+    "save missing": (TRAIN[:-2], "--save is missing: name the file the trained parameters go"),
     "save folder missing": (
         (*TRAIN[:-1], "sub/learned.json"),
         "--save sub/learned.json: the folder sub does not exist",
@@ -342,6 +343,20 @@ MISTAKES = {
     "eval max cost without a price, estimated": (
         (*EVAL, "--max-cost", "1", "--estimate"),
         "--max-cost needs the price of every endpoint",
+    ),
+    # every whole-number and decimal option says so in words, not click's "range" types
+    "max concurrent not a whole number": (
+        (*RUN, "--max-concurrent", "abc"),
+        "Invalid value for '--max-concurrent': 'abc' is not a valid whole number; "
+        "see 'plait run --help'",
+    ),
+    "timeout not a number": (
+        (*RUN, "--timeout", "soon"),
+        "Invalid value for '--timeout': 'soon' is not a valid number; see 'plait run --help'",
+    ),
+    "train max concurrent not a whole number": (
+        (*TRAIN, "--max-concurrent", "many"),
+        "Invalid value for '--max-concurrent': 'many' is not a valid whole number",
     ),
     # estimates check what the run would
     "estimate metric unknown": (

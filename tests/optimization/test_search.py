@@ -217,8 +217,11 @@ async def test_random_search_tries_given_and_proposed_instructions(
     assert qa.instructions.value == BETTER and report.best.score == 1.0
     assert report.best.params.get("program.instructions") == BETTER
     assert len(report.trials) == 5
-    table = report.table()
-    assert table.iloc[0]["number"] == report.best.number  # best first
+    rows = report.rows()
+    assert rows[0]["number"] == report.best.number  # best first
+    table = report.table().splitlines()
+    assert table[0].split() == ["trial", "score", "selection", "calls", "cost", "seconds", "params"]
+    assert table[1].split()[0] == f"*{report.best.number}" and len(table) == 6  # kept: marked
 
 
 # ------------------------------------------------------------------- grid
@@ -245,11 +248,12 @@ async def test_optimize_grid_keeps_the_best_settings_and_records_state(
     # The same report as every other search (issue 21.9: it was a bare table).
     assert isinstance(report, SearchReport) and report.improved
     assert report.optimizer == "GridSearch" and report.best.params == qa.state.best_params
-    table = report.table()
-    assert list(table.columns) == [
+    rows = report.rows()
+    assert list(rows[0]) == [
         "number", "params", "score", "selection", "calls", "cost", "seconds", "note",
     ]  # fmt: skip
-    assert table.iloc[0]["score"] == 1.0 and table.iloc[0]["calls"] == len(VAL)
+    assert rows[0]["score"] == 1.0 and rows[0]["calls"] == len(VAL)
+    assert "temperature=0.0" in report.table().splitlines()[1]
     assert report.reason.startswith("trial 2 won on 5 and lost on 0 of 10 validation examples")
     # The copies were evaluated; the original was never changed mid-search.
     assert {json.dumps(b.get("temperature")) for b in chat_requests(server)} == {"0.0", "0.7"}

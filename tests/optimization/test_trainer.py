@@ -150,6 +150,27 @@ async def test_training_that_hurts_ends_with_the_initial_parameters(
     )
 
 
+async def test_training_whose_updates_were_all_rejected_says_why(
+    server: ScriptedServer, manager: ResourceManager
+) -> None:
+    good = model("GOOD")
+
+    def refusing(body: dict[str, Any]) -> str:
+        return "I will not" if schema_of(body) == "ParameterUpdate" else good(body)
+
+    server.responder = refusing
+    report = await trainer_for(program(), manager).fit()
+
+    assert report.rejected == 2 and report.best_epoch == 0
+    (why, times), *_ = report.not_applied.items()
+    assert times == 2 and "ParameterUpdate" in why
+    assert report.reason.startswith(
+        "kept the initial parameters: the optimizer applied no update (2 rejected): "
+    )
+    assert why[:100] in report.reason and report.reason.endswith("… (2 times)")  # cut short
+    assert "optimizer.history" not in report.reason
+
+
 async def test_a_training_step_can_be_given_instead_of_program_and_loss(
     server: ScriptedServer, manager: ResourceManager
 ) -> None:

@@ -13,14 +13,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
 from mcp import Client, StdioServerParameters
 
 from media.samples import GIF
-from plait import ReAct, ResourceConfig, tool
+from plait import (
+    InputField,
+    Module,
+    OutputField,
+    Predict,
+    ReAct,
+    ResourceConfig,
+    Signature,
+    tool,
+)
 from plait.errors import MCPError
 from plait.mcp import MCPToolset, server
 from plait.testing import Fault, ScriptedServer
@@ -48,6 +57,12 @@ async def check_served_tools(client: Client) -> None:
     }
     assert tools["Shout"].input_schema["required"] == ["text"]
     assert tools["Mirror"].input_schema["properties"]["point"] == {"$ref": "#/$defs/Point"}
+    assert tools["Mirror"].output_schema == {
+        "type": "object",
+        "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
+        "required": ["x", "y"],
+    }
+    assert tools["Shout"].output_schema is None  # text: no structured content promised
 
     shouted = await client.call_tool("Shout", {"text": "hi", "times": 2})
     assert (shouted.is_error, shouted.content[0].text) == (False, "HI HI")
@@ -97,6 +112,39 @@ async def test_a_served_predict_takes_its_signature_inputs_and_uses_the_resource
     assert not result.is_error
     assert result.structured_content == {"answer": "Paris"}
     assert "Capital of France?" in json.dumps(llm.stats.log[0].body)
+
+
+class Count(Module):
+    """Counts the words of a text."""
+
+    def forward(self, text: str) -> int:
+        return len(text.split())
+
+
+class Triage(Signature):
+    """Sort a ticket."""
+
+    ticket: str = InputField()
+    queue: Literal["billing", "bug"] = OutputField("Where the ticket goes.")
+
+
+async def test_typed_programs_give_an_output_schema_their_structured_content_follows() -> None:
+    async with ScriptedServer(responder=lambda body: '{"queue": "bug"}') as llm:
+        resources = ResourceConfig({"*": llm.endpoint(max_retries=0)})
+        mcp_server = server({"count": Count(), "triage": Predict(Triage)}, resources)
+        async with Client(mcp_server.sdk_server) as client:  # it checks results by the schema
+            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+            counted = await client.call_tool("count", {"text": "one two three"})
+            sorted_ = await client.call_tool("triage", {"ticket": "it crashes"})
+    assert tools["count"].output_schema == {
+        "type": "object",
+        "properties": {"result": {"type": "integer"}},
+        "required": ["result"],
+    }
+    queue = tools["triage"].output_schema["properties"]["queue"]
+    assert queue["enum"] == ["billing", "bug"] and queue["description"] == "Where the ticket goes."
+    assert (counted.is_error, counted.structured_content) == (False, {"result": 3})
+    assert (sorted_.is_error, sorted_.structured_content) == (False, {"queue": "bug"})
 
 
 def test_plait_mcp_names_a_bad_program_on_one_line() -> None:

@@ -249,6 +249,80 @@ async def test_the_page_shows_the_wait_for_a_slot_apart_and_says_when_no_prices_
     assert any(row.startswith("costunknown: no prices set") for row in probe["facts"])
 
 
+LAYOUT_PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message)));
+window.addEventListener("load", () => setTimeout(() => {
+  const box = node => { const r = node.getBoundingClientRect();
+                        return {left: r.left, right: r.right, top: r.top, bottom: r.bottom}; };
+  const plots = [...document.querySelectorAll(".js-plotly-plot")].map(div => {
+    const wrapper = div.parentElement.closest("div.plot") || div.parentElement;
+    const titles = [...wrapper.querySelectorAll(".gtitle, h3.plot-title")];
+    const toolbar = div.querySelector(".modebar");
+    return {id: div.id, titles: titles.map(t => ({text: t.textContent, box: box(t)})),
+            toolbar: toolbar ? box(toolbar) : null};
+  });
+  const traffic = document.getElementById("plot-traffic");
+  const lines = [...traffic.querySelectorAll(".scatterlayer .trace")].map(trace => ({
+    name: trace.__data__[0].trace.name,
+    d: (trace.querySelector("path.js-line") || {getAttribute: () => ""}).getAttribute("d") || "",
+  }));
+  const probe = document.createElement("pre");
+  probe.id = "probe";
+  probe.textContent = JSON.stringify({errors: window.__errors, plots, lines});
+  document.body.appendChild(probe);
+}, 1000));
+</script>"""
+
+
+async def a_fallback_report() -> RunReport:
+    """A chain whose primary fails every call and whose backup serves them, all at once."""
+    async with (
+        ScriptedServer(faults=[Fault(status=500, rate=1.0)]) as primary,
+        ScriptedServer(latency=0.01) as backup,
+    ):
+        config = ResourceConfig(
+            {
+                "primary": primary.endpoint(max_retries=0),
+                "backup": backup.endpoint(max_retries=0),
+                "fast": {"fallback": ["primary", "backup"]},
+                "smart": {"fallback": ["primary", "backup"]},
+            }
+        )
+        _, report = await run(Pipeline(), ["a", "b", "c"], resources=config, report=True)
+    return report
+
+
+def overlap(a: dict, b: dict) -> bool:
+    return (
+        a["left"] < b["right"]
+        and b["left"] < a["right"]
+        and a["top"] < b["bottom"]
+        and (b["top"] < a["bottom"])
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
+async def test_no_toolbar_covers_a_title_and_a_fallbacks_backup_draws_its_line(tmp_path):
+    report = await a_fallback_report()
+    assert [m["served"] for m in report.fallbacks["fast"]] == [0, 6]  # the backup served all
+    path = tmp_path / "report.html"
+    write_html(report, str(path))
+
+    probe = open_in_chromium(path, LAYOUT_PROBE, tmp_path)
+
+    assert probe["errors"] == []
+    for plot in probe["plots"]:
+        assert [t["text"] for t in plot["titles"]], plot  # every plot has its title
+        assert plot["toolbar"] is not None, plot
+        for title in plot["titles"]:
+            assert not overlap(title["box"], plot["toolbar"]), plot
+    drawn = {line["name"]: line["d"] for line in probe["lines"]}
+    assert set(drawn) >= {"backup: in flight", "primary: in flight"}
+    assert all(re.match(r"M[-\d.,]+[LHV]", d) for d in drawn.values()), drawn  # 2 points or more
+
+
 def test_the_page_never_goes_through_a_planted_link(tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")

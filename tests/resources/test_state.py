@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,12 @@ from plait.resources.cache import ResponseCacheStore
 from plait.resources.state import (
     StateError,
     StateStore,
+    StateUnavailable,
     StateURL,
     open_store,
     release_store,
 )
+from plait.resources.state.base import prefix_end
 from plait.testing import ScriptedServer
 from postgres_server import PostgresServer
 
@@ -120,6 +123,68 @@ def test_values_over_the_cap_are_neither_written_nor_read(
     assert store.get("responses", "big") is None  # stored before the cap: read as absent
     assert not store.add("responses", "bigger", b"x" * 33)
     assert store.add("responses", "small", b"x" * 32)
+
+
+def test_put_replaces_and_take_hands_a_key_to_one_taker(store: StateStore) -> None:
+    assert store.put("learning", "search", b"round 1")
+    assert store.put("learning", "search", b"round 2")
+    assert store.get("learning", "search") == b"round 2" and store.count("learning") == 1
+    assert store.add("pauses", "run", b"paused")
+    taken: list[bytes | None] = []
+    start = threading.Barrier(8)
+
+    def take() -> None:
+        start.wait()
+        taken.append(store.take("pauses", "run"))
+
+    threads = [threading.Thread(target=take) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert taken.count(b"paused") == 1 and taken.count(None) == 7
+    assert store.get("pauses", "run") is None
+
+
+def test_a_scan_pages_through_one_prefix_in_key_order(store: StateStore) -> None:
+    rows = [(f"run-a/{n:05d}", str(n).encode()) for n in range(25)]
+    others = [("run-", b"short"), ("run-a", b"the prefix itself, no slash"), ("run-b/00000", b"b")]
+    store.add_many("checkpoints", rows + others + [("run-a/\U0010ffff", b"last")])
+    seen: list[tuple[str, bytes]] = []
+    after = ""
+    while page := store.scan("checkpoints", "run-a/", after=after, limit=10):
+        assert len(page) <= 10
+        seen += page
+        after = page[-1][0]
+    assert seen == [*sorted(rows), ("run-a/\U0010ffff", b"last")]
+    assert store.scan("checkpoints", "run-c/") == []
+    assert len(store.scan("checkpoints", "")) == 29  # no prefix: every key
+    assert store.delete_prefix("checkpoints", "run-a/") == 26
+    assert store.count("checkpoints") == 3
+
+
+def test_prune_removes_what_was_written_before_a_time(store: StateStore) -> None:
+    store.add("checkpoints", "old", b"1")
+    cut = time.time() + 0.001
+    time.sleep(0.01)
+    store.put("checkpoints", "new", b"2")
+    assert store.prune("checkpoints", cut) == 1
+    assert store.get("checkpoints", "old") is None and store.get("checkpoints", "new") == b"2"
+
+
+def test_a_closed_store_refuses_a_scan_rather_than_answer_nothing(url: str) -> None:
+    opened = open_store(url)
+    opened.add("checkpoints", "run/1", b"done")
+    release_store(opened)  # the last user: closed
+    with pytest.raises(StateUnavailable):
+        opened.scan("checkpoints", "run/")
+
+
+def test_prefix_end_bounds_exactly_the_keys_of_a_prefix() -> None:
+    assert prefix_end("") is None
+    assert prefix_end("ab") == "ac"
+    assert prefix_end("a\U0010ffff") == "b"
+    assert prefix_end("a\ud7ff") == "a\ue000"
 
 
 def test_one_store_per_url_per_process(url: str) -> None:

@@ -277,3 +277,73 @@ def test_the_page_shows_every_tool_call_that_ran_even_under_a_reused_id(browser:
         notes = [node.text for node in browser.find_elements(By.CSS_SELECTOR, ".note")]
     calls = [note for note in notes if note.startswith("Tool call:")]
     assert len(calls) == 2 and "tides" in calls[0] and "moons" in calls[1], notes
+
+
+def test_a_rejected_call_the_model_is_told_of_reads_as_a_rejection(
+    browser: Any, tmp_path: Path
+) -> None:
+    """With ``on_decline="tell_model"`` (the default) the person's "no" goes back to the
+    model as the call's result: the page says it was rejected, not that the tool failed."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    notes = tmp_path / "notes.txt"
+
+    @tool(require_confirmation=True)
+    def save_note(text: str) -> str:
+        """Saves a note for the user."""
+        notes.write_text(text)
+        return f"Saved the note: {text}"
+
+    wait = WebDriverWait(browser, 60)
+    agent = ReAct("request -> reply", tools=[save_note], max_iters=3)
+    with (
+        server_in_thread(responder=Model()) as server,
+        serving_in_thread(app({"notes": agent}, upstream(server))) as url,
+    ):
+        browser.get(url + "/")
+        box = wait.until(lambda b: b.find_element(By.ID, "text"))
+        wait.until(lambda _: box.is_enabled())
+        box.send_keys("note: call mum", Keys.ENTER)
+        approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
+        approval.find_element(By.CSS_SELECTOR, "button.reject").click()
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)"))
+        shown = [node for node in browser.find_elements(By.CSS_SELECTOR, ".note")]
+        labels = [(node.text, "failed" in node.get_attribute("class")) for node in shown]
+    assert ("Rejected: save_note was not run: declined at the approval", False) in labels
+    assert not any(text.startswith("Tool failed:") for text, _ in labels), labels
+    assert not notes.exists()
+
+
+def test_a_reply_cut_off_at_its_limit_shows_why_beside_the_error_id(browser: Any) -> None:
+    """The model rambles inside a forced tool call until ``max_tokens`` cuts it: the page
+    shows plait's one-line reason (the field, the limit, the fix) and the error id."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    @tool
+    def look_up(topic: str) -> str:
+        """Looks a topic up."""
+        return f"facts about {topic}"
+
+    def rambling(body: dict[str, Any]) -> Any:
+        call = {"id": "call_1", "name": "look_up", "arguments": '{"topic": "well, first of all'}
+        return {"tool_calls": [call], "finish_reason": "length"}
+
+    wait = WebDriverWait(browser, 60)
+    agent = ReAct("request -> reply", tools=[look_up], first_tool_choice="look_up", max_tokens=24)
+    with (
+        server_in_thread(responder=rambling) as server,
+        serving_in_thread(app({"agent": agent}, upstream(server))) as url,
+    ):
+        browser.get(url + "/")
+        box = wait.until(lambda b: b.find_element(By.ID, "text"))
+        wait.until(lambda _: box.is_enabled())
+        box.send_keys("tell me about tides", Keys.ENTER)
+        failed = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".note.failed"))
+        shown = failed[-1].text
+    assert shown.startswith("Error: the run failed: ReplyCutOffError: ")
+    assert "max_tokens=24" in shown and "argument 'topic' of a call of tool 'look_up'" in shown
+    assert "quote error id " in shown and "first of all" not in shown

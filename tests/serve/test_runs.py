@@ -92,6 +92,26 @@ async def test_openapi_describes_inputs_from_forward_and_the_declared_output() -
     assert ok.json()["output"] == {"title": "short", "words": 2}
 
 
+class Triage(Signature):
+    """Sort a support ticket."""
+
+    ticket: str = InputField("The customer's message, as written.")
+    urgent: bool = OutputField("Whether someone must answer within the hour.")
+
+
+async def test_openapi_keeps_the_descriptions_of_a_signatures_fields() -> None:
+    async with ScriptedServer() as server:
+        served = app({"triage": Predict(Triage)}, upstream(server))
+        async with serving(served) as url, httpx.AsyncClient() as client:
+            schema = (await client.get(f"{url}/openapi.json")).json()
+    schemas = schema["components"]["schemas"]
+    ticket = schemas["TriageInput"]["properties"]["ticket"]
+    assert ticket["description"] == "The customer's message, as written."
+    output = schemas["TriageResult"]["properties"]["output"]["$ref"].rpartition("/")[2]
+    urgent = schemas[output]["properties"]["urgent"]
+    assert urgent["description"] == "Whether someone must answer within the hour."
+
+
 JSON = {"content-type": "application/json"}
 
 

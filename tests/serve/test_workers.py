@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 
 from plait.testing import ScriptedServer
 from serve.test_cli_serve import _listening_url, environment, plait_command
@@ -104,6 +105,7 @@ def test_workers_refuse_an_endpoint_limit_they_cannot_split(tmp_path: Path) -> N
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("plait: error: ")
     assert "llm (max_concurrent=1) cannot be split" in lines[0]
+    assert "lower --workers, or raise their max_concurrent to 2 or more" in lines[0]
 
 
 ENVIRONMENT_PROGRAM = """
@@ -212,3 +214,65 @@ async def test_two_workers_together_spend_one_endpoint_budget(tmp_path: Path) ->
     assert len(served) == server.stats.requests
     assert len(pids) == 2  # both workers spent from it
     assert code == 0
+
+
+REPORT = """
+from plait import LLMInference, Module
+
+
+class Report(Module):
+    def __init__(self):
+        super().__init__()
+        self.technical = LLMInference("llm", "Judge the technical change.", max_tokens=16)
+        self.business = LLMInference("llm", "Judge the cost and benefit.", max_tokens=16)
+        self.summary = LLMInference("llm", "Summarise the notes in two sentences.", max_tokens=16)
+
+    def forward(self, text):
+        tech, biz = self.technical(text), self.business(text)  # run concurrently
+        return self.summary(f"Technical: {tech}\\nBusiness: {biz}")
+"""
+
+
+@pytest.mark.slow
+async def test_two_workers_each_load_their_own_local_model(tmp_path: Path) -> None:
+    """docs/how-to/serving.md's first command, with ``--workers 2`` and the embedded model (one call
+    at a time): each worker loads its own model, so nothing is split, and both answer."""
+    pytest.importorskip("llama_cpp")
+    (tmp_path / "prog.py").write_text(REPORT)
+    (tmp_path / "res.toml").write_text('["*"]\nprovider = "local"\n')
+    command = plait_command(
+        "serve", "prog.py:Report", "--resources", "res.toml", "--port", "0", "--workers", "2"
+    )
+    process = await asyncio.create_subprocess_exec(
+        *command, env=environment(), cwd=tmp_path, stderr=asyncio.subprocess.PIPE
+    )
+    url = await _listening_url(process)
+    try:
+        async with httpx.AsyncClient(timeout=300) as client:
+            await _until_ready(client, url)
+            answers = await asyncio.gather(
+                *(
+                    client.post(f"{url}/programs/Report/run", json={"text": f"queue {i}"})
+                    for i in range(4)
+                )
+            )
+    finally:
+        process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 60)
+    assert [a.status_code for a in answers] == [200] * 4, answers[0].text
+    assert all(isinstance(a.json()["output"], str) for a in answers)
+
+
+def test_workers_split_a_server_endpoint_but_not_the_local_model() -> None:
+    from plait.resources.config import ResourceConfig
+    from plait.resources.limits import limiter_shares
+    from plait.serve.runs import check_shares
+
+    config = ResourceConfig(
+        {"llm": {"provider": "local"}, "api": {"provider": "openai", "model": "m",
+                                               "api_key": "k", "max_concurrent": 8}}
+    )  # fmt: skip
+    check_shares(config, 2)  # the local model's max_concurrent=1 is not refused
+    share = limiter_shares(2)
+    assert share(config.resolve("llm")).max_concurrent == 1
+    assert share(config.resolve("api")).max_concurrent == 4

@@ -68,7 +68,7 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     seconds = _number(value)
     if seconds is not None:
         return seconds
-    from email.utils import parsedate_to_datetime  # only a Retry-After given as a date
+    from email.utils import parsedate_to_datetime  # import time: only a Retry-After given as a date
 
     try:
         when = parsedate_to_datetime(value.strip())

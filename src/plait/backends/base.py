@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from plait.backends.types import Request, Response, StreamChunk
@@ -92,24 +93,23 @@ class Backend(ABC):
     # resource layer's limits, retries and cache (see `plait.porting.mellea`).
     def generate_from_context(self, *args: Any, **kwargs: Any) -> tuple[ModelOutputThunk, Context]:
         """Mellea's ``generate_from_context``: `plait.porting.mellea.generate_from_context`."""
-        from plait.porting import mellea
-
-        return mellea.generate_from_context(self, *args, **kwargs)
+        return _mellea().generate_from_context(self, *args, **kwargs)
 
     def generate_from_raw(self, *args: Any, **kwargs: Any) -> list[ModelOutputThunk]:
         """Mellea's ``generate_from_raw``: `plait.porting.mellea.generate_from_raw`."""
-        from plait.porting import mellea
-
-        return mellea.generate_from_raw(self, *args, **kwargs)
+        return _mellea().generate_from_raw(self, *args, **kwargs)
 
     async def do_generate_walk(self, action: Any) -> None:
         """Mellea's ``do_generate_walk``: `plait.porting.mellea.compute_thunks` of one tree."""
-        from plait.porting import mellea
-
-        await mellea.compute_thunks([action])
+        await _mellea().compute_thunks([action])
 
     async def do_generate_walks(self, actions: Any) -> None:
         """Mellea's ``do_generate_walks``: `plait.porting.mellea.compute_thunks`."""
-        from plait.porting import mellea
+        await _mellea().compute_thunks(actions)
 
-        await mellea.compute_thunks(actions)
+
+def _mellea() -> ModuleType:
+    """`plait.porting.mellea`, which Mellea's spelling of a backend's methods calls."""
+    from plait.porting import mellea  # late-bound upward call (ARCHITECTURE.md): porting is above
+
+    return mellea

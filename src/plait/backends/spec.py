@@ -86,6 +86,10 @@ class ProviderSpec:
     the name a model's name starts with (`plait.resources.usage.price_for`)."""
     free: bool = False
     """Every call costs nothing (a model run in-process)."""
+    in_process: bool = False
+    """Its model runs inside the process that calls it, so each process has its own and
+    nothing is shared between them: ``plait serve --workers N`` gives every worker an
+    endpoint's whole limits (its own copy of the model), not one N-th of them."""
     batch_api: str | None = None
     """Where its Batch API client lives, as ``"module:Class"`` with a class method
     ``from_endpoint(config)``; None when ``run(..., batch_api=True)`` cannot use it."""

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from plait.media import Media
 
 __all__ = [
+    "HoldsUsage",
     "Message",
     "Part",
     "Price",
@@ -224,21 +225,86 @@ class Request:
 
 @dataclass(slots=True)
 class Usage:
-    """Tokens a call consumed, and its cost when a price is known."""
+    """What model calls consumed: tokens, dollars and cache hits, of one call or summed over many.
+
+    The one record of usage in plait: a `Response` carries one, and every other
+    record of usage holds one as its ``usage`` (a profiler's `NodeTiming` and
+    `RequestTiming`, a module's `TraceRecord`, an evaluation's `ExampleRow`, a
+    `UsageMeter`, an endpoint's totals), or is built from its fields (a served
+    run's ``usage`` schema); their ``input_tokens`` / ``output_tokens`` / ``cost``
+    / ``cache_hit`` read it. ``a + b`` returns the sum of two; ``total += usage``
+    adds to a running total in place (no new object per call on the hot path),
+    so a running total owns its `Usage`, and a usage once handed out (a
+    response's, a record's) is not changed.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+    """Dollars at the endpoint's price. 0.0 also when the cost is unknown: an endpoint
+    without a price (the profiler names its alias in ``unpriced``, the run report says
+    so) is the one way plait says a cost is unknown; a cache hit costs 0.0."""
+    cached: int = 0
+    """Calls among these answered from a response cache (0 or 1 for one call; its
+    tokens are the original call's, its cost 0.0)."""
 
     @property
     def total_tokens(self) -> int:
         return self.input_tokens + self.output_tokens
 
-    def add(self, other: Usage) -> None:
-        """Adds another call's usage to this running total."""
+    @property
+    def cache_hit(self) -> bool:
+        """Whether a call (any, for a sum) was answered from a response cache."""
+        return self.cached > 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cost + other.cost,
+            self.cached + other.cached,
+        )
+
+    def __iadd__(self, other: Usage) -> Usage:
+        """Adds another call's usage to this running total, in place."""
         self.input_tokens += other.input_tokens
         self.output_tokens += other.output_tokens
         self.cost += other.cost
+        self.cached += other.cached
+        return self
+
+
+class HoldsUsage:
+    """The usage facts of a record that holds a `Usage` as ``usage``, by their names.
+
+    Records of a call or a piece of work (`NodeTiming`, `TraceRecord`,
+    `ExampleRow`, `UsageMeter` …) keep their tokens, cost and cache hits in one
+    `Usage` instead of declaring the fields again; these read-only properties
+    keep the names their readers use (``record.input_tokens``).
+    """
+
+    __slots__ = ()
+    usage: Usage
+
+    @property
+    def input_tokens(self) -> int:
+        return self.usage.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.usage.output_tokens
+
+    @property
+    def cost(self) -> float:
+        return self.usage.cost
+
+    @property
+    def cached(self) -> int:
+        return self.usage.cached
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.usage.cache_hit
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,7 +446,7 @@ def tool_call_from_dict(call: Any, where: str = "tool call") -> ToolCall:
     source = function if isinstance(function, Mapping) else call
     arguments = source.get("arguments")
     if not isinstance(arguments, str):
-        import json
+        import json  # import time: only a tool call given as a dict
 
         arguments = "" if arguments is None else json.dumps(arguments)
     return ToolCall(

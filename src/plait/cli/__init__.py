@@ -46,6 +46,6 @@ EXIT_TERMINATED = 143
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Runs the ``plait`` command line (exits with one of the codes above)."""
-    from plait.cli.app import cli
+    from plait.cli.app import cli  # import time: `import plait.cli` loads no command
 
     cli.main(args=list(argv) if argv is not None else None, prog_name="plait")

@@ -40,6 +40,7 @@ def _with_state(resources: Any, url: str) -> Any:
         StateError: the store cannot be reached (host and port named, password
             masked) or is newer than this plait; a `ConfigError`, so one line and exit 2.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.resources.config import resources_with_state
     from plait.resources.state import open_store, release_store
 
@@ -57,6 +58,7 @@ def _resources(path: Path | None, program: Any) -> Any:
     Raises:
         ConfigError: the file is missing or invalid (names the file and alias).
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.resources import ResourceConfig
 
     if path is not None:
@@ -98,6 +100,7 @@ def _check_aliases(path: Path | None, resources: Any, calls: list[tuple[str, str
 def _check_credentials(path: Path | None, resources: Any, calls: list[tuple[str, str]]) -> None:
     """Stops before any call when an endpoint an alias called is served by lacks its API key
     (the variable unset, none in the file): every call would fail without being sent."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.resources import ResourceConfig
     from plait.resources.endpoint import missing_credential
 
@@ -138,6 +141,7 @@ def _check_priced(path: Path | None, resources: Any, calls: list[tuple[str, str]
 def _check_bound(programs: list[tuple[str, Any]]) -> None:
     """Stops before serving when a program calls a model and has no resources (no
     ``--resources``, none bound in code nor configured), since every call would fail."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.settings import find_resources
 
     for who, program in programs:
@@ -158,7 +162,7 @@ def _check_port(host: str, port: int) -> None:
     The port is bound as uvicorn binds it (``SO_REUSEADDR``) and let go at once, so what
     this finds free the server then takes, unless another process takes it in between.
     """
-    import socket
+    import socket  # import time: only `plait serve` checks its port
 
     if port == 0:
         return  # the system picks a free one

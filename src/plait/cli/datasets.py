@@ -59,14 +59,14 @@ def format_of(path: str | os.PathLike[str], given: str | None = None) -> str:
 
 
 def _pyarrow() -> Any:
+    """The `pyarrow` module with its `parquet` submodule loaded, or a DatasetError saying how."""
     try:
-        import pyarrow  # noqa: F401
-        import pyarrow.parquet as pq
+        import pyarrow.parquet  # optional extra (plait[parquet]): only a Parquet file needs it
     except ModuleNotFoundError:
         raise DatasetError(
             "Parquet needs pyarrow: pip install 'plait[parquet]' (JSON Lines and CSV need nothing)"
         ) from None
-    return pq
+    return pyarrow
 
 
 # ------------------------------------------------------------------ reading
@@ -212,11 +212,9 @@ def _check_header(path: Any, line_number: int, columns: list[str]) -> None:
 
 def _parquet_file(path: Any) -> Any:
     """Returns ``path`` opened as a `pyarrow.parquet.ParquetFile`."""
-    pq = _pyarrow()
-    import pyarrow
-
+    pyarrow = _pyarrow()
     try:
-        return pq.ParquetFile(path)
+        return pyarrow.parquet.ParquetFile(path)
     except (pyarrow.ArrowException, OSError) as exc:
         raise DatasetError(
             f"{path}: not a Parquet file (pyarrow: {exc}); check the file, or pass "
@@ -226,7 +224,7 @@ def _parquet_file(path: Any) -> Any:
 
 def _read_parquet(path: Any) -> Iterator[tuple[int, dict]]:
     parquet = _parquet_file(path)
-    import pyarrow
+    pyarrow = _pyarrow()
 
     row = 0
     try:
@@ -340,7 +338,7 @@ class _ParquetWriter(RowWriter):
     """Parquet in row groups of ``group`` rows; the first group decides the schema."""
 
     def __init__(self, path: Any, group: int = 1000) -> None:
-        self.pq = _pyarrow()
+        self.pa = _pyarrow()
         self.path = path
         self.file: IO[bytes] = _files.open_for_writing(path, binary=True, error=DatasetError)
         self.group = group
@@ -353,8 +351,7 @@ class _ParquetWriter(RowWriter):
             self._flush()
 
     def _flush(self) -> None:
-        import pyarrow as pa
-
+        pa = self.pa
         if not self.rows:
             return
         try:
@@ -365,7 +362,7 @@ class _ParquetWriter(RowWriter):
                     if pa.types.is_null(column.type):  # all empty so far (errors): text
                         schema = schema.set(position, pa.field(column.name, pa.string()))
                 table = table.cast(schema)
-                self.writer = self.pq.ParquetWriter(self.file, schema)
+                self.writer = pa.parquet.ParquetWriter(self.file, schema)
             else:
                 table = pa.Table.from_pylist(self.rows, schema=self.writer.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
@@ -381,9 +378,7 @@ class _ParquetWriter(RowWriter):
         try:
             self._flush()
             if self.writer is None:  # no rows: still a Parquet file, of no columns
-                import pyarrow as pa
-
-                self.writer = self.pq.ParquetWriter(self.file, pa.schema([]))
+                self.writer = self.pa.parquet.ParquetWriter(self.file, self.pa.schema([]))
             self.writer.close()
         finally:
             self.file.close()

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from plait import _files
+from plait._jsondata import as_json_data
 from plait.cli.datasets import count_rows, open_writer, read_rows
 from plait.cli.programs import ProgramError, RowMapper
 from plait.errors import described
@@ -102,9 +103,7 @@ class RunOutcome:
 def output_columns(output: Any) -> dict[str, Any]:
     """Returns an output as columns: a mapping (a `Prediction` too), pydantic model or
     dataclass by field, anything else as ``output``."""
-    from pydantic_core import to_jsonable_python
-
-    data = to_jsonable_python(output, fallback=_jsonable)
+    data = as_json_data(output, fallback=_jsonable)
     if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
         return data
     return {"output": data}
@@ -152,6 +151,7 @@ async def run_file(run: FileRun) -> RunOutcome:
         DatasetError: a file cannot be read or written (names file and row).
         CheckpointError: the checkpoint belongs to another program or input.
     """
+    # import time: `plait --help` loads none of this (nor rich, for the progress bar)
     from plait.execution.progress import BatchProgress
     from plait.resources.usage import budgeted
 
@@ -234,6 +234,7 @@ async def _run_chunk(
 def _error_text(error: BaseException) -> tuple[str, bool]:
     """Returns what a failed row's ``error`` column says, and whether a budget left the row
     undone (it refused a call: the row is said to be left undone, not to have failed)."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.report.profiling import budget_refusal
 
     refusal = budget_refusal(error)
@@ -298,6 +299,7 @@ def _free_name(key: str, prefix: str, record: dict[str, Any], taken: tuple[str, 
 def _score(run: FileRun, output: Any, row: dict, error: str | None) -> tuple[float, str | None]:
     """Returns a row's score and error: a failed row, or a metric that fails or returns no
     finite number, scores 0."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.evaluation import score_of
 
     if error is not None:

@@ -42,6 +42,7 @@ def _handled(work: Any, on_stop: str | Callable[[], str]) -> Any:
     ``on_stop`` tells the user what was kept and how to resume after Ctrl-C or SIGTERM (a
     function: asked once the work has stopped).
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.cli.stopping import Stopped, run_stoppable
     from plait.execution.checkpoint_codec import CheckpointError
 

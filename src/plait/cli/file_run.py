@@ -69,6 +69,7 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
     Raises:
         ProgramError, DatasetError, ConfigError: what is wrong (see `_usage_errors`).
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.cli.driver import FileRun
 
     _check_writable(kwargs["output_path"], "--output")
@@ -107,6 +108,7 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
 
 
 async def _profiled_run(run: Any, spec: str, kind: str, kwargs: dict[str, Any]) -> Any:
+    # import time: `plait --help` loads none of this, the command does
     from plait.cli.driver import default_report_path, run_file
     from plait.report.profiling import Profiler
     from plait.resources.books import books_of

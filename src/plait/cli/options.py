@@ -37,6 +37,21 @@ _RESOURCES_HELP = "\b\n--resources names a TOML, YAML or JSON file such as:\n\n\
 )
 
 
+class WholeNumber(click.IntRange):
+    """A count (at least ``min``, at most ``max``); "'abc' is not a valid whole number",
+    not click's "... integer range", which reads as if a range were wanted. Every
+    whole-number option of the CLI has this type."""
+
+    name = "whole number"
+
+
+class Amount(click.FloatRange):
+    """An amount such as dollars or seconds (at least ``min``); "'abc' is not a valid
+    number", not click's "... float range". Every decimal option of the CLI has this type."""
+
+    name = "number"
+
+
 common_run_options = [
     click.option("-i", "--input", "input_path", type=click.Path(path_type=Path), required=True,
                  help="Rows to run: .jsonl, .csv or .parquet."),
@@ -50,9 +65,9 @@ common_run_options = [
     click.option("--state", "state", metavar="URL",
                  help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite "
                       "path): endpoints with cache = true share their replies there."),
-    click.option("--max-concurrent", type=click.IntRange(min=1),
+    click.option("--max-concurrent", type=WholeNumber(min=1),
                  help="Most LLM calls in flight at once (endpoint limits apply too)."),
-    click.option("--chunk-size", type=click.IntRange(min=1), default=2000, show_default=True,
+    click.option("--chunk-size", type=WholeNumber(min=1), default=2000, show_default=True,
                  help="Rows read and run at a time; memory is bounded by it."),
     click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN",
                  help="Fill the program's input ARG from COLUMN (default: the column named ARG)."),
@@ -65,7 +80,7 @@ common_run_options = [
     click.option("--trace", "trace_path", type=click.Path(path_type=Path),
                  help="Also write a Perfetto / Chrome trace of the run here."),
     click.option("--no-inputs", is_flag=True, help="Write only row number and outputs."),
-    click.option("--timeout", type=click.FloatRange(min=0, min_open=True),
+    click.option("--timeout", type=Amount(min=0, min_open=True),
                  help="Seconds per LLM request attempt."),
     click.option("--progress/--no-progress", default=None,
                  help="Progress bar on stderr (default: when it is a terminal)."),
@@ -75,33 +90,20 @@ common_run_options = [
 _ESTIMATE_STOPPED = "nothing ran but the sample's calls"
 
 
-class _WholeNumber(click.IntRange):
-    """A count of at least ``min``; "'abc' is not a valid whole number", not click's
-    "... integer range", which reads as if a range were wanted."""
-
-    name = "whole number"
-
-
-class _Amount(click.FloatRange):
-    """An amount such as dollars, of at least ``min``; "'abc' is not a valid number"."""
-
-    name = "number"
-
-
 estimate_options = [
     click.option("--estimate", is_flag=True,
                  help="Print the calls, tokens and dollars it would spend (low / expected / "
                       "high), measured on --sample rows run for real (train also makes one "
                       "optimizer step on a copy); nothing else runs."),
-    click.option("--sample", type=_WholeNumber(min=0), default=2, show_default=True,
+    click.option("--sample", type=WholeNumber(min=0), default=2, show_default=True,
                  help="Rows --estimate runs for real to measure one run (0: none)."),
 ]  # fmt: skip
 
 
 budget_options = [
-    click.option("--max-calls", type=_WholeNumber(min=0), help="Most model calls to send."),
-    click.option("--max-tokens", type=_WholeNumber(min=0), help="Most tokens to spend."),
-    click.option("--max-cost", type=_Amount(min=0),
+    click.option("--max-calls", type=WholeNumber(min=0), help="Most model calls to send."),
+    click.option("--max-tokens", type=WholeNumber(min=0), help="Most tokens to spend."),
+    click.option("--max-cost", type=Amount(min=0),
                  help="Most dollars to spend (every endpoint needs a price)."),
 ]  # fmt: skip
 """The hard budget of ``plait train`` and ``plait eval`` (`plait.resources.usage.Budget`)."""
@@ -119,6 +121,7 @@ def _with(options: list[Any]) -> Any:
 def _budget(kwargs: dict[str, Any]) -> Any:
     """Returns the `Budget` of ``--max-calls``, ``--max-tokens`` and ``--max-cost`` (None
     when none is given, or the command has none)."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.resources.usage import Budget
 
     return Budget.of(kwargs.get("max_calls"), kwargs.get("max_tokens"), kwargs.get("max_cost"))

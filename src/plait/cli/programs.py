@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from plait.errors import PlaitError, TracingError
-from plait.module import Module
+from plait.module import LLMInference, Module
 
 __all__ = [
     "Columns",
@@ -191,6 +191,7 @@ def load_metric(spec: str) -> Callable[[Any, Any], Any]:
     Raises:
         ProgramError: as `load_object`, or the metric does not take ``(output, target)``.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.evaluation import exact_match
 
     builtin = {"exact_match": exact_match, "contains": contains}
@@ -277,6 +278,7 @@ def trace_program(
         ProgramError: ``forward`` cannot be traced, or fails while it is; names the
             file and line.
     """
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.graph_cache import trace_cached
 
     try:
@@ -317,7 +319,7 @@ def inputs_of(program: Module) -> Inputs:
     an input), and a module that wraps another (`BestOfN`, `Refine`,
     `ValidateAndRepair`) takes the inputs of the module it wraps.
     """
-    from plait.signatures import Signature  # pydantic: only once a program is named
+    from plait.signatures import Signature  # import time: pydantic, only once a program is named
 
     parameters = inspect.signature(program.forward).parameters.values()
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
@@ -337,6 +339,26 @@ def inputs_of(program: Module) -> Inputs:
         if parameter.default is parameter.empty:
             required.append(parameter.name)
     return Inputs(names, required, f"{type(program).__name__}.forward({', '.join(names)})")
+
+
+def output_type_of(program: Module) -> Any:
+    """Returns the type of the program's output, which ``plait serve`` and ``plait mcp``
+    describe: a `Signature` module's output fields (its `Prediction` holds them), else the
+    declared return type, else text for an `LLMInference`, else ``Any``."""
+    # import time: the module library and pydantic load once a program is named
+    from plait.modules import Prediction
+    from plait.signatures import Signature
+
+    declared = program.declared_return_type()
+    signature = getattr(program, "signature", None)
+    holds_fields = declared is None or (
+        isinstance(declared, type) and issubclass(declared, Prediction)
+    )
+    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
+        return signature.output_model()
+    if declared is not None:
+        return declared
+    return str if isinstance(program, LLMInference) else Any
 
 
 class Columns(Module):

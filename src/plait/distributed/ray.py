@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import ray
 
+from plait._jsondata import as_json_data
 from plait.distributed.budgets import BudgetAccounts, LinkedBudgets
 from plait.distributed.leased_limiter import LeasedLimiter
 from plait.distributed.leases import DEFAULT_TERM, LeaseLedger
@@ -306,6 +307,7 @@ class PlaitMapper:
         budget: tuple[int | None, int | None, float | None] | None = None,
         budget_ledger: Any = None,
     ) -> None:
+        # import time: cli.programs only for a program to map rows with
         from plait.cli.programs import RowMapper
 
         self.program = program if isinstance(program, Module) else program()
@@ -378,9 +380,7 @@ def _plain(value: Any) -> Any:
 
 
 def _json(output: Any) -> str:
-    from pydantic_core import to_jsonable_python
-
-    return json.dumps(to_jsonable_python(output, fallback=str), ensure_ascii=False)
+    return json.dumps(as_json_data(output), ensure_ascii=False)
 
 
 def map_dataset(

@@ -286,6 +286,7 @@ async def run_batch(
     Each input shape is traced once for the whole batch (``graphs``); the
     checkpoint takes the first item's graph for the program's identity.
     """
+    # import time: rich (a progress bar) and the resource layer load on use, not with execution
     from plait.execution.progress import BatchProgress
     from plait.resources.usage import metered
 
@@ -305,7 +306,8 @@ async def run_batch(
 
     checkpoint = None
     if options["checkpoint_dir"] and items:
-        from plait.execution.checkpoint import open_checkpoint  # only a checkpointed batch
+        # import time: only a checkpointed batch
+        from plait.execution.checkpoint import open_checkpoint
 
         graph = graphs.graph_for((items[0], *extra), kwargs)
         checkpoint = open_checkpoint(module, graph, items, options["checkpoint_dir"], executor)

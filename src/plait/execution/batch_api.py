@@ -57,6 +57,7 @@ _UNKNOWN_STATUS_POLLS = 3
 
 
 def _check_endpoint(alias: str, endpoint: Any) -> None:
+    # import time: `import plait.execution` stays without the resource layer
     from plait.resources.endpoint import missing_credential
 
     spec = providers.get(endpoint.provider)
@@ -184,6 +185,7 @@ class BatchJob:
         deadline: float | None = None,
     ) -> list[Any]:
         """`run`, looking up each input shape's graph in ``graphs`` (``plait.run`` reports them)."""
+        # import time: `import plait.execution` stays without the resource layer
         from plait.resources import ResourceManager
 
         manager = ResourceManager.shared(self.resources)
@@ -360,6 +362,7 @@ class BatchJob:
         the run bounds that); a server that keeps answering a status no batch
         has would otherwise be polled forever.
         """
+        # import time: only a Batch API run
         from plait.backends.openai.batch import BATCH_DONE, BATCH_RUNNING
 
         unknown = 0

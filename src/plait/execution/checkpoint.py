@@ -38,7 +38,9 @@ from typing import IO, Any
 
 from plait import _files
 from plait import _jsontext as jsontext
+from plait._jsondata import as_json_data
 from plait.execution.checkpoint_codec import CheckpointError, MediaBlobs, OutputCodec
+from plait.execution.structured import output_type_for
 
 __all__ = [
     "Checkpoint",
@@ -63,9 +65,7 @@ class CheckpointMismatchError(CheckpointError):
 
 def input_hash(item: Any) -> str:
     """Returns the SHA-256 of an input's canonical JSON form."""
-    from pydantic_core import to_jsonable_python
-
-    data = to_jsonable_python(item, fallback=repr)
+    data = as_json_data(item, fallback=repr)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -127,8 +127,6 @@ def _type_text(cls: type) -> str:
         schema = cls.output_model().model_json_schema()
         return f"{cls.signature_text()}|{getattr(cls, 'instructions', '')}|{_json_text(schema)}"
     try:
-        from plait.execution.structured import output_type_for
-
         return _json_text(output_type_for(cls).schema.schema)
     except TypeError:
         return f"{cls.__module__}.{cls.__qualname__}"

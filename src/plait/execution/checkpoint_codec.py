@@ -47,6 +47,7 @@ from typing import Any
 
 from plait import _files
 from plait.errors import MediaError, PlaitError
+from plait.execution.structured import type_adapter
 from plait.media import Audio, File, Image, Media, is_media_key
 
 __all__ = ["CheckpointError", "MediaBlobs", "OutputCodec"]
@@ -276,6 +277,7 @@ class OutputCodec:
             return cls(self._decode_dict(data, shape.get("items", {})))
         if "type" in shape:
             cls = self._declared(shape["type"])
+            # import time: pydantic loads on first use, not on a plain call
             from pydantic import ValidationError
 
             try:
@@ -389,8 +391,6 @@ def _name_of(cls: type) -> str:
 
 
 def _adapter(cls: type) -> Any:
-    from plait.execution.structured import type_adapter
-
     return type_adapter(cls)
 
 

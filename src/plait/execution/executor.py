@@ -73,7 +73,8 @@ class Executor:
         The manager is the one shared by equal configurations on this loop; it
         records tapes when the module is in training mode or the call records.
         """
-        from plait.resources import ResourceManager  # resource layer; loads the HTTP client lazily
+        # import time: `import plait.execution` stays without the resource layer
+        from plait.resources import ResourceManager
 
         manager = ResourceManager.shared(resources)
         remember_for_shutdown(manager)

@@ -104,6 +104,7 @@ def _output_type(fmt: Any) -> Any:
     `plait.execution.structured` (and pydantic behind it) loads with the first
     call that has a response format: a program of text calls never needs it.
     """
+    # import time: only a typed output (structured loads pydantic)
     from plait.execution.structured import output_type_for
 
     return output_type_for(fmt)
@@ -111,7 +112,8 @@ def _output_type(fmt: Any) -> Any:
 
 def _field_streamer(module: LLMInference, fmt: Any, path: str) -> Any:
     """Returns the sink that streams a reply's text to the run's consumer, as fields."""
-    from plait.streaming import FieldStreamer, json_fields, whole_text  # only a streamed run
+    # import time: only a streamed run
+    from plait.streaming import FieldStreamer, json_fields, whole_text
 
     return FieldStreamer(module, whole_text("text") if fmt is None else json_fields, path=path)
 
@@ -149,6 +151,7 @@ async def call_llm(
             await sink.finish()
         _warn_if_incomplete(module, response)
         return _value_of(ValueKind.RESPONSE, response.text, response, response.usage)
+    # import time: only a typed output (structured loads pydantic)
     from plait.execution.structured import ask_structured
 
     output = _output_type(fmt)

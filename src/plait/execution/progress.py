@@ -25,6 +25,7 @@ def progress_bar(label: str, texts: Sequence[str], trailing: Sequence[str] = ())
     ``"{task.fields[failed]} failed"``. Stderr, because stdout belongs to the
     program's output.
     """
+    # import time: rich loads only for a progress bar
     from rich.console import Console
     from rich.progress import (
         BarColumn,

@@ -96,6 +96,7 @@ async def run(
     """
     call = {"max_concurrent": max_concurrent, "checkpoint_dir": checkpoint_dir}
     if state is not None:
+        # import time: `import plait.execution` stays without the resource layer
         from plait.resources.config import resources_with_state
 
         found = resources_of(module, resources, who=type(module).__name__, takes="plait.run")
@@ -110,7 +111,8 @@ async def run(
     graphs = RunGraphs(module)
     if not report:
         return await _start(module, args, {**kwargs, **call}, batch_api, graphs)
-    from plait.report.profiling import Profiler  # observability, above this layer: loaded on use
+    # late-bound upward call (ARCHITECTURE.md): `report=True`
+    from plait.report.profiling import Profiler
 
     with Profiler() as profiler:
         output = await _start(module, args, {**kwargs, **call}, batch_api, graphs)
@@ -126,7 +128,7 @@ async def _start(
 ) -> Any:
     if not batch_api:
         return await execute_bound(module, args, kwargs, graphs)
-    from plait.execution.batch_api import BatchJob
+    from plait.execution.batch_api import BatchJob  # import time: only a Batch API run
 
     if not args or not is_batch(args[0]):
         raise ValueError("batch_api=True runs a batch: pass a list of inputs as first argument")
@@ -309,7 +311,8 @@ async def _run_single(
 
 async def _resumed(resume: Any, work: Coroutine[Any, Any, Any]) -> Any:
     """Runs ``work`` with ``resume`` on offer to the module that paused; fails if none took it."""
-    from plait.confirmation import offering  # programs layer, loaded only when a call resumes
+    # late-bound upward call (ARCHITECTURE.md): a resumed call
+    from plait.confirmation import offering
 
     with offering(resume):
         return await work

@@ -185,6 +185,7 @@ def check_served(resources: Any, alias: str, *, who: str, setting: str) -> None:
     Raises:
         UnknownAliasError: no entry and no ``"*"``; says who calls it and how to fix it.
     """
+    # import time: `import plait.execution` stays without the resource layer
     from plait.resources import ResourceConfig, ResourceManager
 
     config = resources.config if isinstance(resources, ResourceManager) else resources

@@ -8,7 +8,8 @@ is wrapped as ``{"value": <type>}`` on the wire and unwrapped after parsing.
 `ask_structured` is the one path by which plait asks a model for a typed
 reply: it validates, re-asks once with one wording, never lets a refused
 reply into the response cache, and treats a reply cut off by the token limit
-as invalid.
+as invalid (when the last attempt was cut off, the error is a `ReplyCutOffError`
+naming the field and the limit).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 from plait._jsontext import loads
 from plait.backends.types import Message, Request, Response, ResponseSchema, Usage
-from plait.errors import StructuredOutputError
+from plait.errors import ReplyCutOffError, StructuredOutputError
+from plait.execution.cut_off import cut_off_error
 
 __all__ = [
     "REASK",
@@ -61,6 +63,7 @@ class OutputType:
 
     def parse(self, text: str) -> Any:
         """Returns the typed object in ``text``; raises StructuredOutputError saying why not."""
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
         try:
@@ -100,6 +103,7 @@ def _type_name(target: Any) -> str:
 @functools.cache
 def type_adapter(target: Any) -> Any:
     """Returns pydantic's `TypeAdapter` for ``target`` (one per type, cached)."""
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import TypeAdapter
 
     return TypeAdapter(target)
@@ -107,6 +111,7 @@ def type_adapter(target: Any) -> Any:
 
 @functools.cache
 def _wrapper(target: Any) -> Any:
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import create_model
 
     fields: dict[str, Any] = {_WRAP_KEY: (target, ...)}
@@ -137,10 +142,8 @@ def output_type_for(target: Any) -> OutputType:
 REASK = "Your previous reply could not be used: {error}\nReply again with {expected}."
 """The one re-ask text: what was wrong, then what to send instead."""
 
-_CUT_OFF = (
-    "it was cut off at the token limit (finish_reason 'length') before it was complete; "
-    "keep it shorter"
-)
+_CUT_OFF = "it was cut off at the token limit before it was complete; keep it shorter"
+"""What a re-ask tells the model of a cut-off reply (its error speaks to the program's author)."""
 
 Complete = Callable[[Request, Callable[[Response], bool]], Awaitable[Response]]
 """Sends a request with an ``accept`` hook (see `ResourceManager.complete`); returns the reply."""
@@ -186,6 +189,7 @@ async def ask_structured(
     label: str,
     target: str = "",
     reasks: int = 1,
+    fields: tuple[str, ...] = (),
     on_attempt: Callable[[Attempt], None] | None = None,
 ) -> StructuredReply:
     """Asks until a reply parses, re-asking with the error shown; the one path for typed replies.
@@ -194,7 +198,9 @@ async def ask_structured(
     response format, Predict and its adapters, LLM losses, optimizers), so
     they share one behaviour:
 
-    * a reply cut off by the token limit is invalid whatever it holds;
+    * a reply cut off by the token limit is invalid whatever it holds, and
+      when the last attempt was cut off the error is a `ReplyCutOffError`
+      naming the field being written, the limit and the fix;
     * ``parse(response)`` decides the rest by raising `StructuredOutputError`
       (it may check meaning as well as shape);
     * the decision is made inside ``complete``'s ``accept`` hook, so the
@@ -213,9 +219,12 @@ async def ask_structured(
         label: names the caller in the final error ("alias 'llm'").
         target: names the expected type in the final error ("Verdict").
         reasks: re-asks after the first refused reply.
+        fields: the output field names, which a cut-off error may name (those
+            of the request's schema and tools it knows already).
         on_attempt: called after every request with what came of it.
 
     Raises:
+        ReplyCutOffError: the last reply was cut off at its token limit.
         StructuredOutputError: no reply was accepted; names ``label`` and each
             attempt's problem, with the last reply in ``raw``.
         BackendError: a call failed after the resource layer's retries.
@@ -227,7 +236,9 @@ async def ask_structured(
 
         def accept(response: Response, attempt: Attempt = attempt) -> bool:
             try:
-                attempt.value, attempt.error = _checked(parse, response), None
+                if response.finish_reason == "length":
+                    raise cut_off_error(label, attempt.request, response, fields)
+                attempt.value, attempt.error = parse(response), None
             except StructuredOutputError as exc:
                 attempt.value, attempt.error = None, exc
             return attempt.error is None
@@ -240,7 +251,7 @@ async def ask_structured(
                 on_attempt(attempt)
             raise
         attempt.response = response
-        usage.add(response.usage)
+        usage += response.usage
         if on_attempt is not None:
             on_attempt(attempt)
         if attempt.error is None:
@@ -248,11 +259,12 @@ async def ask_structured(
         problem = attempt.error
         assert isinstance(problem, StructuredOutputError)
         problems.append(problem)
+        told = _CUT_OFF if isinstance(problem, ReplyCutOffError) else problem
         request = request.with_messages(
             (
                 *request.messages,
                 Message("assistant", response.text),
-                Message("user", REASK.format(error=problem, expected=expected)),
+                Message("user", REASK.format(error=told, expected=expected)),
             )
         )
     error = _final_error(label, target, problems)
@@ -260,18 +272,15 @@ async def ask_structured(
     raise error
 
 
-def _checked(parse: Callable[[Response], Any], response: Response) -> Any:
-    if response.finish_reason == "length":
-        raise StructuredOutputError(
-            f"the reply is not usable: {_CUT_OFF}", raw=response.text, target=""
-        )
-    return parse(response)
-
-
 def _final_error(
     label: str, target: str, problems: list[StructuredOutputError]
 ) -> StructuredOutputError:
     last = problems[-1]
+    if isinstance(last, ReplyCutOffError):  # the step fails for the cut, named as it is
+        last.target = last.target or target
+        if len(problems) > 1:
+            last.__cause__ = problems[0]
+        return last
     if len(problems) == 1:
         detail = str(last)
     else:

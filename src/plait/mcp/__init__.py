@@ -7,7 +7,8 @@ command (stdio) or reached at a URL (streamable HTTP), into plait `Tool`s;
 command serves one from the command line.
 
 Needs the ``mcp`` extra (``pip install 'plait[mcp]'``); ``import plait`` never
-loads this package, and the SDK is imported only when a server is opened or served.
+loads this package, and the SDK (`plait.mcp._sdk`) is imported only when a server is
+opened, or when `server` or `ProgramServer` is first read.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in ("server", "ProgramServer"):  # the server side imports the SDK and pydantic
-        from plait.mcp import serving
+        from plait.mcp import serving  # optional extra (plait[mcp]): the server side loads the SDK
 
         return getattr(serving, name)
     raise AttributeError(f"module 'plait.mcp' has no attribute {name!r}")

@@ -32,9 +32,11 @@ import shlex
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 from urllib.parse import urlsplit
 
+from plait import __version__
 from plait.errors import MCPError, MediaError
 from plait.media import Image
 from plait.module import Module
@@ -301,30 +303,23 @@ class MCPToolset:
                 raise
 
     def _sdk_client(self) -> Any:
-        require_sdk()
-        from mcp import Client, StdioServerParameters
-        from mcp.types import Implementation
-
-        from plait import __version__
-
+        sdk = _sdk()
         if self.url is not None:
             transport: Any = self.url
             if self.headers is not None:
-                from mcp.client.streamable_http import streamable_http_client
-                from mcp.shared._httpx_utils import create_mcp_http_client
-
-                transport = streamable_http_client(
-                    self.url, http_client=create_mcp_http_client(headers=self.headers)
+                transport = sdk.streamable_http_client(
+                    self.url, http_client=sdk.create_mcp_http_client(headers=self.headers)
                 )
         else:
             assert self.command is not None
-            transport = StdioServerParameters(
+            transport = sdk.StdioServerParameters(
                 command=self.command[0],
                 args=self.command[1:],
                 env=self.env,
                 cwd=self.cwd,
             )
-        return Client(transport, client_info=Implementation(name="plait", version=__version__))
+        info = sdk.Implementation(name="plait", version=__version__)
+        return sdk.Client(transport, client_info=info)
 
     def _tools_of(self, listed: Sequence[Any]) -> dict[str, MCPTool]:
         """Returns the plait tools of a listing: same objects as before when reopened."""
@@ -465,9 +460,7 @@ class MCPTool(Tool):
             MCPError: the toolset is closed, the server crashed, timed out,
                 answered something that is not a tool result, or said its tool failed.
         """
-        from mcp.shared.exceptions import MCPError as SDKError
-        from pydantic import ValidationError
-
+        sdk = _sdk()
         client = self.toolset._connected_client(self.server_name)
         where = f"MCP server {self.toolset.name!r}, tool {self.server_name!r}"
         try:
@@ -478,16 +471,14 @@ class MCPTool(Tool):
                 f"{where}: no answer within {self.timeout:g} seconds; the call was given up "
                 "(raise timeout= on the toolset if the tool is slow)"
             ) from None
-        except SDKError as exc:
-            from mcp.types import CONNECTION_CLOSED
-
-            if exc.code == CONNECTION_CLOSED:
+        except sdk.SDKError as exc:
+            if exc.code == sdk.CONNECTION_CLOSED:
                 raise MCPError(
                     f"{where}: the connection to the server ended (it may have crashed); "
                     "open the toolset again to restart it"
                 ) from exc
             raise MCPError(f"{where}: the server answered with an error: {exc.message}") from exc
-        except ValidationError as exc:
+        except sdk.ValidationError as exc:
             raise MCPError(
                 f"{where}: the server's answer is not an MCP tool result "
                 f"({exc.error_count()} problem(s), first: {_first_problem(exc)})"
@@ -531,14 +522,11 @@ class WithServers(Module):
 
 
 # ------------------------------------------------------------------ helpers
-def require_sdk() -> None:
-    """Raises a clear ImportError when the ``mcp`` extra is not installed."""
-    import importlib.util
+def _sdk() -> ModuleType:
+    """`plait.mcp._sdk`, the SDK's names; a clear ImportError when the ``mcp`` extra is missing."""
+    from plait.mcp import _sdk  # optional extra (plait[mcp]), ~600 modules: loaded on first open
 
-    if importlib.util.find_spec("mcp") is None:
-        raise ImportError(
-            "plait's MCP support needs the official MCP SDK: pip install 'plait[mcp]'"
-        )
+    return _sdk
 
 
 def _target_of(server: str | Sequence[str]) -> tuple[str | None, list[str] | None]:
@@ -579,12 +567,11 @@ async def _all_tools(client: Any) -> list[Any]:
 
 
 def _validator_of(schema: dict[str, Any], server: str, tool: str) -> Any:
-    from jsonschema import SchemaError, validators
-
-    cls = validators.validator_for(schema)
+    sdk = _sdk()
+    cls = sdk.validators.validator_for(schema)
     try:
         cls.check_schema(schema)
-    except SchemaError as exc:
+    except sdk.SchemaError as exc:
         raise MCPError(
             f"MCP server {server!r} describes the arguments of its tool {tool!r} with a JSON "
             f"schema that is not valid ({exc.message}); fix the server"

@@ -3,15 +3,18 @@
 `server(...)` makes a `ProgramServer`: one MCP tool per program (named after
 its class, or by the name a mapping gives it; arguments from ``forward``'s
 parameters, or from the input fields of the `Signature` that drives it, with
-their types and descriptions) and one
-per plait `Tool` (its own schema). A program's result comes back as text (a
-string as it is, anything else as JSON) and, when it is data, as structured
-content too. A failure (bad arguments, an error in the program) is a tool
-result marked as an error whose text says what went wrong, which the calling
-model can read, with every URL and network address in it left out (an upstream's
-address, a key inside a URL: the server's log has them); the server goes on serving.
-A call that stops to ask a person (a tool that needs confirmation, served alone or inside
-a program) is such an error too, saying why: nobody on an MCP call can answer.
+their types and descriptions) and one per plait `Tool` (its own schema). A
+program's result comes back as text (a string as it is, anything else as JSON)
+and, when it is data, as structured content too; a program that declares its
+output type (a `Signature`'s output fields, a return annotation, a response
+format) lists it as the tool's ``outputSchema``, which its structured content
+follows. A failure (bad arguments, an error in the program) is a tool result
+marked as an error whose text says what went wrong, which the calling model can
+read, with every URL and network address in it left out (an upstream's address,
+a key inside a URL: the server's log has them); the server goes on serving. A
+call that stops to ask a person (a tool that needs confirmation, served alone or
+inside a program) is such an error too, saying why: nobody on an MCP call can
+answer.
 
 It runs over stdio (what Claude Desktop and IDEs start) or streamable HTTP;
 ``plait mcp prog.py:Prog`` does the same from the command line.
@@ -28,12 +31,37 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from plait import __version__
 from plait.backends._urls import without_addresses
-from plait.cli.programs import ProgramError, inputs_of, load_object, one_line, program_of
+from plait.cli.programs import (
+    ProgramError,
+    inputs_of,
+    load_object,
+    one_line,
+    output_type_of,
+    program_of,
+)
 from plait.confirmation import ConfirmationRequired
 from plait.errors import ConfigError, described
-from plait.mcp.client import require_sdk
+from plait.mcp._sdk import (
+    INVALID_PARAMS,
+    CallToolResult,
+    ListToolsResult,
+    SDKError,
+    Server,
+    TextContent,
+    ToolInfo,
+    anyio,
+    stdio_server,
+    uvicorn,
+)
 from plait.module import Module
+from plait.serve.http_protocol import http_protocol
+from plait.serve.middleware import RequireApiKey
+from plait.serve.options import ServeOptions, is_loopback
 from plait.tools import Tool
 
 __all__ = ["ProgramServer", "check_exposure", "load_named", "load_served", "server"]
@@ -54,6 +82,12 @@ class _Entry:
     target: Module | Tool
     arguments: Any = None
     """The pydantic model that checks a program's arguments (None for a `Tool`)."""
+    output_schema: dict[str, Any] | None = None
+    """MCP's ``outputSchema`` of a typed program: what its ``structuredContent`` holds;
+    None when its output is text or undeclared."""
+    wrapped: bool = False
+    """Whether the structured content is ``{"result": output}`` (an output that is not a
+    JSON object: a number, a list, a label)."""
 
 
 class ProgramServer:
@@ -65,11 +99,6 @@ class ProgramServer:
     """
 
     def __init__(self, entries: list[_Entry], name: str) -> None:
-        require_sdk()
-        from mcp.server import Server
-
-        from plait import __version__
-
         self.name = name
         self.entries = {entry.name: entry for entry in entries}
         self.sdk_server = Server(
@@ -82,8 +111,6 @@ class ProgramServer:
     # ------------------------------------------------------------------ serving
     async def serve_stdio(self) -> None:
         """Serves one client on this process's stdin and stdout until it closes them."""
-        from mcp.server.stdio import stdio_server
-
         async with stdio_server() as (read_stream, write_stream):
             await self.sdk_server.run(
                 read_stream, write_stream, self.sdk_server.create_initialization_options()
@@ -102,17 +129,10 @@ class ProgramServer:
         Raises:
             ConfigError: ``host`` is reachable from other machines and no key is given.
         """
-        import uvicorn
-
         check_exposure(host, api_keys)
         app: Any = self.sdk_server.streamable_http_app(host=host)
         if api_keys:
-            from plait.serve.middleware import RequireApiKey
-
             app = RequireApiKey(app, tuple(api_keys))
-        from plait.serve.http_protocol import http_protocol
-        from plait.serve.options import ServeOptions
-
         # a request's head and the time to send it bounded as `plait serve` bounds them
         http = http_protocol(ServeOptions())
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", http=http)
@@ -134,8 +154,6 @@ class ProgramServer:
             ConfigError: over HTTP, ``host`` is reachable from other machines and no key
                 is given.
         """
-        import anyio
-
         if transport == "stdio":
             anyio.run(self.serve_stdio)
         elif transport == "http":
@@ -146,19 +164,18 @@ class ProgramServer:
 
     # ----------------------------------------------------------------- handlers
     async def _list_tools(self, ctx: Any, params: Any) -> Any:
-        from mcp.types import ListToolsResult
-        from mcp.types import Tool as ToolInfo
-
         tools = [
-            ToolInfo(name=e.name, description=e.description, input_schema=e.input_schema)
+            ToolInfo(
+                name=e.name,
+                description=e.description,
+                input_schema=e.input_schema,
+                output_schema=e.output_schema,
+            )
             for e in self.entries.values()
         ]
         return ListToolsResult(tools=tools)
 
     async def _call_tool(self, ctx: Any, params: Any) -> Any:
-        from mcp.shared.exceptions import MCPError as SDKError
-        from mcp.types import INVALID_PARAMS
-
         entry = self.entries.get(params.name)
         if entry is None:
             known = ", ".join(self.entries) or "none"
@@ -178,8 +195,6 @@ def check_exposure(host: str, api_keys: Sequence[str]) -> None:
     Raises:
         ConfigError: ``host`` is not loopback and no key is given.
     """
-    from plait.serve.options import is_loopback
-
     if api_keys or is_loopback(host):
         return
     raise ConfigError(
@@ -305,13 +320,40 @@ def _entry_of(item: Any, resources: Any, name: str | None = None) -> _Entry:
         item.bind(resources)
     model = _arguments_model(item)
     schema = _without_titles(model.model_json_schema())
-    return _Entry(name or type(item).__name__, _description_of(item), schema, item, model)
+    output, wrapped = _output_schema(item)
+    return _Entry(
+        name or type(item).__name__,
+        _description_of(item),
+        schema,
+        item,
+        model,
+        output_schema=output,
+        wrapped=wrapped,
+    )
+
+
+def _output_schema(program: Module) -> tuple[dict[str, Any] | None, bool]:
+    """Returns MCP's ``outputSchema`` of the program's declared output, and whether it
+    wraps the output as ``{"result": ...}`` (MCP wants an object there); ``(None, False)``
+    for text or an output that declares nothing (or that pydantic cannot describe)."""
+    output = output_type_of(program)
+    if output is str or output is Any:
+        return None, False
+    try:
+        schema = _without_titles(TypeAdapter(output).json_schema())
+    except Exception:  # a class pydantic knows nothing about: no schema to promise
+        return None, False
+    if schema.get("type") == "object":
+        return schema, False
+    definitions = schema.pop("$defs", None)
+    wrapper = {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+    if definitions:
+        wrapper["$defs"] = definitions  # a "$ref" resolves within the document's root
+    return wrapper, True
 
 
 def _arguments_model(program: Module) -> Any:
     """Returns a pydantic model of the program's inputs: names, types, defaults, descriptions."""
-    from pydantic import ConfigDict, Field, create_model
-
     names, required, _ = inputs_of(program)
     signature = getattr(program, "signature", None)
     fields_of_signature = getattr(signature, "input_fields", None)
@@ -374,8 +416,6 @@ def _without_titles(schema: Any) -> Any:
 
 # ------------------------------------------------------------------ calling
 async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
-    from pydantic import ValidationError
-
     try:
         checked = entry.arguments.model_validate(arguments)
     except ValidationError as exc:
@@ -395,7 +435,7 @@ async def _call_program(entry: _Entry, arguments: dict[str, Any]) -> Any:
         reason = described(exc)
         logger.warning("%s failed: %s", entry.name, reason)
         return _error_result(f"{entry.name} failed: {without_addresses(reason)}")
-    return _result_of(output)
+    return _result_of(output, wrapped=entry.wrapped if entry.output_schema else None)
 
 
 async def _call_plait_tool(entry: _Entry, tool: Tool, arguments: dict[str, Any]) -> Any:
@@ -417,19 +457,24 @@ def _cannot_pause(name: str, pause: ConfirmationRequired) -> Any:
     )
 
 
-def _result_of(output: Any, text: str | None = None) -> Any:
+def _result_of(output: Any, text: str | None = None, wrapped: bool | None = None) -> Any:
     """Returns a ``CallToolResult``: the output as text, and as structured content when it
-    is data (an object; anything else is wrapped as ``{"result": ...}``)."""
-    from mcp.types import CallToolResult, TextContent
-    from pydantic_core import to_jsonable_python
+    is data (an object; anything else is wrapped as ``{"result": ...}``).
 
+    Args:
+        wrapped: for a program with an ``outputSchema``, whether that schema wraps the
+            output (so the content fits the schema whatever the value); None: decide by
+            the value.
+    """
     if hasattr(output, "to_dict") and callable(output.to_dict):  # a Prediction
         output = output.to_dict()
     data = to_jsonable_python(output, fallback=str)
     if text is None:
         text = output if isinstance(output, str) else _json_text(data)
     structured = None
-    if not isinstance(output, str):
+    if wrapped is not None:
+        structured = {"result": data} if wrapped else data
+    elif not isinstance(output, str):
         structured = data if isinstance(data, dict) else {"result": data}
     return CallToolResult(content=[TextContent(text=text)], structured_content=structured)
 
@@ -439,6 +484,4 @@ def _json_text(data: Any) -> str:
 
 
 def _error_result(message: str) -> Any:
-    from mcp.types import CallToolResult, TextContent
-
     return CallToolResult(content=[TextContent(text=message)], is_error=True)

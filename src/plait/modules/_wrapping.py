@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from plait import _context
+from plait._jsondata import compact_json
+from plait.history import History
 from plait.module import Module
 from plait.modules.predict import history_messages
 from plait.signatures.adapters import format_value
@@ -96,9 +98,7 @@ def to_text(output: Any) -> str:
     to_dict = getattr(output, "to_dict", None)
     if callable(to_dict):
         output = to_dict()
-    from pydantic_core import to_json
-
-    return to_json(output, fallback=str).decode()
+    return compact_json(output)
 
 
 def valid_output(inputs: dict[str, Any], output: Any) -> float:
@@ -199,7 +199,6 @@ class AttemptCaller:
                     f"Your previous output:\n{to_text(retry.output)}\n\n{retry.reasons}"
                 )
             return await call_child(self.module, self.args, kwargs)
-        from plait.history import History
 
         history = History(messages=history_messages(self.kwargs.get("history")))
         if retry is not None:

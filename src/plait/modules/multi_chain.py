@@ -112,7 +112,7 @@ class MultiChainComparison(Module):
         usage = Usage()
         for result in (*results, final):
             if isinstance(result, Prediction):
-                usage.add(result.usage)
+                usage += result.usage
         return Prediction(final.to_dict(), usage=usage, raw=final.raw, messages=final.messages)
 
     async def _chain(self, index: int, values: dict[str, Any]) -> Prediction:

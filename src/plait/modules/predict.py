@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait import _context
+from plait._jsondata import as_json_data
 from plait.backends.types import Message, Request, Response, SamplingOptions, as_message
 from plait.callbacks import ReportedCall, active_callbacks
 from plait.errors import PlaitError, StructuredOutputError
@@ -266,7 +267,7 @@ class Predict(Module):
         self, args: tuple[Any, ...], inputs: dict[str, Any], history: Any
     ) -> Prediction:
         """Runs the tool loop until the model answers (its last turn without tools, if need be)."""
-        from plait.modules.tool_loop import ToolLoop  # tool_loop.py imports this module
+        from plait.modules.tool_loop import ToolLoop  # cycle: tool_loop.py imports this module
 
         turns = () if history is None else history
         loop = ToolLoop(self, self.signature, self.tools, self.max_turns)
@@ -283,7 +284,7 @@ class Predict(Module):
         extracted = not isinstance(run.final, Prediction)
         if extracted:  # the turns ran out: one more must answer, with no tools on offer
             run.final = await self._ask(self._answer_request(run.messages), run.values)
-            run.usage.add(run.final.usage)
+            run.usage += run.final.usage
         prediction = run.prediction(run.final, extracted=extracted)
         run.extend_history(history, prediction.raw)
         return prediction
@@ -395,6 +396,7 @@ async def ask_step(
     consumer streams) gets the reply's text as it is written.
 
     Raises:
+        ReplyCutOffError: the last reply was cut off at its token limit.
         StructuredOutputError: the reply held neither tool calls nor valid
             outputs after the re-ask (``raw`` is the last reply).
     """
@@ -430,6 +432,7 @@ async def ask_step(
         expected=f"every output field ({', '.join(fields)}) in the format described above",
         label=label,
         reasks=reasks,
+        fields=fields,
         on_attempt=trace,
     )
     if sink is not None:
@@ -445,9 +448,7 @@ async def ask_step(
 # ------------------------------------------------------------------ helpers
 def _jsonable(demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Returns demos as JSON data (models as dicts, enums as values), so state_dict stays JSON."""
-    from pydantic_core import to_jsonable_python
-
-    return to_jsonable_python(demos, fallback=str)
+    return as_json_data(demos)
 
 
 def _demo_type(sig: type[Signature]) -> Any:

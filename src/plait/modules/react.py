@@ -8,7 +8,9 @@ resumes happen too). The loop ends when the model replies without tool
 calls; that reply is parsed into the signature's outputs. When it does not
 parse, or after ``max_iters`` turns, one last *extraction* call (a `Predict`
 over the inputs plus the trajectory, with the outputs' JSON schema and no
-tools) must produce them.
+tools) must produce them. A reply cut off at ``max_tokens`` (a tool call's
+arguments, or the answer) is not passed on: the run fails at that turn with a
+`ReplyCutOffError` naming the field and the limit.
 
 A call that needs a person's approval pauses the run (see `forward`). The
 person is asked about a call once in a run: when a later turn repeats a call
@@ -176,6 +178,8 @@ class ReAct(Module):
             ConfirmationRejected: the person declined it (``on_decline="raise"``).
             ResumeRefusedError: the resume state was changed, forged, made by
                 another agent or for other inputs, or already used.
+            ReplyCutOffError: a turn's reply (a tool call or the answer) was cut
+                off at ``max_tokens``; it names the turn's field or tool argument.
             StructuredOutputError: the extraction reply stayed invalid after one re-ask.
             BackendError: a model call failed after the resource layer's retries.
         """
@@ -217,7 +221,7 @@ class ReAct(Module):
         final_text = run.final.raw if isinstance(run.final, StructuredOutputError) else None
         text = render_trajectory(run.trajectory, final_text)
         extracted = await self.extract(**run.values, trajectory=text)
-        run.usage.add(extracted.usage)
+        run.usage += extracted.usage
         return run.prediction(extracted, extracted=True)
 
     # ---------------------------------------------------------------- helpers

@@ -36,7 +36,7 @@ from plait.confirmation import (
     claim_resume,
     rejection,
 )
-from plait.errors import ResumeRefusedError, StructuredOutputError
+from plait.errors import ReplyCutOffError, ResumeRefusedError, StructuredOutputError
 from plait.media import Audio, File, Image, Media
 from plait.modules._wrapping import bind_signature_inputs
 from plait.modules.predict import record_system
@@ -203,6 +203,8 @@ class ToolLoop:
             neither calls nor outputs, or None when the turns ran out.
 
         Raises:
+            ReplyCutOffError: a turn's reply (a tool call, or the answer) was
+                cut off at its token limit; the run stops at that turn.
             ConfirmationRequired: a tool call waits for a person's approval.
             ConfirmationRejected: the person declined it and ``on_decline`` is ``"raise"``.
             ResumeRefusedError: the resume state was changed, forged, made by
@@ -223,11 +225,13 @@ class ToolLoop:
                 choice = self.first_tool_choice if run.turn == 0 else "auto"
                 try:
                     step = await ask(run.messages, choice, values)
+                except ReplyCutOffError:  # nothing of it can be used: this step fails
+                    raise
                 except StructuredOutputError as unusable:  # the module decides what follows
-                    run.usage.add(unusable.usage)
+                    run.usage += unusable.usage
                     run.final = unusable
                     return run
-                run.usage.add(step.usage)
+                run.usage += step.usage
                 if step.is_final:
                     run.final = step
                     return run
@@ -327,7 +331,9 @@ class ToolLoop:
         else:
             result = await found.call(call.arguments, call_id=call.id)
         await emit_event(
-            ToolResultEvent(self.module, call.name, result.content, result.ok, call.id, path)
+            ToolResultEvent(
+                self.module, call.name, result.content, result.ok, call.id, path, result.error
+            )
         )
         return result
 
@@ -411,11 +417,7 @@ class ToolRun:
             "messages": [_paused_message_dict(m) for m in self.messages],
             "first_new": self.first_new,
             "trajectory": [step.to_dict() for step in self.trajectory],
-            "usage": {
-                "input_tokens": self.usage.input_tokens,
-                "output_tokens": self.usage.output_tokens,
-                "cost": self.usage.cost,
-            },
+            "usage": dataclasses.asdict(self.usage),  # a state saved before has no "cached"
             "turn": self.turn,
             "pending": None
             if pending is None

@@ -26,7 +26,7 @@ from typing import Any
 
 from plait import _context
 from plait._context import module_path
-from plait.backends.types import Request, Response, message_to_dict
+from plait.backends.types import HoldsUsage, Request, Response, Usage, message_to_dict
 
 __all__ = ["DEFAULT_TRACE_LIMIT", "TraceRecord", "get_traces", "record_trace"]
 
@@ -35,8 +35,9 @@ DEFAULT_TRACE_LIMIT = 1000
 
 
 @dataclass(slots=True)
-class TraceRecord:
-    """One LLM call made by a module."""
+class TraceRecord(HoldsUsage):
+    """One LLM call made by a module (``input_tokens``, ``cost``, ``cache_hit`` … read its
+    ``usage``)."""
 
     module: str
     """Dotted path of the module when it ran (``pipeline.qa``); its class name at the top level."""
@@ -52,12 +53,9 @@ class TraceRecord:
     """The parsed outputs (a dict), or the reply text when it could not be parsed."""
     latency: float
     """Seconds from the request to the reply, waits for limits and retries included."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    """Cost of the call when the endpoint's prices are known; 0.0 otherwise."""
-    cache_hit: bool = False
-    """Whether the reply came from the response cache (then it cost nothing)."""
+    usage: Usage = field(default_factory=Usage)
+    """What the call consumed: the reply's `Usage` (its cost 0.0 when the endpoint has no
+    price; ``cache_hit`` when the reply came from the response cache, costing nothing)."""
     timestamp: float = field(default_factory=time.time)
     """Wall-clock time (``time.time()``) when the call started."""
     error: str | None = None
@@ -70,8 +68,19 @@ class TraceRecord:
     """Position of the batch item the call served (None outside a batch)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """Returns the record as a plain dict (one row of `Module.traces_frame`)."""
-        return asdict(self)
+        """Returns the record as a plain dict (one row of `Module.traces_frame`), its usage
+        as the columns ``input_tokens``, ``output_tokens``, ``cost``, ``cache_hit``."""
+        row: dict[str, Any] = {}
+        for name, value in asdict(self).items():
+            if name == "usage":
+                usage = self.usage
+                row["input_tokens"] = usage.input_tokens
+                row["output_tokens"] = usage.output_tokens
+                row["cost"] = usage.cost
+                row["cache_hit"] = usage.cache_hit
+            else:
+                row[name] = value
+        return row
 
 
 def get_traces(module: Any) -> list[TraceRecord]:
@@ -112,7 +121,6 @@ def record_trace(
     """
     elapsed = time.perf_counter() - started
     meta = response.meta if response is not None else {}
-    usage = response.usage if response is not None else None
     if output is None and response is not None:
         output = response.text
     record = TraceRecord(
@@ -123,10 +131,7 @@ def record_trace(
         messages=[message_to_dict(m) for m in request.messages],
         output=output,
         latency=elapsed,
-        input_tokens=usage.input_tokens if usage is not None else 0,
-        output_tokens=usage.output_tokens if usage is not None else 0,
-        cost=usage.cost if usage is not None else 0.0,
-        cache_hit=bool(meta.get("cached", False)),
+        usage=response.usage if response is not None else Usage(),
         timestamp=time.time() - elapsed,
         error=None if error is None else _error_text(error),
         model=response.model if response is not None else None,

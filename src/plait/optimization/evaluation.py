@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from plait._together import together
+from plait.backends.types import Usage
 from plait.callbacks import ReportedCall
 from plait.errors import described
 from plait.execution.observe import callbacks_for
@@ -36,6 +37,7 @@ from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
 from plait.optimization.results import _rebuild as _rebuild  # what pickles made before name
+from plait.resources.usage import Budget, budgeted
 
 __all__ = [
     "EvaluationResult",
@@ -99,7 +101,8 @@ class _ExampleFirst:
 
 
 def _as_example(target: Any) -> Any:
-    from plait.modules.prediction import Prediction  # programs layer, loaded on first use
+    # import time: the module library, only for a Prediction row
+    from plait.modules.prediction import Prediction
 
     if isinstance(target, Mapping) and not isinstance(target, Prediction):
         return Prediction(target)
@@ -215,11 +218,13 @@ async def _run_rows(
                 output=result.output if result.ok else None,
                 error=error,
                 calls=usage.get("calls", 0),
-                cached=usage.get("cached", 0),
                 refused=usage.get("refused", 0),
-                input_tokens=usage.get("input_tokens", 0),
-                output_tokens=usage.get("output_tokens", 0),
-                cost=usage.get("cost", 0.0),
+                usage=Usage(
+                    usage.get("input_tokens", 0),
+                    usage.get("output_tokens", 0),
+                    usage.get("cost", 0.0),
+                    usage.get("cached", 0),
+                ),
             )
         )
     return rows
@@ -328,8 +333,6 @@ def evaluate(
     ``on_evaluate_start`` with the program, the dataset and the metric, and
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
-    from plait.resources.usage import Budget
-
     budget = Budget.of(max_calls, max_tokens, max_cost)
     return awaitable_or_result(
         _evaluate(module, dataset, metric, resources, max_concurrent, progress, budget)
@@ -346,8 +349,6 @@ async def _evaluate(
     budget: Any = None,
 ) -> EvaluationResult:
     """The body of `evaluate`: reports the call to callbacks around `_scored`."""
-    from plait.resources.usage import budgeted
-
     pairs = examples_of(dataset)
     if not pairs:
         raise ValueError("evaluate() got an empty dataset")

@@ -96,7 +96,7 @@ def updates_told(program: Any) -> Iterator[None]:
 
 def _fingerprint(which: str, value: Any) -> dict[str, Any]:
     """Returns the size and a short hash of a value: what shows a change without its text."""
-    # pydantic: only when a callback listens
+    # import time: pydantic, only when a callback listens
     from plait.optimization.training.updates import as_text
 
     text = as_text(value)

@@ -11,18 +11,25 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from plait import _files
+from plait._jsondata import as_json_data
+from plait.backends.types import HoldsUsage, Usage
 
 __all__ = ["EvaluationResult", "ExampleRow", "RunResult"]
 
 
 @dataclass
-class ExampleRow:
-    """One example of a dataset run: what went in, what came out, what it cost."""
+class ExampleRow(HoldsUsage):
+    """One example of a dataset run: what went in, what came out, what it cost.
+
+    Its tokens, cost and cache hits are its ``usage`` (``row.input_tokens``,
+    ``row.cost``, ``row.cached`` read it); a row as data (`as_record`, a saved
+    file, `to_frame`) has them as columns of their own, as a table wants them.
+    """
 
     index: int
     """Position in the dataset."""
@@ -38,19 +45,43 @@ class ExampleRow:
     """Why the example failed (type and message), or None."""
     calls: int = 0
     """Model calls the example made (re-asks and inner calls included; cache hits not)."""
-    cached: int = 0
-    """Calls answered from a response cache."""
     refused: int = 0
     """Calls the run's budget refused: the example was left undone (and scored 0)."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    """Tokens and cost of its calls; ``usage.cached``: calls answered from a response cache."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the row as a plain dict, its usage as the columns ``cached``,
+        ``input_tokens``, ``output_tokens`` and ``cost`` (the columns of a saved row)."""
+        row = asdict(self)
+        usage, refused = row.pop("usage"), row.pop("refused")
+        return {
+            **row,
+            "cached": usage["cached"],
+            "refused": refused,
+            "input_tokens": usage["input_tokens"],
+            "output_tokens": usage["output_tokens"],
+            "cost": usage["cost"],
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "usage" not in state:  # pickled by a plait before `usage`: its fields one by one
+            state = dict(state)
+            state["usage"] = Usage(
+                state.pop("input_tokens", 0),
+                state.pop("output_tokens", 0),
+                state.pop("cost", 0.0),
+                state.pop("cached", 0),
+            )
+        self.__dict__.update(state)
 
     def as_record(self) -> dict[str, Any]:
         """Returns the row as JSON-compatible data (models as dicts, other objects as text)."""
-        from pydantic_core import to_jsonable_python
+        return as_json_data(self.as_dict())
 
-        return to_jsonable_python(asdict(self), fallback=str)
+
+_COLUMNS = tuple(ExampleRow(0, None).as_dict())
+"""A row's columns, in order (a saved file's and `to_frame`'s)."""
 
 
 class _Rows:
@@ -104,13 +135,13 @@ class _Rows:
             ImportError: pandas is not installed.
         """
         try:
-            import pandas
+            import pandas  # optional extra (plait[pandas])
         except ImportError:
             raise ImportError(
                 "to_frame() needs pandas, which is not installed: `pip install pandas`, "
                 "or read .rows (a list of ExampleRow)"
             ) from None
-        return pandas.DataFrame([asdict(row) for row in self.rows])
+        return pandas.DataFrame([row.as_dict() for row in self.rows])
 
     def save(self, path: str | Path) -> Path:
         """Writes the rows to ``path``: JSON Lines (``.jsonl``) or Parquet (``.parquet``).
@@ -146,6 +177,7 @@ class _Rows:
             ImportError: pyarrow is not installed.
         """
         try:
+            # optional extra (plait[parquet])
             import pyarrow
             import pyarrow.parquet
         except ImportError:
@@ -155,7 +187,7 @@ class _Rows:
             ) from None
         path = Path(path)
         records = [row.as_record() for row in self.rows]
-        columns: dict[str, list[Any]] = {f.name: [] for f in fields(ExampleRow)}
+        columns: dict[str, list[Any]] = {name: [] for name in _COLUMNS}
         for record in records:
             for name, values in columns.items():
                 value = record[name]

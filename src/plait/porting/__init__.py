@@ -69,7 +69,7 @@ def signature(text: str, instructions: str | None = None) -> Any:
     Raises:
         SignatureSyntaxError: the text is malformed (the message shows where).
     """
-    from plait.signatures import Signature
+    from plait.signatures import Signature  # import time: signatures only for a signature string
 
     return Signature.from_string(text, instructions=instructions)
 
@@ -128,6 +128,7 @@ def LM(
 
 def _model_entry(model: str) -> dict[str, Any]:
     """Returns the endpoint a model name stands for: a provider's it names, else OpenAI's."""
+    # import time: the resource layer only for a model name
     from plait.resources.model_strings import entry_for, names_provider
 
     if not names_provider(model):

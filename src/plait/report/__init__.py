@@ -41,6 +41,7 @@ __all__ = ["RunReport", "RunReportError", "graph_data", "write_html"]
 
 def write_html(report: RunReport, path: str) -> None:
     """Writes ``report`` as one self-contained HTML page of plots (needs plotly)."""
+    # optional extra (plait[report]): html loads plotly
     from plait.report.html import write_html as write
 
     write(report, path)

@@ -34,6 +34,7 @@ class ModuleLatency(TypedDict):
 
 
 class Timeline(TypedDict):
+    step: NotRequired[float]
     t: list[float]
     in_flight: list[float]
     waiting: list[float]

@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from plait import _files
 from plait.report.fallbacks import budget_lines, fallback_lines
 from plait.report.run_report import PRICE_HINT, RunReport
 
@@ -23,7 +24,7 @@ _COLORS = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#B279A2", "#F
 
 def _go() -> Any:
     try:
-        import plotly.graph_objects as go
+        import plotly.graph_objects as go  # optional extra (plait[report])
     except ModuleNotFoundError as exc:
         raise ModuleNotFoundError(
             "the HTML report needs plotly: pip install 'plait[report]'", name="plotly"
@@ -39,12 +40,25 @@ def _label(text: Any) -> str:
 
 
 def _figure_html(figure: Any, div_id: str) -> str:
+    """Returns a figure as its title (a heading of the page) above its plot.
+
+    Plotly draws a title inside the plot's top margin, where its toolbar appears too: a
+    title longer than the space left of the toolbar was hidden under it. The heading
+    stands above the plot instead, so nothing covers it.
+    """
+    title = figure.layout.title.text or ""
     figure.update_layout(
-        template="plotly_white", margin={"l": 60, "r": 20, "t": 50, "b": 50}, height=360
+        title=None,
+        template="plotly_white",
+        margin={"l": 60, "r": 20, "t": 40, "b": 50},
+        height=340,
     )
-    return figure.to_html(
+    plot = figure.to_html(
         full_html=False, include_plotlyjs=False, div_id=div_id, config={"displaylogo": False}
     )
+    # the title was escaped for plotly (`_label`): undone, then escaped for HTML
+    heading = html.escape(html.unescape(title))
+    return f"<h3 class='plot-title'>{heading}</h3>{plot}" if heading else plot
 
 
 _WAITING = "waiting for a slot"
@@ -104,10 +118,11 @@ def traffic_figure(report: RunReport) -> Any:
     figure = go.Figure()
     for i, (endpoint, series) in enumerate(report.timeline.items()):
         color = _COLORS[i % len(_COLORS)]
+        ends = _bucket_ends(series)
         figure.add_trace(
             go.Scatter(
-                x=series["t"],
-                y=series["in_flight"],
+                x=ends,
+                y=_held(series["in_flight"]),
                 mode="lines",
                 name=f"{_label(endpoint)}: in flight",
                 line={"color": color, "shape": "hv"},
@@ -115,8 +130,8 @@ def traffic_figure(report: RunReport) -> Any:
         )
         figure.add_trace(
             go.Scatter(
-                x=series["t"],
-                y=series["waiting"],
+                x=ends,
+                y=_held(series["waiting"]),
                 mode="lines",
                 name=f"{_label(endpoint)}: waiting",
                 line={"color": color, "dash": "dot", "shape": "hv"},
@@ -141,6 +156,25 @@ def traffic_figure(report: RunReport) -> Any:
         barmode="overlay",
     )
     return figure
+
+
+def _bucket_ends(series: dict[str, Any]) -> list[float]:
+    """Returns a timeline's bucket starts and the last bucket's end.
+
+    Each value holds for its whole bucket, so its line is drawn to the bucket's end: an
+    endpoint busy in one bucket alone (a fallback's backup that served a short burst) then
+    draws a line, which a single point would not.
+    """
+    starts = list(series["t"])
+    if not starts:
+        return starts
+    step = series.get("step") or (starts[-1] - starts[-2] if len(starts) > 1 else 0.1)
+    return [*starts, starts[-1] + step]
+
+
+def _held(values: list[float]) -> list[float]:
+    """Returns a timeline's values with the last one held to the last bucket's end."""
+    return [*values, values[-1]] if values else values
 
 
 def cost_figure(report: RunReport) -> Any:
@@ -408,6 +442,7 @@ def _failures(report: RunReport) -> str:
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
 h1 { margin-bottom: 0.2em; } .sub { color: #666; margin-top: 0; }
+h3.plot-title { font-size: 100%; font-weight: 600; margin: 0.6em 0 0 60px; }
 table.facts th { text-align: left; padding-right: 2em; font-weight: 600; }
 table.failures { border-collapse: collapse; font-size: 90%; }
 table.failures td, table.failures th { border: 1px solid #ddd; padding: 4px 8px; }
@@ -449,7 +484,7 @@ def _plots(report: RunReport) -> str:
 
 def render_html(report: RunReport) -> str:
     """Returns the page as one string (plotly.js inlined)."""
-    from plotly.offline import get_plotlyjs
+    from plotly.offline import get_plotlyjs  # optional extra (plait[report])
 
     usage = report.usage
     requests = (
@@ -498,6 +533,4 @@ def write_html(report: RunReport, path: str) -> None:
         FileError: ``path`` is a symbolic link (never written through) or not a
             regular file, or cannot be written.
     """
-    from plait import _files
-
     _files.write_atomically(path, render_html(report))

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from plait import _context
+from plait._jsondata import as_json_data
 from plait.callbacks import CONTENT_KEYS, BaseCallback, active_call_id, active_callbacks
 
 __all__ = ["LearningLog"]
@@ -132,12 +133,10 @@ class LearningLog(BaseCallback):
 
     def _data(self, facts: dict[str, Any]) -> dict[str, Any]:
         """Returns ``facts`` as JSON data, without the program's text unless captured."""
-        from pydantic_core import to_jsonable_python
-
         kept = {
             key: value
             for key, value in facts.items()
             if self.capture_content or key not in CONTENT_KEYS
         }
-        data: dict[str, Any] = to_jsonable_python(kept, fallback=repr)
+        data: dict[str, Any] = as_json_data(kept, fallback=repr)
         return data

@@ -29,10 +29,11 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from plait import _context
+from plait.backends.types import HoldsUsage, Usage
 from plait.errors import BudgetExceededError
 
 if TYPE_CHECKING:
@@ -54,9 +55,13 @@ _MAX_BUCKETS = 2000
 """Buckets a timeline holds before it doubles its step."""
 
 
+_NO_USAGE = Usage()
+"""The usage of a node that made no model call (records only read it)."""
+
+
 @dataclass(frozen=True, slots=True)
-class NodeTiming:
-    """One node execution."""
+class NodeTiming(HoldsUsage):
+    """One node execution (``input_tokens``, ``cost``, ``cache_hit`` … read its ``usage``)."""
 
     node_id: str
     module_path: str
@@ -64,10 +69,8 @@ class NodeTiming:
     start: float
     """Seconds since the profiler started."""
     end: float
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    cache_hit: bool = False
+    usage: Usage = field(default_factory=Usage)
+    """What its model calls consumed: the reply's `Usage`, held, not copied."""
     finish_reason: str | None = None
     """Why the model stopped (``"length"``: cut off by the token limit); None for non-LLM nodes."""
     wait: float = 0.0
@@ -77,10 +80,28 @@ class NodeTiming:
     def duration(self) -> float:
         return self.end - self.start
 
+    def span(self) -> dict[str, Any]:
+        """Returns the record as a node span of a run report (``RunReport.spans``)."""
+        usage = self.usage
+        return {
+            "node_id": self.node_id,
+            "module_path": self.module_path,
+            "input_index": self.input_index,
+            "start": self.start,
+            "end": self.end,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": usage.cost,
+            "cache_hit": usage.cache_hit,
+            "finish_reason": self.finish_reason,
+            "wait": self.wait,
+        }
+
 
 @dataclass(frozen=True, slots=True)
-class RequestTiming:
-    """One attempt of one model call, as the resource manager saw it."""
+class RequestTiming(HoldsUsage):
+    """One attempt of one model call, as the resource manager saw it (``input_tokens``,
+    ``cost`` … read its ``usage``)."""
 
     endpoint: str
     """The configuration entry that served it (an alias, or ``"*"``)."""
@@ -100,9 +121,8 @@ class RequestTiming:
     """HTTP status of the answer; None when there was none (timeout, dropped connection)."""
     error: str | None = None
     """The error, for a failed attempt."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    """What a successful attempt consumed: its reply's `Usage`, held, not copied."""
 
     @property
     def wait(self) -> float:
@@ -113,6 +133,24 @@ class RequestTiming:
     def duration(self) -> float:
         """Seconds from sending to the answer."""
         return self.end - self.sent
+
+    def span(self) -> dict[str, Any]:
+        """Returns the record as a request span of a run report (``RunReport.spans``)."""
+        usage = self.usage
+        return {
+            "endpoint": self.endpoint,
+            "alias": self.alias,
+            "call": self.call,
+            "attempt": self.attempt,
+            "queued": self.queued,
+            "sent": self.sent,
+            "end": self.end,
+            "status": self.status,
+            "error": self.error,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": usage.cost,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +374,7 @@ class Profiler:
         self.nodes_seen += 1
         if self._programs:
             node_id, module_path = self.shown_path(node_id), self.shown_path(module_path)
+        usage = meta.get("usage", _NO_USAGE)
         self._nodes.offer(
             NodeTiming(
                 node_id=node_id,
@@ -343,16 +382,13 @@ class Profiler:
                 input_index=index,
                 start=clock.start,
                 end=self.now(),
-                input_tokens=meta.get("input_tokens", 0),
-                output_tokens=meta.get("output_tokens", 0),
-                cost=meta.get("cost", 0.0),
-                cache_hit=bool(meta.get("cached", False)),
+                usage=usage,
                 finish_reason=meta.get("finish_reason"),
                 wait=clock.waited,
             ),
             self._rng,
         )
-        if meta.get("cached"):
+        if usage.cached:
             self._alias(meta.get("alias") or module_path)["cache_hits"] += 1
 
     def show_program_at(self, path: str, name: str) -> None:
@@ -390,7 +426,7 @@ class Profiler:
         *,
         status: int | None = 200,
         error: BaseException | None = None,
-        usage: Any = None,
+        usage: Usage | None = None,
         final: bool = True,
         priced: bool = True,
     ) -> None:
@@ -425,9 +461,7 @@ class Profiler:
             end,
             status,
             None if error is None else f"{type(error).__name__}: {error}",
-            getattr(usage, "input_tokens", 0),
-            getattr(usage, "output_tokens", 0),
-            getattr(usage, "cost", 0.0),
+            _NO_USAGE if usage is None else usage,
         )
         self._requests.offer(timing, self._rng)
         timeline = self.timelines.get(endpoint)
@@ -442,10 +476,7 @@ class Profiler:
             totals["rate_limited"] += 1
         served = self._endpoint(endpoint, alias)
         if error is None:
-            totals["calls"] += 1
-            totals["input_tokens"] += timing.input_tokens
-            totals["output_tokens"] += timing.output_tokens
-            totals["cost"] += timing.cost
+            self.record_usage(alias, timing.usage)
             served["served"] += 1
         elif final:
             totals["failures"] += 1
@@ -486,8 +517,9 @@ class Profiler:
             }
         return news
 
-    def record_usage(self, alias: str, usage: Any, calls: int = 1) -> None:
-        """Adds calls made outside the request path (a provider batch job) to an alias's totals."""
+    def record_usage(self, alias: str, usage: Usage, calls: int = 1) -> None:
+        """Adds finished calls to an alias's totals (a successful request attempt's, or
+        those of a provider batch job, made outside the request path)."""
         totals = self._alias(alias)
         totals["calls"] += calls
         totals["input_tokens"] += usage.input_tokens
@@ -565,7 +597,8 @@ class Profiler:
             **details: passed to `RunReport.from_profiler` (``program``,
                 ``kind``, ``graph``, ``training``, ``learning``, ``metrics``).
         """
-        from plait.report import RunReport  # the report builds on the profiler, not below it
+        # cycle: plait.report imports this module (the report builds on it)
+        from plait.report import RunReport
 
         return RunReport.from_profiler(self, **details)
 

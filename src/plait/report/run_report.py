@@ -25,6 +25,7 @@ from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
 from plait.report.fallbacks import budget_lines, fallback_data, fallback_lines
+from plait.report.perfetto import trace_events
 from plait.report.profiling import Profiler
 from plait.resources.books import budget_books
 from plait.resources.usage import active_budgets
@@ -159,8 +160,8 @@ class RunReport:
             budgets: the books of the budgets the run was held to, by name (see the
                 ``budgets`` field); by default those of the budgets open here.
         """
-        nodes = [asdict(r) for r in profiler.records]
-        requests = [asdict(r) for r in profiler.requests]
+        nodes = [r.span() for r in profiler.records]
+        requests = [r.span() for r in profiler.requests]
         if graph is not None and not isinstance(graph, dict):
             graph = graph_data(graph)
         return cls(
@@ -276,7 +277,8 @@ class RunReport:
                 deeper than a report does, or has a field of the wrong type; the
                 message names the file and the line and column or the field.
         """
-        from plait.report._shape import shape_problem  # pydantic, only when reading a file
+        # import time: pydantic, only when reading a file
+        from plait.report._shape import shape_problem
 
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -304,8 +306,6 @@ class RunReport:
 
     def trace_events(self) -> dict[str, Any]:
         """Returns the spans as a Chrome / Perfetto trace (``{"traceEvents": [...]}``)."""
-        from plait.report.perfetto import trace_events
-
         return trace_events(self.spans["nodes"], self.spans["requests"], self.started_at)
 
     def save_trace(self, path: str | os.PathLike[str]) -> None:

@@ -49,6 +49,7 @@ import json
 import traceback
 from typing import Any
 
+from plait._jsondata import as_json_data
 from plait.callbacks import CONTENT_KEYS, BaseCallback, active_call_id, call_path
 
 __all__ = ["OpenTelemetryCallback"]
@@ -77,7 +78,7 @@ class OpenTelemetryCallback(BaseCallback):
 
     def __init__(self, tracer_provider: Any = None, *, capture_content: bool = False) -> None:
         try:
-            from opentelemetry import trace
+            from opentelemetry import trace  # optional extra (plait[otel])
         except ImportError as exc:
             raise ImportError(
                 "OpenTelemetryCallback needs OpenTelemetry: pip install 'plait[otel]'"
@@ -131,7 +132,7 @@ class OpenTelemetryCallback(BaseCallback):
                 attributes["gen_ai.response.finish_reasons"] = [outputs.finish_reason]
             if outputs.model:
                 attributes["gen_ai.response.model"] = outputs.model
-            attributes["plait.cache_hit"] = bool(outputs.meta.get("cached", False))
+            attributes["plait.cache_hit"] = usage.cache_hit
             if self.capture_content:
                 message = {"role": "assistant", "content": outputs.text}
                 if outputs.tool_calls:
@@ -321,9 +322,7 @@ def _attribute(value: Any) -> Any:
 
 
 def _json(value: Any) -> str:
-    from pydantic_core import to_jsonable_python
-
-    return json.dumps(to_jsonable_python(value, fallback=repr), ensure_ascii=False)
+    return json.dumps(as_json_data(value, fallback=repr), ensure_ascii=False)
 
 
 _WITHHELD = "[provider text withheld: capture_content=True records it]"

@@ -54,7 +54,14 @@ import orjson
 from plait.backends import providers
 from plait.backends.types import Message, Request, Response, ToolCall, Usage
 from plait.resources.config import EndpointConfig
-from plait.resources.state import StateStore, StateURL, StateWarning, open_store, release_store
+from plait.resources.state import (
+    StateStore,
+    StateURL,
+    StateWarning,
+    on_loop,
+    open_store,
+    release_store,
+)
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -319,14 +326,14 @@ class ResponseCacheStore:
             if store is None:
                 return None
             if store.blocking:
-                raw = await self._off_loop(store, store.get, None, _TABLE, key)
+                raw = await on_loop.call(store, store.get, _TABLE, key, default=None)
             else:
                 raw = store.get(_TABLE, key)
             if raw is None:
                 return None
             entry = _decode(raw)
             if entry is None:  # a value this plait cannot read: a miss, replaced on put
-                self._send(store, store.delete, _TABLE, key)
+                on_loop.send(store, store.delete, _TABLE, key)
                 return None
             self.memory.put(key, entry)
         return _response_of(entry)
@@ -367,21 +374,6 @@ class ResponseCacheStore:
                 self._flush(store)
 
         flushing.add_done_callback(done)
-
-    def _send(self, store: StateStore, method: Any, *args: Any) -> None:
-        """Runs a rare write (a delete) inline on SQLite, on the store's threads otherwise."""
-        if not store.blocking:
-            method(*args)
-        else:
-            asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
-
-    async def _off_loop(self, store: StateStore, method: Any, default: Any, *args: Any) -> Any:
-        """Runs a read on the store's threads, waiting at most its timeout."""
-        future = asyncio.get_running_loop().run_in_executor(_executor(store), method, *args)
-        try:
-            return await asyncio.wait_for(future, getattr(store, "timeout", None))
-        except (TimeoutError, RuntimeError):  # slow, or the store closed under us
-            return default
 
     async def aclose(self) -> None:
         """Waits (at most twice the store's timeout) for writes on their way, then lets go

@@ -26,6 +26,8 @@ endpoint of the chain after its retries goes to the next (`ResourceManager`).
 from __future__ import annotations
 
 import copy
+import inspect
+import json
 import os
 import re
 import weakref
@@ -34,9 +36,11 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from plait._jsontext import loads
 from plait.backends import providers
 from plait.backends._bounded import DEFAULT_MAX_EVENT_BYTES, DEFAULT_MAX_RESPONSE_BYTES
 from plait.backends._urls import redact_url
+from plait.backends.base import Backend
 from plait.errors import ConfigError, UnknownAliasError
 from plait.resources import validation as check
 from plait.resources.model_strings import entry_for
@@ -332,15 +336,13 @@ def _backend_option_problems(provider: str, options: Mapping[str, Any]) -> list[
     run. The backend's module is imported here, and only for a configuration
     that sets ``backend_options``, so ``import plait`` stays light.
     """
-    from plait.resources.endpoint import backend_class
+    from plait.resources.endpoint import backend_class  # cycle: endpoint.py imports this module
 
     return _option_problems(backend_class(provider), _checkers(provider), options)
 
 
 def _option_problems(cls: type, own: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
     """Returns a line per option that ``cls``'s constructor would refuse or that ``own`` sets."""
-    import inspect
-
     parameters = inspect.signature(cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     accepted = [
@@ -453,15 +455,11 @@ def _known_providers() -> list[str]:
 
 
 def _is_backend_class(value: Any) -> bool:
-    from plait.backends.base import Backend
-
     return isinstance(value, type) and issubclass(value, Backend)
 
 
 def _user_backend(provider: Any) -> tuple[str, Any] | None:
     """Returns (name, class or instance) when ``provider`` names a user-written backend."""
-    from plait.backends.base import Backend
-
     if isinstance(provider, str):
         registered = _REGISTERED.get(provider)
         return None if registered is None else (provider, registered)
@@ -623,7 +621,7 @@ class ResourceConfig:
                 expanded), or its content is invalid; the message names the
                 file (and the offending byte).
         """
-        from pathlib import Path  # only a configuration read from a file needs it
+        from pathlib import Path  # import time: only a configuration read from a file
 
         file = Path(path)
         suffix = file.suffix.lower()
@@ -856,10 +854,6 @@ _FIX_THERE = "correct the file there"
 
 
 def _read_json(text: str, file: Path) -> Any:
-    import json
-
-    from plait._jsontext import loads
-
     try:
         return loads(text)
     except json.JSONDecodeError as exc:
@@ -871,7 +865,7 @@ def _read_json(text: str, file: Path) -> Any:
 
 
 def _read_toml(text: str, file: Path) -> Any:
-    import tomllib
+    import tomllib  # import time: only a TOML file
 
     try:
         return tomllib.loads(text)
@@ -883,7 +877,7 @@ def _read_toml(text: str, file: Path) -> Any:
 
 def _read_yaml(text: str, file: Path) -> Any:
     try:
-        import yaml
+        import yaml  # optional extra (plait[yaml])
     except ImportError as exc:
         raise ConfigError(
             f"{file}: reading YAML needs PyYAML; install it with pip install 'plait[yaml]' "

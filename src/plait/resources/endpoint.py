@@ -176,6 +176,7 @@ class EndpointStats:
     failures: int
     """Calls that raised after their last attempt."""
     cache_hits: int
+    """Calls answered from the response cache (the same as ``usage.cached``)."""
     in_flight: int
     """Requests holding a slot now."""
     queue_depth: int
@@ -272,7 +273,6 @@ class Endpoint:
         self.requests = 0
         self.retries = 0
         self.failures = 0
-        self.cache_hits = 0
 
     def get_backend(self) -> Backend:
         """Returns the endpoint's backend, creating it on first use."""
@@ -287,12 +287,12 @@ class Endpoint:
             name=self.name,
             provider=self.config.provider,
             model=self.config.model,
-            calls=self.totals.calls + self.cache_hits,
+            calls=self.totals.calls + self.totals.usage.cached,
             requests=self.requests,
             retries=self.retries,
             rate_limited=limiter.rate_limited,
             failures=self.failures,
-            cache_hits=self.cache_hits,
+            cache_hits=self.totals.usage.cached,
             in_flight=limiter.in_flight,
             queue_depth=limiter.queue_depth,
             wait_time_total=limiter.wait_time_total,

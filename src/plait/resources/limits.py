@@ -37,6 +37,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
+from plait.backends import providers
+
 if TYPE_CHECKING:
     from plait.resources.config import EndpointConfig
 
@@ -46,6 +48,7 @@ __all__ = [
     "Limiter",
     "TokenBucket",
     "limiter_shares",
+    "runs_in_each_process",
     "too_small_to_share",
 ]
 
@@ -452,16 +455,19 @@ def limiter_shares(parts: int) -> Callable[[EndpointConfig], Limiter]:
     ``rpm / parts`` and ``tpm / parts``. ``parts`` processes that each hold one share stay
     within the endpoint's limits together, without talking to each other, as long as every
     ``max_concurrent`` is at least ``parts`` (`too_small_to_share` finds those that are not);
-    the price is that a share left idle by one process is not lent to another.
+    the price is that a share left idle by one process is not lent to another. An endpoint
+    whose model runs in each process (`runs_in_each_process`) keeps its whole limits in each.
     """
 
     def share(config: EndpointConfig) -> Limiter:
+        shares = 1 if runs_in_each_process(config) else parts
+
         def part(value: float | None) -> float | None:
-            return None if value is None else value / parts
+            return None if value is None else value / shares
 
         concurrent = config.max_concurrent
         return Limiter(
-            max_concurrent=None if concurrent is None else max(1, concurrent // parts),
+            max_concurrent=None if concurrent is None else max(1, concurrent // shares),
             rpm=part(config.rpm),
             tpm=part(config.tpm),
             adaptive=config.adaptive,
@@ -473,12 +479,22 @@ def limiter_shares(parts: int) -> Callable[[EndpointConfig], Limiter]:
 def too_small_to_share(endpoints: list[EndpointConfig], parts: int) -> list[str]:
     """Returns the endpoints whose ``max_concurrent`` is below ``parts``, described as
     ``"name (max_concurrent=N)"``: split ``parts`` ways, each share would still hold one slot,
-    so together they would pass the limit."""
+    so together they would pass the limit. An endpoint whose model runs in each process is
+    never one: it is not shared."""
     return [
         f"{endpoint.name} (max_concurrent={endpoint.max_concurrent})"
         for endpoint in endpoints
-        if endpoint.max_concurrent is not None and endpoint.max_concurrent < parts
+        if endpoint.max_concurrent is not None
+        and endpoint.max_concurrent < parts
+        and not runs_in_each_process(endpoint)
     ]
+
+
+def runs_in_each_process(endpoint: EndpointConfig) -> bool:
+    """Whether the endpoint's model runs inside each process that calls it (the ``local``
+    embedded model: `ProviderSpec.in_process`), so processes share none of its limits."""
+    spec = providers.get(endpoint.provider)
+    return spec is not None and spec.in_process
 
 
 if TYPE_CHECKING:  # mypy checks that Limiter has every member of the protocol

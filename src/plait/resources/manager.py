@@ -347,11 +347,11 @@ class ResourceManager:
     # -- observation --------------------------------------------------------------------
 
     def usage(self) -> dict[str, Usage]:
-        """Returns tokens and cost so far per alias, as the program named them."""
+        """Returns tokens, cost and cache hits so far per alias, as the program named them."""
         return {alias: route.totals.snapshot() for alias, route in self._routes.items()}
 
     def total_usage(self) -> Usage:
-        """Returns tokens and cost so far over all aliases."""
+        """Returns tokens, cost and cache hits so far over all aliases."""
         return self._total.snapshot()
 
     def stats(self) -> dict[str, EndpointStats]:

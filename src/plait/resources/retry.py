@@ -99,7 +99,7 @@ class RetryPolicy:
     def _generator(self) -> random.Random:
         rng = self._rng
         if rng is None:
-            import random
+            import random  # import time: only a retry with jitter
 
             rng = random.Random(self.seed)
             object.__setattr__(self, "_rng", rng)

@@ -71,13 +71,13 @@ async def cached_or_fresh(
     key = response_cache.key(endpoint.config, request)
     hit = await response_cache.get(key)
     if hit is not None and accepts(accept, hit):
-        return await replay(route, hit, on_text)
+        return await replay(manager, route, hit, on_text)
     in_flight = manager._in_flight
     shared = await join_in_flight(in_flight, key)
     if shared is not None:
         reply = copy_response(shared)
         if accepts(accept, reply):
-            return await replay(route, reply, on_text)
+            return await replay(manager, route, reply, on_text)
     leader: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
     in_flight[key] = leader
     try:
@@ -117,19 +117,28 @@ async def join_in_flight(
         raise  # this caller itself was cancelled
 
 
-async def replay(route: Route, response: Response, on_text: TextSink | None) -> Response:
+async def replay(
+    manager: ResourceManager, route: Route, response: Response, on_text: TextSink | None
+) -> Response:
     """Returns a cached (or shared) reply; a streaming caller gets its text in one piece."""
     if on_text is not None and response.text:
         await on_text.text(response.text)
-    return cache_hit(route, response)
+    return cache_hit(manager, route, response)
 
 
-def cache_hit(route: Route, response: Response) -> Response:
-    """Counts a reply served from the cache, and marks it as costing nothing and sent by no one."""
-    route.endpoint.cache_hits += 1
+def cache_hit(manager: ResourceManager, route: Route, response: Response) -> Response:
+    """Counts a reply served from the cache, and marks it as costing nothing and sent by no one.
+
+    It counts in the ``cached`` of the alias's, the endpoint's, the manager's and the
+    open meters' usage, as a sent call counts in their tokens and cost.
+    """
+    for totals in (route.totals, route.endpoint.totals, manager._total):
+        totals.usage.cached += 1
     for meter in active_meters():
-        meter.cached += 1
-    response.usage.cost = 0.0
+        meter.usage.cached += 1
+    usage = response.usage  # the cache's own copy, or `copy_response`'s: this caller's
+    usage.cost = 0.0
+    usage.cached = 1
     meta = response.meta
     meta["cached"] = True
     meta["alias"] = route.alias

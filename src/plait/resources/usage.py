@@ -1,9 +1,10 @@
 """Token usage, prices and cost.
 
-Every finished call carries a `Usage` (input and output tokens, and its cost
-once a price is known). The resource manager adds each call's usage to the
-totals of its endpoint and of the alias the program used, and stops an
-endpoint (or the whole manager) cleanly once a cost budget is spent.
+Every finished call carries a `Usage` (input and output tokens, its cost once
+a price is known, and whether the response cache answered it). The resource
+manager adds each call's usage to the totals of its endpoint, of the alias
+the program used and of the open meters, and stops an endpoint (or the whole
+manager) cleanly once a cost budget is spent.
 
 A `Budget` (`plait.resources.budget`, re-exported here with `budgeted` and
 `active_budgets`) is a hard limit on a piece of work rather than an endpoint:
@@ -19,12 +20,12 @@ embedded ``local`` model costs nothing.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Prices and Price live with the providers (plait.backends.providers); the names stay here.
 from plait.backends.providers import PRICES, price_for
-from plait.backends.types import Price, Usage
+from plait.backends.types import HoldsUsage, Price, Usage
 from plait.resources.budget import Budget, active_budgets, budgeted
 
 __all__ = [
@@ -46,8 +47,9 @@ class UsageTotals:
     """Running totals of usage and calls for one endpoint or alias.
 
     Attributes:
-        usage: summed tokens and cost.
-        calls: number of finished calls counted.
+        usage: summed tokens and cost of the calls sent; ``usage.cached``: the calls
+            answered from a response cache (their tokens not counted: nothing was spent).
+        calls: number of finished calls sent.
     """
 
     __slots__ = ("calls", "usage")
@@ -58,50 +60,52 @@ class UsageTotals:
 
     def record(self, usage: Usage) -> None:
         """Adds one finished call's usage."""
-        self.usage.add(usage)
+        self.usage += usage
         self.calls += 1
 
     def snapshot(self) -> Usage:
         """Returns a copy of the summed usage that later calls will not change."""
-        u = self.usage
-        return Usage(u.input_tokens, u.output_tokens, u.cost)
+        return replace(self.usage)
 
 
-@dataclass
-class UsageMeter:
+@dataclass(slots=True)
+class UsageMeter(HoldsUsage):
     """Counts the model calls made inside a `metered` block, whatever manager made them.
 
     One evaluation example, one optimizer run, one candidate: meters measure
     a piece of work, where `UsageTotals` measure an endpoint. Meters nest:
-    a call counts in every meter open around it.
+    a call counts in every meter open around it. A meter is a running total,
+    not a record of a call: it owns its `Usage` (tokens, cost, cache hits)
+    and adds each call to it in place, and counts what a `Usage` does not
+    hold (calls sent, calls refused).
     """
 
     calls: int = 0
     """Calls that reached a model (each successful attempt; cache hits excluded)."""
-    cached: int = 0
-    """Calls answered from a response cache."""
     refused: int = 0
     """Calls a `Budget` refused (nothing was sent)."""
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
+    usage: Usage = field(default_factory=Usage)
+    """Tokens and cost of the calls sent; ``usage.cached``: the calls answered from a
+    response cache (their tokens are not counted: nothing was spent)."""
 
     def record(self, usage: Usage) -> None:
         """Adds one finished call."""
         self.calls += 1
-        self.input_tokens += usage.input_tokens
-        self.output_tokens += usage.output_tokens
-        self.cost += usage.cost
+        self.usage += usage
 
     def as_dict(self) -> dict[str, Any]:
-        """Returns the counts by name (JSON-compatible); a batch reads it once per item."""
+        """Returns the counts by name (JSON-compatible); a batch reads it once per item.
+
+        The names and order are those of a checkpoint's and a served run's ``usage``.
+        """
+        usage = self.usage
         return {
             "calls": self.calls,
-            "cached": self.cached,
+            "cached": usage.cached,
             "refused": self.refused,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "cost": self.cost,
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cost": usage.cost,
         }
 
 

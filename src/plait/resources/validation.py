@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable, Collection, Mapping
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlsplit
 
 from plait.backends._urls import redact_url, scrub_text
 from plait.resources.usage import Price
@@ -60,7 +61,7 @@ def _finite(value: Any) -> float | None:
 
 def suggestion(word: str, choices: Collection[str]) -> str:
     """Returns "; did you mean 'x'?" for the choice closest to a mistyped ``word``, or ""."""
-    import difflib  # only needed to explain an error
+    import difflib  # import time: only needed to explain an error
 
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"; did you mean {close[0]!r}?" if close else ""
@@ -185,8 +186,6 @@ def base_url(value: Any) -> tuple[str | None, Any]:
 
 def _url_problem(url: str) -> str | None:
     """Returns what keeps ``url`` from being an http(s) API root, or None if nothing does."""
-    from urllib.parse import urlsplit  # only loaded for configs that set a base_url
-
     if any(c.isspace() or not c.isprintable() for c in url):
         return "it contains a space or control character (a stray newline from a file?)"
     if "://" not in url:

@@ -94,11 +94,12 @@ def app(programs: Any, resources: Any = None, **options: Any) -> FastAPI:
             resources.
     """
     try:
-        from plait.serve.asgi import build_app
+        from plait.serve.asgi import build_app  # import time: `import plait.serve` loads no FastAPI
     except ModuleNotFoundError as exc:
         if exc.name in ("fastapi", "starlette", "uvicorn", "prometheus_client"):
             raise ConfigError(f"plait.serve needs {exc.name}: pip install 'plait[serve]'") from None
         raise
+    # import time: `import plait.serve` loads no FastAPI
     from plait.serve.options import ServeOptions
 
     return build_app(programs, resources, ServeOptions(**options))

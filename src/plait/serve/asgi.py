@@ -37,8 +37,10 @@ from plait.serve.middleware import (
     ObservedRequests,
     RequireApiKey,
 )
+from plait.serve.openai_api import add_openai_routes
 from plait.serve.options import ServeOptions
 from plait.serve.owners import owner_of
+from plait.serve.page import add_chat_page
 from plait.serve.programs import ServedProgram, served_programs
 from plait.serve.responses import JsonResponse
 from plait.serve.run_route import (
@@ -95,12 +97,9 @@ def build_app(programs: Any, resources: Any, options: ServeOptions | None = None
     _add_operations(app, service, metrics)
     for program in served.values():
         _add_program(app, service, program)
-    from plait.serve.openai_api import add_openai_routes
 
     add_openai_routes(app, service)
     if any(program.chat_form is not None for program in served.values()):
-        from plait.serve.page import add_chat_page
-
         add_chat_page(app)
     app.run_routes = {route.path: route for route in map(documented_run_route, served.values())}
     app.wrap = lambda inner: _layers(inner, app, service, metrics, options, access_log)

@@ -6,7 +6,7 @@ plait event               SSE ``event:``  ``data:``
 `OutputStreamChunk`       ``text``        ``{module, field, delta, complete[, keep]}``
 `ThoughtStreamChunk`      ``thought``     the same, for a reasoning field
 `ToolCallEvent`           ``tool_call``   ``{module, tool, arguments, call_id}``
-`ToolResultEvent`         ``tool_result`` ``{module, tool, content, ok, call_id}``
+`ToolResultEvent`         ``tool_result`` ``{module, tool, content, ok, call_id, error}``
 `StreamRestart`           ``restart``     ``{module, reason}``: drop that module's text so far
 your own `StreamEvent`    ``event``       ``{type, module, data}`` (its fields as JSON)
 the program's output      ``output``      ``{run_id, status, output, usage}``
@@ -113,6 +113,7 @@ def _other(event: StreamEvent, path: str) -> tuple[str, dict[str, Any]]:
             "content": event.content,
             "ok": event.ok,
             "call_id": event.call_id,
+            "error": event.error,  # "declined": a person said no; the tool did not fail
         }
     return "event", {"type": type(event).__name__, "module": path, "data": _fields(event)}
 

@@ -37,6 +37,7 @@ from plait.serve.errors import error_response, request_id_of
 from plait.serve.owners import owner_of
 from plait.serve.programs import ChatMessage, ServedProgram
 from plait.serve.responses import ClientLeft, JsonResponse, until_disconnected
+from plait.serve.run_route import admitted_stream, run_failure
 from plait.serve.runs import RunService
 
 __all__ = ["ChatCompletionRequest", "add_openai_routes"]
@@ -55,8 +56,6 @@ class ChatCompletionRequest(BaseModel):
 
 def add_openai_routes(app: FastAPI, service: RunService) -> None:
     """Adds ``/v1/chat/completions`` and ``/v1/models`` for the programs that can chat."""
-    from plait.serve.run_route import admitted_stream, run_failure
-
     chat = {name: p for name, p in service.programs.items() if p.chat_form is not None}
 
     @app.get("/v1/models", tags=["openai"], summary="The programs that chat, as models")

@@ -120,6 +120,7 @@ class ServeOptions:
         """
         if self.approval_key_env is None:
             return None
+        # import time: only when an approval key is named
         from plait.confirmation import MIN_KEY_BYTES
 
         key = os.environ.get(self.approval_key_env, "")

@@ -31,7 +31,8 @@ from pydantic import (
 )
 from pydantic_core import to_jsonable_python
 
-from plait.cli.programs import inputs_of
+from plait.backends.types import Usage
+from plait.cli.programs import inputs_of, output_type_of
 from plait.errors import ConfigError
 from plait.execution.graph_cache import trace_cached
 from plait.history import History
@@ -49,14 +50,30 @@ ChatForm = Literal["history", "messages", "text"]
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-class RunUsage(BaseModel):
-    """The model calls one request made, and what they cost."""
+def _run_usage() -> type[BaseModel]:
+    """Returns the schema of a run's ``usage``: what its `UsageMeter` counted (``as_dict``).
 
-    calls: int = Field(description="Calls that reached a model (cache hits excluded).")
-    cached: int = Field(description="Calls answered from a response cache.")
-    input_tokens: int
-    output_tokens: int
-    cost: float = Field(description="Dollars, at the endpoints' prices (0 when unknown).")
+    Built from the meter's calls and the fields of `Usage` (the one record of usage,
+    typed there), so the schema cannot drift from the record. It declares those; a
+    body may carry more (the meter's ``refused``).
+    """
+    types = typing.get_type_hints(Usage) | {"calls": int}
+    described = {
+        "calls": "Calls that reached a model (cache hits excluded).",
+        "cached": "Calls answered from a response cache.",
+        "input_tokens": None,
+        "output_tokens": None,
+        "cost": "Dollars, at the endpoints' prices (0 when unknown).",
+    }
+    fields: dict[str, Any] = {
+        name: (types[name], Field(description=text)) for name, text in described.items()
+    }
+    return create_model(
+        "RunUsage", __doc__="The model calls one request made, and what they cost.", **fields
+    )
+
+
+RunUsage = _run_usage()
 
 
 class PendingCall(BaseModel):
@@ -77,13 +94,13 @@ class _Completed(BaseModel):
 
 
 class _Paused(BaseModel):
-    """A run waiting for a person's approval; each program's paused answer is named for it."""
+    """A run waiting for a person's approval; each program's paused answer is named for it
+    and adds the run's ``usage`` (`RunUsage`)."""
 
     run_id: str
     status: Literal["paused"]
     program: str
     pending: list[PendingCall]
-    usage: RunUsage
 
 
 class ChatMessage(BaseModel):
@@ -188,17 +205,22 @@ class ServedProgram:
         if not fields:
             raise ConfigError(f"program {name!r} takes no inputs, so a request has nothing to fill")
         prefix = _model_prefix(name)
+        described = _input_descriptions(module)
+        definitions: dict[str, Any] = {
+            name: (annotation, Field(default, description=described.get(name)))
+            for name, (annotation, default) in fields.items()
+        }
         input_model = create_model(
-            f"{prefix}Input", __config__=ConfigDict(extra="forbid"), **fields
+            f"{prefix}Input", __config__=ConfigDict(extra="forbid"), **definitions
         )
-        output_type = _describable(_output_type(module))
+        output_type = _describable(output_type_of(module))
         result_model = create_model(
             f"{prefix}Result",
             __base__=_Completed,
             output=(output_type, ...),
             usage=(RunUsage, ...),
         )
-        paused_model = create_model(f"{prefix}Paused", __base__=_Paused)
+        paused_model = create_model(f"{prefix}Paused", __base__=_Paused, usage=(RunUsage, ...))
         return cls(
             name,
             module,
@@ -337,6 +359,16 @@ def _input_fields(module: Module) -> tuple[dict[str, Any], list[str]]:
     return fields, histories
 
 
+def _input_descriptions(module: Module) -> dict[str, str]:
+    """Returns the descriptions of the program's inputs that its `Signature` gives (so the
+    OpenAPI schema says what each field is, as ``plait mcp``'s tool schema does)."""
+    signature = getattr(module, "signature", None)
+    if isinstance(signature, type) and issubclass(signature, Signature):
+        return {n: s.description for n, s in signature.input_fields.items() if s.description}
+    wrapped = getattr(module, "module", None)
+    return _input_descriptions(wrapped) if isinstance(wrapped, Module) else {}
+
+
 def _input_annotations(module: Module) -> dict[str, Any]:
     signature = getattr(module, "signature", None)
     if isinstance(signature, type) and issubclass(signature, Signature):
@@ -382,23 +414,6 @@ def _describable(annotation: Any) -> Any:
     except Exception:  # a class pydantic knows nothing about: served as any JSON
         return Any
     return annotation
-
-
-def _output_type(module: Module) -> Any:
-    """Returns the type of the program's output: a `Signature` module's output fields (its
-    `Prediction` holds them), else the declared return type, else text for an LLMInference."""
-    from plait.modules import Prediction
-
-    declared = module.declared_return_type()
-    signature = getattr(module, "signature", None)
-    holds_fields = declared is None or (
-        isinstance(declared, type) and issubclass(declared, Prediction)
-    )
-    if isinstance(signature, type) and issubclass(signature, Signature) and holds_fields:
-        return signature.output_model()
-    if declared is not None:
-        return declared
-    return str if isinstance(module, LLMInference) else Any
 
 
 def _reply_field(output_type: Any) -> str | None:

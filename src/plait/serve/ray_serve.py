@@ -61,6 +61,7 @@ except ModuleNotFoundError as exc:
 
 import ray
 
+from plait.cli.programs import load_program
 from plait.distributed.ray import (
     budget_actor,
     build_config,
@@ -241,8 +242,6 @@ def _namespace(name: str, config: ResourceConfig) -> str:
 
 def load_programs(named: list[tuple[str, str]]) -> dict[str, Any]:
     """Loads ``(name, "file.py:Name")`` programs as ``plait serve`` does (on a replica)."""
-    from plait.cli.programs import load_program
-
     return {name: load_program(spec) for name, spec in named}
 
 

@@ -25,7 +25,13 @@ from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from plait.errors import BudgetExceededError, DeadlineExceededError, ResumeRefusedError
+from plait.errors import (
+    BudgetExceededError,
+    DeadlineExceededError,
+    ReplyCutOffError,
+    ResumeRefusedError,
+    described,
+)
 from plait.serve.errors import error_response, failure_id, failure_response
 from plait.serve.events import sse
 from plait.serve.owners import owner_of
@@ -202,6 +208,11 @@ def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JsonRespo
         error_id = failure_id(exc, scope, "run", expected=True)
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"
         return error_response(503, "budget_exhausted", message, scope, error_id=error_id)
+    if isinstance(exc, ReplyCutOffError):  # plait's own words: no model text, no provider body
+        error_id = failure_id(exc, scope, "run", expected=True)
+        reason = described(exc, index=False)
+        message = f"the run failed: {reason}; quote error id {error_id} to its operator"
+        return error_response(502, "reply_cut_off", message, scope, error_id=error_id)
     return failure_response(exc, scope, "run")
 
 

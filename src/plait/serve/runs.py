@@ -521,6 +521,7 @@ def check_shares(resources: Any, workers: int) -> None:
     """Refuses resources that ``workers`` processes cannot split: a `ResourceManager` (its
     limiters are made already), or an endpoint whose ``max_concurrent`` is below
     ``workers`` (each process needs one slot at least, and together they would pass it).
+    An in-process model (``local``) is not split: each worker loads its own.
 
     Raises:
         ConfigError: naming the endpoints, and what to change.
@@ -536,8 +537,9 @@ def check_shares(resources: Any, workers: int) -> None:
     if small:
         raise ConfigError(
             f"{workers} workers each hold 1/{workers} of every endpoint's limits, and "
-            f"{', '.join(small)} cannot be split that way; lower --workers or raise "
-            "max_concurrent"
+            f"{', '.join(small)} cannot be split that way; lower --workers, or raise their "
+            f"max_concurrent to {workers} or more in the resources file if the server takes "
+            "that many calls at once"
         )
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import uvicorn
 
+from plait._files import read_json, write_atomically
+from plait.cli.programs import load_program
 from plait.resources import ResourceConfig
 from plait.resources.shared_budget import BudgetStore
 from plait.serve import app
@@ -126,8 +128,6 @@ def _private_file(folder: str, text: str) -> str:
     runs, for the workers uvicorn starts again in place of ones that died; the folder goes
     when the server stops.
     """
-    from plait._files import write_atomically
-
     path = os.path.join(folder, "workers.json")
     write_atomically(path, text)
     return path
@@ -135,8 +135,7 @@ def _private_file(folder: str, text: str) -> str:
 
 def worker_app() -> Any:
     """Builds the app of one worker process from what `serve_workers` wrote for it."""
-    from plait._files import read_json
-    from plait.cli.programs import load_program
+    # import time: sqlite3 only for a shared budget
     from plait.resources.budget_file import BudgetFile
 
     config = read_json(os.environ.pop(_WORKER_CONFIG_ENV))
@@ -155,6 +154,7 @@ def worker_app() -> Any:
 def log_access_to_stderr() -> None:
     """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
     to standard error, unless logging is configured to send them somewhere already."""
+    # import time: only for an access log on stderr
     from plait.serve.middleware import access_logger
 
     if access_logger.hasHandlers():

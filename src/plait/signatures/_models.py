@@ -10,10 +10,12 @@ import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from plait.signatures.signature import FieldSpec
-
 if TYPE_CHECKING:
     from pydantic import BaseModel
+
+    from plait.signatures.signature import (
+        FieldSpec,  # annotations only: signature.py imports this module
+    )
 
 __all__ = ["attribute_names", "output_model_for", "outputs_of"]
 
@@ -30,7 +32,7 @@ def attribute_names(specs: tuple[FieldSpec, ...]) -> dict[str, str]:
     so it lives under ``json_`` with the field name as its alias: the wire
     schema and the parsed dict still use the field's own name.
     """
-    from pydantic import BaseModel
+    from pydantic import BaseModel  # import time: pydantic loads on first use, not on a plain call
 
     taken = {spec.name for spec in specs}
     names: dict[str, str] = {}
@@ -63,6 +65,7 @@ def output_model_for(
 
 
 def _build(name: str, specs: tuple[FieldSpec, ...]) -> type[BaseModel]:
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import ConfigDict, Field, create_model
 
     attrs = attribute_names(specs)

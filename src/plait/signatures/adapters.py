@@ -32,10 +32,12 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from plait._jsondata import as_json_data
 from plait._jsontext import loads
 from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
 from plait.media import Media
+from plait.signatures._models import outputs_of
 from plait.signatures.signature import FieldSpec, Signature, type_label
 
 __all__ = [
@@ -96,9 +98,7 @@ def format_value(value: Any) -> str:
         return "\n".join(format_value(item) for item in value)
     if isinstance(value, enum.Enum):
         return format_value(value.value)
-    from pydantic_core import to_jsonable_python
-
-    return json.dumps(to_jsonable_python(value, fallback=str), ensure_ascii=False)
+    return json.dumps(as_json_data(value), ensure_ascii=False)
 
 
 def _describe_fields(specs: Sequence[FieldSpec]) -> str:
@@ -173,9 +173,8 @@ def validate_outputs(
     Raises:
         StructuredOutputError: a field is missing or invalid; the message names each one.
     """
+    # import time: pydantic loads on first use, not on a plain call
     from pydantic import ValidationError
-
-    from plait.signatures._models import outputs_of
 
     specs = tuple(signature.output_fields.values())
     cleaned = dict(data)
@@ -322,7 +321,7 @@ class _MessageAdapter:
         For ported code that asks an adapter; plait's backends do this translation
         themselves from `Tool.spec`, so a program never needs it.
         """
-        from plait.tools import Tool
+        from plait.tools import Tool  # import time: tools load asyncio, only for a tool
 
         spec = (tool if isinstance(tool, Tool) else Tool(tool)).spec
         return {
@@ -387,19 +386,17 @@ class JSONAdapter(_MessageAdapter):
         return "\n".join(lines)
 
     def format_outputs(self, signature: type[Signature], outputs: Mapping[str, Any]) -> str:
-        from pydantic_core import to_jsonable_python
-
-        return json.dumps(to_jsonable_python(dict(outputs), fallback=str), ensure_ascii=False)
+        return json.dumps(as_json_data(dict(outputs)), ensure_ascii=False)
 
     def stream_fields(self, text: str) -> dict[str, str]:
         """Returns the output fields in a reply that is still arriving (for streaming)."""
-        from plait.streaming import json_fields
+        from plait.streaming import json_fields  # import time: only a streamed reply
 
         return json_fields(text)
 
     def response_schema(self, signature: type[Signature]) -> ResponseSchema | None:
         """Returns the output model's JSON schema, named after the signature."""
-        from plait.execution.structured import output_type_for
+        from plait.execution.structured import output_type_for  # import time: only a schema sent
 
         return output_type_for(signature.output_model()).schema
 

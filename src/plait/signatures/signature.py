@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, cast
 
+from plait.signatures._models import output_model_for
 from plait.signatures.parser import parse_signature
 
 if TYPE_CHECKING:
@@ -431,8 +432,6 @@ class Signature(metaclass=SignatureMeta):
         The model ignores extra keys and accepts numbers for ``str`` fields,
         because model replies are often almost right.
         """
-        from plait.signatures._models import output_model_for
-
         return output_model_for(cls.__name__, cls._outputs)
 
     @classmethod
@@ -442,8 +441,6 @@ class Signature(metaclass=SignatureMeta):
         What an optimizer asks for when it proposes demos, so the reply is a
         list of examples of the right shape (a grammar on the local backend).
         """
-        from plait.signatures._models import output_model_for
-
         return output_model_for(cls.__name__, (*cls._inputs, *cls._outputs), suffix="Demo")
 
     # ---------------------------------------------------------------- helpers

@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import orjson
+from aiohttp import web
 
+from plait.testing._flood import send_flood
 from plait.testing._replies import Flood, RawReply, completion_payload, error_payload
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from plait.testing.scripted_server import ScriptedServer
 
 __all__ = ["BatchStore"]
@@ -78,8 +78,6 @@ class BatchStore:
 
     @staticmethod
     def _json(payload: Any, status: int = 200) -> web.Response:
-        from aiohttp import web
-
         return web.Response(
             status=status, body=orjson.dumps(payload), content_type="application/json"
         )
@@ -88,8 +86,6 @@ class BatchStore:
         self.log.append(f"{request.method} {request.raw_path}")
 
     async def _upload(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         self._note(request)
         form = await request.post()
         upload = form.get("file")
@@ -102,15 +98,11 @@ class BatchStore:
         return self._json(info)
 
     async def _content(self, request: web.Request) -> web.StreamResponse:
-        from aiohttp import web
-
         self._note(request)
         content = self.files.get(request.match_info["file_id"])
         if content is None:
             return self._json(error_payload(404, "No such file"), 404)
         if isinstance(content, Flood):
-            from plait.testing.scripted_server import send_flood
-
             return await send_flood(request, content)
         return web.Response(body=content, content_type="application/jsonl")
 
@@ -244,14 +236,10 @@ class BatchStore:
         return self._json(batch)
 
     async def _messages_results(self, request: web.Request) -> web.StreamResponse:
-        from aiohttp import web
-
         content = self._results.get(request.match_info["batch_id"])
         if content is None:
             return self._json(_anthropic_error("not_found_error", "No results yet"), 404)
         if isinstance(content, Flood):
-            from plait.testing.scripted_server import send_flood
-
             return await send_flood(request, content)
         return web.Response(body=content, content_type="application/x-jsonl")
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from plait import _files
+from plait.backends.local import default_model_path
 
 __all__ = ["start_llama_server"]
 
@@ -56,8 +57,6 @@ def start_llama_server(
         RuntimeError: the server exited or did not answer in time.
     """
     if model_path is None:
-        from plait.backends.local import default_model_path
-
         model_path = default_model_path()
     port = _free_port()
     command = [

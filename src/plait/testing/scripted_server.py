@@ -45,12 +45,14 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import orjson
+from aiohttp import web
 
 from plait.testing._batches import BatchStore
 from plait.testing._faults import Fault
+from plait.testing._flood import send_flood
 from plait.testing._process import fetch_stats, start_server_process
 from plait.testing._replies import (
     Flood,
@@ -63,9 +65,6 @@ from plait.testing._replies import (
     error_payload,
     stream_events,
 )
-
-if TYPE_CHECKING:
-    from aiohttp import web
 
 __all__ = [
     "RequestRecord",
@@ -262,8 +261,6 @@ class ScriptedServer:
 
     async def start(self) -> ScriptedServer:
         """Starts listening; returns the server itself."""
-        from aiohttp import web
-
         if self._runner is not None:
             raise RuntimeError(f"ScriptedServer is already running at {self.base_url}")
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -361,8 +358,6 @@ class ScriptedServer:
                 self._tasks.discard(task)
 
     async def _answer(self, request: web.Request, record: RequestRecord) -> web.StreamResponse:
-        from aiohttp import web
-
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError:
@@ -485,8 +480,6 @@ class ScriptedServer:
         payload: Any,
         headers: dict[str, str] | None = None,
     ) -> web.Response:
-        from aiohttp import web
-
         record.status = status
         return web.Response(
             status=status,
@@ -498,8 +491,6 @@ class ScriptedServer:
     async def _send_raw(
         self, request: web.Request, record: RequestRecord, raw: RawReply
     ) -> web.StreamResponse:
-        from aiohttp import web
-
         if not (record.stream and raw.stream_events is not None):
             record.status = raw.status
             return web.Response(status=raw.status, body=raw.body, headers=dict(raw.headers))
@@ -532,8 +523,6 @@ class ScriptedServer:
         drop_after: int | None,
     ) -> web.StreamResponse:
         """Sends the SSE ``frames`` and ``data: [DONE]``; cuts off after ``drop_after`` frames."""
-        from aiohttp import web
-
         response = web.StreamResponse(
             status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
         )
@@ -548,8 +537,6 @@ class ScriptedServer:
         return response
 
     async def _handle_models(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         payload = {
             "object": "list",
             "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "plait"}],
@@ -557,22 +544,16 @@ class ScriptedServer:
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _handle_stats(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         include_log = request.query.get("log", "") in ("1", "true", "yes")
         payload = self.stats.as_dict(include_log=include_log)
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _handle_stats_reset(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         self.reset_stats()
         payload = self.stats.as_dict()
         return web.Response(body=orjson.dumps(payload), content_type="application/json")
 
     async def _handle_faults(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         if request.method == "DELETE":
             self.clear_faults()
         elif request.method == "POST":
@@ -587,27 +568,6 @@ class ScriptedServer:
                 )
         faults = [{**f.as_dict(), "fired": f.fired} for f in self.faults]
         return web.Response(body=orjson.dumps(faults), content_type="application/json")
-
-
-async def send_flood(
-    request: web.Request, flood: Flood, record: RequestRecord | None = None
-) -> web.StreamResponse:
-    """Writes a `Flood`; a client that hangs up (having read enough) just ends it."""
-    from aiohttp import web
-
-    response = web.StreamResponse(status=flood.status, headers={"Content-Type": flood.content_type})
-    if flood.declare_length:
-        response.content_length = flood.size
-    await response.prepare(request)
-    if record is not None:
-        record.status = flood.status
-    try:
-        for block in flood.blocks():
-            await response.write(block)
-        await response.write_eof()
-    except (ConnectionError, RuntimeError):  # the client closed the connection
-        pass
-    return response
 
 
 def _load_responder(spec: str) -> Responder:

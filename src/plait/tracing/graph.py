@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from plait.module import LLMInference
+from plait.tracing.export import to_dot, to_mermaid
 from plait.values import ValueRef
 
 __all__ = ["InferenceGraph", "Node", "Scope", "Slot", "Template", "iter_refs", "substitute"]
@@ -56,7 +57,7 @@ class Slot:
         """Returns the text this slot stands for, given its node's payload."""
         if not self.json:
             return format(repr(payload) if self.mode == "r" else payload, self.spec)
-        import json  # on first use: only a slot inside JSON text, which few programs build
+        import json  # import time: only a slot inside JSON text, which few programs build
 
         if self.quoted and self.mode == "v":
             try:
@@ -329,7 +330,8 @@ class InferenceGraph:
         results written by a different program.
         """
         if self._hash is None:
-            from hashlib import sha256  # only a checkpoint asks: not on a program's first call
+            # import time: only a checkpoint asks, not a program's first call
+            from hashlib import sha256
 
             digest = sha256()
             for node in self.nodes.values():
@@ -357,14 +359,10 @@ class InferenceGraph:
     # ---------------------------------------------------------------- export
     def to_mermaid(self) -> str:
         """Returns a Mermaid flowchart of the graph."""
-        from plait.tracing.export import to_mermaid
-
         return to_mermaid(self)
 
     def to_dot(self) -> str:
         """Returns a Graphviz DOT description of the graph."""
-        from plait.tracing.export import to_dot
-
         return to_dot(self)
 
 

@@ -503,7 +503,7 @@ def _user_site() -> tuple[str | None, str | None, str | None]:
 
 @functools.cache
 def _stdlib_dirs() -> tuple[str, ...]:
-    import sysconfig  # only for an error's message: reading its paths takes a cold process ~14 ms
+    import sysconfig  # import time: only for an error's message (~14 ms in a cold process)
 
     paths = {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
     return tuple(os.path.join(path, "") for path in paths if path)
@@ -579,7 +579,7 @@ def _holds_mark(text: str) -> bool:
 
 def _json_slot(match: re.Match[str], text: str) -> tuple[Slot, int, int] | None:
     """Returns the slot of a JSON-escaped token, taking in its quotes when it is a whole string."""
-    import json  # only text with JSON-escaped tokens, which few programs build
+    import json  # import time: only text with JSON-escaped tokens, which few programs build
 
     opening, mode, escaped = match.groups()
     try:

@@ -284,7 +284,7 @@ def _feed(assembler: StreamAssembler, event: Any, where: str) -> StreamChunk | N
 
 def _sdk() -> Any:
     try:
-        import anthropic
+        import anthropic  # optional extra (plait[anthropic])
     except ImportError as exc:
         raise ConfigError(
             "AnthropicBackend needs the anthropic SDK; install it with "

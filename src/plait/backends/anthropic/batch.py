@@ -10,6 +10,7 @@ plan also reads the reply back); a batch is ``in_progress`` until its
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -46,8 +47,6 @@ class AnthropicBatchClient:
     @classmethod
     def from_endpoint(cls, config: Any) -> AnthropicBatchClient:
         """Builds a client from an ``anthropic`` endpoint's configuration."""
-        import os
-
         key = config.api_key or (os.environ.get(config.api_key_env) if config.api_key_env else None)
         return cls(config.model or "", base_url=config.base_url, api_key=key)
 
@@ -57,7 +56,7 @@ class AnthropicBatchClient:
 
     def _sdk_client(self) -> Any:
         if self._client is None:
-            from anthropic import AsyncAnthropic
+            from anthropic import AsyncAnthropic  # optional extra (plait[anthropic])
 
             self._client = AsyncAnthropic(
                 api_key=self._api_key, base_url=self.base_url, max_retries=0
@@ -138,9 +137,10 @@ class AnthropicBatchClient:
         return BatchReply(custom_id, error=error)
 
     def _succeeded(self, custom_id: str, message: Any, where: str) -> BatchReply:
+        # import time: pydantic loads on first use, not on a plain call
         from pydantic import ValidationError
 
-        from anthropic.types import Message
+        from anthropic.types import Message  # optional extra (plait[anthropic])
 
         try:
             parsed = Message.model_validate(message)

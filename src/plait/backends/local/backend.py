@@ -163,6 +163,7 @@ class _ModelSlot:
 
     def _read_chat_format(self, llama: HookedLlama) -> None:
         """Notes which turns the chat format shows; warns when llama-cpp-python guessed it."""
+        # optional extra (plait[local]): _llama imports llama_cpp
         from plait.backends.local._llama import chat_turns, format_hint
 
         self.turns = chat_turns(llama)
@@ -199,6 +200,7 @@ class _ModelSlot:
 
     def _load(self) -> HookedLlama:
         try:
+            # optional extra (plait[local]): _llama imports llama_cpp
             from plait.backends.local._llama import load_llama
         except ImportError as exc:
             raise BackendError(
@@ -511,6 +513,7 @@ def _run_stream(
 
 
 def _chat_kwargs(llama: HookedLlama, turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
+    # optional extra (plait[local]): _llama imports llama_cpp
     from plait.backends.local._llama import grammar_of
 
     kwargs = dict(plan.options)

@@ -21,6 +21,7 @@ SPEC = ProviderSpec(
     name="local",
     backend="plait.backends.local.backend:LocalBackend",
     free=True,
+    in_process=True,  # each `plait serve` worker loads its own copy of the model
     model_string_key="model_path",  # "local:/models/qwen.gguf" is a file, not a model name
     keys=("model_path", "n_ctx"),
     # The embedded model runs one call at a time in-process, and a call cannot be

@@ -29,8 +29,9 @@ What it does, and what it leaves out on purpose:
   the bytes read is a cap on the body.
 * Redirects are not followed (the caller reports them): a chat request is a
   ``POST``, and following it elsewhere is the user's decision.
-* No proxy, no cookies (aiohttp's session ignored the environment's proxy
-  too).
+* A proxy when the environment names one (``HTTPS_PROXY``, ``HTTP_PROXY``,
+  ``NO_PROXY``; `_proxy`): decided once per pool, so a pool without one opens
+  connections as before; https goes through a ``CONNECT`` tunnel. No cookies.
 * A connection the server closed while it was idle is dropped from the pool
   when its close arrives, before any request could use it. A request that is
   dropped without a reply on a reused connection is not sent again here: the
@@ -62,10 +63,12 @@ from urllib.parse import quote, urlsplit
 
 import httptools
 
+from plait.backends.openai._proxy import ProxyError, connect, open_tunnel, proxy_for
+
 if TYPE_CHECKING:
     import ssl
 
-__all__ = ["BodyTooLarge", "ConnectionPool", "Exchange", "InvalidURL", "Reply"]
+__all__ = ["BodyTooLarge", "ConnectionPool", "Exchange", "InvalidURL", "ProxyError", "Reply"]
 
 _PAUSE_AT = 256 * 1024
 """Bytes of a streamed body held unread before the socket stops being read."""
@@ -114,7 +117,7 @@ def _default_tls() -> ssl.SSLContext:
     """Returns the TLS context of every https endpoint: the system's CAs, verified."""
     global _tls_context
     if _tls_context is None:
-        import ssl
+        import ssl  # import time: only an https endpoint
 
         _tls_context = ssl.create_default_context()
     return _tls_context
@@ -375,13 +378,19 @@ class ConnectionPool:
 
     Raises:
         InvalidURL: the URL is not one a request can be sent to.
+        ProxyError: the environment names a proxy for it that plait cannot use.
     """
 
     def __init__(
         self, url: str, headers: Mapping[str, str], max_connections: int | None = None
     ) -> None:
         self._host, self._port, self._tls, authority, target = _parse(url)
+        self._proxy = proxy_for("https" if self._tls else "http", self._host, self._port)
         lines = [f"POST {target} HTTP/1.1", f"Host: {authority}"]
+        if self._proxy is not None and not self._tls:  # to the proxy: the absolute URL
+            lines[0] = f"POST http://{authority}{target} HTTP/1.1"
+            if self._proxy.authorization:
+                lines.append(f"Proxy-Authorization: {self._proxy.authorization}")
         # The backend refused names and values that would break the head (a line break).
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if not any(name.lower() == "user-agent" for name in headers):
@@ -408,9 +417,27 @@ class ConnectionPool:
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> Exchange:
         tls = _default_tls() if self._tls else None
-        _, exchange = await loop.create_connection(
-            Exchange, self._host, self._port, ssl=tls, server_hostname=self._host if tls else None
-        )
+        proxy = self._proxy
+        if proxy is None:
+            _, exchange = await loop.create_connection(
+                Exchange,
+                self._host,
+                self._port,
+                ssl=tls,
+                server_hostname=self._host if tls else None,
+            )
+            return exchange
+        if tls is None:  # plain http: the proxy forwards each request
+            sock = await connect(loop, proxy)
+        else:  # https: TLS with the host, through the proxy's tunnel
+            sock = await open_tunnel(loop, proxy, self._host, self._port)
+        try:
+            _, exchange = await loop.create_connection(
+                Exchange, sock=sock, ssl=tls, server_hostname=self._host if tls else None
+            )
+        except BaseException:
+            sock.close()
+            raise
         return exchange
 
     async def _send(

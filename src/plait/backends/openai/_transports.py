@@ -15,7 +15,8 @@ SPEC §4.4).
 parsed by httptools (`_http`), the request's head built once per endpoint,
 orjson for both directions, so a call costs little more than its socket. The
 SDK costs several times more CPU per call (SPEC §4.4); it is here for users
-who need its authentication or proxy features.
+who need its authentication features. Both honour the environment's proxy
+variables (``HTTPS_PROXY``, ``HTTP_PROXY``, ``NO_PROXY``; `_proxy` for ours).
 
 Neither httptools nor openai is imported until a transport is first used, so
 ``import plait`` stays fast.
@@ -61,7 +62,8 @@ def _timeout_error(where: str, timeout: float | None, exc: BaseException) -> Bac
 def _connection_error(where: str, exc: BaseException, url: str) -> BackendConnectionError:
     return BackendConnectionError(
         f"{where}: connection failed or dropped ({_described(exc, url)})",
-        unsent=isinstance(exc, ConnectionRefusedError),
+        # a refused connection, or a proxy that let nothing through, sent nothing
+        unsent=isinstance(exc, ConnectionRefusedError) or getattr(exc, "unsent", False),
     )
 
 
@@ -216,7 +218,8 @@ class HttpTransport(Transport):
         if pool is not None:
             return pool
         try:
-            from plait.backends.openai import _http  # imports httptools: only once a call is made
+            # import time: _http loads httptools, only once a call is made
+            from plait.backends.openai import _http
         except ImportError as exc:
             raise ImportError(
                 f"{where}: the http transport needs httptools, a dependency of plait, and "
@@ -228,6 +231,8 @@ class HttpTransport(Transport):
         except _http.InvalidURL as exc:
             problem = scrub_text(str(exc), self._endpoint)
             raise _invalid_url(where, problem) from scrub_cause(exc, self._endpoint)
+        except _http.ProxyError as exc:  # a proxy variable plait cannot use: not retried
+            raise BackendError(f"{where}: {exc}") from None
         self._pool = pool
         return pool
 
@@ -238,7 +243,8 @@ class HttpTransport(Transport):
             return _timeout_error(where, timeout, exc)
         if isinstance(exc, OSError):  # a dropped connection, a failed lookup, TLS
             return _connection_error(where, exc, self._endpoint)
-        from plait.backends.openai._http import BodyTooLarge  # imported by `_open` already
+        # import time: `_open` loads _http on a first call
+        from plait.backends.openai._http import BodyTooLarge
 
         if isinstance(exc, BodyTooLarge):
             what = "its declared length" if exc.declared else "read so far"
@@ -335,7 +341,7 @@ class SdkTransport(Transport):
         if self._client is not None and self._loop is loop:
             return self._client
         try:
-            import openai
+            import openai  # optional extra (plait[openai])
         except ImportError as exc:
             raise ImportError(
                 "OpenAICompatBackend(transport='sdk') needs the openai package; "

@@ -18,12 +18,14 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
 from plait.backends._batch_results import BatchReply, ResultFile
 from plait.backends._bounded import DEFAULT_MAX_RESPONSE_BYTES, read_body
 from plait.backends._urls import join_path, path_segment, redact_url, scrub_text
+from plait.backends.openai._proxy import Proxy, ProxyError, proxy_for
 from plait.backends.openai._wire import GENERIC, LLAMA_CPP, OPENAI, build_body, parse_completion
 from plait.backends.openai.spec import DEFAULT_URL
 from plait.backends.types import Request
@@ -77,6 +79,8 @@ class OpenAIBatchClient:
         self._timeout = timeout
         self._max_bytes = max_response_bytes
         self._session: Any = None
+        self._proxy: Proxy | None = None
+        """Where requests go through (read from the environment with the session)."""
 
     @classmethod
     def from_endpoint(cls, config: Any) -> OpenAIBatchClient:
@@ -111,7 +115,7 @@ class OpenAIBatchClient:
         self, lines: Iterable[bytes], metadata: Mapping[str, str] | None = None
     ) -> dict[str, Any]:
         """Uploads the lines as a batch file and creates the batch; returns the batch object."""
-        import aiohttp
+        import aiohttp  # import time: aiohttp only for the Batch API
 
         content = b"\n".join(lines) + b"\n"
         form = aiohttp.FormData()
@@ -179,16 +183,29 @@ class OpenAIBatchClient:
     @contextlib.asynccontextmanager
     async def _answer(self, method: str, path: str, **kwargs: Any) -> AsyncIterator[Any]:
         """Sends a request and yields its successful answer, body unread; a failure raises."""
-        import aiohttp
+        import aiohttp  # import time: aiohttp only for the Batch API
 
         if self._session is None or self._session.closed:
+            self._proxy = self._environment_proxy()
+            # the headers go with each request, not as the session's: aiohttp adds a
+            # session's headers to what it sends a proxy, the API key among them
             self._session = aiohttp.ClientSession(
-                headers=self._headers, timeout=aiohttp.ClientTimeout(total=self._timeout)
+                timeout=aiohttp.ClientTimeout(total=self._timeout)
             )
         url = join_path(self.base_url, path)
         shown = f"{method} {redact_url(url)}"
+        proxy, headers, through = self._proxy, self._headers, dict[str, Any]()
+        if proxy is not None:
+            host = f"[{proxy.host}]" if ":" in proxy.host else proxy.host
+            through["proxy"] = f"http://{host}:{proxy.port}"
+            if proxy.authorization and url.startswith("https:"):  # on the CONNECT
+                through["proxy_headers"] = {"Proxy-Authorization": proxy.authorization}
+            elif proxy.authorization:  # on each request, which the proxy reads
+                headers = {**headers, "Proxy-Authorization": proxy.authorization}
+            shown += f" through {proxy.named()}"
         try:
-            async with self._session.request(method, url, **kwargs) as answer:
+            request = self._session.request(method, url, headers=headers, **through, **kwargs)
+            async with request as answer:
                 if answer.status >= 400:
                     body = await read_body(answer, self._max_bytes, shown)
                     quoted = body[:300].decode(errors="replace")
@@ -202,6 +219,21 @@ class OpenAIBatchClient:
         except aiohttp.ClientError as exc:
             detail = scrub_text(str(exc), url)
             raise BackendError(f"{shown}: {type(exc).__name__}: {detail}", retryable=True) from exc
+
+    def _environment_proxy(self) -> Proxy | None:
+        """Returns the environment's proxy of the base URL, by the one rule of `_proxy` (as
+        the chat transport follows it); None without one. Not aiohttp's ``trust_env``: that
+        also reads ``~/.netrc``, whose password would clash with the API key's header.
+
+        Raises:
+            BackendError: the variable names a proxy plait cannot use.
+        """
+        parts = urlsplit(self.base_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            return proxy_for(parts.scheme, parts.hostname or "", port)
+        except ProxyError as exc:
+            raise BackendError(f"{redact_url(self.base_url)}: {exc}") from None
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """Returns the JSON object a request is answered with (read within the cap)."""

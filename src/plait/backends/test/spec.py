@@ -10,6 +10,7 @@ SPEC = ProviderSpec(
     name="test",
     backend="plait.backends.test.backend:TestBackend",
     free=True,  # no model runs: its calls cost nothing unless the endpoint sets a "price"
+    in_process=True,  # each process answers its own calls: nothing to share
 )
 """The test provider (``"test"``): answers every call in-process, for users' own tests.
 

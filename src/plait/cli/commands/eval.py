@@ -108,6 +108,7 @@ def _left_undone(run: Any, outcome: Any, kwargs: dict[str, Any]) -> str:
 
 def _estimate_eval(spec: str, target: str, sample: int, kwargs: dict[str, Any]) -> NoReturn:
     """Prints the estimate of ``plait eval`` (only the sample's calls are made); exits 0."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.costs import estimate
 
     with _usage_errors():

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from plait import _files
 from plait.cli.checks import _check_writable
 from plait.cli.datasets import read_rows
 from plait.cli.exits import _fail, _usage_errors
@@ -56,7 +57,6 @@ def graph_command(program_spec: str, fmt: str, input_path: Path | None,
     if output_path is None:
         click.echo(text)
         return
-    from plait import _files
 
     try:
         _files.write_atomically(output_path, text + "\n")

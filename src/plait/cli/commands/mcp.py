@@ -15,7 +15,7 @@ from plait.cli.checks import (
     _check_port,
 )
 from plait.cli.exits import _fail, _usage_errors
-from plait.cli.options import _RESOURCES_HELP
+from plait.cli.options import _RESOURCES_HELP, WholeNumber
 from plait.cli.programs import ProgramError
 
 __all__ = ["mcp_command"]
@@ -31,7 +31,7 @@ __all__ = ["mcp_command"]
     help="stdio for Claude Desktop and IDEs; http: streamable HTTP.",
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to serve HTTP on.")
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--port", type=WholeNumber(1, 65535), default=8000, show_default=True)
 @click.option(
     "-r",
     "--resources",
@@ -67,6 +67,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
     sent as Authorization: Bearer <key>. Needs the mcp extra: pip install 'plait[mcp]'.
     """
     with _usage_errors():
+        # optional extra (plait[mcp]); import time: `plait --help` loads none of this
         from plait.mcp.serving import check_exposure, load_named, server
         from plait.serve.options import read_api_keys
         from plait.tools import Tool
@@ -82,6 +83,7 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
         programs = [(who or type(p).__name__, p) for who, p in items if not isinstance(p, Tool)]
         config = None
         if resources is not None:
+            # import time: `plait --help` loads none of this, the command does
             from plait.resources import ResourceConfig
 
             config = ResourceConfig.from_file(resources)

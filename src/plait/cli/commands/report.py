@@ -31,6 +31,7 @@ __all__ = ["report_command"]
 )
 def report_command(run_json: Path, output_path: Path, trace_path: Path | None) -> None:  # fmt: skip
     """Draw a run report (*.run.json) as one HTML page of plots (needs plait[report])."""
+    # import time: `plait --help` loads no report
     from plait.report import RunReport, RunReportError, write_html
 
     _check_writable(output_path, "--output")

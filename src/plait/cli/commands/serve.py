@@ -17,7 +17,7 @@ from plait.cli.checks import (
 )
 from plait.cli.exits import _fail, _usage_errors
 from plait.cli.loading import _prepare
-from plait.cli.options import _RESOURCES_HELP
+from plait.cli.options import _RESOURCES_HELP, Amount, WholeNumber
 from plait.cli.programs import load_program
 from plait.errors import FileError
 
@@ -47,23 +47,24 @@ def _default_pending_db(resources: Path | None) -> Path:
     show_default=True,
     help="Interface to listen on; other than loopback needs an API key.",
 )
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--port", type=WholeNumber(0, 65535), default=8000, show_default=True)
 @click.option(
     "--workers",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1,
     show_default=True,
-    help="Processes; each holds 1/N of every endpoint's limits (together, the limits).",
+    help="Processes; each holds 1/N of every endpoint's limits (together, the limits); "
+    "each loads its own local model.",
 )
 @click.option(
     "--ray-replicas",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     help="Serve from N Ray Serve replicas (a local Ray, or RAY_ADDRESS's cluster); "
     "endpoint limits hold across all of them.",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=30.0,
     show_default=True,
     help="Seconds runs in flight may take to finish on SIGTERM.",
@@ -99,14 +100,14 @@ def _default_pending_db(resources: Path | None) -> Path:
 )
 @click.option(
     "--max-queued",
-    type=click.IntRange(min=0),
+    type=WholeNumber(min=0),
     default=512,
     show_default=True,
     help="Runs that may wait for a place; beyond, 429 with Retry-After.",
 )
 @click.option(
     "--max-active",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=128,
     show_default=True,
     help="Runs executing at once.",
@@ -114,14 +115,14 @@ def _default_pending_db(resources: Path | None) -> Path:
 @click.option(
     "--max-body",
     "max_body_bytes",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1_048_576,
     show_default=True,
     help="Largest request body in bytes (413 beyond).",
 )
 @click.option(
     "--deadline",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=300.0,
     show_default=True,
     help="Seconds one request may run (504 beyond).",
@@ -134,28 +135,28 @@ def _default_pending_db(resources: Path | None) -> Path:
 )
 @click.option(
     "--pending-ttl",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Amount(min=0, min_open=True),
     default=86_400.0,
     show_default=True,
     help="Seconds a paused run waits for its answer (410 beyond).",
 )
 @click.option(
     "--max-pending-bytes",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=4 * 1_048_576,
     show_default=True,
     help="Largest stored state of one paused run (507 beyond).",
 )
 @click.option(
     "--max-pending-runs",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=1_000,
     show_default=True,
     help="Paused runs kept at once, of every key (503 beyond).",
 )
 @click.option(
     "--max-pending-per-key",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=100,
     show_default=True,
     help="Paused runs kept at once for one API key (429 beyond).",
@@ -185,6 +186,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
     POST /programs/NAME/runs/ID/resume, POST /v1/chat/completions, GET /openapi.json,
     /healthz, /readyz, /metrics.
     """
+    # import time: `plait --help` loads no server
     from plait.serve.options import ServeOptions, check_exposure, read_api_keys
 
     with _usage_errors():
@@ -202,6 +204,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         if ray_replicas is not None and workers > 1:
             _fail("--ray-replicas and --workers both run copies of the server; choose one")
         if workers > 1:
+            # import time: `plait --help` loads no server
             from plait.serve.runs import check_shares
             from plait.serve.server import serve_workers
 
@@ -229,7 +232,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             _serve_on_ray(named, config, ray_replicas, host, port, serve_options)
             return
         _check_port(host, port)
-        from plait.serve import app, serve
+        from plait.serve import app, serve  # import time: `plait --help` loads no server
 
         try:
             served = app(programs, config, **vars(serve_options))
@@ -247,7 +250,7 @@ def _serve_on_ray(
     options: Any,
 ) -> None:
     """Serves the programs from Ray Serve replicas (each loads them) until SIGTERM/Ctrl-C."""
-    from plait.serve.ray_serve import programs_loader, run
+    from plait.serve.ray_serve import programs_loader, run  # optional extra (plait[serve-ray])
 
     loader = programs_loader(named)
     run(loader, config, replicas=replicas, host=host, port=port, blocking=True, **vars(options))

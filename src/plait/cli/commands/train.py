@@ -26,7 +26,7 @@ from plait.cli.options import (
     _ESTIMATE_STOPPED,
     _REPORT_SAMPLE,
     _RESOURCES_HELP,
-    _WholeNumber,
+    WholeNumber,
     _with,
     budget_options,
     estimate_options,
@@ -61,17 +61,17 @@ __all__ = ["train_command"]
 @click.option("--target", "target_column", default="target", show_default=True)
 @click.option("--metric", default="exact_match", show_default=True)
 @click.option("--optimizer-alias", help="Alias of the optimizer's LLM (default: the program's).")
-@click.option("--epochs", type=_WholeNumber(min=1), default=1, show_default=True)
-@click.option("--batch-size", type=_WholeNumber(min=1), default=8, show_default=True)
+@click.option("--epochs", type=WholeNumber(min=1), default=1, show_default=True)
+@click.option("--batch-size", type=WholeNumber(min=1), default=8, show_default=True)
 @click.option(
     "--save",
     "save_path",
     type=click.Path(path_type=Path),
-    required=True,
-    help="Where the trained parameters go (JSON; `plait run --load` reads it).",
+    help="Where the trained parameters go (JSON; `plait run --load` reads it); "
+    "needed unless --estimate.",
 )
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
-@click.option("--max-concurrent", type=click.IntRange(min=1))
+@click.option("--max-concurrent", type=WholeNumber(min=1))
 @click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN")
 @click.option("--load", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option(
@@ -96,10 +96,18 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     --estimate, prints what training would spend instead and saves nothing.
     """
     save = kwargs["save_path"]
-    report_path = kwargs["report_path"] or save.with_name(save.name.split(".")[0] + ".run.json")
+    if save is None and not kwargs["estimate"]:
+        _fail(
+            "--save is missing: name the file the trained parameters go to (--save "
+            "learned.json), or add --estimate to see what training would spend"
+        )
+    report_path = kwargs["report_path"]
+    if save is not None and report_path is None:
+        report_path = save.with_name(save.name.split(".")[0] + ".run.json")
     with _usage_errors():
-        _check_writable(save, "--save")
-        _check_writable(report_path, "--report")
+        if not kwargs["estimate"]:  # an estimate writes nothing
+            _check_writable(save, "--save")
+            _check_writable(report_path, "--report")
         _check_checkpoint_dir(kwargs["checkpoint_dir"])
         program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
         metric = load_metric(kwargs["metric"])
@@ -140,6 +148,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
 def _check_training_checkpoint(trainer: Any) -> None:
     """Stops before any call when --checkpoint-dir holds a training of other settings or
     data, or a file plait cannot resume from."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.execution.checkpoint_codec import CheckpointError
 
     try:
@@ -157,6 +166,7 @@ def _as_options(text: str) -> str:
 
 def _validation_line(training: dict[str, Any]) -> str:
     """The scores a training run ends with, or that it has none to show."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.training.report import NOTHING_VALIDATED
 
     if training.get("reason", "").endswith(NOTHING_VALIDATED):
@@ -188,6 +198,7 @@ def _trainer(
 ) -> Any:
     """Returns the `Trainer` of ``plait train``: SFA on the program's prompts, judged by
     ``metric`` through a `VerifierLoss`."""
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization import SFAOptimizer, Trainer, VerifierLoss
 
     return Trainer(
@@ -221,8 +232,9 @@ async def _train(
     of what ran to --report and, when a validation finished, the program with the best
     parameters validated so far to --save (``written``: the program and those two paths),
     and says in ``kept`` what it wrote."""
-    import asyncio
+    import asyncio  # import time: `plait --help` loads none of this, the command does
 
+    # import time: `plait --help` loads none of this, the command does
     from plait.optimization.training.report import NOTHING_VALIDATED
     from plait.report.learning import LearningLog
     from plait.report.profiling import Profiler

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -27,6 +28,10 @@ from plait.optimization.costs.parts import (
     Variant,
     _Size,
 )
+from plait.optimization.evaluation import run_dataset
+from plait.resources import ResourceManager
+from plait.resources.usage import metered
+from plait.settings import context
 
 __all__ = ["feedback_items", "mean_call", "measure", "measure_variant", "quiet"]
 
@@ -42,14 +47,10 @@ async def measure(
     With ``demos``, the first of them runs once more with that many labeled
     demos from ``train``, which measures what a demo adds to a prompt.
     """
-    from plait.resources import ResourceManager
-    from plait.resources.usage import metered
-
     manager = ResourceManager.shared(resources)
     demo_tokens = _demo_tokens(train or examples)
     if sample <= 0:
         return _from_graph(program, examples, manager, demo_tokens), 0
-    from plait.optimization.evaluation import run_dataset
 
     chosen = list(examples)[:sample]
     sizes: list[tuple[int, int, int]] = []
@@ -85,9 +86,6 @@ async def measure_variant(
     """Returns the size of one run of ``program`` (a changed copy: a candidate) on the first
     ``sample`` of ``examples``, the ones `measure` runs; None when no call reached a model
     (the cache answered, or every example failed)."""
-    from plait.optimization.evaluation import run_dataset
-    from plait.resources import ResourceManager
-
     chosen = [x for x, _ in list(examples)[: max(sample, 0)]]
     if not chosen:
         return None
@@ -152,8 +150,6 @@ class _PromptChars(BaseCallback):
 
     @contextlib.contextmanager
     def counting(self) -> Iterator[None]:
-        from plait.settings import context
-
         with context(callbacks=[*active_callbacks(), self]):
             yield
 
@@ -170,7 +166,7 @@ class _PromptChars(BaseCallback):
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         chars = self._sent.pop(call_id, 0)
         usage = getattr(outputs, "usage", None)
-        if exception is None and usage is not None and not outputs.meta.get("cached"):
+        if exception is None and usage is not None and not usage.cache_hit:
             self.chars += chars
             self.tokens += usage.input_tokens
 
@@ -208,9 +204,8 @@ async def _demo_cost(
     input; None when there is nothing to measure (no demos asked, none fit its steps)."""
     if demos <= 0:
         return None
-    import random
 
-    from plait.optimization.evaluation import run_dataset
+    # cycle: the search package imports costs at its top
     from plait.optimization.search.demos import _labeled_pool, _pick, _with_demos, demo_modules
 
     if not demo_modules(program):

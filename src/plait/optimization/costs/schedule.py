@@ -26,6 +26,9 @@ from plait.optimization.costs.parts import (
     _rounded,
     _Size,
 )
+from plait.optimization.evaluation import examples_of
+from plait.resources import ResourceManager
+from plait.resources.usage import Budget
 
 __all__ = ["check_sample", "estimate", "from_schedule"]
 
@@ -72,9 +75,6 @@ def check_sample(sample: Any) -> None:
 async def _estimate_evaluation(
     program: Module, dataset: Any, resources: Any, sample: int, budget: Any
 ) -> CostEstimate:
-    from plait.optimization.evaluation import examples_of
-    from plait.resources import ResourceManager
-
     resources = resources_of(program, resources, who="estimate", takes="estimate()")
     examples = examples_of(dataset)
     if not examples:
@@ -90,8 +90,6 @@ async def _estimate_evaluation(
 
 
 def _budget(max_calls: int | None, max_tokens: int | None, max_cost: float | None) -> Any:
-    from plait.resources.usage import Budget
-
     return Budget.of(max_calls, max_tokens, max_cost)
 
 

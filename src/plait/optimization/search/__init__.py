@@ -6,7 +6,7 @@ other demos, instructions or settings), evaluate every candidate on a
 validation set, and apply the best one to the program:
 
     report = await BootstrapFewShot(metric).compile(program, trainset=train, valset=val)
-    report.best.score, report.table()          # the trials, best first
+    print(report.table())                      # the trials, best first (rows(): dicts)
     report.improved, report.reason             # what was kept, and why, in words
     program.state.best_params, program.is_compiled()
 

@@ -37,6 +37,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from plait._jsondata import as_json_data
 from plait.module import Module
 from plait.optimization.evaluation import Metric, evaluate
 from plait.optimization.events import learning_step
@@ -122,9 +123,7 @@ def _fields(fields: Mapping[str, Any], value: Any) -> dict[str, Any] | None:
 
 
 def _jsonable(value: Any) -> Any:
-    from pydantic_core import to_jsonable_python
-
-    return to_jsonable_python(value, fallback=str)
+    return as_json_data(value)
 
 
 def _demo_key(demo: Demo, module: Module) -> str:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from plait.execution.run import awaitable_or_result
 from plait.execution.settings import resources_of
 from plait.module import Module
+from plait.optimization import costs
+from plait.optimization.costs import Phase, Range, check_sample
 from plait.optimization.evaluation import examples_of
 from plait.optimization.search.checkpoint import trial_key
 from plait.optimization.search.resume import _ESTIMATING, _NeedsCalls
@@ -54,8 +56,6 @@ class EstimatedSearch:
             A `CostEstimate`: low / expected / high calls, tokens and cost per
             phase; ``print(estimate)`` shows the table.
         """
-        from plait.optimization.costs import check_sample
-
         check_sample(sample)
         train = _either("trainset", trainset, "train_set", train_set)
         val = _either("valset", valset, "val_set", val_set)
@@ -70,8 +70,6 @@ class EstimatedSearch:
         sample: int,
     ) -> Any:
         """The body of `estimate`."""
-        from plait.optimization import costs
-
         resources = resources_of(program, resources, who=type(self).__name__, takes="estimate()")
         train = examples_of(train_set) if train_set is not None else []
         val = examples_of(val_set) if val_set is not None else train
@@ -102,8 +100,6 @@ class EstimatedSearch:
 
     def _start_phase(self: SearchParts, program: Module, val: list[tuple[Any, Any]]) -> Any:
         """The schedule's first phase: trial 0 on the validation set (none when checkpointed)."""
-        from plait.optimization.costs import Phase, Range
-
         n = self._left_to_evaluate(self._start_candidate(program), len(val))
         return Phase("trial 0: the program as it was", runs=Range(n, n, n))
 

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from plait.module import Module
+from plait.optimization.costs import Phase, Range
 from plait.optimization.evaluation import (
     Metric,
 )
@@ -113,8 +114,6 @@ class GridSearch(ProgramSearch):
         val: list[tuple[Any, Any]],
         proposal: Any = None,
     ) -> list[Any]:
-        from plait.optimization.costs import Phase, Range
-
         self._check_keys(program)
         candidates = self._distinct(
             program, [self._candidate(program, c) for c in self.combinations()]

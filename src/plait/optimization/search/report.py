@@ -102,14 +102,47 @@ class SearchReport:
         """Whether a candidate other than the start was applied."""
         return self.best.number != 0
 
-    def table(self) -> Any:
-        """Returns the trials, best score first: a pandas DataFrame, or a list of dicts."""
-        rows = sorted((t.row() for t in self.trials), key=lambda r: (-r["score"], r["number"]))
-        try:
-            import pandas
-        except ImportError:
-            return rows
-        return pandas.DataFrame(rows)
+    def rows(self) -> list[dict[str, Any]]:
+        """Returns the trials as dicts (`Trial.row`), best score first; for code, and for
+        ``pandas.DataFrame(report.rows())`` (what ``table()`` returned before it printed)."""
+        return sorted((t.row() for t in self.trials), key=lambda r: (-r["score"], r["number"]))
+
+    def table(self) -> str:
+        """Returns the trials as a plain-text table to print, best score first, the kept one
+        marked ``*``; `rows` gives the same as dicts."""
+        header = ("trial", "score", "selection", "calls", "cost", "seconds", "params")
+        lines = [_cells(header)]
+        for row in self.rows():
+            mark = "*" if row["number"] == self.best.number else " "
+            params = ", ".join(f"{k}={_short(v)}" for k, v in row["params"].items()) or "-"
+            note = f"  ({row['note']})" if row["note"] else ""
+            lines.append(
+                _cells(
+                    (
+                        f"{mark}{row['number']}",
+                        f"{row['score']:.3f}",
+                        f"{row['selection']:.3f}",
+                        str(row["calls"]),
+                        f"{row['cost']:.4f}",
+                        f"{row['seconds']:.2f}",
+                        params + note,
+                    )
+                )
+            )
+        return "\n".join(lines)
+
+
+def _cells(values: Sequence[str]) -> str:
+    """One line of the trials table: the numbers right-aligned, the params last."""
+    *numbers, params = values
+    widths = (6, 7, 9, 6, 8, 8)
+    return " ".join(f"{v:>{w}}" for v, w in zip(numbers, widths, strict=True)) + f"  {params}"
+
+
+def _short(value: Any, width: int = 40) -> str:
+    """A parameter's value on one line of at most ``width`` characters."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def balanced_score(result: EvaluationResult) -> float:

@@ -35,6 +35,7 @@ from plait.execution.settings import find_resources
 from plait.execution.tape import Tape, get_tape, release_tape
 from plait.feedback import BackwardContext, BackwardResult, Feedback, FeedbackText, clip
 from plait.optimization.events import learning_step
+from plait.resources import ResourceManager
 from plait.tracing.graph import Node, Scope, iter_refs, substitute
 from plait.values import Value
 
@@ -133,7 +134,8 @@ def _program_names(reached: dict[str, int]) -> dict[str, int]:
     A program trained through a `TrainingStep` (the Trainer, ReflectiveSearch)
     runs held at `PROGRAM_PATH`; its users know its parameters without that prefix.
     """
-    from plait.optimization.training.step import PROGRAM_PATH  # loads the losses: only once used
+    # import time: step loads the losses, only once used
+    from plait.optimization.training.step import PROGRAM_PATH
 
     prefix = f"{PROGRAM_PATH}."
     return {name.removeprefix(prefix): count for name, count in reached.items()}
@@ -145,7 +147,6 @@ async def _executor_for(resources: Any, jobs: list[tuple[Tape, str]]) -> Any:
         # The forward pass's own manager: a bound program needs no settings block.
         managers = {id(t.manager): t.manager for t, _ in jobs if t.manager is not None}
         return Executor(next(iter(managers.values()))) if len(managers) == 1 else None
-    from plait.resources import ResourceManager
 
     return Executor(ResourceManager.shared(resources))
 

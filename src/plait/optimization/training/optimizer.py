@@ -60,6 +60,7 @@ from plait.optimization.training.updates import (
     update_model_for,
 )
 from plait.parameter import Parameter
+from plait.resources import ResourceManager
 
 __all__ = [
     "Optimizer",
@@ -325,8 +326,6 @@ class Optimizer(OptimizerPrompts):
         del records[: max(len(records) - self.history_limit, 0)]
 
     def _manager(self) -> Any:
-        from plait.resources import ResourceManager
-
         resources = find_resources(bound=self.resources)
         if resources is None:
             raise PlaitError(

@@ -41,6 +41,10 @@ class TrainReport:
     """One entry per optimizer step of this call: ``epoch`` (from 1), ``accepted``,
     ``discarded``, ``rejected`` (as above, per step) and ``train_score`` (the
     minibatch's mean loss score, or None)."""
+    not_applied: dict[str, int] = field(default_factory=dict)
+    """Why the optimizer did not apply updates (rejected, reverted or skipped), each reason
+    as it gave it, with how many updates it held back; the same as in ``optimizer.history``,
+    for a reader of the report (``plait train``'s user) who cannot reach that."""
     reason: str = ""
     """Which parameters the program ends with, and why, in words (also logged)."""
     stopped_by_budget: bool = False
@@ -59,6 +63,10 @@ def _note_step(
     """Adds one finished optimizer step to the report (its counts and a history entry)."""
     applied = len(step.accepted)  # kept by the step; keep-best may still undo them
     rejected = sum(r.status in ("rejected", "reverted") for r in step.updates)
+    for record in step.updates:
+        if record.status != "accepted":
+            why = " ".join(record.reason.split()) or f"{record.status} without a reason"
+            report.not_applied[why] = report.not_applied.get(why, 0) + 1
     report.steps += 1
     report.rejected += rejected
     report.history.append(
@@ -160,7 +168,7 @@ def _reason(report: TrainReport) -> str:
     if not report.discarded:
         return (
             f"kept the initial parameters: the optimizer applied no update "
-            f"({report.rejected} rejected); see optimizer.history for why"
+            f"({report.rejected} rejected){_why_not_applied(report.not_applied)}"
         )
     applied = f"{report.discarded} update(s) applied during training"
     if not report.scores:  # the budget stopped training within its first epoch
@@ -173,6 +181,21 @@ def _reason(report: TrainReport) -> str:
         f"kept the initial parameters: validation after each epoch ({scores}) never beat the "
         f"start ({report.initial_score:.3g}); the {applied} were discarded"
     )
+
+
+def _why_not_applied(reasons: dict[str, int], shown: int = 2, width: int = 160) -> str:
+    """Returns the commonest reasons updates were not applied, as ``: why (N times); ...``
+    (each cut at ``width`` characters), or "" when the optimizer gave none."""
+    if not reasons:
+        return ""
+    common = sorted(reasons.items(), key=lambda item: -item[1])
+    told = [
+        (why if len(why) <= width else why[: width - 1] + "…") + (f" ({n} times)" if n > 1 else "")
+        for why, n in common[:shown]
+    ]
+    more = len(common) - shown
+    rest = f"; and {more} other reason{'s' if more > 1 else ''} in the report" if more > 0 else ""
+    return ": " + "; ".join(told) + rest
 
 
 class _Progress:

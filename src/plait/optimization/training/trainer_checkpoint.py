@@ -58,6 +58,7 @@ class CheckpointedTrainer:
     def _settings(self: TrainerParts) -> dict[str, Any]:
         """What a checkpoint must have been written for to be resumed by this Trainer (the
         data digested once: every minibatch's checkpoint writes them)."""
+        # import time: the search package, only for a checkpoint
         from plait.optimization.search.checkpoint import digest
 
         digests = self._data_digests

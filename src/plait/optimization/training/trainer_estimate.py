@@ -17,6 +17,8 @@ from plait.optimization.costs import Phase, Proposal, Range, check_sample
 from plait.optimization.costs.parts import repeat_feedback, sample_twice
 from plait.optimization.training.backward import backward
 from plait.optimization.training.step import on_examples
+from plait.resources import ResourceManager
+from plait.resources.usage import Budget, metered
 from plait.values import Value
 
 if TYPE_CHECKING:
@@ -59,9 +61,6 @@ class EstimatedTrainer:
         ]
 
     async def _estimate(self: TrainerParts, sample: int) -> Any:
-        from plait.resources import ResourceManager
-        from plait.resources.usage import Budget, metered
-
         self._check_optimizer_alias()
         size, spent = await costs.measure(
             self.module, self.val_set, self.resources, sample, self.train_set
@@ -128,8 +127,8 @@ class EstimatedTrainer:
         parameters: the program and the optimizer are left as they are. ``least_calls``
         is the calls of all the updates of a step when no reply is asked again.
         """
+        # import time: only an estimate that samples a step
         from plait.optimization.training.updates import as_text
-        from plait.resources.usage import metered
 
         twin = self.step.copy()
         paths = {id(p): path for path, p in self.step.named_parameters()}

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationError, create_model
+from pydantic_core import to_jsonable_python
 
 from plait._jsontext import loads
 
@@ -255,8 +256,6 @@ def check_update(
     answered: a new prompt must not paste a run of `COPY_RUN` words from them.
     """
     if not isinstance(proposed, str) and not isinstance(old, str):
-        from pydantic_core import to_jsonable_python
-
         value: Any = to_jsonable_python(proposed, fallback=str)  # models become dicts
         text = as_text(value)
     else:

@@ -4,7 +4,7 @@ One URL chooses it (`StateURL`): ``state="postgresql://…"`` (the extra
 ``plait[postgres]``) or an SQLite path. `open_store` returns the process's
 one store of a URL, shared by everything in the process that names it, and
 `release_store` closes it when the last user lets go. The contract is
-`StateStore` (`base`); the response cache is its first user.
+`StateStore` (`base`); callers on an event loop go through `on_loop`.
 
 Only this package's light modules load with it: the SQLite and PostgreSQL
 implementations are imported when a URL of theirs is opened.
@@ -21,6 +21,7 @@ from plait.resources.state.base import (
     TABLES,
     StateError,
     StateStore,
+    StateUnavailable,
     StateWarning,
 )
 from plait.resources.state.url import StateURL
@@ -32,6 +33,7 @@ __all__ = [
     "StateError",
     "StateStore",
     "StateURL",
+    "StateUnavailable",
     "StateWarning",
     "open_store",
     "release_store",
@@ -77,11 +79,12 @@ def release_store(store: StateStore) -> None:
 
 def _open(url: StateURL) -> StateStore:
     if url.kind == "sqlite":
+        # import time: sqlite3 only for an SQLite store
         from plait.resources.state.sqlite import SQLiteStore
 
         return SQLiteStore(url)
     try:
-        from plait.resources.state.postgres import PostgresStore
+        from plait.resources.state.postgres import PostgresStore  # optional extra (plait[postgres])
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("psycopg"):
             raise

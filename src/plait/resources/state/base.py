@@ -1,8 +1,9 @@
 """The contract of a state store: named tables of keys to bytes, shared by processes.
 
-A store holds what outlives one process: for now the response cache (table
-``responses``); checkpoints, paused runs and the budget ledger are the next
-tables. Two implementations keep it: `plait.resources.state.sqlite` (one
+A store holds what outlives one process, one table each: the response cache
+(``responses``), run checkpoints (``checkpoints``), paused runs of
+``plait serve`` (``pauses``), budget ledgers (``budgets``) and search and
+Trainer checkpoints (``learning``). Two implementations keep it: `plait.resources.state.sqlite` (one
 file, the embedded default) and `plait.resources.state.postgres` (a server
 every process and machine shares). A state URL chooses one
 (`plait.resources.state.url`).
@@ -10,7 +11,13 @@ every process and machine shares). A state URL chooses one
 What a store promises:
 
 - ``add`` stores a key once: concurrent writers of one key leave one row
-  (the first), so a value is never half-written or overwritten.
+  (the first), so a value is never half-written or overwritten; ``put``
+  replaces it (a checkpoint that moves on).
+- ``take`` removes a key and returns its value in one step: of several
+  processes taking one key at once exactly one gets it (a paused run is
+  resumed once).
+- ``scan`` reads the keys under a prefix in pages, in code-point order of
+  their keys, so a run's rows are read back in bounded memory.
 - A value is bytes the caller encodes (JSON, never pickle); the store reads
   no value larger than `MAX_VALUE_BYTES` (it is absent), so nothing read
   from a database chooses code to run or takes unbounded memory.
@@ -18,7 +25,11 @@ What a store promises:
   written by a newer plait is refused with `StateError`, never misread.
 - Failures after opening do not raise: a read misses, a write is dropped,
   and `StateWarning` (SQLite: the file is bypassed) or one log line per
-  outage (PostgreSQL: it reconnects) says so.
+  outage (PostgreSQL: it reconnects) says so. ``scan`` is the exception: it
+  raises `StateUnavailable`, since a page read as empty would make a resumed
+  run do its finished rows again.
+- Every row carries the time it was written; ``prune`` removes the rows of a
+  table written before a time (``plait state prune``).
 """
 
 from __future__ import annotations
@@ -35,14 +46,21 @@ __all__ = [
     "TABLES",
     "StateError",
     "StateStore",
+    "StateUnavailable",
     "StateWarning",
+    "check_table",
+    "prefix_end",
 ]
 
 SCHEMA_VERSION = 1
 """The layout this plait writes and reads; a store of a higher version is refused."""
 
-TABLES = ("responses",)
-"""The tables of schema version 1 (their names are code, never input)."""
+TABLES = ("responses", "checkpoints", "pauses", "budgets", "learning")
+"""The tables of schema version 1 (their names are code, never input). A table added
+later is made on opening, so a store of an earlier plait needs no migration."""
+
+SCAN_PAGE = 1000
+"""Rows a ``scan`` returns at most, unless asked for fewer."""
 
 MAX_VALUE_BYTES = 16 * 1024 * 1024
 """Largest value a store writes or reads; a larger stored one reads as absent."""
@@ -51,6 +69,11 @@ MAX_VALUE_BYTES = 16 * 1024 * 1024
 class StateError(ConfigError):
     """The state store a URL names cannot be used: unreachable at start, or newer than
     this plait. The message names the store with its password masked, and what to do."""
+
+
+class StateUnavailable(StateError):
+    """A ``scan`` could not be answered (the store is down, closed or bypassed); unlike the
+    other reads it raises, because an empty page would mean "nothing done yet"."""
 
 
 class StateWarning(UserWarning):
@@ -81,6 +104,36 @@ class StateStore(Protocol):
         """Stores ``value`` unless ``key`` has one; returns whether it was stored."""
         ...
 
+    def put(self, table: str, key: str, value: bytes) -> bool:
+        """Stores ``value`` under ``key``, replacing what it had; returns whether it was
+        stored."""
+        ...
+
+    def take(self, table: str, key: str) -> bytes | None:
+        """Removes ``key`` and returns its value, or None when it was not there (or the
+        store failed); one caller of many taking one key gets it."""
+        ...
+
+    def scan(
+        self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
+    ) -> list[tuple[str, bytes]]:
+        """Returns up to ``limit`` ``(key, value)`` of the keys starting with ``prefix``
+        and sorting after ``after``, in key order: the next page starts after the last
+        key of this one. A value over `MAX_VALUE_BYTES` is left out.
+
+        Raises:
+            StateUnavailable: the store cannot answer.
+        """
+        ...
+
+    def delete_prefix(self, table: str, prefix: str) -> int:
+        """Removes every key starting with ``prefix``; returns how many (0 on a failure)."""
+        ...
+
+    def prune(self, table: str, before: float) -> int:
+        """Removes the rows written before ``before`` (a ``time.time()``); returns how many."""
+        ...
+
     def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
         """`add` for each ``(key, value)``, in one round trip where the store can; returns
         how many were stored (0 when the store failed)."""
@@ -97,6 +150,19 @@ class StateStore(Protocol):
     def close(self) -> None:
         """Closes the store; later calls miss and drop."""
         ...
+
+
+def prefix_end(prefix: str) -> str | None:
+    """Returns the least string above every string that starts with ``prefix`` (in
+    code-point order), or None when there is none (an empty prefix): the exclusive upper
+    bound of a prefix's keys, so a scan uses the key's index."""
+    text = prefix.rstrip(chr(0x10FFFF))
+    if not text:
+        return None
+    following = ord(text[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:  # surrogates are no characters: skip them
+        following = 0xE000
+    return text[:-1] + chr(following)
 
 
 def check_table(table: str) -> str:

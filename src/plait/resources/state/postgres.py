@@ -33,10 +33,13 @@ from psycopg import sql
 
 from plait.resources.state.base import (
     MAX_VALUE_BYTES,
+    SCAN_PAGE,
     SCHEMA_VERSION,
     TABLES,
     StateError,
+    StateUnavailable,
     check_table,
+    prefix_end,
 )
 from plait.resources.state.url import StateURL
 
@@ -121,9 +124,11 @@ class PostgresStore:
                 ).fetchone()
                 self._check_version(None if row is None else row[0])
                 for table in TABLES:
+                    # The C collation orders keys by code point, as SQLite does, so a
+                    # prefix is one range of the key's index.
                     conn.execute(
                         sql.SQL(
-                            "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, "
+                            'CREATE TABLE IF NOT EXISTS {} (key text COLLATE "C" PRIMARY KEY, '
                             "value bytea NOT NULL, created double precision NOT NULL)"
                         ).format(sql.Identifier(self.url.schema, table))
                     )
@@ -188,6 +193,59 @@ class PostgresStore:
             return conn.execute(query, (key, value, time.time())).rowcount == 1
 
         return self._call("write", write, False)
+
+    def put(self, table: str, key: str, value: bytes) -> bool:
+        """Stores ``value`` under ``key``, replacing what it had."""
+        query = self._sql[check_table(table)]["put"]
+        if len(value) > MAX_VALUE_BYTES:
+            return False
+
+        def write(conn: psycopg.Connection[Any]) -> bool:
+            return conn.execute(query, (key, value, time.time())).rowcount == 1
+
+        return self._call("write", write, False)
+
+    def take(self, table: str, key: str) -> bytes | None:
+        """Removes ``key`` and returns its value (``DELETE … RETURNING``: one taker gets it)."""
+        query = self._sql[check_table(table)]["take"]
+
+        def take(conn: psycopg.Connection[Any]) -> bytes | None:
+            row = conn.execute(query, (key,)).fetchone()
+            return None if row is None or len(row[0]) > MAX_VALUE_BYTES else bytes(row[0])
+
+        return self._call("take", take, None)
+
+    def scan(
+        self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
+    ) -> list[tuple[str, bytes]]:
+        """Returns a page of the keys under ``prefix`` after ``after`` (see `StateStore`)."""
+        end = prefix_end(prefix)
+        query = self._sql[check_table(table)]["scan" if end is None else "scan_to"]
+        bounds = (prefix, after) if end is None else (prefix, after, end)
+
+        def scan(conn: psycopg.Connection[Any]) -> list[tuple[str, bytes]] | None:
+            rows = conn.execute(query, (*bounds, MAX_VALUE_BYTES, limit)).fetchall()
+            return [(key, bytes(value)) for key, value in rows]
+
+        page = self._call("scan", scan, None)
+        if page is None:
+            raise StateUnavailable(
+                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
+                "try again when it is back"
+            )
+        return page
+
+    def delete_prefix(self, table: str, prefix: str) -> int:
+        """Removes every key under ``prefix``."""
+        end = prefix_end(prefix)
+        query = self._sql[check_table(table)]["delete_from" if end is None else "delete_range"]
+        bounds = (prefix,) if end is None else (prefix, end)
+        return self._call("delete", lambda conn: conn.execute(query, bounds).rowcount, 0)
+
+    def prune(self, table: str, before: float) -> int:
+        """Removes the rows written before ``before``."""
+        query = self._sql[check_table(table)]["prune"]
+        return self._call("prune", lambda conn: conn.execute(query, (before,)).rowcount, 0)
 
     def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
         """`add` for each ``(key, value)``, sent together (psycopg pipelines them)."""
@@ -281,6 +339,16 @@ class PostgresStore:
 _STATEMENTS = {
     "get": "SELECT value FROM {} WHERE key = %s AND octet_length(value) <= %s",
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
+    "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
+    "DO UPDATE SET value = excluded.value, created = excluded.created",
+    "take": "DELETE FROM {} WHERE key = %s RETURNING value",
+    "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
+    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
+    "scan_to": "SELECT key, value FROM {} WHERE key >= %s AND key > %s AND key < %s "
+    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
+    "delete_from": "DELETE FROM {} WHERE key >= %s",
+    "delete_range": "DELETE FROM {} WHERE key >= %s AND key < %s",
+    "prune": "DELETE FROM {} WHERE created < %s",
     "delete": "DELETE FROM {} WHERE key = %s",
     "count": "SELECT count(*) FROM {}",
 }

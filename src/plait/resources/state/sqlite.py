@@ -25,10 +25,13 @@ from pathlib import Path
 from plait import _files
 from plait.resources.state.base import (
     MAX_VALUE_BYTES,
+    SCAN_PAGE,
     SCHEMA_VERSION,
     TABLES,
+    StateUnavailable,
     StateWarning,
     check_table,
+    prefix_end,
 )
 from plait.resources.state.url import StateURL
 
@@ -129,6 +132,76 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._on_error(exc, "write")
             return False
+
+    def put(self, table: str, key: str, value: bytes) -> bool:
+        """Stores ``value`` under ``key``, replacing what it had."""
+        sql = (
+            f"INSERT INTO {check_table(table)} (key, value, created) VALUES (?, ?, ?) "
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, created = excluded.created"
+        )
+        if self._db is None or len(value) > MAX_VALUE_BYTES:
+            return False
+        return self._write(sql, (key, value, time.time()), "write") == 1
+
+    def take(self, table: str, key: str) -> bytes | None:
+        """Removes ``key`` and returns its value (one statement: one taker gets it)."""
+        if self._db is None:
+            return None
+        sql = f"DELETE FROM {check_table(table)} WHERE key = ? RETURNING value"
+        try:
+            with self._lock:
+                row = self._db.execute(sql, (key,)).fetchone()
+        except sqlite3.Error as exc:
+            self._on_error(exc, "take")
+            return None
+        if row is None or len(row[0]) > MAX_VALUE_BYTES:
+            return None
+        return bytes(row[0])
+
+    def scan(
+        self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
+    ) -> list[tuple[str, bytes]]:
+        """Returns a page of the keys under ``prefix`` after ``after`` (see `StateStore`)."""
+        end = prefix_end(prefix)
+        sql = (
+            f"SELECT key, value FROM {check_table(table)} WHERE key >= ? AND key > ?"
+            + ("" if end is None else " AND key < ?")
+            + " AND length(value) <= ? ORDER BY key LIMIT ?"
+        )
+        bounds = (prefix, after) if end is None else (prefix, after, end)
+        if self._db is None:
+            raise StateUnavailable(f"state store {self.path} is bypassed: {self.error}")
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*bounds, MAX_VALUE_BYTES, limit)).fetchall()
+        except sqlite3.Error as exc:
+            self._on_error(exc, "scan")
+            raise StateUnavailable(f"state store {self.path} failed on a scan: {exc}") from None
+        return [(key, bytes(value)) for key, value in rows]
+
+    def delete_prefix(self, table: str, prefix: str) -> int:
+        """Removes every key under ``prefix``."""
+        end = prefix_end(prefix)
+        sql = f"DELETE FROM {check_table(table)} WHERE key >= ?" + (
+            "" if end is None else " AND key < ?"
+        )
+        return self._write(sql, (prefix,) if end is None else (prefix, end), "delete")
+
+    def prune(self, table: str, before: float) -> int:
+        """Removes the rows written before ``before``."""
+        sql = f"DELETE FROM {check_table(table)} WHERE created < ?"
+        return self._write(sql, (before,), "prune")
+
+    def _write(self, sql: str, parameters: tuple[object, ...], action: str) -> int:
+        """Runs one writing statement; returns the rows it changed (0 on a failure)."""
+        if self._db is None:
+            return 0
+        try:
+            with self._lock:
+                return int(self._db.execute(sql, parameters).rowcount)
+        except sqlite3.Error as exc:
+            self._on_error(exc, action)
+            return 0
 
     def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
         """`add` for each ``(key, value)``, in one transaction."""

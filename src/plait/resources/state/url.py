@@ -84,7 +84,7 @@ class StateURL:
 
     @classmethod
     def _sqlite(cls, path: str) -> StateURL:
-        from pathlib import Path  # only an SQLite URL needs it (a first call imports none)
+        from pathlib import Path  # import time: only an SQLite URL (a first call imports none)
 
         resolved = str(Path(path).expanduser().absolute())
         return cls("sqlite", resolved, DEFAULT_SCHEMA, "", None, f"sqlite://{resolved}")
