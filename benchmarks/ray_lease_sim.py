@@ -15,7 +15,7 @@ permits took to come back (goal ≤ the lease term, 10 s) and the lowest and hig
 worker's calls over its fair share (goal: within 0.8–1.2), and the CPU seconds the
 simulation took (the ledger's and the limiters' Python, not Ray's).
 
-``--ray`` adds what the model of ``docs/ray_scaling.md`` needs from Ray itself: how many
+``--ray`` adds what the model of ``docs/how-to/ray-scaling.md`` needs from Ray itself: how many
 messages a second one limits actor (`plait.distributed.ray.EndpointLimits`, on a local
 Ray) answers, sent by the driver 256 at a time (a floor: the driver shares the cores).
 

@@ -1,6 +1,6 @@
 """A DSPy program ported to plait: a sentiment classifier improved with BootstrapFewShot.
 
-`docs/coming_from_dspy.md` shows the DSPy original beside this file; the
+`docs/how-to/coming_from_dspy.md` shows the DSPy original beside this file; the
 signature, the metric and the optimizer's name are the same, and the few lines
 that differ say why in a comment. Runs on the embedded SmolLM2 model (no key,
 no network) or on any OpenAI-compatible server:

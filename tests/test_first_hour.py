@@ -1,12 +1,12 @@
-"""A user's first hour with plait, walked as the README tells it, on the embedded model.
+"""A user's first hour with plait, walked as the README and the site tell it, on the embedded model.
 
 Every step is typed as a user types it, in a folder of their own (subprocesses):
-the demo; the README's typed program (a `Predict` of the `Triage` signature, taken
-from the README itself) through ``plait run`` on a CSV and a JSON Lines file; the
+the demo; the typed program of docs/getting-started.md (a `Predict` of the `Triage`
+signature, taken from the page itself) through ``plait run`` on a CSV and a JSON Lines file; the
 run report drawn with ``plait report`` and opened in a browser; a chat turn and a
 saved note in ``examples/chat.py``; one optimizer (`LabeledFewShot`) in a script,
 its learned demos run again with ``plait run --load``. Each step checks what the
-README says the user will see; what SmolLM2 writes is not fixed, so the checks are
+pages say the user will see; what SmolLM2 writes is not fixed, so the checks are
 about shape, not wording.
 """
 
@@ -22,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from docs_blocks import blocks_of
 from report.test_html import CHROMIUM, PROBE, open_in_chromium
 
 ROOT = Path(__file__).parents[1]
-README = (ROOT / "README.md").read_text()
+GETTING_STARTED = ROOT / "docs" / "getting-started.md"
 PLAIT = Path(sys.executable).with_name("plait")  # the command pip installed beside python
 
 TICKETS = ["I was charged twice this month", "The app crashes when I open settings"]
@@ -49,10 +50,9 @@ triage.save("learned.json")
 """
 
 
-def readme_block(heading: str, language: str) -> str:
-    """Returns the first ``language`` code block of the README section ``heading``."""
-    section = README.split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return re.search(rf"```{language}\n(.*?)```", section, re.DOTALL).group(1)
+def saved_file(page: Path, name: str) -> str:
+    """Returns the block of ``page`` that the reader saves as ``name`` (``title="name"``)."""
+    return next(block.body for block in blocks_of(page) if block.title == name)
 
 
 def typed(folder: Path, *command: str, stdin: str | None = None, timeout: float = 600) -> str:
@@ -91,7 +91,7 @@ def demo_runs_the_perspectives_together_then_the_synthesis(folder: Path) -> None
 
 
 def the_typed_program_runs_over_csv_and_jsonl(folder: Path) -> None:
-    (folder / "programs.py").write_text(readme_block("Signatures and program modules", "python"))
+    (folder / "programs.py").write_text(saved_file(GETTING_STARTED, "triage.py"))
     (folder / "res.toml").write_text('[llm]\nprovider = "local"  # the embedded model\n')
     (folder / "tickets.csv").write_text("ticket\n" + "".join(f'"{t}"\n' for t in TICKETS))
     (folder / "tickets.jsonl").write_text(
@@ -149,7 +149,7 @@ def one_optimizer_learns_demos_that_plait_run_loads(folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_first_hour_as_the_readme_tells_it(tmp_path: Path) -> None:
+def test_the_first_hour_as_the_pages_tell_it(tmp_path: Path) -> None:
     demo_runs_the_perspectives_together_then_the_synthesis(tmp_path)
     the_typed_program_runs_over_csv_and_jsonl(tmp_path)
     report = the_run_report_is_drawn(tmp_path)

@@ -1,6 +1,6 @@
 """The porting pages claim only what a test shows, and name only files that exist.
 
-`docs/porting.md` says, row by row, which names of the seeds work in plait; a row
+`docs/how-to/porting.md` says, row by row, which names of the seeds work in plait; a row
 that says something works names the test files that show it. These checks keep
 the page from drifting: a renamed or deleted test file, a row claiming to work
 with no test named, or a path into someone's machine fail here.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-PAGES = [ROOT / "docs" / "porting.md", ROOT / "docs" / "coming_from_dspy.md"]
+PAGES = [ROOT / "docs" / "how-to" / "porting.md", ROOT / "docs" / "how-to" / "coming_from_dspy.md"]
 REPO_PATH = re.compile(r"`((?:tests|docs|examples|src)/[\w./-]+)`")
 TEST_FILE = re.compile(r"`(tests/[\w/]+\.py)`")
 
@@ -43,12 +43,12 @@ def test_a_page_points_nowhere_outside_the_repository(page: Path) -> None:
 
 
 def test_every_row_of_porting_that_says_it_works_names_its_tests() -> None:
-    rows = table_rows((ROOT / "docs" / "porting.md").read_text())
+    rows = table_rows((ROOT / "docs" / "how-to" / "porting.md").read_text())
     assert len(rows) > 60  # the tables were read
     unbacked = [row[:100] for row in rows if "works" in claim_of(row) and not TEST_FILE.search(row)]
     assert not unbacked, "rows that say they work without naming a test:\n" + "\n".join(unbacked)
 
 
 def test_porting_says_nothing_that_ships_is_not_there_yet() -> None:
-    text = (ROOT / "docs" / "porting.md").read_text().lower()
+    text = (ROOT / "docs" / "how-to" / "porting.md").read_text().lower()
     assert "not yet" not in text and "does not exist" not in text

@@ -252,7 +252,7 @@ def test_execution_patterns_from_synchronous_code() -> None:
 def test_a_module_starts_in_eval_mode() -> None:
     # Seed 000's Module.training defaults to True, but its own table of execution
     # patterns has `await module("x")` return T (eval) and `module.train()` first
-    # for Value[T]; plait keeps eval as the default (see docs/porting.md).
+    # for Value[T]; plait keeps eval as the default (see docs/how-to/porting.md).
     assert Module().training is False
     assert seed_programs.DeepPipeline().train().stage3.synthesizer.training is True
 
@@ -280,7 +280,7 @@ def test_a_learnable_parameter_without_a_description_says_what_to_write() -> Non
 def test_parameters_are_equal_only_to_themselves_and_same_as_compares_fields() -> None:
     # The seed's dataclass compares fields; plait's Parameter compares identity,
     # because optimizers key their state by parameter: two parameters holding the
-    # same text are still two parameters (see docs/porting.md).
+    # same text are still two parameters (see docs/how-to/porting.md).
     param1 = Parameter("value", description="Test description", requires_grad=True)
     param2 = Parameter("value", description="Test description", requires_grad=True)
     assert param1 != param2 and param1.same_as(param2)
@@ -330,6 +330,6 @@ async def test_get_trace_context_and_get_execution_settings_snippet(
 
 def test_execution_settings_scheduler_snippet() -> None:
     # plait has one scheduler; what the seed's would hold is max_concurrent and the
-    # endpoints' limits (docs/porting.md, "Different on purpose").
+    # endpoints' limits (docs/how-to/porting.md, "Different on purpose").
     with pytest.raises(TypeError, match="scheduler"):
         ExecutionSettings(scheduler=object())  # type: ignore[call-arg]

@@ -233,7 +233,7 @@ async def test_optimize_grid_short_form_and_is_compiled_snippet() -> None:
 
 def test_predict_template_snippet() -> None:
     # dsprrr's PredictModule has a glue `template`; plait builds the prompt from the
-    # signature through its adapter (docs/porting.md says why), so template= is refused.
+    # signature through its adapter (docs/how-to/porting.md says why), so template= is refused.
     with pytest.raises(TypeError, match="template"):
         Predict("question -> answer", template="Q: {question}")  # type: ignore[call-arg]
     assert isinstance(Predict("question -> answer", adapter=ChatAdapter()).adapter, ChatAdapter)

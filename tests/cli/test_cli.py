@@ -394,7 +394,7 @@ def test_import_plait_does_not_import_click():
     assert out.stdout.strip() == "False"
 
 
-def test_run_help_shows_a_resources_file_that_loads_and_is_the_readmes(tmp_path):
+def test_run_help_shows_a_resources_file_that_loads_and_is_the_docs(tmp_path):
     from plait.resources import ResourceConfig
 
     done = plait_cli("run", "--help")
@@ -409,8 +409,8 @@ def test_run_help_shows_a_resources_file_that_loads_and_is_the_readmes(tmp_path)
     config = ResourceConfig.from_file(path)
     assert config.resolve("llm").provider == "openai"
     assert config.resolve("judge").provider == "local"
-    readme = (SRC.parent / "README.md").read_text()
-    assert all(line in readme for line in example)
+    page = (SRC.parent / "docs" / "how-to" / "run-files.md").read_text()
+    assert all(line in page for line in example)
 
 
 def _training_files(tmp_path: Path) -> tuple[Path, Path]:

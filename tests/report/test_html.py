@@ -1,9 +1,14 @@
-"""The HTML report: one self-contained page of plotly plots, checked in headless Chromium."""
+"""The HTML report: one self-contained page of plotly plots, checked in headless Chromium.
+
+With ``PLAIT_UPDATE_SCREENSHOT=1`` the Chromium test also writes the docs' picture of the
+page, ``docs/report.png``, from the report it checked.
+"""
 
 from __future__ import annotations
 
 import html
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +30,7 @@ from plait.testing._faults import Fault
 pytest.importorskip("plotly")
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "report.png"
 
 
 class Pipeline(Module):
@@ -151,6 +157,21 @@ def open_in_chromium(page: Path, probe: str, tmp_path: Path) -> dict:
     return json.loads(html.unescape(found.group(1)))
 
 
+def screenshot_in_chromium(page: Path, picture: Path, tmp_path: Path) -> None:
+    """Writes a PNG of ``page`` as headless Chromium draws it (1200 px wide, the plots drawn)."""
+    done = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+            "--window-size=1200,1900", "--virtual-time-budget=15000",
+            f"--screenshot={picture}", page.as_uri(),
+        ],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert picture.exists(), f"no screenshot; chromium said: {done.stderr[-2000:]}"
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Chromium (Debian: apt-get install chromium)")
 async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot_drawn(tmp_path):
@@ -170,6 +191,9 @@ async def test_the_page_loads_in_headless_chromium_with_no_errors_and_every_plot
     for plot in plots.values():
         assert plot["svg"] >= 1 and plot["width"] > 100, plot
         assert plot["marks"] > 0, plot
+    if os.environ.get("PLAIT_UPDATE_SCREENSHOT") == "1":
+        screenshot_in_chromium(path, tmp_path / "report.png", tmp_path)
+        shutil.copyfile(tmp_path / "report.png", SCREENSHOT)
 
 
 PLOT_PROBE = """<script>

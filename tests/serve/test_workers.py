@@ -235,7 +235,7 @@ class Report(Module):
 
 @pytest.mark.slow
 async def test_two_workers_each_load_their_own_local_model(tmp_path: Path) -> None:
-    """docs/serving.md's first command, with ``--workers 2`` and the embedded model (one call
+    """docs/how-to/serving.md's first command, with ``--workers 2`` and the embedded model (one call
     at a time): each worker loads its own model, so nothing is split, and both answer."""
     pytest.importorskip("llama_cpp")
     (tmp_path / "prog.py").write_text(REPORT)

@@ -29,7 +29,7 @@ rpm = 500
 ["*"]
 provider = "local"              # the embedded model: no key, no network
 """
-"""What a ``--resources`` file looks like (the same example is in the README)."""
+"""What a ``--resources`` file looks like (the same example is in docs/how-to/run-files.md)."""
 
 
 _RESOURCES_HELP = "\b\n--resources names a TOML, YAML or JSON file such as:\n\n\b\n" + "\n".join(

@@ -1,4 +1,4 @@
-"""Thin adapters for code written against the seeds' spellings (see ``docs/porting.md``).
+"""Thin adapters for code written against the seeds' spellings (see ``docs/how-to/porting.md``).
 
 plait's own API is the primary one; where a seed spells a thing differently
 and no alias on plait's own objects can carry the spelling, the adapter lives

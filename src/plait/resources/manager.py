@@ -311,10 +311,8 @@ class ResourceManager:
 
         An alias that names a fallback chain goes to the next endpoint only
         while nothing was yielded: once a chunk of one endpoint's reply has
-        reached the caller, that endpoint's failure is raised.
-
-        Raises:
-            The same errors as `complete`.
+        reached the caller, that endpoint's failure is raised. It raises the same
+        errors as `complete`.
         """
         route = self._routes.get(alias) or self._route(alias)
         if route.fallbacks is None:

@@ -9,7 +9,7 @@ prometheus_client).
 
 One app serves one or several programs (``app({"qa": qa, "chat": chat}, resources)``), all
 sharing one `ResourceManager`, so endpoint limits, cache, retries and budgets hold across
-every request. The routes, JSON shapes and options are in ``docs/serving.md``.
+every request. The routes, JSON shapes and options are in ``docs/how-to/serving.md``.
 
 Layout: ``programs.py`` (request and response schemas from what a program declares),
 ``runs.py`` (the shared resources, admission, per-request usage, pauses and their resumes),

@@ -2,7 +2,7 @@
 
 `TestBackend` is the ``test`` provider's backend: a user's tests run their
 program against it, with replies made from each request's schema or given,
-and read the requests it received in ``calls`` (docs/testing.md).
+and read the requests it received in ``calls`` (docs/how-to/testing.md).
 `ScriptedServer` runs inside a test's event loop; `start_server_process`
 runs the same server in a child process for benchmarks; `start_llama_server`
 serves the embedded model with ``python -m llama_cpp.server``;
