@@ -33,10 +33,10 @@ def test_valid_config_resolves_each_alias_to_a_frozen_endpoint() -> None:
     assert config["smart"] is config.resolve("smart")
 
 
-def test_local_needs_no_model_and_queues_in_the_limiter() -> None:
+def test_local_needs_no_model_and_runs_its_batch_size_at_once() -> None:
     local = ResourceConfig({"m": {"provider": "local"}}).resolve("m")
     assert local.model is None
-    assert local.max_concurrent == 1 and local.timeout is None
+    assert local.max_concurrent == 4 and local.timeout is None  # its batch size
     assert local.effective_price == Price(0.0, 0.0)
 
 
