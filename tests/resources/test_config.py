@@ -151,8 +151,8 @@ def test_max_retry_after_defaults_to_a_minute_and_is_validated() -> None:
         (
             {"provider": "local", "backend_options": {"n_thread": 2}},
             "key 'backend_options' has 'n_thread', which LocalBackend does not take; "
-            "did you mean 'n_threads'? (it takes: 'n_threads', 'n_threads_batch', 'seed', "
-            "'chat_format', 'verbose')",
+            "did you mean 'n_threads'? (it takes: 'n_seq_max', 'n_threads', 'n_threads_batch', "
+            "'seed', 'chat_format', 'verbose')",
         ),
         (
             {"provider": "anthropic", "model": "c", "backend_options": {"max_token_default": 9}},
