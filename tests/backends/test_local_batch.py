@@ -89,13 +89,14 @@ async def test_each_call_keeps_its_own_stop_strings_and_token_cap(backend: Local
     assert capped.usage.output_tokens == 5 and capped.finish_reason == "length"
 
 
-async def test_a_prompt_too_long_for_its_share_of_the_context_is_a_clear_error() -> None:
-    local = LocalBackend(n_ctx=1024, n_seq_max=4)  # 256 tokens a call
+async def test_each_call_has_a_context_window_of_its_own() -> None:
+    local = LocalBackend(n_ctx=256, n_seq_max=2)  # a cache of 512 tokens, 256 a call
     try:
-        with pytest.raises(BackendError, match=r"n_ctx 1024 shared by n_seq_max 4") as info:
-            await local.complete(ask("word " * 300, max_tokens=4))
-        assert not info.value.retryable
-        reply = await local.complete(ask("Say hi.", max_tokens=4))  # the batch goes on
-        assert reply.usage.output_tokens > 0
+        with pytest.raises(BackendError, match=r"does not fit the context window .* n_ctx 256"):
+            await local.complete(ask("word " * 290, max_tokens=4))
+        # Two calls of about 200 tokens each fit at once: neither takes the other's room.
+        near_full = [ask("word " * 170 + f"How many words? ({i})", max_tokens=4) for i in (1, 2)]
+        replies = await asyncio.gather(*(local.complete(r) for r in near_full))
+        assert all(r.usage.input_tokens > 180 and r.usage.output_tokens > 0 for r in replies)
     finally:
         await local.aclose()

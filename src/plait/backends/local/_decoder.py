@@ -1,20 +1,21 @@
 """The local model's decode loop: every call in flight decoded together, one batch a step.
 
-One llama.cpp context holds a KV cache of ``n_seq_max`` sequences; each call
-gets a sequence id of its own for as long as it runs (continuous batching: a
-call joins at the next step after it arrives and leaves at the step it ends,
-freeing its cells). A step is one ``llama_decode`` of a batch holding the
-last token of every generating call and the prompt tokens of calls that just
-joined (up to ``n_batch`` tokens), then one sample per call that has logits,
-from that call's own sampler chain: its penalties, its grammar, greedy or
-top-k/typical/top-p/min-p/temperature with its own seed, in the order
-llama-cpp-python 0.3.36 builds them (`Llama._init_sampler`), so a call samples
-as it would alone. Stop strings, ``max_tokens`` and streamed text are handled
-per call here.
+One llama.cpp context holds a KV cache of ``n_seq_max`` sequences, a stream
+of cells per sequence; each call gets a sequence id of its own for as long as
+it runs (continuous batching: a call joins at the next step after it arrives
+and leaves at the step it ends, freeing its cells). A step reads one chunk of
+a joining call's prompt (in a decode of its own, see `BatchDecoder._step`),
+then decodes the last token of every generating call in one ``llama_decode``
+and samples each from that call's own sampler chain: its penalties, its
+grammar, greedy or top-k/typical/top-p/min-p/temperature with its own seed,
+in the order llama-cpp-python 0.3.36 builds them (`Llama._init_sampler`), so
+a call samples as it would alone. Stop strings, ``max_tokens`` and streamed
+text are handled per call here.
 
-Every call's cells are bounded: prompt plus reply fit ``n_ctx / n_seq_max``
-tokens (llama.cpp's ``llama_n_ctx_seq``), so the cache can never overflow,
-and a prompt too long for its share is refused with a clear error.
+Every call's cells are bounded: prompt plus reply fit its stream,
+``n_ctx / n_seq_max`` tokens (llama.cpp's ``llama_n_ctx_seq``), so the cache
+can never overflow, and a prompt too long for it is refused with a clear
+error.
 
 All of this runs on the model's one decode thread (`run`); calls reach it
 through a queue and report back through their `Call` (a future, and a text
@@ -109,7 +110,7 @@ class BatchDecoder:
 
     Args:
         llama: the loaded model (its tokenizer and chat format render prompts).
-        n_ctx: KV cache cells in all; each call may use ``n_ctx // n_seq_max``.
+        n_ctx: KV cache cells in all; each call has ``n_ctx // n_seq_max`` of them.
         n_seq_max: calls decoded together; more wait for a free sequence.
         n_batch: most tokens in one decode step (prompts are fed in chunks).
         n_threads: CPU threads for decode steps of a few tokens.
@@ -148,8 +149,6 @@ class BatchDecoder:
         self._n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._n_batch = n_batch
-        self._n_ctx = n_ctx
-        self._n_seq_max = n_seq_max
         self.share = llama_cpp.llama_n_ctx_seq(ctx)
         """Tokens one call may use, prompt and reply together."""
         self._name = name
@@ -158,11 +157,12 @@ class BatchDecoder:
         self._active: list[_Sequence] = []
 
     def close(self) -> None:
-        """Frees the context and the batch; call it on the decode thread, after `run`."""
-        for seq in self._active:
-            self._leave(seq, None)
+        """Frees the context, the batch and the model; call it on the decode thread."""
+        for seq in list(self._active):
+            self._leave(seq, "stop")
         llama_cpp.llama_batch_free(self._batch)
         llama_cpp.llama_free(self._ctx)
+        self._llama.close()
 
     def run(self, inbox: queue.SimpleQueue[Call | None], waiting: deque[Call]) -> None:
         """Decodes until ``None`` arrives and every call before it has ended."""
@@ -192,20 +192,25 @@ class BatchDecoder:
                 self._step()
 
     def _join(self, call: Call) -> None:
-        if call.cancel.is_set() or not call.future.set_running_or_notify_cancel():
+        """Gives a call a sequence; its prompt is read from the next step on."""
+        if not call.future.set_running_or_notify_cancel():
+            return
+        if call.cancel.is_set():  # given up while it waited
+            call.future.set_result(Finished("", "stop", 0, 0))
             return
         try:
             options = call.prepare(self._llama)
             prompt = list(options["prompt"])
             self._check(options, len(prompt))
-        except BaseException as exc:  # the call's own error; the batch goes on
+            chain = self._sampler(options)
+        except Exception as exc:  # the call's own error; the batch goes on
             call.future.set_exception(exc)
             return
         seq = _Sequence(call, heapq.heappop(self._free), prompt, options)
         room = self.share - len(prompt)
         asked = seq.max_tokens
         seq.max_tokens = room if asked is None or asked <= 0 else min(asked, room)
-        seq.chain = self._sampler(options)
+        seq.chain = chain
         self._active.append(seq)
 
     def _check(self, options: dict[str, Any], n_prompt: int) -> None:
@@ -218,9 +223,8 @@ class BatchDecoder:
         if n_prompt >= self.share:
             raise BackendError(
                 f"{self._name}: the prompt of {n_prompt} tokens does not fit the context window "
-                f"of one call, {self.share} tokens (n_ctx {self._n_ctx} shared by "
-                f"n_seq_max {self._n_seq_max} calls in flight). Shorten the conversation, or build "
-                "LocalBackend(n_ctx=...) larger or LocalBackend(n_seq_max=...) smaller."
+                f"of a call, n_ctx {self.share} tokens (prompt and reply together). Shorten the "
+                f"conversation, or build LocalBackend(n_ctx=...) larger than {self.share}."
             )
 
     def _sampler(self, options: dict[str, Any]) -> Any:
@@ -244,11 +248,13 @@ class BatchDecoder:
         if grammar is not None:
             # LlamaGrammar keeps its GBNF text and root rule in these two attributes;
             # llama-cpp-python's own sampler reads them the same way.
-            add(
-                lib.llama_sampler_init_grammar(
-                    self._vocab, grammar._grammar.encode(), grammar._root.encode()
-                )
+            constrained = lib.llama_sampler_init_grammar(
+                self._vocab, grammar._grammar.encode(), grammar._root.encode()
             )
+            if not constrained:
+                lib.llama_sampler_free(chain)
+                raise BackendError(f"{self._name}: llama.cpp could not parse the reply's grammar")
+            add(constrained)
         seed = options.get("seed")
         seed = random.getrandbits(32) if seed is None else seed
         temperature = options.get("temperature", 0.8)

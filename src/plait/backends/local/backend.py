@@ -185,7 +185,7 @@ class _ModelSlot:
         key = self.key
         return BatchDecoder(
             llama,
-            n_ctx=key.n_ctx,
+            n_ctx=key.n_ctx * key.n_seq_max,
             n_seq_max=key.n_seq_max,
             n_batch=_N_BATCH,
             n_threads=key.n_threads,
@@ -295,18 +295,20 @@ class LocalBackend(Backend):
 
     Args:
         model_path: a ``.gguf`` file; None uses `default_model_path`.
-        n_ctx: KV cache cells in tokens, shared by the calls decoded together:
-            each call's prompt plus reply must fit ``n_ctx // n_seq_max``
-            (2,048 by default).
+        n_ctx: context window of one call in tokens; prompt plus reply must
+            fit. The KV cache holds ``n_ctx`` for each of ``n_seq_max`` calls,
+            allocated when the model loads (SmolLM2-135M: 23 kB a token, so
+            2,048 × 4 tokens take 190 MB).
         n_seq_max: calls decoded together in one batch (each decode step
             runs every call in flight at once); more calls wait their turn.
             The endpoint's default ``max_concurrent`` is the default of this.
         n_threads: CPU threads for generation; None uses half the CPUs this
             process may run on (at least one), as `default_threads` says.
-        n_threads_batch: CPU threads for reading the prompt; None uses the same
-            number. (llama.cpp's own default is every CPU of the machine, whose
-            threads spin while they wait: beside other work on a small machine a
-            call then takes several times longer.)
+        n_threads_batch: CPU threads for a decode step of several tokens
+            (reading a prompt, or several calls generating at once); None uses
+            the same number as ``n_threads``. (llama.cpp's own default is every
+            CPU of the machine, whose threads spin while they wait: beside other
+            work on a small machine a call then takes several times longer.)
         seed: base sampling seed. A call without its own seed uses this seed
             mixed with the request's ``rollout_id``: runs of a program sample
             alike and deliberate rollouts differ. (Replies are not bit-exact:
@@ -327,7 +329,7 @@ class LocalBackend(Backend):
         self,
         model_path: str | Path | None = None,
         *,
-        n_ctx: int = 2048 * BATCH_SIZE,
+        n_ctx: int = 2048,
         n_seq_max: int = BATCH_SIZE,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
@@ -347,11 +349,11 @@ class LocalBackend(Backend):
         self.n_threads = n_threads if n_threads is not None else default_threads()
         """CPU threads for generation."""
         self.n_threads_batch = n_threads_batch if n_threads_batch is not None else self.n_threads
-        """CPU threads for reading the prompt."""
-        if n_seq_max < 1 or n_ctx < n_seq_max:
+        """CPU threads for decode steps of several tokens."""
+        if n_seq_max < 1:
             raise ConfigError(
-                f"LocalBackend(n_ctx={n_ctx}, n_seq_max={n_seq_max}): n_seq_max must be at least "
-                "1 and n_ctx at least n_seq_max (each call gets n_ctx // n_seq_max tokens)"
+                f"LocalBackend(n_seq_max={n_seq_max}): the number of calls decoded together "
+                "must be at least 1"
             )
         self._key = _ModelKey(
             path.resolve(),
@@ -372,8 +374,7 @@ class LocalBackend(Backend):
 
         Raises:
             BackendTimeout: ``request.timeout`` passed (generation is stopped).
-            BackendError: llama-cpp-python failed, e.g. the prompt exceeds the
-                call's share of ``n_ctx``.
+            BackendError: llama-cpp-python failed, e.g. the prompt exceeds ``n_ctx``.
         """
         plan = self._plan(request)
         call = self._call(plan)
