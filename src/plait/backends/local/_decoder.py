@@ -79,7 +79,12 @@ class Call:
 
 
 _UNSUPPORTED = {"logits_processor": None, "logit_bias": None, "mirostat_mode": 0}
-"""Completion options the batch cannot honour, with the value that means "unused"."""
+"""Completion options the batch cannot honour, with the value that means "unused".
+
+Chat handlers pass these unused (plait sets none of them). A handler's own
+``stopping_criteria`` (a template's stop on its end-of-turn token) is not
+needed: a call ends on every end-of-generation token of the vocabulary.
+"""
 
 
 class _Sequence:
