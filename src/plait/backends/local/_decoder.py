@@ -3,7 +3,10 @@
 One llama.cpp context holds a KV cache of ``n_seq_max`` sequences, a stream
 of cells per sequence; each call gets a sequence id of its own for as long as
 it runs (continuous batching: a call joins at the next step after it arrives
-and leaves at the step it ends, freeing its cells). A step reads one chunk of
+and leaves at the step it ends). A sequence keeps the cells of its last call
+after it ends: a new call takes the free sequence whose cells hold the
+longest start of its prompt (the chat template's opening, a program's
+instructions, a conversation so far) and reads only the rest. A step reads one chunk of
 a joining call's prompt (in a decode of its own, see `BatchDecoder._step`),
 then decodes the last token of every generating call in one ``llama_decode``
 and samples each from that call's own sampler chain: its penalties, its
@@ -100,6 +103,8 @@ class _Sequence:
         """Next position in this sequence."""
         self.last: int | None = None
         """The token sampled last, to be decoded in the next step."""
+        self.outputs: list[int] = []
+        """The tokens sampled so far."""
         self.output_tokens = 0
         self.text = ""
         self.sent = 0
@@ -160,6 +165,9 @@ class BatchDecoder:
         self._free = list(range(n_seq_max))
         """Free sequence ids, a heap: the lowest is taken first."""
         self._active: list[_Sequence] = []
+        self._kept: dict[int, list[int]] = {}
+        """The tokens whose cells a free sequence still holds (its last call's prompt
+        and reply), so a call that starts alike reads only the rest."""
 
     def close(self) -> None:
         """Frees the context, the batch and the model; call it on the decode thread."""
@@ -211,12 +219,36 @@ class BatchDecoder:
         except Exception as exc:  # the call's own error; the batch goes on
             call.future.set_exception(exc)
             return
-        seq = _Sequence(call, heapq.heappop(self._free), prompt, options)
+        seq = _Sequence(call, self._place(prompt), prompt, options)
+        seq.fed = seq.pos = len(self._kept.pop(seq.seq_id, ()))
         room = self.share - len(prompt)
         asked = seq.max_tokens
         seq.max_tokens = room if asked is None or asked <= 0 else min(asked, room)
         seq.chain = chain
         self._active.append(seq)
+
+    def _place(self, prompt: list[int]) -> int:
+        """Takes the free sequence whose cells hold the longest start of ``prompt``.
+
+        Its cells past that start are dropped; what is kept is noted in
+        ``_kept`` for `_join`. At least the prompt's last token is read again,
+        for its logits. (A prefix read in one decode and the rest in another
+        gave the same logits as one decode, bit for bit, on SmolLM2 here.)
+        """
+        best, shared = self._free[0], 0
+        for seq_id in sorted(self._free):
+            n = _common_start(self._kept.get(seq_id, []), prompt)
+            if n > shared:
+                best, shared = seq_id, n
+        self._free.remove(best)
+        heapq.heapify(self._free)
+        reuse = min(shared, len(prompt) - 1)
+        llama_cpp.llama_memory_seq_rm(self._memory, best, reuse, -1)
+        if reuse:
+            self._kept[best] = prompt[:reuse]
+        else:
+            self._kept.pop(best, None)
+        return best
 
     def _check(self, options: dict[str, Any], n_prompt: int) -> None:
         for key, unused in _UNSUPPORTED.items():
@@ -332,6 +364,7 @@ class BatchDecoder:
             self._leave(seq, "stop")
             return
         seq.last = token
+        seq.outputs.append(token)
         seq.output_tokens += 1
         seq.text += seq.utf8.decode(self._llama.detokenize([token]))
         cut = _first_stop(seq.text, seq.stop)
@@ -351,9 +384,14 @@ class BatchDecoder:
     def _leave(
         self, seq: _Sequence, reason: str | None, error: BaseException | None = None
     ) -> None:
-        """Ends a call: frees its cells and sampler, and reports how it ended."""
+        """Ends a call: keeps its cells for a call that starts alike, and reports how it ended."""
         self._active.remove(seq)
-        llama_cpp.llama_memory_seq_rm(self._memory, seq.seq_id, -1, -1)
+        if error is None and seq.fed == len(seq.prompt):
+            decoded = seq.outputs[: seq.pos - len(seq.prompt)]
+            self._kept[seq.seq_id] = seq.prompt + decoded
+        else:
+            llama_cpp.llama_memory_seq_rm(self._memory, seq.seq_id, -1, -1)
+            self._kept.pop(seq.seq_id, None)
         llama_cpp.llama_sampler_free(seq.chain)
         heapq.heappush(self._free, seq.seq_id)
         call = seq.call
@@ -365,6 +403,12 @@ class BatchDecoder:
         call.future.set_result(
             Finished(seq.text, reason or "stop", len(seq.prompt), seq.output_tokens)
         )
+
+
+def _common_start(a: list[int], b: list[int]) -> int:
+    """How many tokens ``a`` and ``b`` share from their start."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 def _first_stop(text: str, stops: list[str]) -> int | None:
