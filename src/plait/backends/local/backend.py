@@ -179,7 +179,8 @@ class _ModelSlot:
 
     def _decoder(self) -> BatchDecoder:
         llama = self._load()
-        from plait.backends.local._decoder import BatchDecoder  # llama_cpp is loaded by now
+        # optional extra (plait[local]): _decoder imports llama_cpp, loaded by now
+        from plait.backends.local._decoder import BatchDecoder
 
         self._read_chat_format(llama)
         key = self.key
@@ -195,6 +196,7 @@ class _ModelSlot:
 
     def _read_chat_format(self, llama: RenderingLlama) -> None:
         """Notes which turns the chat format shows; warns when llama-cpp-python guessed it."""
+        # optional extra (plait[local]): _llama imports llama_cpp
         from plait.backends.local._llama import chat_turns, format_hint
 
         self.turns = chat_turns(llama)
@@ -231,6 +233,7 @@ class _ModelSlot:
 
     def _load(self) -> RenderingLlama:
         try:
+            # optional extra (plait[local]): _llama imports llama_cpp
             from plait.backends.local._llama import load_llama
         except ImportError as exc:
             raise BackendError(
@@ -491,14 +494,15 @@ class LocalBackend(Backend):
 
     def _call(self, plan: ChatPlan, on_text: Callable[[str], None] | None = None) -> Call:
         """A call for the decode thread: it renders ``plan`` there, with the loaded model."""
-        # Imported here: _decoder loads llama_cpp; this only needs its Call class, which is
-        # why the module is loaded on a backend's first call, not on `import plait`.
+        # optional extra (plait[local]): _decoder imports llama_cpp; loaded on a
+        # backend's first call, never by `import plait`
         from plait.backends.local._decoder import Call
 
         slot = self._get_slot()
 
         def prepare(llama: Any) -> dict[str, Any]:
-            from plait.backends.local._llama import render  # loaded with the model, above
+            # optional extra (plait[local]): _llama imports llama_cpp
+            from plait.backends.local._llama import render
 
             return render(llama, _chat_kwargs(slot.turns, plan))
 
@@ -515,6 +519,7 @@ class LocalBackend(Backend):
 
 
 def _chat_kwargs(turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
+    # optional extra (plait[local]): _llama imports llama_cpp
     from plait.backends.local._llama import grammar_of
 
     kwargs = dict(plan.options)
