@@ -494,8 +494,7 @@ class LocalBackend(Backend):
 
     def _call(self, plan: ChatPlan, on_text: Callable[[str], None] | None = None) -> Call:
         """A call for the decode thread: it renders ``plan`` there, with the loaded model."""
-        # optional extra (plait[local]): _decoder imports llama_cpp; loaded on a
-        # backend's first call, never by `import plait`
+        # optional extra (plait[local]): _decoder imports llama_cpp (on a first call)
         from plait.backends.local._decoder import Call
 
         slot = self._get_slot()
