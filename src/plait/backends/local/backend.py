@@ -77,9 +77,12 @@ DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BATCH_SIZE = 4
 """Calls the embedded model decodes together by default (``n_seq_max``).
 
-On two cores SmolLM2-135M (Q4_1) decodes 4 calls in one step in about the
-CPU time of 3 alone; more calls make each one slower (see
-``benchmarks/local_batch_bench.py``).
+On a 2-core AVX2 machine a decode step of SmolLM2-135M (Q4_1) for 4 calls
+took 3.4 times the CPU time of a step for one (llama.cpp's CPU kernels for
+Q4_1 cost about the same per token however many a step holds; a Q4_0 copy
+of the model took 2.2-3 times), so 4 calls in flight give about the tokens
+per second of one there, and each call takes longer; the gain is in wall
+time where a step for one leaves the CPU idle (``benchmarks/local_batch_bench.py``).
 """
 
 _N_BATCH = 512
