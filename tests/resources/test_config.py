@@ -33,10 +33,10 @@ def test_valid_config_resolves_each_alias_to_a_frozen_endpoint() -> None:
     assert config["smart"] is config.resolve("smart")
 
 
-def test_local_needs_no_model_and_queues_in_the_limiter() -> None:
+def test_local_needs_no_model_and_runs_its_batch_size_at_once() -> None:
     local = ResourceConfig({"m": {"provider": "local"}}).resolve("m")
     assert local.model is None
-    assert local.max_concurrent == 1 and local.timeout is None
+    assert local.max_concurrent == 4 and local.timeout is None  # its batch size
     assert local.effective_price == Price(0.0, 0.0)
 
 
@@ -151,8 +151,8 @@ def test_max_retry_after_defaults_to_a_minute_and_is_validated() -> None:
         (
             {"provider": "local", "backend_options": {"n_thread": 2}},
             "key 'backend_options' has 'n_thread', which LocalBackend does not take; "
-            "did you mean 'n_threads'? (it takes: 'n_threads', 'n_threads_batch', 'seed', "
-            "'chat_format', 'verbose')",
+            "did you mean 'n_threads'? (it takes: 'n_seq_max', 'n_threads', 'n_threads_batch', "
+            "'seed', 'chat_format', 'verbose')",
         ),
         (
             {"provider": "anthropic", "model": "c", "backend_options": {"max_token_default": 9}},

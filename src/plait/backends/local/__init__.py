@@ -5,8 +5,11 @@
   `default_threads`;
 * `_prompt.py`: requests into chat calls and replies back, pure data
   mapping that needs no compiled library;
-* `_llama.py`: the llama-cpp-python side (loading, the chat format a model
-  shows, grammars);
+* `_llama.py`: the llama-cpp-python side (loading, rendering a chat call
+  into the completion its format asks for, the chat format a model shows,
+  grammars);
+* `_decoder.py`: the decode loop that runs every call in flight in one
+  llama.cpp batch, each with its own sampler chain, stop strings and stream;
 * `spec.py`: `SPEC`, its `ProviderSpec`: the facts the rest of plait reads
   without importing the backend (the package imports its backend lazily).
 

@@ -8,86 +8,74 @@ compiled library.
 from __future__ import annotations
 
 import functools
-from collections.abc import Generator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
-from llama_cpp import Llama, StoppingCriteriaList
+from llama_cpp import Llama
 
 from plait.backends.local._prompt import ChatTurns
 
-if TYPE_CHECKING:
-    from plait.backends.local.backend import GenerationProbe
-
-__all__ = ["HookedLlama", "chat_turns", "format_hint", "grammar_of", "load_llama"]
+__all__ = ["RenderingLlama", "chat_turns", "format_hint", "grammar_of", "load_llama", "render"]
 
 
-class HookedLlama(Llama):
-    """A `Llama` whose generations can be stopped between tokens, and are counted.
+class RenderingLlama(Llama):
+    """A `Llama` that renders chat calls into completions and never generates itself.
 
-    Every chat handler of llama-cpp-python, template-based or hand-written
-    (``chatml-function-calling`` makes several completions per call), ends in
-    `Llama.generate`, so hooking it here serves any ``chat_format``. Stopping
-    uses llama-cpp-python's own stopping criteria, which it checks after every
-    sampled token; the reply then ends as if the model had stopped. With
-    ``render_only`` set it hands back the prompt it was given instead of
-    evaluating it: that is how `chat_turns` sees what a chat format renders.
+    Every chat handler of llama-cpp-python ends by asking for a completion
+    (`Llama.create_completion`) with the prompt tokens its chat format
+    renders, its stop strings and grammar, and the sampling settings. Here
+    that request is captured instead of run: `render` hands it to the batch
+    decoder (`_decoder.BatchDecoder`), which generates every call in flight
+    together. So any ``chat_format`` whose handler asks for one completion
+    serves, and `chat_turns` sees what a format renders the same way.
     """
 
-    probe: GenerationProbe | None = None
-    """Set by the worker thread for the duration of one call."""
-    render_only: bool = False
-    """Set by `rendered_prompt`: hand the prompt back instead of evaluating it."""
-
-    def generate(
-        self, tokens: Sequence[int], *args: Any, **kwargs: Any
-    ) -> Generator[int, Any, None]:
-        if self.render_only:
-            raise _Rendered(tokens)
-        probe = self.probe
-        if probe is None:
-            yield from super().generate(tokens, *args, **kwargs)
-            return
-        probe.prompt_tokens += len(tokens)
-
-        def is_stopped(_input_ids: Any, _logits: Any) -> bool:
-            return probe.stop.is_set()
-
-        criteria = StoppingCriteriaList(
-            [is_stopped, *(kwargs.pop("stopping_criteria", None) or [])]
-        )
-        vocab = self._model.vocab
-        kwargs["stopping_criteria"] = criteria
-        for token in super().generate(tokens, *args, **kwargs):
-            # The end-of-turn token is not part of the reply; llama-cpp-python's own
-            # usage (non-streamed) leaves it out too.
-            if not llama_cpp.llama_vocab_is_eog(vocab, token):
-                probe.output_tokens += 1
-            yield token
+    def create_completion(self, *args: Any, **kwargs: Any) -> Any:
+        raise _Rendered(kwargs)
 
 
 def load_llama(
-    path: Path,
-    *,
-    n_ctx: int,
-    n_threads: int,
-    n_threads_batch: int,
-    chat_format: str | None,
-    verbose: bool,
-) -> HookedLlama:
-    """Loads a GGUF file; raises llama-cpp-python's own errors (the caller wraps them)."""
-    return HookedLlama(
+    path: Path, *, n_threads: int, chat_format: str | None, verbose: bool
+) -> RenderingLlama:
+    """Loads a GGUF file; raises llama-cpp-python's own errors (the caller wraps them).
+
+    Its own context is a small one it never decodes with: generation runs in
+    the batch decoder's context, sized there.
+    """
+    return RenderingLlama(
         model_path=str(path),
-        n_ctx=n_ctx,
+        n_ctx=_OWN_CONTEXT,
+        n_batch=_OWN_CONTEXT,
         n_threads=n_threads,
-        n_threads_batch=n_threads_batch,
+        n_threads_batch=n_threads,
         chat_format=chat_format,
         verbose=verbose,
     )
 
 
-def chat_turns(llama: HookedLlama) -> ChatTurns:
+_OWN_CONTEXT = 256
+"""Tokens of the context every `Llama` makes and this one leaves unused."""
+
+
+def render(llama: RenderingLlama, chat: dict[str, Any]) -> dict[str, Any]:
+    """Returns the completion call that ``create_chat_completion(**chat)`` would make.
+
+    Its keys are those of `Llama.create_completion`: ``prompt`` (tokens),
+    ``max_tokens``, ``stop`` (the caller's and the chat format's), ``grammar``
+    (from ``response_format``), the sampling settings and ``seed``.
+
+    Raises:
+        ValueError: the chat handler made no completion (it refused the messages).
+    """
+    try:
+        llama.create_chat_completion(**chat)
+    except _Rendered as rendered:
+        return rendered.completion
+    raise ValueError(f"the chat format {llama.chat_format!r} made no completion to run")
+
+
+def chat_turns(llama: RenderingLlama) -> ChatTurns:
     """Finds which turns the model's chat format shows, by rendering two small conversations.
 
     Rendering stops before the prompt is evaluated, so this costs a
@@ -113,25 +101,20 @@ def _turn(role: str) -> dict[str, str]:
 
 
 class _Rendered(Exception):
-    """Carries the prompt tokens out of `HookedLlama.generate` when only rendering."""
+    """Carries a completion's keyword arguments out of `RenderingLlama.create_completion`."""
 
-    def __init__(self, tokens: Sequence[int]) -> None:
+    def __init__(self, completion: dict[str, Any]) -> None:
         super().__init__("rendered")
-        self.tokens = list(tokens)
+        self.completion = completion
 
 
-def _rendered_prompt(llama: HookedLlama, messages: list[dict[str, str]]) -> str:
+def _rendered_prompt(llama: RenderingLlama, messages: list[dict[str, str]]) -> str:
     """Returns the prompt the chat format makes of ``messages`` ("" if it refuses them)."""
-    llama.render_only = True
     try:
-        llama.create_chat_completion(messages=messages, max_tokens=1)  # type: ignore[arg-type]
-    except _Rendered as rendered:
-        return llama.detokenize(rendered.tokens, special=True).decode("utf-8", "replace")
+        tokens = render(llama, {"messages": messages, "max_tokens": 1})["prompt"]
     except Exception:  # a template may raise on a role it does not take (some refuse "system")
         return ""
-    finally:
-        llama.render_only = False
-    return ""
+    return llama.detokenize(list(tokens), special=True).decode("utf-8", "replace")
 
 
 def _renders_tools(llama: Llama) -> bool:

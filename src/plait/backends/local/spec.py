@@ -24,11 +24,11 @@ SPEC = ProviderSpec(
     in_process=True,  # each `plait serve` worker loads its own copy of the model
     model_string_key="model_path",  # "local:/models/qwen.gguf" is a file, not a model name
     keys=("model_path", "n_ctx"),
-    # The embedded model runs one call at a time in-process, and a call cannot be
-    # interrupted once it runs in its thread: queueing in the limiter (not inside
-    # the backend) and no default timeout keep a long batch from timing out calls
-    # that merely waited their turn.
-    defaults={"max_concurrent": 1, "timeout": None},
+    # The embedded model decodes up to its batch size of calls together (LocalBackend's
+    # n_seq_max, backend.BATCH_SIZE: 4), so as many may be in flight; queueing the rest
+    # in the limiter (not inside the backend) and no default timeout keep a long run
+    # from timing out calls that merely waited their turn.
+    defaults={"max_concurrent": 4, "timeout": None},
     arguments=_arguments,
     cache_keys=("model_path",),
 )
