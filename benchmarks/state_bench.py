@@ -147,8 +147,10 @@ def bench(args: argparse.Namespace, postgres: Any) -> None:
             cost = (took / best["none"] - 1) * 100
             print(f"  {name:<26} {took:6.3f} s   store cost {cost:+5.1f} % of wall time")
         first, rate = asyncio.run(rerun(postgres(), args.rerun_rows))
-        print(f"rerun of {args.rerun_rows:,} rows from the PostgreSQL checkpoint: "
-              f"{rate:,.0f} rows/s (the first run, test provider: {first:,.0f} rows/s)")  # fmt: skip
+        print(
+            f"rerun of {args.rerun_rows:,} rows from the PostgreSQL checkpoint: "
+            f"{rate:,.0f} rows/s (the first run, test provider: {first:,.0f} rows/s)"
+        )
         asyncio.run(measure("sqlite", sqlite(), args.keys, args.in_flight))
         asyncio.run(measure("postgres", postgres(), args.keys, args.in_flight))
 
