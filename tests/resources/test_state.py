@@ -163,6 +163,15 @@ def test_a_scan_pages_through_one_prefix_in_key_order(store: StateStore) -> None
     assert store.count("checkpoints") == 3
 
 
+def test_get_many_reads_the_stored_keys_of_a_page_in_one_call(store: StateStore) -> None:
+    store.add_many("checkpoints", [(f"run/{n}", str(n).encode()) for n in range(5)])
+    found = store.get_many("checkpoints", ["run/1", "run/4", "run/9", "run/\U0010ffff"])
+    assert found == {"run/1": b"1", "run/4": b"4"}
+    assert store.get_many("checkpoints", []) == {}
+    with pytest.raises(ValueError, match="at most"):
+        store.get_many("checkpoints", [str(n) for n in range(1001)])
+
+
 def test_prune_removes_what_was_written_before_a_time(store: StateStore) -> None:
     store.add("checkpoints", "old", b"1")
     cut = time.time() + 0.001
@@ -178,6 +187,8 @@ def test_a_closed_store_refuses_a_scan_rather_than_answer_nothing(url: str) -> N
     release_store(opened)  # the last user: closed
     with pytest.raises(StateUnavailable):
         opened.scan("checkpoints", "run/")
+    with pytest.raises(StateUnavailable):
+        opened.get_many("checkpoints", ["run/1"])
 
 
 def test_prefix_end_bounds_exactly_the_keys_of_a_prefix() -> None:

@@ -17,7 +17,8 @@ What a store promises:
   processes taking one key at once exactly one gets it (a paused run is
   resumed once).
 - ``scan`` reads the keys under a prefix in pages, in code-point order of
-  their keys, so a run's rows are read back in bounded memory.
+  their keys, so a run's rows are read back in bounded memory; ``get_many``
+  reads a page of named keys in one round trip (a checkpoint's finished rows).
 - A value is bytes the caller encodes (JSON, never pickle); the store reads
   no value larger than `MAX_VALUE_BYTES` (it is absent), so nothing read
   from a database chooses code to run or takes unbounded memory.
@@ -123,6 +124,16 @@ class StateStore(Protocol):
 
         Raises:
             StateUnavailable: the store cannot answer.
+        """
+        ...
+
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the values of those of ``keys`` that are stored, in one round trip (at most
+        `SCAN_PAGE` keys a call). A value over `MAX_VALUE_BYTES` is left out.
+
+        Raises:
+            StateUnavailable: the store cannot answer (as ``scan``: an answer of nothing
+                stored would make a resumed run do its finished rows again).
         """
         ...
 

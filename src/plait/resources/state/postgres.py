@@ -235,6 +235,26 @@ class PostgresStore:
             )
         return page
 
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the stored values of ``keys`` (``key = ANY(…)``: one round trip)."""
+        if len(keys) > SCAN_PAGE:
+            raise ValueError(f"get_many reads at most {SCAN_PAGE} keys a call, not {len(keys)}")
+        if not keys:
+            return {}
+        query = self._sql[check_table(table)]["get_many"]
+
+        def read(conn: psycopg.Connection[Any]) -> dict[str, bytes] | None:
+            rows = conn.execute(query, (list(keys), MAX_VALUE_BYTES)).fetchall()
+            return {key: bytes(value) for key, value in rows}
+
+        found = self._call("read", read, None)
+        if found is None:
+            raise StateUnavailable(
+                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
+                "try again when it is back"
+            )
+        return found
+
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
         end = prefix_end(prefix)
@@ -341,6 +361,7 @@ _STATEMENTS = {
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
     "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
     "DO UPDATE SET value = excluded.value, created = excluded.created",
+    "get_many": "SELECT key, value FROM {} WHERE key = ANY(%s) AND octet_length(value) <= %s",
     "take": "DELETE FROM {} WHERE key = %s RETURNING value",
     "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
     "AND octet_length(value) <= %s ORDER BY key LIMIT %s",

@@ -179,6 +179,27 @@ class SQLiteStore:
             raise StateUnavailable(f"state store {self.path} failed on a scan: {exc}") from None
         return [(key, bytes(value)) for key, value in rows]
 
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the stored values of ``keys`` (see `StateStore.get_many`)."""
+        if len(keys) > SCAN_PAGE:
+            raise ValueError(f"get_many reads at most {SCAN_PAGE} keys a call, not {len(keys)}")
+        if not keys:
+            return {}
+        if self._db is None:
+            raise StateUnavailable(f"state store {self.path} is bypassed: {self.error}")
+        marks = ", ".join("?" * len(keys))
+        sql = (
+            f"SELECT key, value FROM {check_table(table)} WHERE key IN ({marks}) "
+            "AND length(value) <= ?"
+        )
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*keys, MAX_VALUE_BYTES)).fetchall()
+        except sqlite3.Error as exc:
+            self._on_error(exc, "read")
+            raise StateUnavailable(f"state store {self.path} failed on a read: {exc}") from None
+        return {key: bytes(value) for key, value in rows}
+
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
         end = prefix_end(prefix)
