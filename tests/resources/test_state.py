@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from plait.backends.types import Message, Request
+from plait.backends.types import Message, Request, Response
 from plait.errors import ConfigError
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.cache import ResponseCacheStore
@@ -205,6 +205,30 @@ def test_one_store_per_url_per_process(url: str) -> None:
     assert first.is_usable  # still held by the second user
     release_store(second)
     assert not first.is_usable
+
+
+async def test_lookups_asked_together_are_read_together_and_each_gets_its_own_answer(
+    state_url: str,
+) -> None:
+    cache = ResponseCacheStore(state_url, memory_entries=0)
+    try:
+        for n in range(0, 200, 2):  # every even key stored
+            await cache.put(f"k{n}", Response(f"reply {n}"))
+        await cache.aclose()
+        cache = ResponseCacheStore(state_url, memory_entries=0)
+        lookups = [asyncio.ensure_future(cache.get(f"k{n}")) for n in range(200)]
+        lookups[7].cancel()  # a caller that gives up leaves the others their answers
+        answers = await asyncio.gather(*lookups, return_exceptions=True)
+        for n, answer in enumerate(answers):
+            if n == 7:
+                assert isinstance(answer, asyncio.CancelledError)
+            elif n % 2:
+                assert answer is None, n
+            else:
+                assert isinstance(answer, Response) and answer.text == f"reply {n}", n
+        assert await cache.get("k4") is not None  # the next lookup starts a new read
+    finally:
+        await cache.aclose()
 
 
 async def test_the_cache_keeps_replies_in_the_store_a_new_manager_reads(
