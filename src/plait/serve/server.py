@@ -184,6 +184,7 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "access_log": options.access_log,
         "workers": options.workers,
         "pending_db": options.pending_db,
+        "state": options.state,
         "pending_ttl": options.pending_ttl,
         "max_pending_bytes": options.max_pending_bytes,
         "max_pending_runs": options.max_pending_runs,
