@@ -42,7 +42,8 @@ from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.config import resources_with_state
 from plait.resources.limits import limiter_shares, too_small_to_share
-from plait.resources.state import StateURL
+from plait.resources.shared_budget import BudgetStore
+from plait.resources.state import StateStore, StateURL, open_store, release_store
 from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import RunEvents
 from plait.serve.options import ServeOptions
@@ -191,6 +192,7 @@ class RunService:
             resources = resources_with_state(_config(resources), options.state)
         self.resources = resources
         self.manager: ResourceManager | None = None
+        self._books_store: StateStore | None = None
         self.pending: PendingStore = (
             _pending_store(options, self.state)
             if options.pending_store is None
@@ -214,14 +216,27 @@ class RunService:
             self.manager = ResourceManager(
                 _config(self.resources),
                 limiter_factory=limiter_shares(workers) if workers > 1 else None,
-                budget_store=self.options.budget_store,
+                budget_store=self.options.budget_store or self._shared_books(),
             )
+
+    def _shared_books(self) -> BudgetStore | None:
+        """The endpoints' budgets in the state store, shared by every process and machine
+        serving with it (`StateBooks`); None without a store."""
+        if self.state is None:
+            return None
+        from plait.resources.budget_state import StateBooks  # only a server given a store
+
+        self._books_store = open_store(self.state)
+        return BudgetStore(StateBooks(self._books_store))
 
     async def aclose(self) -> None:
         """Closes what `open` opened, and the pending store."""
         manager, self.manager = self.manager, None
         if manager is not None and manager is not self.resources:
             await manager.aclose()
+        books, self._books_store = self._books_store, None
+        if books is not None:
+            release_store(books)
         await self.pending.aclose()
         self._approvals_close()
 
