@@ -7,7 +7,12 @@ PostgreSQL server (tests/postgres_server.py); the store's own rules run on SQLit
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import signal
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -17,6 +22,7 @@ from plait.resources.state import open_store, release_store
 from plait.serve.pending import PendingRun, PendingStoreFull
 from plait.serve.pending_state import StatePendingStore
 from plait.testing import ScriptedServer
+from postgres_server import PostgresServer
 from serve.test_cli_serve import (
     AGENT,
     _listening_url,
@@ -168,3 +174,105 @@ async def test_two_servers_share_pauses_and_a_run_is_resumed_once(
     assert done.json()["output"] == {"reply": "deleted /tmp/x"}
     assert log.read_text().splitlines() == ["/tmp/x"]  # the approved call ran once
     assert codes == [0, 0]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_serve_refuses_an_unreachable_store_in_one_line(tmp_path: Path) -> None:
+    program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
+    port = _free_port()
+    url = f"postgresql://plait:s3cret-word@127.0.0.1:{port}/plait?schema=shop"
+    for workers in ("1", "2"):
+        done = subprocess.run(
+            plait_command(
+                "serve", f"{program}:make", "-r", str(resources), "--state", url,
+                "--workers", workers, "--max-active", "2",
+            ),
+            capture_output=True, text=True, env=environment(), timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("plait: error: "), lines
+        assert f"127.0.0.1:{port}" in lines[0] and "unreachable" in lines[0]
+        assert "s3cret" not in lines[0]
+
+
+def clean_each(body: dict) -> object:
+    """Asks to delete a file named after the run's request, then answers with the result."""
+    results = [m["content"] for m in body["messages"] if m["role"] == "tool"]
+    if not results:
+        asked = re.findall(r"clean-\d+", json.dumps(body["messages"]))[-1]
+        call = {"id": "call_1", "name": "delete_file", "arguments": {"path": asked}}
+        return {"tool_calls": [call]}
+    return json.dumps({"reply": " / ".join(results)})
+
+
+async def test_a_database_restart_under_resumes_loses_no_pause_and_runs_none_twice(
+    postgres_server: PostgresServer, state_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "ran.txt"
+    program = tmp_path / "agent.py"
+    program.write_text(AGENT.format(log=str(log)))
+    env = {**environment(), "PLAIT_APPROVAL_KEY": "k" * 40}
+    runs = 16
+    async with ScriptedServer(responder=clean_each) as server:
+        _, resources = files(tmp_path, server.base_url)
+        command = plait_command(
+            "serve", f"agent={program}:make", "-r", str(resources), "--port", "0",
+            "--state", state_url,
+        )  # fmt: skip
+        process, url = await _serve(command, env)
+        assert process.stderr is not None
+        told = asyncio.ensure_future(process.stderr.read())
+        answers: dict[str, list[int]] = {}
+        spans: list[tuple[float, float]] = []
+        try:
+            async with httpx.AsyncClient(timeout=60) as client:
+                ids = []
+                for n in range(runs):
+                    paused = await client.post(
+                        f"{url}/programs/agent/run", json={"request": f"clean-{n}"}
+                    )
+                    assert paused.status_code == 202, paused.text
+                    ids.append(paused.json()["run_id"])
+
+                async def resume(run_id: str, start: float) -> None:
+                    await asyncio.sleep(start)  # spread over the restart
+                    seen = answers.setdefault(run_id, [])
+                    for _ in range(600):  # until it ran (200) or another resume did (409)
+                        sent = time.monotonic()
+                        reply = await client.post(
+                            f"{url}/programs/agent/runs/{run_id}/resume", json=ANSWERS
+                        )
+                        seen.append(reply.status_code)
+                        spans.append((sent, time.monotonic()))
+                        if reply.status_code in (200, 409):
+                            return
+                        await asyncio.sleep(0.05)
+
+                def restart_server() -> tuple[float, float]:
+                    began = time.monotonic()
+                    postgres_server.restart()
+                    return began, time.monotonic()
+
+                restart = asyncio.ensure_future(asyncio.to_thread(restart_server))
+                resumes = [resume(run_id, n * 0.1) for n, run_id in enumerate(ids)]
+                resumes += [resume(run_id, n * 0.1) for n, run_id in enumerate(ids)]
+                await asyncio.gather(*resumes, restart)
+                down = restart.result()
+        finally:
+            code = await _stop(process)
+            await told
+    finals = {run_id: [s for s in seen if s in (200, 409)] for run_id, seen in answers.items()}
+    assert all(sorted(f) == [200, 409] for f in finals.values()), answers
+    ran = log.read_text().splitlines()
+    assert sorted(ran) == sorted(f"clean-{n}" for n in range(runs))  # each once, none lost
+    others = {s for seen in answers.values() for s in seen} - {200, 409}
+    assert others <= {503}, answers  # in the outage: "retry", never "unknown"
+    # resumes were in flight while the server restarted (not all before, nor all after)
+    assert any(sent < down[1] and done > down[0] for sent, done in spans), (down, spans)
+    assert code == 0

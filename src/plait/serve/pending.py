@@ -57,6 +57,7 @@ __all__ = [
     "PendingRunTooLarge",
     "PendingStore",
     "PendingStoreFull",
+    "PendingStoreUnavailable",
     "SQLitePendingStore",
     "read_run",
 ]
@@ -88,6 +89,11 @@ class GoneRun(NamedTuple):
 
 class PendingRunTooLarge(PlaitError):
     """A paused run's state is larger than the store keeps, so it cannot be resumed later."""
+
+
+class PendingStoreUnavailable(PlaitError):
+    """The store of paused runs does not answer now (a database down or restarting): a run
+    is neither found nor taken, so it waits on; the client retries (503)."""
 
 
 class PendingStoreFull(PlaitError):

@@ -29,10 +29,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from plait import _jsontext as jsontext
-from plait.resources.state import StateError, StateStore, StateURL, open_store, release_store
+from plait.resources.state import (
+    StateError,
+    StateStore,
+    StateUnavailable,
+    StateURL,
+    open_store,
+    release_store,
+)
 from plait.resources.state.on_loop import call
 from plait.serve.pending import (
     DEFAULT_MAX_PER_OWNER,
@@ -42,6 +50,7 @@ from plait.serve.pending import (
     GoneRun,
     PendingRun,
     PendingStoreFull,
+    PendingStoreUnavailable,
     _Bounds,
     _check_room,
     _check_size,
@@ -121,7 +130,7 @@ class StatePendingStore:
             await self.take(run_id)
 
     async def get(self, run_id: str) -> PendingRun | None:
-        value = await self._call(self.store.get, _TABLE, f"run/{run_id}", default=None)
+        value = await self._value(run_id)
         if value is None or value.startswith(_GONE):
             return None
         run = self._read(run_id, value)
@@ -146,7 +155,9 @@ class StatePendingStore:
             return _GONE + json.dumps({"why": why, "owner": run.owner, "at": time.time()}).encode()
 
         done = await self._call(self.store.update, _TABLE, f"run/{run_id}", mark, default=False)
-        if not done or not taken:
+        if not done:
+            raise self._down()
+        if not taken:
             return None
         await self._unlist(run_id)
         return None if self._expired(taken[0]) else taken[0]
@@ -166,7 +177,7 @@ class StatePendingStore:
             raise self._unavailable()
 
     async def gone(self, run_id: str) -> GoneRun | None:
-        value = await self._call(self.store.get, _TABLE, f"run/{run_id}", default=None)
+        value = await self._value(run_id)
         if value is None or not value.startswith(_GONE):
             return None
         try:
@@ -200,6 +211,27 @@ class StatePendingStore:
 
     async def _call(self, method: Any, *args: Any, default: Any) -> Any:
         return await call(self.store, method, *args, default=default)
+
+    async def _value(self, run_id: str) -> bytes | None:
+        """Returns what ``run/ID`` holds, or None when nothing.
+
+        Raises:
+            PendingStoreUnavailable: the store does not answer (a miss would tell a client
+                that its waiting run is unknown).
+        """
+        key = f"run/{run_id}"
+        try:  # the least key under a prefix is the prefix itself: one row, or a failure
+            page = await self._call(partial(self.store.scan, limit=1), _TABLE, key, default=None)
+        except StateUnavailable:
+            page = None
+        if page is None:
+            raise self._down()
+        return page[0][1] if page and page[0][0] == key else None
+
+    def _down(self) -> PendingStoreUnavailable:
+        return PendingStoreUnavailable(
+            f"the state store {self.store.url} keeping paused runs does not answer now"
+        )
 
     async def _unlist(self, run_id: str) -> None:
         def unlist(old: bytes | None) -> bytes | None:
