@@ -77,3 +77,22 @@ def test_a_wrong_age_is_one_line_saying_what_to_write(tmp_path: Path, wrong: str
 def test_prune_without_a_store_says_how_to_name_one() -> None:
     done = plait_cli("state", "prune", "--older-than", "30d")
     assert done.code == 2 and "--state URL" in done.stderr
+
+
+def test_mcp_refuses_an_unreachable_store_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "progs.py").write_text(
+        "from plait import LLMInference\n\n"
+        "def make():\n    return LLMInference('llm', 'Be brief.')\n"
+    )
+    (tmp_path / "res.toml").write_text(
+        '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'api_key = "k"\ncache = true\n'
+    )
+    url = "postgresql://plait:s3cret-word@127.0.0.1:9/plait"
+    done = plait_cli("mcp", "progs.py:make", "-r", "res.toml", "--state", url, cwd=tmp_path)
+    assert done.code == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unreachable at 127.0.0.1:9" in lines[0], lines
+    assert "s3cret" not in lines[0]
+    alone = plait_cli("mcp", "progs.py:make", "--state", url, cwd=tmp_path)
+    assert alone.code == 2
