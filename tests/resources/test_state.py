@@ -146,6 +146,43 @@ def test_put_replaces_and_take_hands_a_key_to_one_taker(store: StateStore) -> No
     assert store.get("pauses", "run") is None
 
 
+def test_update_reads_and_writes_a_key_one_writer_at_a_time(store: StateStore) -> None:
+    def increment(value: bytes | None) -> bytes:
+        return str(int(value or b"0") + 1).encode()
+
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(20):
+            assert store.update("budgets", "books", increment)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.get("budgets", "books") == b"160"  # no increment lost between writers
+
+
+def test_update_rolls_back_on_an_error_and_deletes_on_none(store: StateStore) -> None:
+    store.put("budgets", "books", b"1")
+
+    def refuse(value: bytes | None) -> bytes:
+        raise RuntimeError(f"over the budget at {value!r}")
+
+    with pytest.raises(RuntimeError, match="over the budget at b'1'"):
+        store.update("budgets", "books", refuse)
+    assert store.get("budgets", "books") == b"1"
+    seen: list[bytes | None] = []
+    assert store.update("budgets", "books", lambda value: seen.append(value) or value)
+    assert seen == [b"1"] and store.get("budgets", "books") == b"1"
+    assert store.update("budgets", "books", lambda value: None)
+    assert store.get("budgets", "books") is None
+    assert store.update("budgets", "new", lambda value: b"made" if value is None else value)
+    assert store.get("budgets", "new") == b"made"
+
+
 def test_a_scan_pages_through_one_prefix_in_key_order(store: StateStore) -> None:
     rows = [(f"run-a/{n:05d}", str(n).encode()) for n in range(25)]
     others = [("run-", b"short"), ("run-a", b"the prefix itself, no slash"), ("run-b/00000", b"b")]

@@ -16,6 +16,9 @@ What a store promises:
 - ``take`` removes a key and returns its value in one step: of several
   processes taking one key at once exactly one gets it (a paused run is
   resumed once).
+- ``update`` reads a key and writes what a function makes of it in one
+  transaction: processes updating one key go one at a time, each seeing the
+  last one's write (a budget's books, the count of paused runs).
 - ``scan`` reads the keys under a prefix in pages, in code-point order of
   their keys, so a run's rows are read back in bounded memory; ``get_many``
   reads a page of named keys in one round trip (a checkpoint's finished rows).
@@ -35,7 +38,7 @@ What a store promises:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from plait.errors import ConfigError
@@ -113,6 +116,15 @@ class StateStore(Protocol):
     def take(self, table: str, key: str) -> bytes | None:
         """Removes ``key`` and returns its value, or None when it was not there (or the
         store failed); one caller of many taking one key gets it."""
+        ...
+
+    def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
+        """Writes ``change(value)`` over ``key``'s value (None when absent) in one
+        transaction that holds the key meanwhile: returning None deletes the key,
+        returning the very value given (``is``) writes nothing. ``change`` runs on the
+        store's thread, may run again when a connection breaks under it, and so must be
+        a pure function of its argument; an error it raises rolls back and reaches the
+        caller. Returns False when the store failed (nothing was written)."""
         ...
 
     def scan(

@@ -215,6 +215,32 @@ class PostgresStore:
 
         return self._call("take", take, None)
 
+    def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
+        """Writes ``change(value)`` over ``key`` in one transaction (see
+        `StateStore.update`) holding a transaction-scoped advisory lock of the key (a row
+        lock cannot hold a key that has no row yet); waiting for it is bounded by the
+        statement timeout."""
+        queries = self._sql[check_table(table)]
+        lock = f"{self.url.schema}.{table}/{key}"
+
+        def work(conn: psycopg.Connection[Any]) -> bool:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+                row = conn.execute(queries["get"], (key, MAX_VALUE_BYTES)).fetchone()
+                old = None if row is None else bytes(row[0])
+                new = change(old)
+                if new is None:
+                    conn.execute(queries["delete"], (key,))
+                elif new is not old:
+                    if len(new) > MAX_VALUE_BYTES:
+                        raise ValueError(
+                            f"a state value may be at most {MAX_VALUE_BYTES} bytes, got {len(new)}"
+                        )
+                    conn.execute(queries["put"], (key, new, time.time()))
+            return True
+
+        return self._call("update", work, False)
+
     def scan(
         self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
     ) -> list[tuple[str, bytes]]:
