@@ -224,7 +224,7 @@ class RunService:
         serving with it (`StateBooks`); None without a store."""
         if self.state is None:
             return None
-        from plait.resources.budget_state import StateBooks  # only a server given a store
+        from plait.resources.budget_state import StateBooks  # import time: only with a store
 
         self._books_store = open_store(self.state)
         return BudgetStore(StateBooks(self._books_store))
@@ -588,7 +588,7 @@ def _pending_store(options: ServeOptions, state: str | StateURL | None) -> Pendi
     ttl, size = options.pending_ttl, options.max_pending_bytes
     runs, per_key = options.max_pending_runs, options.max_pending_per_key
     if state is not None:
-        from plait.serve.pending_state import StatePendingStore  # only a server given a store
+        from plait.serve.pending_state import StatePendingStore  # import time: only with a store
 
         return StatePendingStore(
             state, ttl=ttl, max_state_bytes=size, max_runs=runs, max_per_owner=per_key

@@ -262,6 +262,7 @@ def _check_state(state: str | None, config: Any) -> None:
     if state is not None:
         _with_state(config, state)
     elif getattr(config, "state", None) is not None:
+        # import time: the state store only for a server given one
         from plait.resources.state import open_store, release_store
 
         release_store(open_store(config.state))

@@ -81,7 +81,8 @@ def prune_command(
     A row is removed by when it was last written: a checkpoint or budget still in use is
     rewritten as it moves on, so it stays.
     """
-    from plait.resources.state import TABLES, open_store, release_store  # the CLI starts fast
+    # import time: the CLI starts fast; the store loads when this command runs
+    from plait.resources.state import TABLES, open_store, release_store
 
     try:
         age = parse_duration(older_than)
@@ -90,7 +91,7 @@ def prune_command(
     with _usage_errors():
         where: str | StateURL | None = url
         if where is None and resources is not None:
-            from plait.resources import ResourceConfig  # only with --resources
+            from plait.resources import ResourceConfig  # import time: only with --resources
 
             where = ResourceConfig.from_file(resources).state
         if where is None:
