@@ -208,3 +208,26 @@ async def test_evaluate_with_state_runs_only_the_examples_not_done(
     again = await evaluate(program(), VAL, resources=config, state=url)
     assert server.stats.requests == len(VAL) - 4 and again.unevaluated == 0
     assert os.fspath(url)  # the same store both times
+
+
+@pytest.mark.parametrize(
+    ("value", "told"),
+    [(b'{"format": "plait.search/1"', "is not valid JSON"), (b"[" * 5000, "too deeply")],
+)
+async def test_a_stored_value_plait_did_not_write_is_refused_naming_the_store_and_key(
+    server: ScriptedServer, config: ResourceConfig, url: str, value: bytes, told: str
+) -> None:
+    await SEARCHES["BootstrapFewShot"](max_calls=14, state=url).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    (key,) = learning_keys(url)
+    store = open_store(url)
+    store.put("learning", key, value)
+    release_store(store)
+    server.reset_stats()
+    with pytest.raises(CheckpointError, match=told) as refused:
+        await SEARCHES["BootstrapFewShot"](state=url).compile(
+            program(), trainset=TRAIN, valset=VAL, resources=config
+        )
+    assert f"key {key}" in str(refused.value) and "\n" not in str(refused.value)
+    assert server.stats.requests == 0
