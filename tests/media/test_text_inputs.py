@@ -82,3 +82,17 @@ async def test_react_refuses_a_path_for_an_image_field_too():
         with pytest.raises(MediaError, match="picture"):
             await run(agent, picture="shape.png", resources={"llm": server.endpoint()})
     assert server.stats.log == []
+
+
+async def test_a_field_that_takes_text_or_an_image_keeps_text_as_text():
+    class Either(Signature):
+        """Describe it."""
+
+        thing: str | Image = InputField()
+        shape: str = OutputField()
+
+    async with ScriptedServer(responder=lambda body: json.dumps({"shape": "round"})) as server:
+        await run(
+            Predict(Either, alias="llm"), thing="a ball", resources={"llm": server.endpoint()}
+        )
+    assert server.stats.log[0].body["messages"][-1]["content"].endswith("thing: a ball")

@@ -55,10 +55,12 @@ def _media_kind(annotation: Any) -> type[Media] | None:
     if isinstance(annotation, type):
         return annotation if issubclass(annotation, Media) else None
     origin = typing.get_origin(annotation)
-    if origin in (list, tuple, typing.Union, types.UnionType):
-        kinds = {_media_kind(arg) for arg in typing.get_args(annotation)} - {None}
-        return kinds.pop() if len(kinds) == 1 else None
-    return None
+    if origin not in (list, tuple, typing.Union, types.UnionType):
+        return None
+    # Every member a medium of one kind: ``str | Image`` takes text as text.
+    args = [a for a in typing.get_args(annotation) if a not in (type(None), Ellipsis)]
+    kinds = {_media_kind(arg) for arg in args}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _medium(kind: type[Media], signature: type[Signature], name: str, text: str) -> Media:
