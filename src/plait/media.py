@@ -294,7 +294,7 @@ class Media(_Content):
         from pydantic_core import core_schema
 
         return core_schema.no_info_plain_validator_function(
-            cls._from_data,
+            cls.from_data,
             serialization=core_schema.plain_serializer_function_ser_schema(as_data, info_arg=True),
         )
 
@@ -308,7 +308,13 @@ class Media(_Content):
         }
 
     @classmethod
-    def _from_data(cls, value: Any) -> Media:
+    def from_data(cls, value: Any) -> Media:
+        """Returns this kind from data: an item as it is, or one built from a ``data:`` URI or
+        ``http(s)`` URL; never from a path (data comes from outside: a request, a data file).
+
+        Raises:
+            ValueError: anything else, or a URI whose bytes are not of this kind.
+        """
         if isinstance(value, cls):
             return value
         if isinstance(value, str) and value.startswith(("data:", "http://", "https://")):

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from plait import (
+    Image,
     InputField,
     LLMInference,
     Module,
@@ -103,6 +104,16 @@ def order_reader() -> Predict:
     """The README's pattern: a `Predict` of a Signature, built by a function."""
     return Predict(Order, alias="llm")
 
+
+class Describe(Signature):
+    """Describe the picture."""
+
+    picture: Image = InputField()
+    shape: str = OutputField()
+
+
+describe = Predict(Describe, alias="llm")
+"""A `Predict` with an image input: a data file gives it as a data: URI."""
 
 quote = Predict("product, quantity: int -> total: float", alias="llm")
 """A `Predict` instance whose signature has two inputs."""

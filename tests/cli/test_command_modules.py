@@ -43,5 +43,5 @@ def test_each_command_is_one_module_of_plait_cli_commands() -> None:
 
     homes = {name: command.callback.__module__ for name, command in cli.commands.items()}
 
-    assert sorted(homes) == ["eval", "graph", "mcp", "report", "run", "serve", "train"]
+    assert sorted(homes) == ["eval", "graph", "mcp", "report", "run", "serve", "state", "train"]
     assert homes == {name: f"plait.cli.commands.{name}" for name in homes}

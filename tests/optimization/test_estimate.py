@@ -586,3 +586,16 @@ async def test_a_sample_that_is_not_a_count_is_refused_before_any_call(
         with pytest.raises(ValueError, match=refused):
             await trainer(manager, task()).estimate(sample)
     assert server.stats.requests == 0
+
+
+async def test_the_no_price_note_names_the_unpriced_endpoint_of_a_chain(
+    server: ScriptedServer,
+) -> None:
+    chain = ResourceConfig({
+        "primary": server.endpoint(max_retries=0),
+        "backup": server.endpoint(max_retries=0, price=PRICE),
+        "*": {"fallback": ["primary", "backup"]},
+    })  # fmt: skip
+    estimate = await plait.estimate(program(), VAL, resources=chain)
+    [note] = [line for line in estimate.notes if "no price" in line]
+    assert "'primary'" in note and "'backup'" not in note, note

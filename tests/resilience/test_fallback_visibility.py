@@ -197,3 +197,14 @@ async def test_a_refused_connection_to_the_primary_spends_nothing_of_a_run_budge
             )  # fmt: skip
     assert outputs == ["echo: a", "echo: b", "echo: c", "echo: d"]
     assert budget is not None and budget.spent()["calls"] == 4 and not budget.stopped
+
+
+async def test_the_cost_is_known_when_a_priced_backup_answered_every_call_of_an_unpriced_primary():
+    async with ScriptedServer() as backup:
+        with profile() as profiler:
+            chain = dead_primary_chain(backup, price=PRICE)
+            await run(LLMInference("smart"), ["q0", "q1"], resources=chain, max_concurrent=1)
+    report = profiler.report(program="chain")
+    assert report.unpriced == []
+    assert report.usage["cost"] > 0
+    assert f"cost ${report.usage['cost']:.4f}" in report.summary()

@@ -17,7 +17,7 @@ import pytest
 
 from plait.backends.types import Usage
 from plait.errors import FileError
-from plait.resources.budget import Budget, Claim, hold
+from plait.resources.budget import WAIT, Budget, Claim, hold
 from plait.resources.budget_file import BudgetFile
 from plait.resources.shared_budget import BudgetStore, SharedBudget
 
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKER = """
 import asyncio, os, sys
 from plait.backends.types import Usage
-from plait.resources.budget import Budget, Claim, hold
+from plait.resources.budget import WAIT, Budget, Claim, hold
 from plait.resources.budget_file import BudgetFile
 from plait.resources.shared_budget import SharedBudget
 
@@ -134,3 +134,39 @@ def test_a_link_in_place_of_the_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "budget.db").symlink_to(target)
     with pytest.raises(FileError, match=r"budget\.db"):
         BudgetFile(tmp_path / "budget.db")
+
+
+async def test_a_reused_pid_does_not_keep_a_dead_process_holds(tmp_path: Path) -> None:
+    path = tmp_path / "b.db"
+    file = BudgetFile(path)
+    budget = SharedBudget(file, "x", Budget(max_cost=1.0))
+    other_file = BudgetFile(path)
+    other_file.pid = os.getppid()  # a pid that runs, as a reused one does
+    other_file.started = 1  # but the process holding it started at another time
+    other = SharedBudget(other_file, "x", Budget(max_cost=1.0))
+    for _ in range(3):
+        assert await hold([other], Claim(10, 0.3)) is None
+    refusal = await asyncio.wait_for(hold([budget], Claim(10, 0.2)), 10)
+    assert refusal is not None and "leaves no room" in refusal.why
+    assert file.charged == 3
+
+
+async def test_a_busy_file_makes_a_hold_wait_and_keeps_the_settles(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "b.db"
+    file = BudgetFile(path, busy_timeout=0.05)
+    budget = SharedBudget(file, "x", Budget(max_cost=1.0))
+    claim = Claim(10, 0.3)
+    assert await hold([budget], claim) is None
+    other = sqlite3.connect(path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process writes, and takes its time
+    budget.settle(claim, Usage(1, 1, cost=0.1))
+    await asyncio.sleep(0.2)  # the flush found the file busy: the settle is kept
+    assert budget.try_hold(Claim(10, 0.1)) is WAIT  # busy: it waits, the loop is not stalled
+    other.execute("ROLLBACK")
+    other.close()
+    assert await asyncio.wait_for(hold([budget], Claim(10, 0.1)), 10) is None
+    books = file.totals("x").snapshot()
+    assert books["spent"]["cost"] == pytest.approx(0.1)  # the settle was written after all
+    assert books["held"]["calls"] == 1

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from plait.backends.types import Message, Request
+from plait.backends.types import Message, Request, Response
 from plait.errors import ConfigError
 from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.cache import ResponseCacheStore
@@ -146,6 +146,43 @@ def test_put_replaces_and_take_hands_a_key_to_one_taker(store: StateStore) -> No
     assert store.get("pauses", "run") is None
 
 
+def test_update_reads_and_writes_a_key_one_writer_at_a_time(store: StateStore) -> None:
+    def increment(value: bytes | None) -> bytes:
+        return str(int(value or b"0") + 1).encode()
+
+    start = threading.Barrier(8)
+
+    def work() -> None:
+        start.wait()
+        for _ in range(20):
+            assert store.update("budgets", "books", increment)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert store.get("budgets", "books") == b"160"  # no increment lost between writers
+
+
+def test_update_rolls_back_on_an_error_and_deletes_on_none(store: StateStore) -> None:
+    store.put("budgets", "books", b"1")
+
+    def refuse(value: bytes | None) -> bytes:
+        raise RuntimeError(f"over the budget at {value!r}")
+
+    with pytest.raises(RuntimeError, match="over the budget at b'1'"):
+        store.update("budgets", "books", refuse)
+    assert store.get("budgets", "books") == b"1"
+    seen: list[bytes | None] = []
+    assert store.update("budgets", "books", lambda value: seen.append(value) or value)
+    assert seen == [b"1"] and store.get("budgets", "books") == b"1"
+    assert store.update("budgets", "books", lambda value: None)
+    assert store.get("budgets", "books") is None
+    assert store.update("budgets", "new", lambda value: b"made" if value is None else value)
+    assert store.get("budgets", "new") == b"made"
+
+
 def test_a_scan_pages_through_one_prefix_in_key_order(store: StateStore) -> None:
     rows = [(f"run-a/{n:05d}", str(n).encode()) for n in range(25)]
     others = [("run-", b"short"), ("run-a", b"the prefix itself, no slash"), ("run-b/00000", b"b")]
@@ -163,6 +200,15 @@ def test_a_scan_pages_through_one_prefix_in_key_order(store: StateStore) -> None
     assert store.count("checkpoints") == 3
 
 
+def test_get_many_reads_the_stored_keys_of_a_page_in_one_call(store: StateStore) -> None:
+    store.add_many("checkpoints", [(f"run/{n}", str(n).encode()) for n in range(5)])
+    found = store.get_many("checkpoints", ["run/1", "run/4", "run/9", "run/\U0010ffff"])
+    assert found == {"run/1": b"1", "run/4": b"4"}
+    assert store.get_many("checkpoints", []) == {}
+    with pytest.raises(ValueError, match="at most"):
+        store.get_many("checkpoints", [str(n) for n in range(1001)])
+
+
 def test_prune_removes_what_was_written_before_a_time(store: StateStore) -> None:
     store.add("checkpoints", "old", b"1")
     cut = time.time() + 0.001
@@ -178,6 +224,8 @@ def test_a_closed_store_refuses_a_scan_rather_than_answer_nothing(url: str) -> N
     release_store(opened)  # the last user: closed
     with pytest.raises(StateUnavailable):
         opened.scan("checkpoints", "run/")
+    with pytest.raises(StateUnavailable):
+        opened.get_many("checkpoints", ["run/1"])
 
 
 def test_prefix_end_bounds_exactly_the_keys_of_a_prefix() -> None:
@@ -194,6 +242,30 @@ def test_one_store_per_url_per_process(url: str) -> None:
     assert first.is_usable  # still held by the second user
     release_store(second)
     assert not first.is_usable
+
+
+async def test_lookups_asked_together_are_read_together_and_each_gets_its_own_answer(
+    state_url: str,
+) -> None:
+    cache = ResponseCacheStore(state_url, memory_entries=0)
+    try:
+        for n in range(0, 200, 2):  # every even key stored
+            await cache.put(f"k{n}", Response(f"reply {n}"))
+        await cache.aclose()
+        cache = ResponseCacheStore(state_url, memory_entries=0)
+        lookups = [asyncio.ensure_future(cache.get(f"k{n}")) for n in range(200)]
+        lookups[7].cancel()  # a caller that gives up leaves the others their answers
+        answers = await asyncio.gather(*lookups, return_exceptions=True)
+        for n, answer in enumerate(answers):
+            if n == 7:
+                assert isinstance(answer, asyncio.CancelledError)
+            elif n % 2:
+                assert answer is None, n
+            else:
+                assert isinstance(answer, Response) and answer.text == f"reply {n}", n
+        assert await cache.get("k4") is not None  # the next lookup starts a new read
+    finally:
+        await cache.aclose()
 
 
 async def test_the_cache_keeps_replies_in_the_store_a_new_manager_reads(

@@ -272,7 +272,8 @@ def test_workers_split_a_server_endpoint_but_not_the_local_model() -> None:
         {"llm": {"provider": "local"}, "api": {"provider": "openai", "model": "m",
                                                "api_key": "k", "max_concurrent": 8}}
     )  # fmt: skip
-    check_shares(config, 2)  # the local model's max_concurrent=1 is not refused
+    check_shares(config, 2)  # the local model's limit is not split, so not refused
     share = limiter_shares(2)
-    assert share(config.resolve("llm")).max_concurrent == 1
+    local = config.resolve("llm")
+    assert share(local).max_concurrent == local.max_concurrent  # each worker its own model
     assert share(config.resolve("api")).max_concurrent == 4

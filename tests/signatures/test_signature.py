@@ -239,3 +239,13 @@ def test_repr_shows_fields_and_types():
         "Extract(text: str -> label: Literal['person', 'place'], color: Color, "
         "tags: list[str], person: Person)"
     )
+
+
+@pytest.mark.parametrize("marker", [InputField, OutputField])
+def test_dspys_desc_is_a_one_line_error_naming_description(marker):
+    with pytest.raises(TypeError) as caught:
+        marker(desc="the question")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"{marker.__name__}(description='the question')" in message
+    assert "desc=" in message

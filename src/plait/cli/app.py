@@ -17,6 +17,7 @@ from plait.cli.commands.mcp import mcp_command
 from plait.cli.commands.report import report_command
 from plait.cli.commands.run import run_command
 from plait.cli.commands.serve import serve_command
+from plait.cli.commands.state import state_command
 from plait.cli.commands.train import train_command
 from plait.cli.programs import one_line
 
@@ -78,3 +79,4 @@ cli.add_command(train_command)
 cli.add_command(graph_command)
 cli.add_command(report_command)
 cli.add_command(serve_command)
+cli.add_command(state_command)

@@ -55,6 +55,11 @@ def _resume_hint(kwargs: dict[str, Any]) -> str:
             f"finished rows are checkpointed in {kwargs['checkpoint_dir']}: rerun the same "
             "command to resume"
         )
+    if kwargs.get("state"):
+        return (
+            "finished rows are checkpointed in the state store (--state): rerun the same "
+            "command, on this machine or another, to resume"
+        )
     return (
         f"rows finished in order so far are in {kwargs['output_path']}; without "
         "--checkpoint-dir nothing was checkpointed, so a rerun starts over (add "

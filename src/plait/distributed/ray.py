@@ -50,6 +50,7 @@ from plait.resources.budget import Budget, budgeted
 from plait.resources.config import EndpointConfig, ResourceConfig
 from plait.resources.limits import limiter_shares, runs_in_each_process
 from plait.resources.shared_budget import BudgetStore
+from plait.resources.state import StateURL, open_store
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
@@ -68,6 +69,7 @@ __all__ = [
     "endpoints_used",
     "job_actors",
     "map_dataset",
+    "state_spec",
 ]
 
 Limits = str
@@ -328,6 +330,9 @@ class PlaitMapper:
         limit_actors: the endpoints' limits actors, by endpoint name (`job_actors`);
             an endpoint left out has its actor found or made by the mapper, which then
             owns it: it dies with that mapper, so pass them when mappers come and go.
+        state: a state store URL (`state_spec`'s answer): each batch's finished rows are
+            kept there (`plait.execution.checkpoint_store`), so a job started again sends
+            only the rows not done, whichever worker gets them.
 
     Example::
 
@@ -348,6 +353,7 @@ class PlaitMapper:
         budget: tuple[int | None, int | None, float | None] | None = None,
         budget_ledger: Any = None,
         limit_actors: Mapping[str, Any] | None = None,
+        state: str | None = None,
     ) -> None:
         # import time: cli.programs only for a program to map rows with
         from plait.cli.programs import RowMapper
@@ -356,6 +362,11 @@ class PlaitMapper:
         self.program.eval()
         self.mapper = RowMapper(self.program, columns)
         self.config = build_config(resources)
+        self._store: Any = None
+        if state is not None:
+            self.config = self.config.with_state(state)
+            # Held for the worker's life, so a batch's checkpoint does not connect anew.
+            self._store = open_store(state)
         self.max_concurrent = max_concurrent
         self._factory = _limiter_factory(limits, namespace, workers, limit_actors)
         # Budgets are one for the whole job, whatever ``limits`` says: money is not split.
@@ -425,11 +436,27 @@ def _json(output: Any) -> str:
     return json.dumps(as_json_data(output), ensure_ascii=False)
 
 
+def state_spec(state: str | os.PathLike[str]) -> str:
+    """Returns the state URL a worker opens: as given (its password unmasked), an SQLite
+    path made absolute (a worker runs in another folder).
+
+    Raises:
+        ConfigError: ``state`` is not a state URL.
+    """
+    url = StateURL.parse(state)  # checked here, not in every worker
+    return (
+        str(Path(state).resolve())
+        if url.kind == "sqlite" and "://" not in str(state)
+        else str(state)
+    )
+
+
 def map_dataset(
     program: Module | Callable[[], Module],
     ds: Any,
     *,
     resources: Any,
+    state: str | os.PathLike[str] | None = None,
     limits: Limits = "cluster",
     concurrency: int = 2,
     batch_size: int = 256,
@@ -453,6 +480,11 @@ def map_dataset(
         program: the program, or a function that builds it in each worker.
         ds: a ``ray.data.Dataset``.
         resources: a mapping of alias -> endpoint settings, or a config file path.
+        state: a state store URL (``"postgresql://…"``, or an SQLite file every worker
+            reaches): each finished row is kept there, keyed by the program and the row,
+            so the job killed (its driver or a worker) and started again sends only the
+            rows not done. Without it a job keeps no checkpoint (the resources file's
+            ``[state]`` table works too).
         limits: ``"cluster"``, ``"shares"`` or ``"local"`` (see the module doc).
         concurrency: mapper actors (worker processes).
         batch_size: rows handed to one mapper call.
@@ -488,6 +520,7 @@ def map_dataset(
             "budget": None if budget is None else (max_calls, max_tokens, max_cost),
             "budget_ledger": ledger,
             "limit_actors": actors,
+            "state": None if state is None else state_spec(state),
         },
         concurrency=concurrency,
         batch_size=batch_size,

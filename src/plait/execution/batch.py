@@ -304,13 +304,7 @@ async def run_batch(
             finally:
                 usage_by_index[index] = meter.as_dict()
 
-    checkpoint = None
-    if options["checkpoint_dir"] and items:
-        # import time: only a checkpointed batch
-        from plait.execution.checkpoint import open_checkpoint
-
-        graph = graphs.graph_for((items[0], *extra), kwargs)
-        checkpoint = open_checkpoint(module, graph, items, options["checkpoint_dir"], executor)
+    checkpoint = await _checkpoint_of(graphs, items, extra, kwargs, executor, options)
     cache_token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     reported: set[int] = set()
@@ -321,12 +315,13 @@ async def run_batch(
                 reported.add(result.index)
                 usage = usage_by_index.pop(result.index, None)
                 result.usage = usage
+                kept = None
                 if checkpoint is not None and result.ok:
-                    checkpoint.write(result.index, result.output, usage)
+                    kept = checkpoint.write(result.index, result.output, usage)
                 if profiler is not None:
                     profiler.record_item(result.index, result.error)
                 progress.advance(result.ok)
-                return report(result)
+                return _both(kept, report(result))
 
             if checkpoint is not None:
                 await _report_restored(checkpoint.done, items, reported, progress, report)
@@ -352,7 +347,43 @@ async def run_batch(
         USE_CACHE.reset(cache_token)
         _context.CALLBACKS.reset(callbacks)
         if checkpoint is not None:
-            checkpoint.close()
+            await checkpoint.aclose()
+
+
+async def _checkpoint_of(
+    graphs: RunGraphs,
+    items: list[Any],
+    extra: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    executor: Executor,
+    options: dict[str, Any],
+) -> Any:
+    """Opens the batch's checkpoint: in ``checkpoint_dir``, else in the resources' state
+    store, unless the run asked for nothing stored to answer it (``cache=False``); None
+    when there is none."""
+    directory = options["checkpoint_dir"] or None
+    state = getattr(executor.manager.config, "state", None)
+    if not items or not (directory or (state is not None and options["cache"])):
+        return None
+    from plait.execution.checkpoint import open_checkpoint  # import time: only a checkpointed batch
+
+    graph = graphs.graph_for((items[0], *extra), kwargs)
+    return await open_checkpoint(graphs.module, graph, items, executor, directory, (extra, kwargs))
+
+
+def _both(first: Awaitable[Any] | None, second: Awaitable[Any] | None) -> Any:
+    """Returns what waits for both (None when neither waits): a checkpoint that is full and a
+    consumer that falls behind both hold the batch back."""
+    if first is None:
+        return second
+    if second is None:
+        return first
+
+    async def both() -> None:
+        await first
+        await second
+
+    return both()
 
 
 async def _fail_unfinished(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,10 +34,13 @@ from plait.callbacks import ReportedCall
 from plait.errors import described
 from plait.execution.observe import callbacks_for
 from plait.execution.run import awaitable_or_result, run
+from plait.execution.settings import resources_of
 from plait.feedback import Feedback
 from plait.module import Module
 from plait.optimization.results import EvaluationResult, ExampleRow, RunResult
 from plait.optimization.results import _rebuild as _rebuild  # what pickles made before name
+from plait.resources.config import resources_with_state
+from plait.resources.state import StateURL
 from plait.resources.usage import Budget, budgeted
 
 __all__ = [
@@ -296,6 +300,7 @@ def evaluate(
     max_calls: int | None = None,
     max_tokens: int | None = None,
     max_cost: float | None = None,
+    state: str | os.PathLike[str] | StateURL | None = None,
 ) -> Any:
     """Runs ``module`` on every input (eval mode, concurrently) and scores each output.
 
@@ -318,6 +323,10 @@ def evaluate(
             evaluation (`plait.resources.budget.Budget`): requests are held
             against it before they are sent, wait while calls in flight may
             give room back, and those it could never have room for are not sent.
+        state: a state store URL (``"postgresql://…"`` or an SQLite path), as
+            for `plait.run`: endpoints with ``cache = true`` keep their replies
+            there, and the evaluation's finished examples are checkpointed
+            there, so a rerun anywhere with the same store runs only the rest.
 
     Returns:
         An `EvaluationResult`: the mean score (it is a float) with every
@@ -334,6 +343,9 @@ def evaluate(
     ``on_evaluate_end`` with the result, or the exception that stopped it.
     """
     budget = Budget.of(max_calls, max_tokens, max_cost)
+    if state is not None:
+        found = resources_of(module, resources, who="evaluate", takes="evaluate()")
+        resources = resources_with_state(found, state)
     return awaitable_or_result(
         _evaluate(module, dataset, metric, resources, max_concurrent, progress, budget)
     )

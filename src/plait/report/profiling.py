@@ -323,7 +323,8 @@ class Profiler:
         self.items_refused = 0
         """Batch items among ``items_failed`` that a budget left undone (it refused a call)."""
         self.unpriced: set[str] = set()
-        """Aliases whose endpoint has no price: their cost is unknown, not zero."""
+        """Aliases some of whose calls an endpoint without a price answered: their cost is
+        unknown, not zero (an unpriced primary whose priced backup answered leaves it known)."""
         self.nodes_seen = 0
         """Node records offered, kept or not."""
         self.timelines: dict[str, _Timeline] = {}
@@ -445,11 +446,11 @@ class Profiler:
             error: the attempt's error; None when it succeeded.
             usage: the `Usage` of a successful attempt.
             final: False when the call will be retried after this attempt.
-            priced: False when the endpoint has no price (its cost is unknown).
+            priced: False when the endpoint has no price (the cost of its answer is unknown).
         """
         end = self.now()
         _waited(sent - queued)
-        if not priced:
+        if not priced and error is None:  # a failed attempt answered nothing to price
             self.unpriced.add(alias)
         timing = RequestTiming(
             endpoint,

@@ -27,6 +27,7 @@ plait's other SQLite files are. It holds numbers and names only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import time
@@ -40,8 +41,9 @@ from plait.resources.budget import WAIT, Budget, Claim
 
 __all__ = ["BudgetFile", "books"]
 
-_FORMAT = 1
-"""The layout of the file (``PRAGMA user_version``); another is refused, never rewritten."""
+_FORMAT = 2
+"""The layout of the file (``PRAGMA user_version``; 2 notes when each holder started); another
+is refused, never rewritten (the file lives as long as one server, which makes it)."""
 
 
 def books(
@@ -71,7 +73,10 @@ class BudgetFile:
     Args:
         path: the file (in a private folder; created when missing).
         poll: seconds between looks at the file while a request waits for room.
-        busy_timeout: seconds to wait for another process's transaction.
+        busy_timeout: seconds to wait for another process's transaction. A hold waits on
+            the event loop (a transaction is a few lookups, well under a millisecond), so
+            this bounds how long one busy file can stall the loop: past it the request
+            waits as for room and looks again after ``poll``.
         alive: tells whether a process id still runs (tests may inject one).
 
     Raises:
@@ -83,16 +88,20 @@ class BudgetFile:
         path: str | Path,
         *,
         poll: float = 0.01,
-        busy_timeout: float = 30.0,
+        busy_timeout: float = 1.0,
         alive: Callable[[int], bool] | None = None,
     ) -> None:
         self.path = Path(path)
         self.poll = poll
         self.pid = os.getpid()
+        self.started = _started(self.pid)
+        """When this process started (so a later process given its pid is not taken for it)."""
         self._alive = alive or _alive
         self._db = self._open(busy_timeout)
         self._ends: list[tuple[str, Claim, tuple[int, int, float] | None]] = []
         """Settles and releases not written yet: ``(name, claim, (calls, tokens, cost))``."""
+        self._applied: list[tuple[str, Claim, tuple[int, int, float] | None]] = []
+        """Those of the open transaction: put back to ``_ends`` if it rolls back."""
         self._in_line: set[str] = set()
         """The budgets in whose line of waiting processes this process stands."""
         self.transactions = 0
@@ -124,7 +133,8 @@ class BudgetFile:
                     tokens INTEGER NOT NULL, cost REAL NOT NULL);
                 CREATE TABLE IF NOT EXISTS holds (
                     name TEXT NOT NULL, pid INTEGER NOT NULL, calls INTEGER NOT NULL,
-                    tokens INTEGER NOT NULL, cost REAL NOT NULL, PRIMARY KEY (name, pid));
+                    tokens INTEGER NOT NULL, cost REAL NOT NULL, started INTEGER,
+                    PRIMARY KEY (name, pid));
                 CREATE TABLE IF NOT EXISTS waiting (
                     name TEXT NOT NULL, pid INTEGER NOT NULL, since REAL NOT NULL,
                     seen REAL NOT NULL, PRIMARY KEY (name, pid));
@@ -153,6 +163,14 @@ class BudgetFile:
         Returns:
             As `Budget.try_hold`: None when held, `WAIT`, or why it can never fit.
         """
+        try:
+            return self._try_hold(name, claim, waiting)
+        except sqlite3.OperationalError as exc:  # busy past busy_timeout: look again later
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            return WAIT
+
+    def _try_hold(self, name: str, claim: Claim, waiting: int) -> object | str | None:
         with self._transaction() as db:
             self._apply_ends(db)
             verdict = self._books(db, name).try_hold(claim)
@@ -171,22 +189,26 @@ class BudgetFile:
                 return verdict
             if verdict is None:
                 db.execute(
-                    "INSERT INTO holds VALUES (?, ?, 1, ?, ?) ON CONFLICT (name, pid) DO UPDATE "
-                    "SET calls = calls + 1, tokens = tokens + excluded.tokens, "
+                    "INSERT INTO holds VALUES (?, ?, 1, ?, ?, ?) ON CONFLICT (name, pid) "
+                    "DO UPDATE SET calls = calls + 1, tokens = tokens + excluded.tokens, "
                     "cost = cost + excluded.cost",
-                    (name, self.pid, claim.tokens, claim.cost or 0.0),
+                    (name, self.pid, claim.tokens, claim.cost or 0.0, self.started),
                 )
-            if name not in self._in_line:
-                pass
-            elif waiting:  # this process's turn is over: to the back of the line
-                db.execute(
-                    "UPDATE waiting SET since = ?, seen = ? WHERE name = ? AND pid = ?",
-                    (now, now, name, self.pid),
-                )
-            else:
-                db.execute("DELETE FROM waiting WHERE name = ? AND pid = ?", (name, self.pid))
-                self._in_line.discard(name)
+            if name in self._in_line:
+                self._leave_line(db, name, now, waiting)
         return verdict
+
+    def _leave_line(self, db: sqlite3.Connection, name: str, now: float, waiting: int) -> None:
+        """Ends this process's turn in the line of budget ``name``: to the back of it while
+        more of its requests wait, else out of it."""
+        if waiting:
+            db.execute(
+                "UPDATE waiting SET since = ?, seen = ? WHERE name = ? AND pid = ?",
+                (now, now, name, self.pid),
+            )
+        else:
+            db.execute("DELETE FROM waiting WHERE name = ? AND pid = ?", (name, self.pid))
+            self._in_line.discard(name)
 
     def _behind(self, db: sqlite3.Connection, name: str, now: float) -> bool:
         """Whether another process's requests have waited longer than this one's (a process
@@ -232,13 +254,20 @@ class BudgetFile:
                 self.flush()
 
     def flush(self) -> None:
-        """Writes the settles and releases not written yet."""
-        if self._ends:
+        """Writes the settles and releases not written yet; when the file stays busy past
+        the busy timeout, they are kept and tried again after ``poll``."""
+        if not self._ends:
+            return
+        try:
             with self._transaction() as db:
                 self._apply_ends(db)
+        except sqlite3.OperationalError:
+            with contextlib.suppress(RuntimeError):  # no loop: the next transaction writes them
+                asyncio.get_running_loop().call_later(self.poll, self.flush)
 
     def _apply_ends(self, db: sqlite3.Connection) -> None:
         ends, self._ends = self._ends, []
+        self._applied += ends
         for name, claim, spent in ends:
             self._unhold(db, name, claim)
             if spent is not None:
@@ -259,7 +288,7 @@ class BudgetFile:
 
     def _transaction(self) -> _Transaction:
         self.transactions += 1
-        return _Transaction(self._db)
+        return _Transaction(self)
 
     def _books(self, db: sqlite3.Connection, name: str) -> Budget:
         row = db.execute(
@@ -295,11 +324,12 @@ class BudgetFile:
     def _charge_the_dead(self, db: sqlite3.Connection, name: str) -> bool:
         """Charges the holds of processes that no longer run as spent; True if there were."""
         rows = db.execute(
-            "SELECT pid, calls, tokens, cost FROM holds WHERE name = ? AND pid != ?",
+            "SELECT pid, calls, tokens, cost, started FROM holds WHERE name = ? AND pid != ?",
             (name, self.pid),
         ).fetchall()
-        dead = [row for row in rows if not self._alive(row[0])]
-        for pid, calls, tokens, cost in dead:
+        # a pid that runs may be another process's now: it counts only if it started then
+        dead = [row for row in rows if not self._alive(row[0]) or _reused(row[0], row[4])]
+        for pid, calls, tokens, cost, _ in dead:
             self._spend(db, name, calls, tokens, cost)
             db.execute("DELETE FROM holds WHERE name = ? AND pid = ?", (name, pid))
             self.charged += calls
@@ -308,19 +338,26 @@ class BudgetFile:
 
 class _Transaction:
     """``BEGIN IMMEDIATE`` (the write lock first, so no two processes decide at once) …
-    ``COMMIT``, or ``ROLLBACK`` on any error."""
+    ``COMMIT``, or ``ROLLBACK`` on any error, the settles it was writing kept for the next."""
 
-    __slots__ = ("_db",)
+    __slots__ = ("_file",)
 
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self._db = db
+    def __init__(self, file: BudgetFile) -> None:
+        self._file = file
 
     def __enter__(self) -> sqlite3.Connection:
-        self._db.execute("BEGIN IMMEDIATE")
-        return self._db
+        self._file._db.execute("BEGIN IMMEDIATE")
+        self._file._applied = []
+        return self._file._db
 
     def __exit__(self, kind: object, *rest: object) -> None:
-        self._db.execute("COMMIT" if kind is None else "ROLLBACK")
+        file, applied = self._file, self._file._applied
+        file._applied = []
+        if kind is None:
+            file._db.execute("COMMIT")
+            return
+        file._db.execute("ROLLBACK")
+        file._ends[:0] = applied
 
 
 def _alive(pid: int) -> bool:
@@ -331,3 +368,22 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True  # it runs, as another user
     return True
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux's ``/proc``), or None
+    where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return int(fields[19])  # field 22 of the line; the name before ")" may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reused(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` now names another process than the one that started at ``started``."""
+    if started is None:
+        return False
+    now = _started(pid)
+    return now is not None and now != started

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -62,6 +63,7 @@ from plait.resources.state import (
     open_store,
     release_store,
 )
+from plait.resources.state.base import SCAN_PAGE, StateUnavailable
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -313,6 +315,9 @@ class ResponseCacheStore:
         self.store: StateStore | None = open_store(self.url)
         self._pending: list[tuple[str, bytes]] = []  # writes not yet sent (PostgreSQL)
         self._flushing: asyncio.Future[int] | None = None
+        # Lookups not yet sent (PostgreSQL): key -> the callers waiting for it.
+        self._asked: dict[str, list[asyncio.Future[bytes | None]]] = {}
+        self._reading: asyncio.Task[None] | None = None
 
     def key(self, endpoint: EndpointConfig, request: Request) -> str:
         """Returns the cache key of ``request`` on ``endpoint`` (see `cache_key`)."""
@@ -325,10 +330,7 @@ class ResponseCacheStore:
             store = self.store
             if store is None:
                 return None
-            if store.blocking:
-                raw = await on_loop.call(store, store.get, _TABLE, key, default=None)
-            else:
-                raw = store.get(_TABLE, key)
+            raw = await self._lookup(store, key) if store.blocking else store.get(_TABLE, key)
             if raw is None:
                 return None
             entry = _decode(raw)
@@ -357,6 +359,36 @@ class ResponseCacheStore:
                 self._flush(store)
         else:
             logger.debug("response cache %s: too many writes pending; one dropped", self.url)
+
+    async def _lookup(self, store: StateStore, key: str) -> bytes | None:
+        """Reads ``key`` from a store on a network together with the lookups asked while
+        the previous read was on its way: one round trip (`get_many`) for them all, one
+        read in flight per cache, so a miss waits at most about two round trips however
+        many calls ask at once."""
+        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
+        self._asked.setdefault(key, []).append(future)
+        if self._reading is None:
+            self._reading = asyncio.create_task(self._read_asked(store))
+        return await future
+
+    async def _read_asked(self, store: StateStore) -> None:
+        """Answers the lookups asked so far, a page of keys per round trip, until none is
+        left; a store that cannot answer makes them misses."""
+        waiting: list[list[asyncio.Future[bytes | None]]] = []
+        try:
+            while self._asked:
+                keys = list(itertools.islice(self._asked, SCAN_PAGE))
+                waiting = [self._asked.pop(key) for key in keys]
+                nothing: dict[str, bytes] = {}  # too slow, or closed under us: misses
+                found = await on_loop.call(store, _read_many, store, keys, default=nothing)
+                for key, futures in zip(keys, waiting, strict=True):
+                    _answer(futures, found.get(key))
+                waiting = []
+        finally:  # cancelled mid-read: every caller still waiting misses, none waits forever
+            self._reading = None
+            for futures in [*waiting, *self._asked.values()]:
+                _answer(futures, None)
+            self._asked.clear()
 
     def _flush(self, store: StateStore) -> None:
         """Sends the pending writes as one batch on the store's threads; the next batch
@@ -395,6 +427,21 @@ class ResponseCacheStore:
             f"ResponseCacheStore({where!r}, memory {len(self.memory)}/"
             f"{self.memory.max_entries}, {state})"
         )
+
+
+def _answer(futures: list[asyncio.Future[bytes | None]], value: bytes | None) -> None:
+    for future in futures:
+        if not future.done():  # its caller may have been cancelled
+            future.set_result(value)
+
+
+def _read_many(store: StateStore, keys: list[str]) -> dict[str, bytes]:
+    """``store.get_many`` of the cache's table; a store that cannot answer: nothing found
+    (a lookup misses, it never fails a call)."""
+    try:
+        return store.get_many(_TABLE, keys)
+    except StateUnavailable:
+        return {}
 
 
 def _executor(store: StateStore) -> Any:

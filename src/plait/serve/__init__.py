@@ -14,7 +14,8 @@ every request. The routes, JSON shapes and options are in ``docs/how-to/serving.
 Layout: ``programs.py`` (request and response schemas from what a program declares),
 ``runs.py`` (the shared resources, admission, per-request usage, pauses and their resumes),
 ``pending.py`` (where paused runs wait: the `PendingStore` interface, its SQLite and
-in-memory stores), ``owners.py`` (whose a paused run is: the fingerprint of its API key),
+in-memory stores), ``pending_state.py`` (paused runs in the state store, shared by every
+process and replica), ``owners.py`` (whose a paused run is: the fingerprint of its API key),
 ``page.py`` (the browser chat page at ``/``),
 ``events.py`` (stream events as SSE), ``asgi.py`` (the app and its routes),
 ``run_route.py`` (``POST /programs/{name}/run`` as plain ASGI in front of FastAPI),

@@ -67,7 +67,12 @@ class ServeOptions:
     `plait.resources.shared_budget.BudgetStore`); None: in this process. ``plait serve
     --workers N`` gives every worker the one SQLite file its parent made."""
     pending_store: Any = None
-    """Where paused runs wait (a `PendingStore`); None: the file ``pending_db``, or memory."""
+    """Where paused runs wait (a `PendingStore`); None: the state store ``state``, else the
+    file ``pending_db``, else memory."""
+    state: Any = None
+    """The state store's URL (`plait.resources.state`; also a resources file's ``[state]
+    url``): paused runs and used approvals are kept there (`StatePendingStore`), so every
+    process and replica using it resumes any pause, once; the response cache too."""
     pending_db: str | None = None
     """The SQLite file of paused runs and used approvals (`SQLitePendingStore`); None: keep
     them in memory (lost when the server stops)."""

@@ -9,6 +9,9 @@ started it) is a `PendingRun` put in the server's `PendingStore`. Two stores imp
   transaction, so of several processes resuming one run, exactly one gets it. The same file is
   the server's approval ledger (`use`), so an approval used once is refused after a restart too.
 - `MemoryPendingStore`, the default of `plait.serve.app`: this process's memory.
+- `plait.serve.pending_state.StatePendingStore`, when the server is given a state store:
+  its ``pauses`` table, shared by every process and replica using it (they keep the rules
+  of this module: `read_run`, the size and room checks).
 
 Both are bounded: a run's stored state may be at most ``max_state_bytes`` (a larger one is
 refused when it pauses: `PendingRunTooLarge`), at most ``max_runs`` wait at once and at most
@@ -54,7 +57,9 @@ __all__ = [
     "PendingRunTooLarge",
     "PendingStore",
     "PendingStoreFull",
+    "PendingStoreUnavailable",
     "SQLitePendingStore",
+    "read_run",
 ]
 
 logger = logging.getLogger("plait.serve")
@@ -84,6 +89,11 @@ class GoneRun(NamedTuple):
 
 class PendingRunTooLarge(PlaitError):
     """A paused run's state is larger than the store keeps, so it cannot be resumed later."""
+
+
+class PendingStoreUnavailable(PlaitError):
+    """The store of paused runs does not answer now (a database down or restarting): a run
+    is neither found nor taken, so it waits on; the client retries (503)."""
 
 
 class PendingStoreFull(PlaitError):
@@ -196,6 +206,38 @@ def _check_room(total: int, of_owner: int, owner: str | None, bounds: _Bounds) -
             "--max-pending-runs); retry later, or ask its operator to raise the bound",
             per_owner=False,
         )
+
+
+def read_run(
+    run_id: str,
+    program: str,
+    owner: str | None,
+    created: float,
+    size: int,
+    inputs: str | None,
+    pause: str | None,
+    *,
+    limit: int,
+) -> PendingRun:
+    """Reads a stored run back, refusing a state over ``limit`` bytes (measured, never
+    parsed: ``inputs`` and ``pause`` may then be None) and any that is not a JSON object
+    of bounded depth: what a store holds is data, never code.
+
+    Raises:
+        ValueError: naming the run, and what is wrong.
+    """
+    if size > limit or inputs is None or pause is None:
+        raise ValueError(
+            f"the run {run_id} holds {size} bytes, over this server's limit of {limit} "
+            "(--max-pending-bytes); serve with the limit it was kept under"
+        )
+    try:
+        state = jsontext.loads(inputs), jsontext.loads(pause)
+    except ValueError as exc:
+        raise ValueError(f"the run {run_id} is not JSON ({exc}); it was changed") from None
+    if not all(isinstance(part, dict) for part in state):
+        raise ValueError(f"the run {run_id} holds no JSON object; it was changed")
+    return PendingRun(run_id, program, *state, created, owner)
 
 
 @dataclass(frozen=True)
@@ -520,32 +562,17 @@ class SQLitePendingStore:
         db.execute("DELETE FROM gone_runs WHERE at < ?", (now - self.ttl,))
 
     def _run_of(self, row: tuple[Any, ...]) -> PendingRun:
-        """Reads a run's row (``_columns``), refusing a state over this store's size limit before
-        it is parsed, and any that is not JSON of bounded depth.
+        """Reads a run's row (``_columns``) by `read_run`'s rules.
 
         Raises:
             FileError: naming the run, and what is wrong.
         """
-        run_id, program, owner, created, size, inputs, pause = row
-        if size > self.max_state_bytes:
-            raise FileError(
-                f"pending runs file {self.path}: the run {run_id} holds {size} bytes, over "
-                f"this server's limit of {self.max_state_bytes} (--max-pending-bytes); serve "
-                "with the limit it was kept under, or let it expire"
-            )
         try:
-            state = jsontext.loads(inputs), jsontext.loads(pause)
+            return read_run(*row, limit=self.max_state_bytes)
         except ValueError as exc:
             raise FileError(
-                f"pending runs file {self.path}: the run {run_id} is not JSON ({exc}); the "
-                "file was changed by something other than plait"
+                f"pending runs file {self.path}: {exc}; let it expire, or move the file away"
             ) from None
-        if not all(isinstance(part, dict) for part in state):
-            raise FileError(
-                f"pending runs file {self.path}: the run {run_id} holds no JSON object; the "
-                "file was changed by something other than plait"
-            )
-        return PendingRun(run_id, program, *state, created, owner)
 
     # -- the approval ledger --------------------------------------------------------------
 

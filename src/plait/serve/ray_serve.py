@@ -100,6 +100,10 @@ class PlaitReplica:
     async def __serve_build_asgi_app__(self) -> Any:
         programs = self._programs() if _is_builder(self._programs) else self._programs
         config = build_config(self._resources)
+        # One state store for every replica: their paused runs, approvals and cache.
+        state = self._options.state or config.state
+        if state is not None:
+            config = config.with_state(state)
         # "detached": the limits outlive any one replica, which Ray may restart or remove.
         limiters = cluster_limiters(self._namespace, lifetime="detached")
         # Before the replica takes requests: reaching the actors is not on a request's path.
@@ -107,7 +111,7 @@ class PlaitReplica:
         # The books of the endpoints' budgets, one for all replicas, outlive any replica too.
         budgets = cluster_budgets(budget_actor(self._namespace, lifetime="detached"))
         self._manager = ResourceManager(config, limiter_factory=limiters, budget_store=budgets)
-        return app(programs, self._manager, **vars(self._options))
+        return app(programs, self._manager, **{**vars(self._options), "state": state})
 
     async def __del__(self) -> None:
         # The app does not close resources it was handed; the replica made them, it closes them.

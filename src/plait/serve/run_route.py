@@ -35,7 +35,7 @@ from plait.errors import (
 from plait.serve.errors import error_response, failure_id, failure_response
 from plait.serve.events import sse
 from plait.serve.owners import owner_of
-from plait.serve.pending import PendingRunTooLarge, PendingStoreFull
+from plait.serve.pending import PendingRunTooLarge, PendingStoreFull, PendingStoreUnavailable
 from plait.serve.programs import ServedProgram
 from plait.serve.responses import ClientLeft, EventStreamResponse, JsonResponse, until_disconnected
 from plait.serve.runs import Draining, NotResumable, Overloaded, Resume, RunService
@@ -204,6 +204,9 @@ def run_failure(exc: BaseException, scope: Scope, retry_after: int) -> JsonRespo
         if exc.per_owner:
             return error_response(429, "too_many_paused", message, scope)
         return error_response(503, "pending_store_full", message, scope, headers=retry)
+    if isinstance(exc, PendingStoreUnavailable):
+        message = f"{exc}; retry after the time in Retry-After"
+        return error_response(503, "pending_store_unavailable", message, scope, headers=retry)
     if isinstance(exc, BudgetExceededError):
         error_id = failure_id(exc, scope, "run", expected=True)
         message = f"the server's model budget is spent; quote error id {error_id} to its operator"

@@ -39,7 +39,10 @@ from plait.errors import ConfigError, ConfirmationRejected, ResumeRefusedError
 from plait.execution import run
 from plait.module import Module
 from plait.resources import ResourceConfig, ResourceManager
+from plait.resources.config import resources_with_state
 from plait.resources.limits import limiter_shares, too_small_to_share
+from plait.resources.shared_budget import BudgetStore
+from plait.resources.state import StateStore, StateURL, open_store, release_store
 from plait.resources.usage import UsageMeter, metered
 from plait.serve.events import RunEvents
 from plait.serve.ids import random_id
@@ -184,10 +187,16 @@ class RunService:
     ) -> None:
         self.programs = programs
         self.options = options
+        self.state = options.state or _state_of(resources)
+        if options.state is not None and not isinstance(resources, ResourceManager):
+            resources = resources_with_state(_config(resources), options.state)
         self.resources = resources
         self.manager: ResourceManager | None = None
+        self._books_store: StateStore | None = None
         self.pending: PendingStore = (
-            _pending_store(options) if options.pending_store is None else options.pending_store
+            _pending_store(options, self.state)
+            if options.pending_store is None
+            else options.pending_store
         )  # not `or`: an empty store has no length, and is still the one given
         self.admission = Admission(options.max_active, options.max_queued)
         self.draining = False
@@ -207,14 +216,27 @@ class RunService:
             self.manager = ResourceManager(
                 _config(self.resources),
                 limiter_factory=limiter_shares(workers) if workers > 1 else None,
-                budget_store=self.options.budget_store,
+                budget_store=self.options.budget_store or self._shared_books(),
             )
+
+    def _shared_books(self) -> BudgetStore | None:
+        """The endpoints' budgets in the state store, shared by every process and machine
+        serving with it (`StateBooks`); None without a store."""
+        if self.state is None:
+            return None
+        from plait.resources.budget_state import StateBooks  # import time: only with a store
+
+        self._books_store = open_store(self.state)
+        return BudgetStore(StateBooks(self._books_store))
 
     async def aclose(self) -> None:
         """Closes what `open` opened, and the pending store."""
         manager, self.manager = self.manager, None
         if manager is not None and manager is not self.resources:
             await manager.aclose()
+        books, self._books_store = self._books_store, None
+        if books is not None:
+            release_store(books)
         await self.pending.aclose()
         self._approvals_close()
 
@@ -224,12 +246,12 @@ class RunService:
         key = self.options.approval_key()
         if key is not None:
             set_approval_key(key)
-        elif not os.environ.get(APPROVAL_KEY_ENV) and self.options.pending_db is not None:
+        elif not os.environ.get(APPROVAL_KEY_ENV) and (self.state or self.options.pending_db):
             logger.warning(
                 "plait serve: no approval key is configured, so pauses are sealed with a key "
-                "of this process: paused runs kept in %s cannot be resumed after a restart; "
-                "set %s or --approval-key-env NAME",
-                self.options.pending_db,
+                "of this process: paused runs kept in %s cannot be resumed after a restart "
+                "or by another process; set %s or --approval-key-env NAME",
+                self.state or self.options.pending_db,
                 APPROVAL_KEY_ENV,
             )
         if callable(getattr(self.pending, "use", None)):
@@ -555,10 +577,22 @@ def _in_reply(event: StreamEvent, reply: tuple[Module, str] | None) -> bool:
     )
 
 
-def _pending_store(options: ServeOptions) -> PendingStore:
-    """Returns the store the options name: the file ``pending_db``, or memory."""
+def _state_of(resources: Any) -> StateURL | None:
+    """The state store the resources name (a resources file's ``[state] url``), if any."""
+    return None if isinstance(resources, ResourceManager) else _config(resources).state
+
+
+def _pending_store(options: ServeOptions, state: str | StateURL | None) -> PendingStore:
+    """Returns the store the options name: the state store ``state``, the file
+    ``pending_db``, or memory."""
     ttl, size = options.pending_ttl, options.max_pending_bytes
     runs, per_key = options.max_pending_runs, options.max_pending_per_key
+    if state is not None:
+        from plait.serve.pending_state import StatePendingStore  # import time: only with a store
+
+        return StatePendingStore(
+            state, ttl=ttl, max_state_bytes=size, max_runs=runs, max_per_owner=per_key
+        )
     if options.pending_db is not None:
         return SQLitePendingStore(
             options.pending_db, ttl=ttl, max_state_bytes=size, max_runs=runs, max_per_owner=per_key

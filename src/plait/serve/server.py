@@ -12,7 +12,8 @@ takes to send a request. The endpoints' ``budget`` are not split but shared: the
 makes a private folder (mode 0700) with one SQLite file
 (`plait.resources.budget_file.BudgetFile`) that every worker holds and settles its
 requests in, so the workers together spend each budget once; the folder goes when the
-server stops.
+server stops. Given a state store, the budgets are kept there instead
+(`plait.resources.budget_state.StateBooks`), shared with every machine serving with it.
 """
 
 from __future__ import annotations
@@ -142,13 +143,11 @@ def worker_app() -> Any:
     if config["options"]["access_log"]:
         log_access_to_stderr()
     programs = {name: load_program(spec) for name, spec in config["programs"]}
-    resources = config["resources"]
-    return app(
-        programs,
-        ResourceConfig.from_file(resources) if resources else None,
-        budget_store=BudgetStore(BudgetFile(config["budget_file"])),
-        **config["options"],
-    )
+    resources = ResourceConfig.from_file(config["resources"]) if config["resources"] else None
+    # With a state store the budgets are kept there (every machine's workers share them).
+    shared = config["options"]["state"] or getattr(resources, "state", None)
+    budgets = None if shared else BudgetStore(BudgetFile(config["budget_file"]))
+    return app(programs, resources, budget_store=budgets, **config["options"])
 
 
 def log_access_to_stderr() -> None:
@@ -184,6 +183,7 @@ def _plain(options: ServeOptions) -> dict[str, Any]:
         "access_log": options.access_log,
         "workers": options.workers,
         "pending_db": options.pending_db,
+        "state": options.state,
         "pending_ttl": options.pending_ttl,
         "max_pending_bytes": options.max_pending_bytes,
         "max_pending_runs": options.max_pending_runs,

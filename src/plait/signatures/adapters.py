@@ -38,6 +38,7 @@ from plait.backends.types import Message, Response, ResponseSchema
 from plait.errors import StructuredOutputError
 from plait.media import Media
 from plait.signatures._models import outputs_of
+from plait.signatures.media_inputs import media_inputs
 from plait.signatures.signature import FieldSpec, Signature, type_label
 
 __all__ = [
@@ -246,6 +247,7 @@ class _MessageAdapter:
         demos: Sequence[Mapping[str, Any]] = (),
         history: Sequence[Message] = (),
     ) -> tuple[Message, ...]:
+        inputs = media_inputs(signature, inputs)  # text for an Image field: a medium or refused
         messages = [Message("system", self._system_turn(signature, history))]
         for demo in demos:
             pair = self._demo_pair(signature, demo)

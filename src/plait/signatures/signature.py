@@ -58,12 +58,24 @@ _INSTRUCTIONS_KEY = "__signature_instructions__"
 
 
 # ---------------------------------------------------------------- fields
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class _FieldMarker:
     description: str = ""
     """What the field holds; shown to the model next to the field's name."""
 
     kind: ClassVar[FieldKind]
+
+    def __init__(self, description: str = "", **unknown: Any) -> None:
+        # One name for one thing: DSPy's ``desc=`` (or another of its keywords) gets a
+        # line saying what to write here, not Python's bare "unexpected keyword".
+        if unknown:
+            name = type(self).__name__
+            given = unknown.get("desc", description)
+            raise TypeError(
+                f"{name}() takes only description=; got {', '.join(f'{k}=' for k in unknown)}"
+                f" (DSPy's desc= is description= here): write {name}(description={given!r})"
+            )
+        object.__setattr__(self, "description", description)
 
 
 # ``answer: int = OutputField()`` annotates the field's type, not the marker's

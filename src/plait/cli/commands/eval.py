@@ -101,6 +101,11 @@ def _left_undone(run: Any, outcome: Any, kwargs: dict[str, Any]) -> str:
             f"finished rows are checkpointed in {kwargs['checkpoint_dir']}: rerun the same "
             "command with a larger budget to run only those left undone"
         )
+    elif kwargs.get("state"):
+        rerun = (
+            "finished rows are checkpointed in the state store (--state): rerun the same "
+            "command with a larger budget to run only those left undone"
+        )
     else:
         rerun = "nothing was checkpointed (add --checkpoint-dir DIR to make it resumable)"
     return f"{spent}; {undone}; {rerun}"

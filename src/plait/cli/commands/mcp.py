@@ -13,6 +13,7 @@ from plait.cli.checks import (
     _check_bound,
     _check_credentials,
     _check_port,
+    _with_state,
 )
 from plait.cli.exits import _fail, _usage_errors
 from plait.cli.options import _RESOURCES_HELP, WholeNumber
@@ -53,9 +54,15 @@ __all__ = ["mcp_command"]
     type=click.Path(path_type=Path),
     help="HTTP: file of API keys, one a line.",
 )
+@click.option(
+    "--state",
+    metavar="URL",
+    help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite path): "
+    "endpoints of --resources with cache = true share their replies there.",
+)
 def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port: int,
                 resources: Path | None, name: str, api_key_envs: tuple[str, ...],
-                api_key_files: tuple[Path, ...]) -> None:  # fmt: skip
+                api_key_files: tuple[Path, ...], state: str | None) -> None:  # fmt: skip
     """Serve each PROGRAM as an MCP tool, so other agents and apps can call it.
 
     A PROGRAM is a Module (class, instance or builder), a plait Tool, or a list
@@ -92,6 +99,10 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
             _check_credentials(resources, config, calls)
         else:
             _check_bound(programs)
+        if state is not None:
+            if config is None:
+                _fail("--state keeps the state of the endpoints of --resources; give -r FILE")
+            config = _with_state(config, state)
         try:
             mcp_server = server(served, config, name=name)
         except (ValueError, TypeError, ImportError) as exc:

@@ -14,6 +14,7 @@ from plait.cli.checks import (
     _check_credentials,
     _check_port,
     _resources,
+    _with_state,
 )
 from plait.cli.exits import _fail, _usage_errors
 from plait.cli.loading import _prepare
@@ -162,6 +163,13 @@ def _default_pending_db(resources: Path | None) -> Path:
     help="Paused runs kept at once for one API key (429 beyond).",
 )
 @click.option(
+    "--state",
+    metavar="URL",
+    help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite path) "
+    "keeping paused runs, used approvals and the cache (endpoints with cache = true), "
+    "shared by every process and replica given it; instead of --pending-db.",
+)
+@click.option(
     "--access-log/--no-access-log",
     default=True,
     show_default=True,
@@ -177,7 +185,7 @@ def _default_pending_db(resources: Path | None) -> Path:
 def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: str, port: int,
                   workers: int, ray_replicas: int | None, api_key_envs: tuple[str, ...],
                   api_key_files: tuple[Path, ...], pending_db: Path | None,
-                  **options: Any) -> None:  # fmt: skip
+                  state: str | None, **options: Any) -> None:  # fmt: skip
     """Serve PROGRAM(s) over HTTP: typed runs, SSE, OpenAI-compatible chat, approvals, a
     chat page, metrics.
 
@@ -197,6 +205,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             cors_origins=tuple(options.pop("cors_origins")),
             allowed_hosts=tuple(options.pop("allowed_hosts")),
             pending_db=str(pending_db or _default_pending_db(resources)),
+            state=state,
             workers=workers,
             **options,
         )
@@ -211,6 +220,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             # found wrong here, once, rather than in every worker
             loaded = {name: load_program(spec) for name, spec in named}
             config = _resources(resources, next(iter(loaded.values())))
+            _check_state(state, config)
             for name, program in loaded.items():
                 calls = [(name, alias) for alias in _aliases(program)]
                 _check_aliases(resources, config, calls)
@@ -224,6 +234,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             return
         programs = {name: _prepare(spec, None, ())[0] for name, spec in named}
         config = _resources(resources, next(iter(programs.values())))
+        _check_state(state, config)
         for name, program in programs.items():
             calls = [(name, alias) for alias in _aliases(program)]
             _check_aliases(resources, config, calls)
@@ -239,6 +250,22 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         except FileError as exc:  # the pending runs file is a link, or not a store
             _fail(str(exc))
     serve(served, host=host, port=port, options=serve_options)
+
+
+def _check_state(state: str | None, config: Any) -> None:
+    """Refuses a state store (``--state``, else the resources file's ``[state] url``) that
+    cannot be reached, before any process serves.
+
+    Raises:
+        StateError: one line naming its host and port (password masked); exit 2.
+    """
+    if state is not None:
+        _with_state(config, state)
+    elif getattr(config, "state", None) is not None:
+        # import time: the state store only for a server given one
+        from plait.resources.state import open_store, release_store
+
+        release_store(open_store(config.state))
 
 
 def _serve_on_ray(

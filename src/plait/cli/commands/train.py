@@ -19,6 +19,7 @@ from plait.cli.checks import (
     _check_priced,
     _check_writable,
     _resources,
+    _with_state,
 )
 from plait.cli.exits import _awaited, _fail, _handled, _usage_errors
 from plait.cli.loading import _pairs, _prepare
@@ -71,6 +72,14 @@ __all__ = ["train_command"]
     "needed unless --estimate.",
 )
 @click.option("--checkpoint-dir", type=click.Path(path_type=Path))
+@click.option(
+    "--state",
+    "state",
+    metavar="URL",
+    help="State store (postgresql://user@host:port/db?schema=NAME, or an SQLite path) that "
+    "keeps the training checkpoint when no --checkpoint-dir is given [default: the [state] "
+    "url of --resources].",
+)
 @click.option("--max-concurrent", type=WholeNumber(min=1))
 @click.option("--column", "columns", multiple=True, metavar="ARG=COLUMN")
 @click.option("--load", type=click.Path(path_type=Path, exists=True, dir_okay=False))
@@ -90,7 +99,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
     optimizer (SFA) rewrites the prompts; the best parameters are saved.
     --max-calls, --max-tokens and --max-cost are a hard budget: training stops
     before passing it, saves the best parameters so far and exits 3; rerunning
-    with --checkpoint-dir and a larger budget goes on. Ctrl-C or SIGTERM
+    with --checkpoint-dir (or --state) and a larger budget goes on. Ctrl-C or SIGTERM
     stops it the same way (exit 130 / 143): the report of what ran is
     written, and the best parameters validated so far are saved. With
     --estimate, prints what training would spend instead and saves nothing.
@@ -114,6 +123,9 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         train = _pairs(kwargs["train_path"], None, mapper, kwargs["target_column"])
         val = _pairs(kwargs["val_path"], None, mapper, kwargs["target_column"])
         resources = _resources(kwargs["resources"], program)
+        if kwargs["state"]:
+            resources = _with_state(resources, kwargs["state"])
+        kwargs["state"] = getattr(resources, "state", None)  # --state, or the file's [state]
         aliases = _aliases(program)
         alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")
         calls = [("the program", name) for name in aliases] + [("the optimizer", alias)]
@@ -161,6 +173,7 @@ def _as_options(text: str) -> str:
     """The Trainer's words with its settings named as this command's options."""
     text = text.replace("give checkpoint_dir to", "add --checkpoint-dir DIR to")
     text = text.replace("another checkpoint_dir", "another --checkpoint-dir")
+    text = text.replace("the same state ", "the same --state ")
     return text.replace("the same checkpoint_dir", "the same --checkpoint-dir")
 
 
@@ -179,9 +192,10 @@ def _validation_line(training: dict[str, Any]) -> str:
 
 def _training_resume_hint(kwargs: dict[str, Any]) -> str:
     """What a stopped ``train`` kept, and how to go on from there."""
-    if kwargs["checkpoint_dir"] is not None:
+    where = kwargs["checkpoint_dir"] or kwargs["state"]
+    if where is not None:
         return (
-            f"the training state is saved in {kwargs['checkpoint_dir']} after every minibatch: "
+            f"the training state is saved in {where} after every minibatch: "
             "rerun the same command to resume"
         )
     return "nothing was saved (add --checkpoint-dir DIR to make training resumable)"
@@ -212,6 +226,7 @@ def _trainer(
         epochs=kwargs["epochs"],
         batch_size=kwargs["batch_size"],
         checkpoint_dir=kwargs["checkpoint_dir"],
+        state=kwargs["state"],
         progress=kwargs["progress"],
         max_concurrent=kwargs["max_concurrent"],
         max_calls=kwargs["max_calls"],

@@ -73,6 +73,7 @@ async def measure(
         prompt=_spread(prompts),
         reply=_spread(replies),
         price=_price(manager, _aliases(program)),
+        unpriced=_unpriced(manager, _aliases(program)),
         demo_tokens=demo_tokens,
         measured=True,
         chars_per_token=sent.per_token(),
@@ -229,6 +230,7 @@ def _from_graph(
         prompt=Range(prompt, prompt, prompt * 2),
         reply=Range(*_UNSAMPLED_REPLY),
         price=_price(manager, _aliases(program)),
+        unpriced=_unpriced(manager, _aliases(program)),
         demo_tokens=demo_tokens,
         measured=False,
     )
@@ -275,3 +277,16 @@ def _price(manager: Any, aliases: Sequence[str]) -> Any:
         except UnknownAliasError:
             prices.append(None)
     return None if not prices or any(p is None for p in prices) else prices[0]
+
+
+def _unpriced(manager: Any, aliases: Sequence[str]) -> tuple[str, ...]:
+    """Returns the names of the endpoints without a price that ``aliases`` may call (every
+    member of a fallback chain), so a note can say which price to set."""
+    names: dict[str, None] = {}
+    for alias in aliases:
+        try:
+            chain = manager.config.fallbacks(alias)
+        except UnknownAliasError:
+            continue  # the run itself names an alias with no entry
+        names.update((e.name, None) for e in chain if e.effective_price is None)
+    return tuple(names)

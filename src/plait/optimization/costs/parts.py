@@ -261,6 +261,8 @@ class _Size:
     measured: bool
     chars_per_token: float = _CHARS_PER_TOKEN
     """Characters of the sampled calls' messages per prompt token they were billed."""
+    unpriced: tuple[str, ...] = ()
+    """The endpoints without a price the program's aliases may call (for the note)."""
 
 
 @dataclass

@@ -14,6 +14,7 @@ from plait.execution.settings import resources_of
 from plait.module import Module
 from plait.optimization.costs.measure import (
     _price,
+    _unpriced,
     measure,
 )
 from plait.optimization.costs.parts import (
@@ -121,7 +122,7 @@ def from_schedule(
         )
     notes = [_sample_note(size, sample_calls)]
     if unknown_price:
-        notes.append("an endpoint has no price: set 'price' in the resource configuration")
+        notes.append(_price_note(phases, size, manager))
     if budget is not None:
         limits = ", ".join(
             f"max_{name}=${value:g}" if name == "cost" else f"max_{name}={value:g}"
@@ -138,6 +139,18 @@ def from_schedule(
         sample_calls=sample_calls,
         notes=notes,
     )
+
+
+def _price_note(phases: Sequence[Phase], size: _Size, manager: Any) -> str:
+    """Returns the note of an unknown cost, naming the endpoints that have no price."""
+    names = dict.fromkeys(size.unpriced)
+    for phase in phases:
+        if phase.other_alias and manager is not None:
+            names.update(dict.fromkeys(_unpriced(manager, [phase.other_alias])))
+    if not names:
+        return "an endpoint has no price: set 'price' in the resource configuration"
+    listed = ", ".join(repr(name) for name in names)
+    return f"no price for endpoint {listed}: set 'price' on it in the resource configuration"
 
 
 def _phase(phase: Phase, size: _Size, manager: Any) -> tuple[Range, Range, Range, Range | None]:

@@ -39,6 +39,7 @@ from plait.optimization.search.report import (
     sign_test,
 )
 from plait.optimization.search.resume import CheckpointedSearch
+from plait.resources.state import StateURL
 from plait.resources.usage import Budget, budgeted, metered
 
 __all__ = ["Candidate", "ProgramSearch", "SearchOverrides"]
@@ -133,6 +134,7 @@ class SearchParts(SearchOverrides, Protocol):
     balance: bool | str
     significance: float | None
     checkpoint: Path | None
+    state: StateURL | None
     _saved: SearchCheckpoint
 
     def _check_own_aliases(self, program: Module, resources: Any) -> None: ...
@@ -199,6 +201,12 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
             written there at once, and a rerun with the same file (and, after
             a budget stop, a larger budget) sends only the work not finished.
             A file of another search, program, dataset or settings is refused.
+        state: a state store URL (``postgresql://…`` or an SQLite path) that
+            keeps the checkpoint when no ``checkpoint`` file is given: one key
+            of its table ``learning``, named by the search's class, data and
+            settings, so a rerun on any machine resumes
+            (`plait.optimization.checkpoint_place`); a checkpoint there of
+            another program is refused as a file's is.
     """
 
     _checkpointed: tuple[str, ...] = ()
@@ -219,6 +227,7 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
         max_tokens: int | None = None,
         max_cost: float | None = None,
         checkpoint: str | os.PathLike[str] | None = None,
+        state: str | os.PathLike[str] | StateURL | None = None,
     ) -> None:
         Budget.of(max_calls, max_tokens, max_cost)  # checks the limits now, not when compiled
         if balance not in (True, False, "auto"):
@@ -238,6 +247,7 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
         self.max_tokens = max_tokens
         self.max_cost = max_cost
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        self.state = StateURL.parse(state) if state is not None else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -1,10 +1,12 @@
-"""A program search's checkpoint: one JSON file of what the search finished, so a rerun resumes.
+"""A program search's checkpoint: one JSON document of what it finished, so a rerun resumes.
 
-Every `ProgramSearch` takes ``checkpoint=`` (a file path). What it finishes is
-written there at once, atomically through `plait._files` (never through a
-link): each trial (trial 0 included; of one the budget cut short, the
-validation examples it evaluated), and the steps a search keeps of its own (a
-bootstrap pass, as far as it went; instruction proposals; ReflectiveSearch's
+Every `ProgramSearch` takes ``checkpoint=`` (a file path) or ``state=`` (a
+state store: the document is then one key of its table ``learning``, see
+`plait.optimization.checkpoint_place`). What it finishes is written there at
+once, a file atomically through `plait._files` (never through a link): each
+trial (trial 0 included; of one the budget cut short, the validation
+examples it evaluated), and the steps a search keeps of its own (a bootstrap
+pass, as far as it went; instruction proposals; ReflectiveSearch's
 pool and rounds). A rerun with the same file takes those instead of sending
 their calls again and does the rest, so a search its budget stopped ends,
 when rerun with a larger budget, where a run without a budget ends. A
@@ -37,12 +39,11 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
-from pathlib import Path
 from typing import Any, NoReturn
 
-from plait import _files
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
+from plait.optimization.checkpoint_place import CheckpointPlace
 from plait.optimization.search.report import Trial
 
 FORMAT = "plait.search/1"
@@ -82,13 +83,15 @@ def trial_key(parameters: dict[str, Any], settings: dict[str, Any]) -> str:
 class Reader:
     """Checks the parts of a checkpoint file; every complaint names the file and the field."""
 
-    def __init__(self, path: Path, examples: int | None = None) -> None:
-        self.path = path
+    def __init__(self, name: str, examples: int | None = None, remedy: str = REMEDY) -> None:
+        self.name = name
+        """The checkpoint in messages: its file, or its state store and key."""
         self.examples = examples
+        self.remedy = remedy
         """How many validation examples a trial's scores cover (None: not checked)."""
 
     def fail(self, where: str, what: str) -> NoReturn:
-        raise CheckpointError(f"{self.path}: {where} {what}; {REMEDY}")
+        raise CheckpointError(f"{self.name}: {where} {what}; {self.remedy}")
 
     def mapping(self, value: Any, where: str) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -177,11 +180,14 @@ class Reader:
 class SearchCheckpoint:
     """The checkpoint of one search run: what the file held, and what this run adds to it.
 
-    Without a path it keeps nothing and reuses nothing, so a search has one code path.
+    Kept nowhere (no file, no state store) it keeps nothing and reuses nothing, so a
+    search has one code path.
     """
 
-    def __init__(self, path: Path | None, search: str, of: dict[str, str]) -> None:
-        self.path = path
+    def __init__(self, place: CheckpointPlace, search: str, of: dict[str, str]) -> None:
+        self.place = place
+        """Where it is kept: a file, or a key of a state store (`CheckpointPlace`)."""
+        self.remedy = place.remedy("another checkpoint file")
         self.search = search
         self.of = of
         self.trials: list[Trial] = []
@@ -204,32 +210,31 @@ class SearchCheckpoint:
     @classmethod
     def open(
         cls,
-        path: Path | None,
+        place: CheckpointPlace,
         search: str,
         of: dict[str, str],
         read_state: Callable[[dict[str, Any], Reader], None],
         examples: int,
     ) -> SearchCheckpoint:
-        """Reads and checks the whole file (before any call); an empty checkpoint without one.
+        """Reads and checks the whole checkpoint (before any call); an empty one without one.
 
         Raises:
             CheckpointError: the file is a link, not a regular file, not JSON,
                 or not a search checkpoint as plait writes it.
             ValueError: it holds another search, or the same search of other work.
         """
-        checkpoint = cls(path, search, of)
-        if path is None:
-            return checkpoint
-        data = _files.read_json(path, error=CheckpointError, remedy=REMEDY)
+        checkpoint = cls(place, search, of)
+        remedy, path = checkpoint.remedy, place.name
+        data = place.read(remedy)
         if data is None:
             return checkpoint
-        read = Reader(path, examples)
+        read = checkpoint.reader(examples)
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise CheckpointError(f"{path} is not a plait search checkpoint ({FORMAT}): {REMEDY}")
+            raise CheckpointError(f"{path} is not a plait search checkpoint ({FORMAT}): {remedy}")
         if data.get("search") != search:
             raise ValueError(
                 f"{path} holds a {data.get('search')!s:.40} checkpoint, not a {search} one: "
-                f"{REMEDY}"
+                f"{remedy}"
             )
         held = read.mapping(data.get("of"), "of")
         checkpoint.left = read.text(data.get("left"), "left", optional=True)
@@ -240,10 +245,7 @@ class SearchCheckpoint:
             if held.get(part) != of[part] and not (part == "program" and left_by_it)
         ]
         if differ:
-            raise ValueError(
-                f"{path} holds a {search} search of {' and '.join(differ)}; "
-                "use another checkpoint file, or delete it to start over"
-            )
+            raise ValueError(f"{path} holds a {search} search of {' and '.join(differ)}; {remedy}")
         for i, item in enumerate(read.sequence(read.field(data, "trials", ""), "trials")):
             trial = read.trial(item, f"trials[{i}]")
             checkpoint.trials.append(trial)
@@ -260,7 +262,7 @@ class SearchCheckpoint:
         if left_by_it:
             checkpoint.start = next((t for t in checkpoint.trials if t.number == 0), None)
             if checkpoint.start is None:
-                raise ValueError(f"{path} holds no trial 0 to take the program back to: {REMEDY}")
+                raise ValueError(f"{path} holds no trial 0 to take the program back to: {remedy}")
             checkpoint.of = {**of, "program": held["program"]}
         checkpoint.state = {**state, "steps": dict(steps)}
         checkpoint.saved_steps = dict(steps)
@@ -297,8 +299,8 @@ class SearchCheckpoint:
         return saved
 
     def reader(self, examples: int | None = None) -> Reader:
-        """Returns a `Reader` of this file, for complaints about what it held."""
-        return Reader(self.path or Path("checkpoint"), examples)
+        """Returns a `Reader` of this checkpoint, for complaints about what it held."""
+        return Reader(self.place.name, examples, self.remedy)
 
     def add_step(self, key: str, value: Any, calls: int) -> None:
         """Keeps a finished step's JSON result and the calls it took, and writes the file."""
@@ -308,14 +310,14 @@ class SearchCheckpoint:
     def leave(self, program: Module) -> None:
         """Notes the program as the search left it, so a rerun given it is known as this
         search's start, changed by the search (see `start`)."""
-        if self.path is None:
+        if not self.place.kept:
             return
         self.left = program_digest(program)
         self.save()
 
     def save(self) -> None:
-        """Writes everything kept so far (a no-op without a path)."""
-        if self.path is None:
+        """Writes everything kept so far (a no-op where nothing is kept)."""
+        if not self.place.kept:
             return
         data = {
             "format": FORMAT,
@@ -325,5 +327,4 @@ class SearchCheckpoint:
             "trials": [asdict(t) for t in self.trials],
             "state": self.state,
         }
-        with _files.replacing(self.path, error=CheckpointError) as file:
-            json.dump(data, file, default=str, indent=1)
+        self.place.write(json.dumps(data, default=str, indent=1))

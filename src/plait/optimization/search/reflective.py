@@ -306,7 +306,7 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
     def _save_rounds(self, state: _Rounds) -> None:
         """Keeps where the rounds are (pool, children awaiting validation, generator) in the
         checkpoint."""
-        if self._saved.path is None:
+        if not self._saved.place.kept:
             return  # nothing to write: no need to describe the state
         self._saved.state["rounds"] = state.as_json()
         self._saved.save()
@@ -322,7 +322,7 @@ class ReflectiveSearch(ReflectiveEstimate, ProgramSearch):
         if rounds is None:
             return None
         self._saved.resumed_calls += rounds["spent"] - start.calls  # trial 0 is counted already
-        return _Rounds.restore(rounds, program, start, n, self._saved.path)
+        return _Rounds.restore(rounds, program, start, self._saved.reader(n))
 
     # ----------------------------------------------------------- selection
     @staticmethod

@@ -12,9 +12,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from plait.execution.checkpoint_codec import CheckpointError
 from plait.module import Module
-from plait.optimization.search.checkpoint import REMEDY, Reader
+from plait.optimization.search.checkpoint import Reader
 from plait.optimization.search.report import Trial
 
 
@@ -118,9 +117,9 @@ class _Rounds:
             _check_lineage(child, read, at, len(pool))
 
     @staticmethod
-    def restore(data: dict[str, Any], program: Module, start: Trial, n: int, path: Any) -> _Rounds:
-        """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``)."""
-        read = Reader(path, n)
+    def restore(data: dict[str, Any], program: Module, start: Trial, read: Reader) -> _Rounds:
+        """Rebuilds checked rounds on copies of ``program`` (trial 0 is ``start``; ``read``
+        complains, naming the checkpoint)."""
 
         def copy_with(parameters: dict[str, Any], where: str) -> Module:
             copy = program.copy()
@@ -128,9 +127,7 @@ class _Rounds:
                 copy.load_state_dict(parameters)
             except (KeyError, TypeError, ValueError) as exc:
                 text = str(exc.args[0] if exc.args else exc).replace("\n", " ")
-                raise CheckpointError(
-                    f"{path}: {where} cannot be loaded ({text}); {REMEDY}"
-                ) from None
+                read.fail(where, f"cannot be loaded ({text})")
             return copy
 
         pool = []

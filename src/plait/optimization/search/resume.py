@@ -1,7 +1,8 @@
 """A program search's side of its checkpoint: what it resumes from, and what it writes.
 
 `CheckpointedSearch` is the part of `ProgramSearch` that opens the search's
-checkpoint (`plait.optimization.search.checkpoint`, the file) before any call,
+checkpoint (`plait.optimization.search.checkpoint`: a file, or a key of a state
+store) before any call,
 takes a candidate's trial from it instead of evaluating it again (`_evaluated`),
 and keeps a step of the search's own (`_remembered`: a bootstrap pass, a proposal).
 While an estimate builds a search's candidates from the checkpoint, a step the
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from plait.module import Module
+from plait.optimization.checkpoint_place import CheckpointPlace
 from plait.optimization.search.checkpoint import (
     SearchCheckpoint,
     digest,
@@ -72,9 +74,13 @@ class CheckpointedSearch:
             "valset": digest(val),
             "settings": digest({**settings, **options}),
         }
-        self._saved = SearchCheckpoint.open(
-            self.checkpoint, type(self).__name__, of, self._read_state, len(val)
+        name = type(self).__name__
+        place = CheckpointPlace(
+            self.checkpoint,
+            state=self.state,
+            key=f"search/{name}/{digest([of['trainset'], of['valset'], of['settings']])}",
         )
+        self._saved = SearchCheckpoint.open(place, name, of, self._read_state, len(val))
         start = self._saved.start
         if start is None:
             return program
@@ -87,8 +93,7 @@ class CheckpointedSearch:
             pass  # not this program's trial 0: refused below
         if program_digest(program) != self._saved.of["program"]:
             raise ValueError(
-                f"{self.checkpoint} holds a {type(self).__name__} search of another program; "
-                "use another checkpoint file, or delete it to start over"
+                f"{place.name} holds a {name} search of another program; {self._saved.remedy}"
             )
         logger.info(
             "%s: the program its checkpoint's search left is taken back to trial 0",

@@ -53,8 +53,8 @@ class TrainReport:
     spent: dict[str, Any] = field(default_factory=dict)
     """Calls, tokens and cost this call spent, when it had a budget."""
     left_undone: str = ""
-    """What the budget left undone, in words: a rerun on the same ``checkpoint_dir``
-    with a larger budget starts there."""
+    """What the budget left undone, in words: a rerun on the same ``checkpoint_dir`` (or
+    ``state``) with a larger budget starts there."""
 
 
 def _note_step(
@@ -84,9 +84,11 @@ def _tell_budget(
     budget: Any,
     state: dict[str, Any] | None,
     batches: int,
-    checkpointed: bool,
+    kept_in: str | None,
 ) -> None:
-    """Notes on ``report`` what the budget let training spend and what it left undone."""
+    """Notes on ``report`` what the budget let training spend and what it left undone;
+    ``kept_in`` names where the checkpoint is kept (``checkpoint_dir``, ``state``), if
+    anywhere."""
     report.spent = budget.spent()
     if not budget.stopped:
         return
@@ -98,8 +100,8 @@ def _tell_budget(
     else:
         where = f"the validation after epoch {state['epoch'] + 1}"
     rerun = (
-        "which a rerun on the same checkpoint_dir with a larger budget starts from"
-        if checkpointed
+        f"which a rerun on the same {kept_in} with a larger budget starts from"
+        if kept_in is not None
         else "and nothing was checkpointed (give checkpoint_dir to make it resumable)"
     )
     report.left_undone = (

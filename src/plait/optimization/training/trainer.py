@@ -30,6 +30,8 @@ optimizer state, position (epoch, next minibatch), scores and the best
 parameters. A new `Trainer` on the same directory continues from there. A
 symbolic link planted as ``trainer.json`` is refused (`CheckpointError`), never
 written through, and no fixed temporary name is used that a link could take.
+With ``state=`` and no ``checkpoint_dir``, the checkpoint is one key of the state
+store instead, and a `Trainer` on any machine with the same store continues.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from plait.optimization.training.report import (
 from plait.optimization.training.step import PROGRAM_PATH, TrainingStep, on_examples
 from plait.optimization.training.trainer_checkpoint import CheckpointedTrainer
 from plait.optimization.training.trainer_estimate import EstimatedTrainer
+from plait.resources.state import StateURL
 from plait.resources.usage import Budget, active_budgets, budgeted
 from plait.values import Value
 
@@ -97,6 +100,10 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         epochs: passes over ``train_set``.
         batch_size: examples per optimizer step (run concurrently).
         checkpoint_dir: directory that makes training resumable.
+        state: a state store URL (``postgresql://…`` or an SQLite path) that
+            keeps the checkpoint when no ``checkpoint_dir`` is given (one key
+            of its table ``learning``, named by the settings and data), so a
+            rerun on any machine with the same store resumes.
         progress: show a progress bar (None: when stderr is a terminal).
         shuffle: shuffle the training set each epoch (reproducibly, from ``seed``).
         seed: the shuffling seed.
@@ -125,6 +132,7 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         epochs: int = 1,
         batch_size: int = 8,
         checkpoint_dir: str | os.PathLike[str] | None = None,
+        state: str | os.PathLike[str] | StateURL | None = None,
         progress: bool | None = None,
         shuffle: bool = True,
         seed: int = 0,
@@ -151,6 +159,7 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         self.epochs = epochs
         self.batch_size = batch_size
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.state = StateURL.parse(state) if state is not None else None
         self.progress = progress
         self.shuffle = shuffle
         self.seed = seed
@@ -223,7 +232,7 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
             logger.info("Trainer: %s", report.reason)
             raise
         if budget is not None:
-            _tell_budget(report, budget, state, self._batches(), self.checkpoint_dir is not None)
+            _tell_budget(report, budget, state, self._batches(), self._kept_in())
         self._keep_best(report, state)
         if report.stopped_by_budget:
             report.reason = f"stopped by the budget: {report.left_undone}; {report.reason}"

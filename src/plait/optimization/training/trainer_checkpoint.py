@@ -5,6 +5,12 @@ validation: parameters, optimizer state, position (epoch, next minibatch), score
 and the best parameters, with the settings and data digests it was written for; a
 new `Trainer` on the same directory continues from there, and a file of other
 settings or data is refused before any call.
+
+Without ``checkpoint_dir`` and with ``state=`` (a state store), the same document
+is one key of the store's table ``learning`` (`plait.optimization.checkpoint_place`):
+``trainer/<digest of the settings and data>``, so a training stopped on one machine
+resumes on another; one whose parameters the program cannot take (another
+program) is refused as a file's is.
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from plait import _files
 from plait.execution.checkpoint_codec import CheckpointError
+from plait.optimization.checkpoint_place import CheckpointPlace
 
 if TYPE_CHECKING:
     from plait.optimization.training.trainer_parts import TrainerParts
@@ -43,17 +49,30 @@ class CheckpointedTrainer:
 
         Read without restoring anything: `fit` checks the checkpoint in full.
         """
-        if self.checkpoint_dir is None:
-            return None
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        remedy = "delete it to start over, or use another checkpoint_dir"
-        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        place = self._place()
+        data = place.read(place.remedy("another checkpoint_dir"))
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             return None
         epoch, batch = data.get("epoch"), data.get("batch")
         if not (isinstance(epoch, int) and isinstance(batch, int)):
             return None
         return (epoch, batch)
+
+    def _place(self: TrainerParts) -> CheckpointPlace:
+        """Where the checkpoint is kept: ``trainer.json`` in ``checkpoint_dir``, else a key
+        of the ``state`` store named by the settings and data, else nowhere."""
+        # import time: the search package, only for a checkpoint
+        from plait.optimization.search.checkpoint import digest
+
+        path = self.checkpoint_dir / CHECKPOINT_FILE if self.checkpoint_dir is not None else None
+        key = f"trainer/{digest(self._settings())}" if self.state is not None else ""
+        return CheckpointPlace(path, state=self.state, key=key)
+
+    def _kept_in(self: TrainerParts) -> str | None:
+        """The argument naming where the checkpoint is kept, for the report; None: nowhere."""
+        if self.checkpoint_dir is not None:
+            return "checkpoint_dir"
+        return "state" if self.state is not None else None
 
     def _settings(self: TrainerParts) -> dict[str, Any]:
         """What a checkpoint must have been written for to be resumed by this Trainer (the
@@ -89,9 +108,11 @@ class CheckpointedTrainer:
         ] + [f"the setting {key!r}" for key in written if key not in mine]
 
     def _save(self: TrainerParts, state: dict[str, Any]) -> None:
-        if self.checkpoint_dir is None:
+        place = self._place()
+        if not place.kept:
             return
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         data = {
             "format": CHECKPOINT_FORMAT,
             "settings": self._settings(),
@@ -99,17 +120,14 @@ class CheckpointedTrainer:
             "parameters": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
         }
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        with _files.replacing(path, error=CheckpointError) as file:
-            json.dump(data, file, ensure_ascii=False, indent=1)
+        place.write(json.dumps(data, ensure_ascii=False, indent=1))
 
     def _load(self: TrainerParts) -> dict[str, Any] | None:
         data = self._read_checkpoint()
         if data is None:
             return None
-        assert self.checkpoint_dir is not None  # a checkpoint was read from it
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        remedy = "delete it to start over, or use another checkpoint_dir"
+        place = self._place()
+        path, remedy = place.name, place.remedy("another checkpoint_dir")
         try:
             self.module.load_state_dict(data["parameters"])
             self.optimizer.load_state_dict(data["optimizer"])
@@ -132,11 +150,9 @@ class CheckpointedTrainer:
             ValueError: a file of another kind, or written for other settings or data.
             CheckpointError: unreadable, or without a field a resume needs.
         """
-        if self.checkpoint_dir is None:
-            return None
-        path = self.checkpoint_dir / CHECKPOINT_FILE
-        remedy = "delete it to start over, or use another checkpoint_dir"
-        data = _files.read_json(path, error=CheckpointError, remedy=remedy)
+        place = self._place()
+        path, remedy = place.name, place.remedy("another checkpoint_dir")
+        data = place.read(remedy)
         if data is None:
             return None
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:

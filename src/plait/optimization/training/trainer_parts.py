@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from plait.module import Module
+from plait.optimization.checkpoint_place import CheckpointPlace
 from plait.optimization.training.optimizer import Optimizer
 from plait.optimization.training.step import TrainingStep
+from plait.resources.state import StateURL
 
 
 class TrainerParts(Protocol):
@@ -22,6 +24,7 @@ class TrainerParts(Protocol):
     epochs: int
     batch_size: int
     checkpoint_dir: Path | None
+    state: StateURL | None
     shuffle: bool
     seed: int
     max_concurrent: int | None
@@ -37,6 +40,8 @@ class TrainerParts(Protocol):
     def _position(self) -> tuple[int, int] | None: ...
 
     def _settings(self) -> dict[str, Any]: ...
+
+    def _place(self) -> CheckpointPlace: ...
 
     def _other_settings(self, written: Any) -> list[str]: ...
 

@@ -16,8 +16,12 @@ What a store promises:
 - ``take`` removes a key and returns its value in one step: of several
   processes taking one key at once exactly one gets it (a paused run is
   resumed once).
+- ``update`` reads a key and writes what a function makes of it in one
+  transaction: processes updating one key go one at a time, each seeing the
+  last one's write (a budget's books, the count of paused runs).
 - ``scan`` reads the keys under a prefix in pages, in code-point order of
-  their keys, so a run's rows are read back in bounded memory.
+  their keys, so a run's rows are read back in bounded memory; ``get_many``
+  reads a page of named keys in one round trip (a checkpoint's finished rows).
 - A value is bytes the caller encodes (JSON, never pickle); the store reads
   no value larger than `MAX_VALUE_BYTES` (it is absent), so nothing read
   from a database chooses code to run or takes unbounded memory.
@@ -34,7 +38,7 @@ What a store promises:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from plait.errors import ConfigError
@@ -114,6 +118,15 @@ class StateStore(Protocol):
         store failed); one caller of many taking one key gets it."""
         ...
 
+    def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
+        """Writes ``change(value)`` over ``key``'s value (None when absent) in one
+        transaction that holds the key meanwhile: returning None deletes the key,
+        returning the very value given (``is``) writes nothing. ``change`` runs on the
+        store's thread, may run again when a connection breaks under it, and so must be
+        a pure function of its argument; an error it raises rolls back and reaches the
+        caller. Returns False when the store failed (nothing was written)."""
+        ...
+
     def scan(
         self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
     ) -> list[tuple[str, bytes]]:
@@ -123,6 +136,16 @@ class StateStore(Protocol):
 
         Raises:
             StateUnavailable: the store cannot answer.
+        """
+        ...
+
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the values of those of ``keys`` that are stored, in one round trip (at most
+        `SCAN_PAGE` keys a call). A value over `MAX_VALUE_BYTES` is left out.
+
+        Raises:
+            StateUnavailable: the store cannot answer (as ``scan``: an answer of nothing
+                stored would make a resumed run do its finished rows again).
         """
         ...
 

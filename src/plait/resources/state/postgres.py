@@ -215,6 +215,32 @@ class PostgresStore:
 
         return self._call("take", take, None)
 
+    def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
+        """Writes ``change(value)`` over ``key`` in one transaction (see
+        `StateStore.update`) holding a transaction-scoped advisory lock of the key (a row
+        lock cannot hold a key that has no row yet); waiting for it is bounded by the
+        statement timeout."""
+        queries = self._sql[check_table(table)]
+        lock = f"{self.url.schema}.{table}/{key}"
+
+        def work(conn: psycopg.Connection[Any]) -> bool:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+                row = conn.execute(queries["get"], (key, MAX_VALUE_BYTES)).fetchone()
+                old = None if row is None else bytes(row[0])
+                new = change(old)
+                if new is None:
+                    conn.execute(queries["delete"], (key,))
+                elif new is not old:
+                    if len(new) > MAX_VALUE_BYTES:
+                        raise ValueError(
+                            f"a state value may be at most {MAX_VALUE_BYTES} bytes, got {len(new)}"
+                        )
+                    conn.execute(queries["put"], (key, new, time.time()))
+            return True
+
+        return self._call("update", work, False)
+
     def scan(
         self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
     ) -> list[tuple[str, bytes]]:
@@ -234,6 +260,26 @@ class PostgresStore:
                 "try again when it is back"
             )
         return page
+
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the stored values of ``keys`` (``key = ANY(…)``: one round trip)."""
+        if len(keys) > SCAN_PAGE:
+            raise ValueError(f"get_many reads at most {SCAN_PAGE} keys a call, not {len(keys)}")
+        if not keys:
+            return {}
+        query = self._sql[check_table(table)]["get_many"]
+
+        def read(conn: psycopg.Connection[Any]) -> dict[str, bytes] | None:
+            rows = conn.execute(query, (list(keys), MAX_VALUE_BYTES)).fetchall()
+            return {key: bytes(value) for key, value in rows}
+
+        found = self._call("read", read, None)
+        if found is None:
+            raise StateUnavailable(
+                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
+                "try again when it is back"
+            )
+        return found
 
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
@@ -341,6 +387,7 @@ _STATEMENTS = {
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
     "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
     "DO UPDATE SET value = excluded.value, created = excluded.created",
+    "get_many": "SELECT key, value FROM {} WHERE key = ANY(%s) AND octet_length(value) <= %s",
     "take": "DELETE FROM {} WHERE key = %s RETURNING value",
     "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
     "AND octet_length(value) <= %s ORDER BY key LIMIT %s",

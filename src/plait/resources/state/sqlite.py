@@ -19,7 +19,7 @@ import sqlite3
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from plait import _files
@@ -158,6 +158,43 @@ class SQLiteStore:
             return None
         return bytes(row[0])
 
+    def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
+        """Writes ``change(value)`` over ``key`` in one ``BEGIN IMMEDIATE`` transaction
+        (see `StateStore.update`): the file's write lock first, so of processes updating
+        at once one goes at a time; waiting for it is bounded by the busy timeout."""
+        if self._db is None:
+            return False
+        name = check_table(table)
+        try:
+            with self._lock:
+                db = self._db
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    row = db.execute(
+                        f"SELECT value FROM {name} WHERE key = ? AND length(value) <= ?",
+                        (key, MAX_VALUE_BYTES),
+                    ).fetchone()
+                    old = None if row is None else bytes(row[0])
+                    new = change(old)
+                    if new is None:
+                        db.execute(f"DELETE FROM {name} WHERE key = ?", (key,))
+                    elif new is not old:
+                        _check_size(new)
+                        db.execute(
+                            f"INSERT INTO {name} (key, value, created) VALUES (?, ?, ?) "
+                            "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                            "created = excluded.created",
+                            (key, new, time.time()),
+                        )
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+        except sqlite3.Error as exc:
+            self._on_error(exc, "update")
+            return False
+        return True
+
     def scan(
         self, table: str, prefix: str, *, after: str = "", limit: int = SCAN_PAGE
     ) -> list[tuple[str, bytes]]:
@@ -178,6 +215,27 @@ class SQLiteStore:
             self._on_error(exc, "scan")
             raise StateUnavailable(f"state store {self.path} failed on a scan: {exc}") from None
         return [(key, bytes(value)) for key, value in rows]
+
+    def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Returns the stored values of ``keys`` (see `StateStore.get_many`)."""
+        if len(keys) > SCAN_PAGE:
+            raise ValueError(f"get_many reads at most {SCAN_PAGE} keys a call, not {len(keys)}")
+        if not keys:
+            return {}
+        if self._db is None:
+            raise StateUnavailable(f"state store {self.path} is bypassed: {self.error}")
+        marks = ", ".join("?" * len(keys))
+        sql = (
+            f"SELECT key, value FROM {check_table(table)} WHERE key IN ({marks}) "
+            "AND length(value) <= ?"
+        )
+        try:
+            with self._lock:
+                rows = self._db.execute(sql, (*keys, MAX_VALUE_BYTES)).fetchall()
+        except sqlite3.Error as exc:
+            self._on_error(exc, "read")
+            raise StateUnavailable(f"state store {self.path} failed on a read: {exc}") from None
+        return {key: bytes(value) for key, value in rows}
 
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
@@ -278,3 +336,8 @@ class SQLiteStore:
 
     def __repr__(self) -> str:
         return f"SQLiteStore({str(self.path)!r}, {'open' if self._db else 'bypassed'})"
+
+
+def _check_size(value: bytes) -> None:
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueError(f"a state value may be at most {MAX_VALUE_BYTES} bytes, got {len(value)}")
