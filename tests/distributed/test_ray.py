@@ -225,3 +225,46 @@ def test_a_jobs_own_budget_holds_across_its_workers(cluster, server):
     served, pids = _spent_by_workers(out)
     assert server.stats.requests == served == 15  # max_calls is exact, whatever is in flight
     assert len(pids) == 2
+
+
+def test_the_job_owns_its_limits_actor_not_a_worker(cluster, server):
+    # Ray Data stops each mapper once it has no rows left, the first one while the other
+    # still calls: an actor a mapper made died with it (a moment later), under the other's
+    # calls. Owned by the job's driver, as the budget actor is, it lasts the job.
+    resources = {"llm": server.endpoint(max_concurrent=2, max_retries=0)}
+    ds = ray.data.from_items([{"text": f"row {i}"} for i in range(40)], override_num_blocks=4)
+
+    out = map_dataset(
+        Summarize(), ds, resources=resources, namespace="owned", batch_size=10
+    ).take_all()
+
+    assert [r["error"] for r in out] == [None] * 40
+    assert server.stats.requests == 40 and server.stats.peak_concurrency <= 2
+    owners = _owners()
+    assert owners["plait-limits:owned:llm"] == owners["plait-budgets:owned"]
+
+
+def _owners() -> dict[str, tuple[str, int]]:
+    """The address of the process owning each named actor alive, by name."""
+    # ray.util.state needs the dashboard, which this cluster runs without: GCS's table
+    from ray._private import state
+
+    return {
+        actor["Name"]: (actor["OwnerAddress"]["IPAddress"], actor["OwnerAddress"]["Port"])
+        for actor in state.actors(actor_state_name="ALIVE").values()
+        if actor["Name"]
+    }
+
+
+def test_an_in_process_endpoint_keeps_its_own_limit_in_each_worker(cluster):
+    # the `test` provider answers in the calling process, as `local` runs its model there
+    resources = {"llm": {"provider": "test", "max_concurrent": 1}}
+    (endpoint,) = ResourceConfig(resources).endpoints()
+
+    assert cluster_limiters("in-process")(endpoint) is None  # the manager's own Limiter
+    ds = ray.data.from_items([{"text": f"row {i}"} for i in range(20)])
+    out = map_dataset(Summarize(), ds, resources=resources, namespace="in-process").take_all()
+
+    assert [r["error"] for r in out] == [None] * 20 and all(r["output"] for r in out)
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in names if n.startswith("plait-limits:in-process:")]

@@ -1,6 +1,7 @@
 """A plait program over a Ray Dataset, with endpoint limits shared by the whole cluster.
 
-How a limit holds across workers: each endpoint of the configuration gets one
+How a limit holds across workers: each endpoint of the configuration (but one whose
+model runs in each worker, ``local`` or ``test``: each keeps its own limit) gets one
 named Ray actor (``plait-limits:<namespace>:<endpoint>``, `EndpointLimits`)
 that owns the endpoint's ``max_concurrent``, rpm and tpm for the cluster and
 lends them out in leases (`plait.distributed.leases`). A worker's
@@ -47,7 +48,7 @@ from plait.module import Module
 from plait.resources import ResourceManager
 from plait.resources.budget import Budget, budgeted
 from plait.resources.config import EndpointConfig, ResourceConfig
-from plait.resources.limits import limiter_shares
+from plait.resources.limits import limiter_shares, runs_in_each_process
 from plait.resources.shared_budget import BudgetStore
 from plait.resources.state import StateURL, open_store
 
@@ -66,6 +67,7 @@ __all__ = [
     "cluster_limiters",
     "config_spec",
     "endpoints_used",
+    "job_actors",
     "map_dataset",
     "state_spec",
 ]
@@ -185,22 +187,37 @@ class ClusterLimiters:
     across every worker using it (see `endpoint_actor` for the arguments).
 
     One limiter per endpoint: the factory keeps those it made, so `open` can make them
-    (and their leases) before the manager first asks for them.
+    (and their leases) before the manager first asks for them. An endpoint whose model
+    runs in each process (`runs_in_each_process`: ``local``, ``test``) gets none: each
+    worker loads its own model, so each keeps the whole limit in its own `Limiter`.
+
+    Args:
+        actors: endpoint actors already made, by endpoint name (`map_dataset` makes them
+            in the driver); an endpoint not among them has its actor found or made here.
     """
 
     def __init__(
-        self, namespace: str, lifetime: str | None = None, lease_term: float = DEFAULT_TERM
+        self,
+        namespace: str,
+        lifetime: str | None = None,
+        lease_term: float = DEFAULT_TERM,
+        actors: Mapping[str, Any] | None = None,
     ) -> None:
         self.namespace = namespace
         self.lifetime = lifetime
         self.lease_term = lease_term
+        self.actors = dict(actors or {})
         self.limiters: dict[str, LeasedLimiter] = {}
         """The limiters made so far, by endpoint name."""
 
-    def __call__(self, config: EndpointConfig) -> LeasedLimiter:
+    def __call__(self, config: EndpointConfig) -> LeasedLimiter | None:
+        if runs_in_each_process(config):
+            return None  # the manager gives the endpoint its own local Limiter
         limiter = self.limiters.get(config.name)
         if limiter is None:
-            actor = endpoint_actor(self.namespace, config, self.lifetime, self.lease_term)
+            actor = self.actors.get(config.name)
+            if actor is None:
+                actor = endpoint_actor(self.namespace, config, self.lifetime, self.lease_term)
             limiter = LeasedLimiter(
                 RayLink(actor),
                 max_concurrent=config.max_concurrent,
@@ -217,15 +234,34 @@ class ClusterLimiters:
         blocking call to Ray) and the first connection to each are not paid by its first
         calls, and do not stall the event loop while calls are running.
         """
-        limiters = [self(config) for config in endpoints]
+        limiters = [limiter for config in endpoints if (limiter := self(config)) is not None]
         await asyncio.gather(*(limiter.open() for limiter in limiters))
 
 
 def cluster_limiters(
-    namespace: str, lifetime: str | None = None, lease_term: float = DEFAULT_TERM
+    namespace: str,
+    lifetime: str | None = None,
+    lease_term: float = DEFAULT_TERM,
+    actors: Mapping[str, Any] | None = None,
 ) -> ClusterLimiters:
     """Returns a `ClusterLimiters` factory for the endpoint actors of ``namespace``."""
-    return ClusterLimiters(namespace, lifetime, lease_term)
+    return ClusterLimiters(namespace, lifetime, lease_term, actors)
+
+
+def job_actors(namespace: str, config: ResourceConfig) -> dict[str, Any]:
+    """Makes the limits actors of every endpoint of ``config`` that the cluster shares
+    (all but those whose model runs in each process), in the calling process; returns them
+    by endpoint name.
+
+    `map_dataset` calls it in the driver, which then owns them for the whole job. A mapper
+    that made one would own it, and Ray Data stops a mapper once it has no rows left: the
+    actor would die with it, under the calls of the mappers still running.
+    """
+    return {
+        endpoint.name: endpoint_actor(namespace, endpoint)
+        for endpoint in config.endpoints()
+        if not runs_in_each_process(endpoint)
+    }
 
 
 def endpoints_used(programs: Any, config: ResourceConfig) -> list[EndpointConfig]:
@@ -259,11 +295,13 @@ def endpoints_used(programs: Any, config: ResourceConfig) -> list[EndpointConfig
     return list(found.values())
 
 
-def _limiter_factory(limits: Limits, namespace: str, workers: int) -> Callable | None:
+def _limiter_factory(
+    limits: Limits, namespace: str, workers: int, actors: Mapping[str, Any] | None
+) -> Callable | None:
     if limits == "local":
         return None
     if limits == "cluster":
-        return cluster_limiters(namespace)
+        return cluster_limiters(namespace, actors=actors)
     if limits == "shares":
         return limiter_shares(workers)
     raise ValueError(f"limits must be 'cluster', 'shares' or 'local', got {limits!r}")
@@ -289,6 +327,9 @@ class PlaitMapper:
             together (None: no job budget).
         budget_ledger: the `BudgetActor` keeping the books of the job's budgets (the
             endpoints' ``budget`` and ``budget``); default: the one of ``namespace``.
+        limit_actors: the endpoints' limits actors, by endpoint name (`job_actors`);
+            an endpoint left out has its actor found or made by the mapper, which then
+            owns it: it dies with that mapper, so pass them when mappers come and go.
         state: a state store URL (`state_spec`'s answer): each batch's finished rows are
             kept there (`plait.execution.checkpoint_store`), so a job started again sends
             only the rows not done, whichever worker gets them.
@@ -311,6 +352,7 @@ class PlaitMapper:
         columns: Mapping[str, str] | None = None,
         budget: tuple[int | None, int | None, float | None] | None = None,
         budget_ledger: Any = None,
+        limit_actors: Mapping[str, Any] | None = None,
         state: str | None = None,
     ) -> None:
         # import time: cli.programs only for a program to map rows with
@@ -326,7 +368,7 @@ class PlaitMapper:
             # Held for the worker's life, so a batch's checkpoint does not connect anew.
             self._store = open_store(state)
         self.max_concurrent = max_concurrent
-        self._factory = _limiter_factory(limits, namespace, workers)
+        self._factory = _limiter_factory(limits, namespace, workers, limit_actors)
         # Budgets are one for the whole job, whatever ``limits`` says: money is not split.
         self._budgets = cluster_budgets(budget_ledger or budget_actor(namespace))
         self._budget_limits = budget
@@ -462,11 +504,14 @@ def map_dataset(
     # Made here, so the job's driver owns it: the books outlive any one worker, and the
     # handle each mapper holds keeps it alive for the job.
     ledger = budget_actor(namespace)
+    spec = config_spec(resources)
+    # The endpoints' limits actors too (`job_actors` says why).
+    actors = job_actors(namespace, build_config(spec)) if limits == "cluster" else {}
     return ds.map_batches(
         PlaitMapper,
         fn_constructor_kwargs={
             "program": program,
-            "resources": config_spec(resources),
+            "resources": spec,
             "limits": limits,
             "workers": concurrency,
             "namespace": namespace,
@@ -474,6 +519,7 @@ def map_dataset(
             "columns": dict(columns or {}),
             "budget": None if budget is None else (max_calls, max_tokens, max_cost),
             "budget_ledger": ledger,
+            "limit_actors": actors,
             "state": None if state is None else state_spec(state),
         },
         concurrency=concurrency,

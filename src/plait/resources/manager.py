@@ -79,7 +79,8 @@ class ResourceManager:
         seed: seeds retry jitter, for reproducible tests.
         limiter_factory: builds the limiter of each endpoint from its
             configuration, instead of a local `Limiter` (``plait.distributed``
-            plugs in one that asks a Ray actor, so limits hold across a cluster).
+            plugs in one that asks a Ray actor, so limits hold across a cluster);
+            None for an endpoint leaves it its local `Limiter`.
         budget_store: keeps ``budget`` and the endpoints' ``budget`` where other
             processes spend them too (`plait.resources.shared_budget.BudgetStore`:
             ``plait serve --workers``' SQLite file, a cluster's budget actor), so
@@ -105,7 +106,7 @@ class ResourceManager:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
         seed: int | None = None,
-        limiter_factory: Callable[[EndpointConfig], EndpointLimiter] | None = None,
+        limiter_factory: Callable[[EndpointConfig], EndpointLimiter | None] | None = None,
         budget_store: BudgetStore | None = None,
     ) -> None:
         if not isinstance(config, ResourceConfig):
