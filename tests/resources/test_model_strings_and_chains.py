@@ -37,7 +37,7 @@ def test_a_model_string_gets_the_providers_defaults_and_price() -> None:
     assert endpoint.effective_price is not None
     assert endpoint.base_url is None and endpoint.api_key_env is None  # the backend's own
     local = ResourceConfig({"x": "local"}).resolve("x")
-    assert (local.max_concurrent, local.timeout) == (1, None)
+    assert (local.max_concurrent, local.timeout) == (4, None)  # it decodes 4 calls together
 
 
 @pytest.mark.parametrize(
