@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -578,8 +578,12 @@ def _in_reply(event: StreamEvent, reply: tuple[Module, str] | None) -> bool:
 
 
 def _state_of(resources: Any) -> StateURL | None:
-    """The state store the resources name (a resources file's ``[state] url``), if any."""
-    return None if isinstance(resources, ResourceManager) else _config(resources).state
+    """The state store the resources name (a resources file's ``[state] url``), if any; none
+    for a manager (its cache is made already) or no resources at all (a service whose
+    programs call no model, as some tests make)."""
+    if isinstance(resources, ResourceManager) or (isinstance(resources, Mapping) and not resources):
+        return None
+    return _config(resources).state
 
 
 def _pending_store(options: ServeOptions, state: str | StateURL | None) -> PendingStore:
