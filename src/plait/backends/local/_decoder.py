@@ -43,6 +43,7 @@ from typing import Any
 import llama_cpp
 from llama_cpp import Llama
 
+from plait.backends.types import Usage
 from plait.errors import BackendError
 
 __all__ = ["BatchDecoder", "Call", "Finished"]
@@ -50,12 +51,11 @@ __all__ = ["BatchDecoder", "Call", "Finished"]
 
 @dataclass(frozen=True, slots=True)
 class Finished:
-    """How a call ended: its whole text, why it stopped, and its token counts."""
+    """How a call ended: its whole text, why it stopped, and its tokens (the one usage record)."""
 
     text: str
     finish_reason: str
-    prompt_tokens: int
-    output_tokens: int
+    usage: Usage
 
 
 class Call:
@@ -209,7 +209,7 @@ class BatchDecoder:
         if not call.future.set_running_or_notify_cancel():
             return
         if call.cancel.is_set():  # given up while it waited
-            call.future.set_result(Finished("", "stop", 0, 0))
+            call.future.set_result(Finished("", "stop", Usage()))
             return
         try:
             options = call.prepare(self._llama)
@@ -401,7 +401,7 @@ class BatchDecoder:
         if call.on_text is not None and len(seq.text) > seq.sent:
             call.on_text(seq.text[seq.sent :])
         call.future.set_result(
-            Finished(seq.text, reason or "stop", len(seq.prompt), seq.output_tokens)
+            Finished(seq.text, reason or "stop", Usage(len(seq.prompt), seq.output_tokens))
         )
 
 

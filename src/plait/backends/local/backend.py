@@ -60,7 +60,7 @@ from plait.backends.local._prompt import (
     ToolCallFilter,
     build_plan,
 )
-from plait.backends.types import Request, Response, StreamChunk, ToolCall, Usage
+from plait.backends.types import Request, Response, StreamChunk, ToolCall
 from plait.errors import BackendError, BackendTimeout, ConfigError, MediaError
 
 if TYPE_CHECKING:
@@ -400,7 +400,7 @@ class LocalBackend(Backend):
         return Response(
             text=text,
             tool_calls=calls,
-            usage=Usage(input_tokens=done.prompt_tokens, output_tokens=done.output_tokens),
+            usage=done.usage,
             finish_reason=_finish(done.finish_reason, calls),
             model=self.model_name,
         )
@@ -449,7 +449,7 @@ class LocalBackend(Backend):
             text=text,
             tool_calls=calls,
             finish_reason=_finish(done.finish_reason, calls),
-            usage=Usage(input_tokens=done.prompt_tokens, output_tokens=done.output_tokens),
+            usage=done.usage,
         )
 
     async def aclose(self) -> None:
