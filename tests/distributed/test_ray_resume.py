@@ -50,12 +50,14 @@ def test_a_ray_data_job_killed_mid_way_sends_only_the_rows_not_done(
         command = [sys.executable, "-m", "tests.distributed.resume_job", url,
                    server.base_url, str(output)]  # fmt: skip
         job = subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE)
+        store = open_store(url)  # one connection for the polling: cheap on a loaded machine
         try:
-            while _rows_kept(url) < 2 * IN_FLIGHT:
+            while store.count("checkpoints") < 2 * IN_FLIGHT:
                 assert job.poll() is None, job.stderr.read() if job.stderr else ""
                 time.sleep(0.02)
             job.send_signal(signal.SIGKILL)  # the driver: its local cluster ends with it
         finally:
+            release_store(store)
             job.kill()
             job.wait()
         assert _rows_kept(url) < ROWS and not output.exists()
@@ -69,5 +71,9 @@ def test_a_ray_data_job_killed_mid_way_sends_only_the_rows_not_done(
         if record.status == 200:
             text = record.body["messages"][-1]["content"]
             answered[text] = answered.get(text, 0) + 1
-    assert answered == {f"row {n}": 1 for n in range(ROWS)}  # every row answered once
+    # Every row answered, and again only if its reply was on its way when the driver was
+    # killed (answered, not yet kept: at most the requests in flight then); none twice else.
+    assert set(answered) == {f"row {n}" for n in range(ROWS)}
+    again = [text for text, count in answered.items() if count > 1]
+    assert len(again) <= IN_FLIGHT and all(answered[text] == 2 for text in again), answered
     assert json.loads(output.read_text()) == [[n, f"echo: row {n}", None] for n in range(ROWS)]
