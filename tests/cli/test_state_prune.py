@@ -16,13 +16,6 @@ from .conftest import plait_cli
 DAY = 86_400
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
 def age(url: str, table: str, key: str, days: float) -> None:
     """Makes row ``key`` look written ``days`` ago (the store stamps the time of writing)."""
     parsed = StateURL.parse(url)

@@ -30,13 +30,6 @@ from .test_budget import TRAIN, VAL, program, respond
 from .test_search_resume import SEARCHES, WHOLE, outcome
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
 @pytest.fixture
 async def server() -> AsyncIterator[ScriptedServer]:
     async with ScriptedServer(responder=respond, latency=0.01) as running:

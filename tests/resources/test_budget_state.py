@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -55,20 +54,6 @@ async def main(url, go, calls):
 
 asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[StateStore]:
-    opened = open_store(url)
-    yield opened
-    release_store(opened)
 
 
 def test_two_processes_together_spend_one_budget_and_use_it(url: str, tmp_path: Path) -> None:

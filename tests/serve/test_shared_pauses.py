@@ -35,13 +35,6 @@ from serve.test_cli_serve import (
 ANSWERS = {"answers": {"call_1": "yes"}}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
 def run(run_id: str, owner: str | None = "alice", created: float | None = None) -> PendingRun:
     pause = {"confirmation_id": "call_1", "approval_id": f"approval-{run_id}"}
     if created is None:
