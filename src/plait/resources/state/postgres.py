@@ -185,18 +185,15 @@ class PostgresStore:
 
     def add(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` unless ``key`` has one (one row per key, whoever writes it)."""
-        query = self._sql[check_table(table)]["add"]
-        if len(value) > MAX_VALUE_BYTES:
-            return False
-
-        def write(conn: psycopg.Connection[Any]) -> bool:
-            return conn.execute(query, (key, value, time.time())).rowcount == 1
-
-        return self._call("write", write, False)
+        return self._store("add", table, key, value)
 
     def put(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` under ``key``, replacing what it had."""
-        query = self._sql[check_table(table)]["put"]
+        return self._store("put", table, key, value)
+
+    def _store(self, statement: str, table: str, key: str, value: bytes) -> bool:
+        """Runs ``add`` or ``put`` (the table's statement of that name) for one row."""
+        query = self._sql[check_table(table)][statement]
         if len(value) > MAX_VALUE_BYTES:
             return False
 
