@@ -252,10 +252,7 @@ class PostgresStore:
 
         page = self._call("scan", scan, None)
         if page is None:
-            raise StateUnavailable(
-                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
-                "try again when it is back"
-            )
+            raise self._unavailable()
         return page
 
     def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -272,10 +269,7 @@ class PostgresStore:
 
         found = self._call("read", read, None)
         if found is None:
-            raise StateUnavailable(
-                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
-                "try again when it is back"
-            )
+            raise self._unavailable()
         return found
 
     def delete_prefix(self, table: str, prefix: str) -> int:
@@ -348,6 +342,14 @@ class PostgresStore:
             return result
         self._down(action, failure)
         return default
+
+    def _unavailable(self) -> StateUnavailable:
+        """The error of a read that must be answered (`scan`, `get_many`) when the store
+        cannot answer it."""
+        return StateUnavailable(
+            f"state store {self.url} cannot answer ({self.error or 'closed'}); "
+            "try again when it is back"
+        )
 
     def _down(self, action: str, failure: BaseException | None) -> None:
         """Skips the store for a moment and says so once per outage."""
