@@ -7,7 +7,8 @@ free loopback port. Tests that ask for `postgres_server` are skipped, saying
 why, where PostgreSQL or psycopg is missing. `state_url` gives each test a
 schema of its own, so tests never see each other's rows.
 
-Later state tests (checkpoints, paused runs, budgets) reuse these fixtures.
+The state tests (cache, checkpoints, paused runs, budgets) run on both stores
+through `url` (an SQLite file, then a PostgreSQL schema) and `store` (it opened).
 """
 
 from __future__ import annotations
@@ -26,7 +27,17 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["PostgresServer", "Unavailable", "postgres_server", "start_for_script", "state_url"]
+from plait.resources.state import StateStore, open_store, release_store
+
+__all__ = [
+    "PostgresServer",
+    "Unavailable",
+    "postgres_server",
+    "start_for_script",
+    "state_url",
+    "store",
+    "url",
+]
 
 
 def _binaries() -> Path | None:
@@ -158,3 +169,19 @@ def postgres_server() -> Iterator[PostgresServer]:
 def state_url(postgres_server: PostgresServer) -> str:
     """A state URL on the session's server, with a schema of this test's own."""
     return postgres_server.url(f"t_{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A state URL on each store in turn: an SQLite file, then a schema of `state_url`'s."""
+    if request.param == "sqlite":
+        return str(tmp_path / "state.sqlite")
+    return str(request.getfixturevalue("state_url"))
+
+
+@pytest.fixture
+def store(url: str) -> Iterator[StateStore]:
+    """The store of `url`, opened for the test and released after it."""
+    opened = open_store(url)
+    yield opened
+    release_store(opened)

@@ -16,13 +16,6 @@ from .conftest import plait_cli
 DAY = 86_400
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
 def age(url: str, table: str, key: str, days: float) -> None:
     """Makes row ``key`` look written ``days`` ago (the store stamps the time of writing)."""
     parsed = StateURL.parse(url)
@@ -79,20 +72,24 @@ def test_prune_without_a_store_says_how_to_name_one() -> None:
     assert done.code == 2 and "--state URL" in done.stderr
 
 
-def test_mcp_refuses_an_unreachable_store_in_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", ["--state", "[state]"])
+def test_mcp_refuses_an_unreachable_store_in_one_line(tmp_path: Path, given: str) -> None:
     (tmp_path / "progs.py").write_text(
         "from plait import LLMInference\n\n"
         "def make():\n    return LLMInference('llm', 'Be brief.')\n"
     )
+    url = "postgresql://plait:s3cret-word@127.0.0.1:9/plait"
     (tmp_path / "res.toml").write_text(
         '[llm]\nprovider = "openai"\nmodel = "m"\nbase_url = "http://127.0.0.1:9/v1"\n'
         'api_key = "k"\ncache = true\n'
+        + (f'[state]\nurl = "{url}"\n' if given == "[state]" else "")
     )
-    url = "postgresql://plait:s3cret-word@127.0.0.1:9/plait"
-    done = plait_cli("mcp", "progs.py:make", "-r", "res.toml", "--state", url, cwd=tmp_path)
+    state = ["--state", url] if given == "--state" else []
+    done = plait_cli("mcp", "progs.py:make", "-r", "res.toml", *state, cwd=tmp_path)
     assert done.code == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "unreachable at 127.0.0.1:9" in lines[0], lines
     assert "s3cret" not in lines[0]
-    alone = plait_cli("mcp", "progs.py:make", "--state", url, cwd=tmp_path)
-    assert alone.code == 2
+    if given == "--state":
+        alone = plait_cli("mcp", "progs.py:make", "--state", url, cwd=tmp_path)
+        assert alone.code == 2

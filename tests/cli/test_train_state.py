@@ -5,19 +5,11 @@ sending only what was left; on SQLite and on a real PostgreSQL server."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from .conftest import plait_cli, program
 from .test_cli import _training_files
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
 
 
 @pytest.mark.parametrize("given", ["--state", "[state]"])

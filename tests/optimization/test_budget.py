@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -57,17 +56,6 @@ def respond(body: dict[str, Any]) -> str:
     number = int([m["content"] for m in body["messages"] if m["role"] == "user"][-1])
     knows = BETTER in body["messages"][0]["content"] or {"even", "odd"} <= set(turns)
     return parity(number) if knows else "even"
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ScriptedServer]:
-    async with ScriptedServer(responder=respond, latency=0.01) as running:
-        yield running
-
-
-@pytest.fixture
-def config(server: ScriptedServer) -> ResourceConfig:
-    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
 
 
 def program() -> Predict:

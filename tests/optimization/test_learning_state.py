@@ -26,26 +26,8 @@ from plait.resources.state import open_store, release_store
 from plait.testing import ScriptedServer
 
 from . import test_trainer as trained
-from .test_budget import TRAIN, VAL, program, respond
+from .test_budget import TRAIN, VAL, program
 from .test_search_resume import SEARCHES, WHOLE, outcome
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ScriptedServer]:
-    async with ScriptedServer(responder=respond, latency=0.01) as running:
-        yield running
-
-
-@pytest.fixture
-def config(server: ScriptedServer) -> ResourceConfig:
-    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
 
 
 def learning_keys(url: str) -> list[str]:

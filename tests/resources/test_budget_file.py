@@ -1,16 +1,14 @@
 """`BudgetFile`: one budget spent by several processes of one machine through an SQLite file.
 
-Real processes hold and settle against one file at once, through `SharedBudget` and the
-budget's own `hold`; the file's books say whether they ever passed the budget together.
+What only the file does: the holds of a dead process (its pid), a link in its place, a
+busy file. What every kind of shared books does (processes spending together, a request
+waiting for room another holds) is in test_shared_books.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,82 +18,6 @@ from plait.errors import FileError
 from plait.resources.budget import WAIT, Budget, Claim, hold
 from plait.resources.budget_file import BudgetFile
 from plait.resources.shared_budget import BudgetStore, SharedBudget
-
-ROOT = Path(__file__).resolve().parents[2]
-
-WORKER = """
-import asyncio, os, sys
-from plait.backends.types import Usage
-from plait.resources.budget import WAIT, Budget, Claim, hold
-from plait.resources.budget_file import BudgetFile
-from plait.resources.shared_budget import SharedBudget
-
-async def main(path, go, calls):
-    budget = SharedBudget(BudgetFile(path), "llm", Budget(max_cost=1.0))
-    open(f"{go}.{os.getpid()}", "w").close()  # ready
-    while not os.path.exists(go):  # both processes start spending together
-        await asyncio.sleep(0.01)
-    sent = 0
-    claim = Claim(tokens=100, cost=0.1)  # worst case $0.10
-    async def one():
-        nonlocal sent
-        if await hold([budget], claim) is not None:
-            return  # refused: it could never fit
-        sent += 1
-        await asyncio.sleep(0.005)
-        budget.settle(claim, Usage(10, 10, cost=0.04))  # really $0.04
-    await asyncio.gather(*(one() for _ in range(calls)))
-    print(sent)
-
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
-"""
-
-
-def test_two_processes_together_spend_one_budget_and_use_it(tmp_path: Path) -> None:
-    path, go = tmp_path / "budget.db", tmp_path / "go"
-    BudgetFile(path)  # made before either process opens it
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(path), str(go), "40"],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for _ in range(2)
-    ]
-    for _ in range(6000):  # both are ready (a late one would only find the budget spent)
-        if len(list(tmp_path.glob("go.*"))) == 2:
-            break
-        time.sleep(0.01)
-    go.write_text("")
-    sent = [int(w.communicate(timeout=120)[0]) for w in workers]
-    books = BudgetFile(path).totals("llm").snapshot()
-    assert books["held"]["calls"] == 0
-    assert sum(sent) == books["spent"]["calls"]
-    # Never past $1.00 whatever is in flight ($0.10 each), and not stopped before $1.00 less
-    # one worst case: a call waits for room held in flight instead of being refused.
-    assert 0.9 - 1e-9 <= books["spent"]["cost"] <= 1.0
-    assert all(s > 0 for s in sent), sent
-
-
-async def test_a_request_waits_for_room_another_process_holds(tmp_path: Path) -> None:
-    path = tmp_path / "b.db"
-    mine = SharedBudget(BudgetFile(path), "x", Budget(max_cost=0.3))
-    theirs = SharedBudget(BudgetFile(path), "x", Budget(max_cost=0.3))  # another connection
-    claim = Claim(tokens=10, cost=0.2)
-    assert await hold([theirs], claim) is None
-    waiting = asyncio.ensure_future(hold([mine], claim))
-    await asyncio.sleep(0.1)
-    assert not waiting.done()  # $0.2 held + $0.2 > $0.3, but it fits once that settles
-    theirs.settle(claim, Usage(1, 1, cost=0.05))  # no wake reaches `mine`: it looks again
-    assert await asyncio.wait_for(waiting, 10) is None
-    refusal = await hold([mine], Claim(tokens=10, cost=0.29))  # $0.05 spent: never fits
-    assert refusal is not None and "leaves no room" in refusal.why
-    snapshot = mine.snapshot()
-    assert snapshot["spent"]["cost"] == pytest.approx(0.05)
-    assert snapshot["held"]["cost"] == pytest.approx(0.2)
-    assert snapshot["refused"] == 1
 
 
 async def test_the_holds_of_a_process_that_died_are_charged_and_the_rest_fits(

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -35,20 +35,6 @@ from plait.testing import ScriptedServer
 from postgres_server import PostgresServer
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
-
-
-@pytest.fixture
-def store(url: str) -> Iterator[StateStore]:
-    opened = open_store(url)
-    yield opened
-    release_store(opened)
 
 
 @pytest.fixture

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+import pytest
 import uvicorn
 
 from plait.testing import ScriptedServer
@@ -94,6 +96,29 @@ Serve's controller kills a proxy actor whose process has not answered its ready
 check within 5 s, and `serve.start` then fails with ActorDiedError: on two cores
 beside other busy processes, starting that process takes longer than 5 s.
 """
+
+
+def start_ray(env_vars: dict[str, str]) -> None:
+    """Starts a local Ray of two CPUs for Ray Serve, its processes given ``env_vars`` and
+    `RAY_ON_A_BUSY_MACHINE` (read by them as they start); the test shuts it down."""
+    import ray  # optional dependency (plait[serve-ray]): only the Ray Serve tests call this
+
+    with pytest.MonkeyPatch.context() as environment:
+        for name, value in RAY_ON_A_BUSY_MACHINE.items():
+            environment.setenv(name, value)
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": env_vars},
+        )
+
+
+def free_port() -> int:
+    """Returns a loopback TCP port that no one listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def upstream(server: ScriptedServer, **options: Any) -> dict[str, Any]:

@@ -102,22 +102,28 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
+def say(browser: Any, message: str) -> None:
+    """Types ``message`` in the page's text box once it takes input, and sends it."""
+    from selenium.webdriver.common.by import By  # optional dependency (selenium)
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    wait = WebDriverWait(browser, 60)
+    box = wait.until(lambda b: b.find_element(By.ID, "text"))
+    wait.until(lambda _: box.is_enabled())
+    box.send_keys(message, Keys.ENTER)
+
+
 def test_the_page_streams_text_and_runs_a_tool_call_only_once_approved(
     browser: Any, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.select import Select
     from selenium.webdriver.support.wait import WebDriverWait
 
     notes = tmp_path / "notes.txt"
     model = Model()
     wait = WebDriverWait(browser, 60)
-
-    def say(message: str) -> None:
-        box = browser.find_element(By.ID, "text")
-        wait.until(lambda _: box.is_enabled())
-        box.send_keys(message, Keys.ENTER)
 
     def texts(selector: str) -> list[str]:
         return [node.text for node in browser.find_elements(By.CSS_SELECTOR, selector)]
@@ -129,7 +135,7 @@ def test_the_page_streams_text_and_runs_a_tool_call_only_once_approved(
             picker = Select(wait.until(lambda b: b.find_element(By.ID, "program")))
             wait.until(lambda _: len(picker.options) == 2)
             picker.select_by_value("chat")
-            say("Hi!")
+            say(browser, "Hi!")
             # the draft is on the page while the run still waits for the polish
             wait.until(lambda _: DRAFT in " ".join(texts(".msg.assistant.live")))
             assert not texts(".msg.assistant:not(.live)")
@@ -138,7 +144,7 @@ def test_the_page_streams_text_and_runs_a_tool_call_only_once_approved(
             assert texts(".msg.assistant:not(.live)") == [f"Polished: {DRAFT}, ready."]
 
             picker.select_by_value("notes")
-            say("note: buy <b>milk</b>")
+            say(browser, "note: buy <b>milk</b>")
             approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
             shown = approval.find_element(By.TAG_NAME, "pre")
             assert json.loads(shown.text) == {"text": "buy <b>milk</b>"}
@@ -150,7 +156,7 @@ def test_the_page_streams_text_and_runs_a_tool_call_only_once_approved(
             assert any("Tool result: Saved the note" in note for note in texts(".note"))
             browser.save_screenshot(str(tmp_path / "serve_chat.png"))
 
-            say("note: call mum")
+            say(browser, "note: call mum")
             wait.until(lambda b: len(b.find_elements(By.CSS_SELECTOR, ".approval")) == 2)
             second = browser.find_elements(By.CSS_SELECTOR, ".approval")[1]
             second.find_element(By.CSS_SELECTOR, "button.reject").click()
@@ -181,9 +187,7 @@ def test_with_api_keys_the_page_asks_for_the_key_once_and_sends_it(
             key = wait.until(lambda b: b.find_element(By.ID, "key"))
             wait.until(lambda _: key.is_displayed())
             key.send_keys("page-test-key", Keys.ENTER)
-            box = browser.find_element(By.ID, "text")
-            wait.until(lambda _: box.is_enabled())
-            box.send_keys("Hi!", Keys.ENTER)
+            say(browser, "Hi!")
             reply = wait.until(
                 lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)")
             )
@@ -247,7 +251,6 @@ def test_the_page_shows_every_tool_call_that_ran_even_under_a_reused_id(browser:
     """Some models number their calls afresh each turn: a second call under an id the run
     used before is a call of its own, and the page shows it (it hid it as a repeat)."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.wait import WebDriverWait
 
     @tool
@@ -270,9 +273,7 @@ def test_the_page_shows_every_tool_call_that_ran_even_under_a_reused_id(browser:
         serving_in_thread(app({"agent": agent}, upstream(server))) as url,
     ):
         browser.get(url + "/")
-        box = wait.until(lambda b: b.find_element(By.ID, "text"))
-        wait.until(lambda _: box.is_enabled())
-        box.send_keys("tell me about tides and moons", Keys.ENTER)
+        say(browser, "tell me about tides and moons")
         wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)"))
         notes = [node.text for node in browser.find_elements(By.CSS_SELECTOR, ".note")]
     calls = [note for note in notes if note.startswith("Tool call:")]
@@ -285,7 +286,6 @@ def test_a_rejected_call_the_model_is_told_of_reads_as_a_rejection(
     """With ``on_decline="tell_model"`` (the default) the person's "no" goes back to the
     model as the call's result: the page says it was rejected, not that the tool failed."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.wait import WebDriverWait
 
     notes = tmp_path / "notes.txt"
@@ -303,9 +303,7 @@ def test_a_rejected_call_the_model_is_told_of_reads_as_a_rejection(
         serving_in_thread(app({"notes": agent}, upstream(server))) as url,
     ):
         browser.get(url + "/")
-        box = wait.until(lambda b: b.find_element(By.ID, "text"))
-        wait.until(lambda _: box.is_enabled())
-        box.send_keys("note: call mum", Keys.ENTER)
+        say(browser, "note: call mum")
         approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
         approval.find_element(By.CSS_SELECTOR, "button.reject").click()
         wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.assistant:not(.live)"))
@@ -320,7 +318,6 @@ def test_a_reply_cut_off_at_its_limit_shows_why_beside_the_error_id(browser: Any
     """The model rambles inside a forced tool call until ``max_tokens`` cuts it: the page
     shows plait's one-line reason (the field, the limit, the fix) and the error id."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.wait import WebDriverWait
 
     @tool
@@ -339,9 +336,7 @@ def test_a_reply_cut_off_at_its_limit_shows_why_beside_the_error_id(browser: Any
         serving_in_thread(app({"agent": agent}, upstream(server))) as url,
     ):
         browser.get(url + "/")
-        box = wait.until(lambda b: b.find_element(By.ID, "text"))
-        wait.until(lambda _: box.is_enabled())
-        box.send_keys("tell me about tides", Keys.ENTER)
+        say(browser, "tell me about tides")
         failed = wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, ".note.failed"))
         shown = failed[-1].text
     assert shown.startswith("Error: the run failed: ReplyCutOffError: ")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ray import serve  # noqa: E402
 
 from plait.serve.ray_serve import deployment, run  # noqa: E402
 from serve.ray_programs import WhoAnswers, WhoAnswersBriefly  # noqa: E402
-from serve.support import RAY_ON_A_BUSY_MACHINE, sse_events, upstream  # noqa: E402
+from serve.support import free_port, sse_events, start_ray, upstream  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 LIMIT = 3
@@ -42,17 +41,8 @@ def upstream_server() -> Iterator[ScriptedServer]:
 @pytest.fixture(scope="module")
 def served(upstream_server: ScriptedServer) -> Iterator[str]:
     """Two replicas of the app on a local Ray; yields the base URL of Serve's proxy."""
-    path = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])
-    with pytest.MonkeyPatch.context() as environment:  # read by Ray's processes as they start
-        for name, value in RAY_ON_A_BUSY_MACHINE.items():
-            environment.setenv(name, value)
-        ray.init(
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": path}},
-        )
-    port = _free_port()
+    start_ray({"PYTHONPATH": os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])})
+    port = free_port()
     try:
         run(
             {"who": WhoAnswers()},
@@ -65,12 +55,6 @@ def served(upstream_server: ScriptedServer) -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def _post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
 
 from plait.testing import ScriptedServer
-from serve.support import RAY_ON_A_BUSY_MACHINE, Gate, until
+from serve.support import RAY_ON_A_BUSY_MACHINE, Gate, free_port, until
 from serve.test_cli_serve import environment, files, plait_command
 
 pytest.importorskip("ray.serve")
@@ -22,7 +21,7 @@ async def test_ray_replicas_serve_and_sigterm_lets_the_run_in_flight_finish(tmp_
     gate = Gate("answered on ray")
     async with ScriptedServer(responder=gate) as server:
         program, resources = files(tmp_path, server.base_url)
-        port = _free_port()
+        port = free_port()
         process = await asyncio.create_subprocess_exec(
             *plait_command(
                 "serve", f"ask={program}:make", "-r", str(resources),
@@ -67,12 +66,6 @@ def test_ray_replicas_and_workers_together_are_one_line_with_exit_2(tmp_path: Pa
     assert done.stderr.strip() == (
         "plait: error: --ray-replicas and --workers both run copies of the server; choose one"
     )
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def _until_ready(

@@ -17,7 +17,6 @@ import pytest
 
 from plait.testing import server_in_thread
 from serve.test_cli_serve import call_then_answer
-from serve.test_ray_serve import _free_port
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
@@ -26,7 +25,7 @@ from ray import serve  # noqa: E402
 
 from plait.serve.ray_serve import run  # noqa: E402
 from serve.ray_programs import approved_agents  # noqa: E402
-from serve.support import RAY_ON_A_BUSY_MACHINE, upstream  # noqa: E402
+from serve.support import free_port, start_ray, upstream  # noqa: E402
 
 TESTS = Path(__file__).resolve().parents[1]
 RUNS = 12
@@ -37,16 +36,8 @@ def test_two_replicas_resume_each_others_pauses_once(state_url: str, tmp_path: P
     path = os.pathsep.join([str(TESTS.parent / "src"), str(TESTS)])
     env = {"PYTHONPATH": path, "PLAIT_APPROVAL_KEY": "k" * 40, "PLAIT_TEST_RUNS_LOG": str(log)}
     with server_in_thread(responder=call_then_answer) as upstream_server:
-        with pytest.MonkeyPatch.context() as environment:
-            for name, value in RAY_ON_A_BUSY_MACHINE.items():
-                environment.setenv(name, value)
-            ray.init(
-                num_cpus=2,
-                include_dashboard=False,
-                log_to_driver=False,
-                runtime_env={"env_vars": env},
-            )
-        port = _free_port()
+        start_ray(env)
+        port = free_port()
         try:
             run(
                 approved_agents,

@@ -10,7 +10,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from plait.serve.pending import PendingRun, PendingStoreFull
 from plait.serve.pending_state import StatePendingStore
 from plait.testing import ScriptedServer
 from postgres_server import PostgresServer
+from serve.support import free_port
 from serve.test_cli_serve import (
     AGENT,
     _listening_url,
@@ -33,13 +33,6 @@ from serve.test_cli_serve import (
 )
 
 ANSWERS = {"answers": {"call_1": "yes"}}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "state.sqlite")
-    return str(request.getfixturevalue("state_url"))
 
 
 def run(run_id: str, owner: str | None = "alice", created: float | None = None) -> PendingRun:
@@ -176,15 +169,9 @@ async def test_two_servers_share_pauses_and_a_run_is_resumed_once(
     assert codes == [0, 0]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_serve_refuses_an_unreachable_store_in_one_line(tmp_path: Path) -> None:
     program, resources = files(tmp_path, "http://127.0.0.1:9/v1")
-    port = _free_port()
+    port = free_port()
     url = f"postgresql://plait:s3cret-word@127.0.0.1:{port}/plait?schema=shop"
     for workers in ("1", "2"):
         done = subprocess.run(

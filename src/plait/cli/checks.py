@@ -33,8 +33,10 @@ def _check_checkpoint_dir(path: Path | None) -> None:
         _fail(f"--checkpoint-dir {path} is a file; name a folder (it is made if missing)")
 
 
-def _with_state(resources: Any, url: str) -> Any:
-    """Returns the resources keeping their state in ``--state``, the store checked first.
+def _with_state(resources: Any, url: str | None) -> Any:
+    """Returns the resources keeping their state in ``--state`` (``url``), else in their own
+    ``[state] url``; that store is opened once here, so one that cannot be reached stops
+    the command before any work. Every command taking ``--state`` goes through this.
 
     Raises:
         StateError: the store cannot be reached (host and port named, password
@@ -44,11 +46,14 @@ def _with_state(resources: Any, url: str) -> Any:
     from plait.resources.config import resources_with_state
     from plait.resources.state import open_store, release_store
 
-    try:
-        resources = resources_with_state(resources, url)
-    except TypeError as exc:
-        _fail(f"--state: {exc}")
-    release_store(open_store(resources.state))
+    if url is not None:
+        try:
+            resources = resources_with_state(resources, url)
+        except TypeError as exc:
+            _fail(f"--state: {exc}")
+    state = getattr(resources, "state", None)  # a manager, or no resources, names none
+    if state is not None:
+        release_store(open_store(state))
     return resources
 
 

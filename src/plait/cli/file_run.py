@@ -83,8 +83,7 @@ def _file_run(program_spec: str, kwargs: dict[str, Any], **extra: Any) -> Any:
     _check_checkpoint_dir(kwargs["checkpoint_dir"])
     program, mapper = _prepare(program_spec, kwargs["load"], kwargs["columns"])
     resources = _resources(kwargs["resources"], program)
-    if kwargs.get("state"):
-        resources = _with_state(resources, kwargs["state"])
+    resources = _with_state(resources, kwargs.get("state"))
     calls = [("the program", alias) for alias in _aliases(program)]
     _check_aliases(kwargs["resources"], resources, calls)
     _check_credentials(kwargs["resources"], resources, calls)

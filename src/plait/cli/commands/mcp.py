@@ -99,10 +99,9 @@ def mcp_command(program_specs: tuple[str, ...], transport: str, host: str, port:
             _check_credentials(resources, config, calls)
         else:
             _check_bound(programs)
-        if state is not None:
-            if config is None:
-                _fail("--state keeps the state of the endpoints of --resources; give -r FILE")
-            config = _with_state(config, state)
+        if state is not None and config is None:
+            _fail("--state keeps the state of the endpoints of --resources; give -r FILE")
+        config = _with_state(config, state)
         try:
             mcp_server = server(served, config, name=name)
         except (ValueError, TypeError, ImportError) as exc:

@@ -220,7 +220,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             # found wrong here, once, rather than in every worker
             loaded = {name: load_program(spec) for name, spec in named}
             config = _resources(resources, next(iter(loaded.values())))
-            _check_state(state, config)
+            _with_state(config, state)  # refused before any process serves
             for name, program in loaded.items():
                 calls = [(name, alias) for alias in _aliases(program)]
                 _check_aliases(resources, config, calls)
@@ -234,7 +234,7 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             return
         programs = {name: _prepare(spec, None, ())[0] for name, spec in named}
         config = _resources(resources, next(iter(programs.values())))
-        _check_state(state, config)
+        _with_state(config, state)  # refused before the server starts
         for name, program in programs.items():
             calls = [(name, alias) for alias in _aliases(program)]
             _check_aliases(resources, config, calls)
@@ -250,22 +250,6 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
         except FileError as exc:  # the pending runs file is a link, or not a store
             _fail(str(exc))
     serve(served, host=host, port=port, options=serve_options)
-
-
-def _check_state(state: str | None, config: Any) -> None:
-    """Refuses a state store (``--state``, else the resources file's ``[state] url``) that
-    cannot be reached, before any process serves.
-
-    Raises:
-        StateError: one line naming its host and port (password masked); exit 2.
-    """
-    if state is not None:
-        _with_state(config, state)
-    elif getattr(config, "state", None) is not None:
-        # import time: the state store only for a server given one
-        from plait.resources.state import open_store, release_store
-
-        release_store(open_store(config.state))
 
 
 def _serve_on_ray(

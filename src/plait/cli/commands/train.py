@@ -123,8 +123,7 @@ def train_command(program_spec: str, **kwargs: Any) -> None:  # fmt: skip
         train = _pairs(kwargs["train_path"], None, mapper, kwargs["target_column"])
         val = _pairs(kwargs["val_path"], None, mapper, kwargs["target_column"])
         resources = _resources(kwargs["resources"], program)
-        if kwargs["state"]:
-            resources = _with_state(resources, kwargs["state"])
+        resources = _with_state(resources, kwargs["state"])
         kwargs["state"] = getattr(resources, "state", None)  # --state, or the file's [state]
         aliases = _aliases(program)
         alias = kwargs["optimizer_alias"] or (aliases[0] if aliases else "optimizer")

@@ -185,18 +185,15 @@ class PostgresStore:
 
     def add(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` unless ``key`` has one (one row per key, whoever writes it)."""
-        query = self._sql[check_table(table)]["add"]
-        if len(value) > MAX_VALUE_BYTES:
-            return False
-
-        def write(conn: psycopg.Connection[Any]) -> bool:
-            return conn.execute(query, (key, value, time.time())).rowcount == 1
-
-        return self._call("write", write, False)
+        return self._store("add", table, key, value)
 
     def put(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` under ``key``, replacing what it had."""
-        query = self._sql[check_table(table)]["put"]
+        return self._store("put", table, key, value)
+
+    def _store(self, statement: str, table: str, key: str, value: bytes) -> bool:
+        """Runs ``add`` or ``put`` (the table's statement of that name) for one row."""
+        query = self._sql[check_table(table)][statement]
         if len(value) > MAX_VALUE_BYTES:
             return False
 
@@ -255,10 +252,7 @@ class PostgresStore:
 
         page = self._call("scan", scan, None)
         if page is None:
-            raise StateUnavailable(
-                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
-                "try again when it is back"
-            )
+            raise self._unavailable()
         return page
 
     def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -275,10 +269,7 @@ class PostgresStore:
 
         found = self._call("read", read, None)
         if found is None:
-            raise StateUnavailable(
-                f"state store {self.url} cannot answer ({self.error or 'closed'}); "
-                "try again when it is back"
-            )
+            raise self._unavailable()
         return found
 
     def delete_prefix(self, table: str, prefix: str) -> int:
@@ -351,6 +342,14 @@ class PostgresStore:
             return result
         self._down(action, failure)
         return default
+
+    def _unavailable(self) -> StateUnavailable:
+        """The error of a read that must be answered (`scan`, `get_many`) when the store
+        cannot answer it."""
+        return StateUnavailable(
+            f"state store {self.url} cannot answer ({self.error or 'closed'}); "
+            "try again when it is back"
+        )
 
     def _down(self, action: str, failure: BaseException | None) -> None:
         """Skips the store for a moment and says so once per outage."""

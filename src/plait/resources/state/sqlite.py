@@ -126,12 +126,7 @@ class SQLiteStore:
             f"INSERT INTO {check_table(table)} (key, value, created) VALUES (?, ?, ?) "
             "ON CONFLICT (key) DO NOTHING"
         )
-        try:
-            with self._lock:
-                return self._db.execute(sql, (key, value, time.time())).rowcount == 1
-        except sqlite3.Error as exc:
-            self._on_error(exc, "write")
-            return False
+        return self._write(sql, (key, value, time.time()), "write") == 1
 
     def put(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` under ``key``, replacing what it had."""
