@@ -514,3 +514,75 @@ def test_shallow_copy_shares_children_and_parameters() -> None:
     clone.inner = LLMInference(alias="other")  # re-registering on the copy …
     assert original.inner.alias == "llm"  # … leaves the original's tree alone
     assert [n for n, _ in original.named_children()] == ["inner"]
+
+
+async def _async_def(x: Any) -> Any:
+    return x
+
+
+def _plain_def(x: Any) -> Any:
+    return x
+
+
+async def _async_generator() -> Any:
+    yield 1
+
+
+def _generator() -> Any:
+    yield 1
+
+
+class _AsyncCallable:
+    async def __call__(self) -> None:
+        return None
+
+    async def method(self) -> None:
+        return None
+
+
+def _sync_wrapper_of(function: Any) -> Any:
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args: Any) -> Any:
+        return function(*args)
+
+    return wrapper
+
+
+def _marked() -> Any:
+    import inspect
+
+    def function() -> Any:
+        return None
+
+    mark = getattr(inspect, "markcoroutinefunction", None)  # Python 3.12+
+    return mark(function) if mark else function
+
+
+@pytest.mark.parametrize(
+    "function",
+    [
+        _async_def,
+        _plain_def,
+        _async_generator,
+        _generator,
+        lambda: None,
+        _AsyncCallable(),
+        _AsyncCallable().method,
+        _AsyncCallable.method,
+        staticmethod(_async_def),
+        _sync_wrapper_of(_async_def),
+        _marked(),
+        __import__("functools").partial(_async_def, 1),
+        print,
+        None,
+    ],
+    ids=lambda function: getattr(function, "__qualname__", type(function).__name__),
+)
+def test_is_async_def_answers_as_inspect_does(function: Any) -> None:
+    import inspect
+
+    from plait.module import is_async_def
+
+    assert is_async_def(function) is inspect.iscoroutinefunction(function)

@@ -10,9 +10,9 @@ import pytest
 
 from plait import LLMInference, Module, Parameter, TracingError
 from plait.tracing import Tracer
+from plait.tracing.tracer import TOKEN_PATTERN
 from plait.values import (
     SYMBOLIC,
-    TOKEN_PATTERN,
     Value,
     ValueKind,
     ValueRef,
@@ -451,6 +451,50 @@ def test_value_refs_are_hashable_and_equal_by_ref() -> None:
     assert len({ValueRef("n1"), ValueRef("n1"), ValueRef("n2")}) == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         ValueRef("n1").ref = "n2"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del ValueRef("n1").ref  # type: ignore[misc]
+    assert repr(ValueRef("n1")) == "ValueRef(ref='n1')"
+
+
+def test_value_refs_and_values_survive_pickles_and_copies() -> None:
+    import copy
+    import pickle
+
+    ref = ValueRef("stage1.llm")
+    for made in (pickle.loads(pickle.dumps(ref)), copy.copy(ref), copy.deepcopy(ref)):
+        assert made == ref
+        assert type(made) is ValueRef
+    value = Value(ValueKind.STRUCTURED, {"a": [1]}, ref="n1", meta={"usage": 3})
+    restored = pickle.loads(pickle.dumps(value))
+    assert (restored.kind, restored.payload, restored.ref, restored.meta) == (
+        value.kind,
+        value.payload,
+        value.ref,
+        value.meta,
+    )
+
+
+def test_values_and_value_refs_are_written_as_json_field_by_field() -> None:
+    # As when they were dataclasses: a Value inside data plait writes keeps its provenance.
+    from plait._jsondata import as_json_data, compact_json
+
+    value = Value(ValueKind.TEXT, "hi", ref="n1", meta={"alias": "fast"})
+    fields = {"kind": "text", "payload": "hi", "ref": "n1", "meta": {"alias": "fast"}}
+    assert as_json_data({"out": value, "at": ValueRef("n1")}) == {
+        "out": fields,
+        "at": {"ref": "n1"},
+    }
+    assert as_json_data([value], fallback=repr) == [fields]
+    assert compact_json(value) == (
+        '{"kind":"text","payload":"hi","ref":"n1","meta":{"alias":"fast"}}'
+    )
+
+
+def test_a_value_matches_by_position_and_takes_a_new_meta_by_default() -> None:
+    match Value(ValueKind.TEXT, "hi", ref="n1"):
+        case Value(kind, payload, ref, meta):
+            assert (kind, payload, ref, meta) == (ValueKind.TEXT, "hi", "n1", {})
+    assert Value(ValueKind.TEXT, "a").meta is not Value(ValueKind.TEXT, "b").meta
 
 
 def test_attribute_access_on_structured_values_selects_the_field() -> None:

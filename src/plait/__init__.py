@@ -1,8 +1,9 @@
 """plait: build, run and train programs made of LLM calls, PyTorch style.
 
-The core (modules, parameters, values, tracing) is imported eagerly and is
-pure Python; the resource and execution layers, which pull in the HTTP
-client and provider SDKs, load on first use so ``import plait`` stays fast.
+The core (modules, parameters, values) is imported eagerly and is pure
+Python; everything else loads on first use so ``import plait`` stays fast:
+the learning records (`Feedback`), tracing, and the resource and execution
+layers, which pull in asyncio, the HTTP client and provider SDKs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import TYPE_CHECKING
 from plait import _lazy
 from plait.containers import ModuleDict, ModuleList, ParameterDict, ParameterList, Sequential
 from plait.errors import ExecutionError, PlaitError, TracingError
-from plait.feedback import BackwardContext, BackwardResult, Feedback
 from plait.module import LLMInference, Module
 from plait.parameter import Parameter
 from plait.values import Value, ValueKind, ValueRef, collect_refs, unwrap, valueify
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from plait.execution import BatchResult, ExecutionSettings
     from plait.execution.run import run
+    from plait.feedback import BackwardContext, BackwardResult, Feedback
     from plait.history import History
     from plait.media import Audio, File, Image
     from plait.modules import (
@@ -82,6 +83,9 @@ __version__ = "0.1.0"
 
 # name -> module that defines it; imported when first asked for.
 _LAZY = {
+    "BackwardContext": "plait.feedback",
+    "BackwardResult": "plait.feedback",
+    "Feedback": "plait.feedback",
     "BatchResult": "plait.execution",
     "ExecutionSettings": "plait.execution",
     "run": "plait.execution",

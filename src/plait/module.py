@@ -28,21 +28,22 @@ forward`` module like ``run_sync`` (`plait._sync_entry`).
 
 from __future__ import annotations
 
-import copy as _copy
-import dataclasses
 import functools
-import inspect
+import types
 import typing
 import weakref
 from collections.abc import AsyncGenerator, Iterator, Mapping
 from types import ModuleType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
-from plait import _context
+from plait import _context, _lazy
 from plait._sync_entry import SyncEntry
 from plait.errors import PlaitError
-from plait.feedback import BackwardContext, BackwardResult, clip
 from plait.parameter import Parameter, module_parent
+
+if TYPE_CHECKING:
+    from plait.feedback import BackwardContext, BackwardResult
+    from plait.module_state import ModuleState
 
 __all__ = [
     "LLMInference",
@@ -114,7 +115,7 @@ class Module:
         # nothing would run; see `plait._sync_entry`.
         super().__init_subclass__(**kwargs)
         forward = cls.__dict__.get("forward")
-        if inspect.iscoroutinefunction(forward):
+        if forward is not None and is_async_def(forward):
             cls.forward = SyncEntry(forward)  # type: ignore[method-assign,assignment]
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Self:
@@ -230,6 +231,8 @@ class Module:
         always lets them through). A ``forward`` that declares a ``stream``
         parameter also receives the flag, to pass on to its children.
         """
+        import inspect  # import time: as in `is_async_def` (asyncio, running this, loaded it)
+
         if takes_keyword(type(self).forward, "stream"):
             kwargs["stream"] = stream
         # Without a consumer there is nothing to keep out; a call to be kept
@@ -285,6 +288,9 @@ class Module:
         a child module inside it (``self.critic(text)``) makes that call
         through the training resources and its reply becomes the feedback.
         """
+        # import time: plait.feedback's dataclasses load `dataclasses` (and `inspect`)
+        from plait.feedback import BackwardResult
+
         result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
         report = _call_report(ctx)
         for name, param in self.named_parameters():
@@ -440,6 +446,8 @@ class Module:
             known = ", ".join(params) or "none"
             lines = "\n".join(f"  {name}" for name in unknown)
             raise KeyError(f"unknown parameter(s) in state_dict:\n{lines}\nknown: {known}")
+        from plait.feedback import clip  # import time: only for a state_dict that does not fit
+
         wrong = [
             f"  {name}: expected {type(params[name].value).__name__}, got "
             f"{type(value).__name__} {clip(repr(value), 60)}"
@@ -510,8 +518,10 @@ class Module:
         candidates report to the program's own), and the copy starts with no
         trace records and a fresh `state` (not compiled).
         """
+        import copy  # import time: only copies need it
+
         if not deep:
-            clone = _copy.copy(self)
+            clone = copy.copy(self)
             object.__setattr__(clone, "_children", dict(self._children))
             object.__setattr__(clone, "_parameters", dict(self._parameters))
             object.__setattr__(clone, "_bound_config", dict(self._bound_config))
@@ -530,8 +540,8 @@ class Module:
                 memo[id(records)] = type(records)(maxlen=records.maxlen)
             state = module.__dict__.get("_state")
             if state is not None:
-                memo[id(state)] = ModuleState()
-        return _copy.deepcopy(self, memo)
+                memo[id(state)] = type(state)()
+        return copy.deepcopy(self, memo)
 
     # ----------------------------------------------------------- optimization
     @property
@@ -544,6 +554,9 @@ class Module:
         """
         state = self.__dict__.get("_state")
         if state is None:
+            # import time: a dataclass (`dataclasses` loads `inspect`), read once optimizers run
+            from plait.module_state import ModuleState
+
             state = ModuleState()
             object.__setattr__(self, "_state", state)
         return state
@@ -632,35 +645,6 @@ class Module:
         return head + "\n  " + "\n  ".join(lines) + "\n)"
 
 
-@dataclasses.dataclass
-class ModuleState:
-    """What optimizers record on a module (its ``state``): trials and the best found.
-
-    Plain JSON-compatible data, so it can be saved and inspected; the
-    trials table is `trials_table` (a pandas DataFrame when pandas is installed).
-    """
-
-    trials: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    """One record per candidate tried: number, params, score, selection score, calls,
-    cost, seconds, and the optimizer that tried it."""
-    best_score: float | None = None
-    """Validation score of what was applied."""
-    best_params: dict[str, Any] | None = None
-    """What distinguishes the applied candidate (settings, or parameter values)."""
-    best_trial: int | None = None
-    """Number of the applied trial (0: the module as it was)."""
-    compiled: bool = False
-    """Whether an optimizer has changed the module (a search that kept it leaves this)."""
-    optimizer: str | None = None
-    """Name of the last optimizer that ran."""
-
-    def trials_table(self) -> Any:
-        """Returns the trials as a pandas DataFrame, or as a list of dicts without pandas."""
-        rows = [{k: v for k, v in trial.items() if not k.startswith("_")} for trial in self.trials]
-        pandas = _pandas()
-        return rows if pandas is None else pandas.DataFrame(rows)
-
-
 def _json_kind(x: Any) -> Any:
     """Returns what JSON makes of ``x``'s type: numbers, arrays and objects each one kind."""
     if isinstance(x, int | float) and not isinstance(x, bool):
@@ -682,6 +666,8 @@ def _fits(current: Any, new: Any) -> bool:
 
 def _call_report(ctx: BackwardContext) -> str:
     """Returns the bounded account of one call that a parameter's feedback quotes."""
+    from plait.feedback import clip  # import time: as in `Module.backward`
+
     inputs = "\n".join(f"{name}: {clip(value, 600)}" for name, value in ctx.inputs.items())
     return (
         f"Step {ctx.module_path or ctx.node_id} received:\n{inputs}\n"
@@ -752,6 +738,8 @@ def takes_keyword(function: Any, name: str) -> bool:
     and ``aforward`` asks on every call): pass the class's function,
     ``type(module).forward``, not a bound method, which is new each time.
     """
+    import inspect  # import time: with ast, dis and tokenize, once a signature is read
+
     try:
         parameter = inspect.signature(function).parameters.get(name)
     except (TypeError, ValueError):  # a builtin or C function without a signature
@@ -779,7 +767,26 @@ def has_own_backward(module: Module) -> bool:
 
 def is_async_module(module: Module) -> bool:
     """Whether ``module.forward`` is ``async def`` (it then runs eagerly as one node)."""
-    return inspect.iscoroutinefunction(type(module).forward)
+    return is_async_def(type(module).forward)
+
+
+_CO_COROUTINE = 0x80
+"""The code flag of an ``async def`` function (``inspect.CO_COROUTINE``)."""
+
+
+def is_async_def(function: Any) -> bool:
+    """Whether ``function`` is an ``async def`` function, as ``inspect.iscoroutinefunction`` says.
+
+    A plain function answers from its code flags, so defining, subclassing and
+    calling modules does not load `inspect` (which brings ast, dis and tokenize:
+    a fifth of ``import plait``); anything else (a partial, a bound method, a
+    function marked with ``inspect.markcoroutinefunction``) asks `inspect` itself.
+    """
+    if type(function) is types.FunctionType and "_is_coroutine_marker" not in vars(function):
+        return bool(function.__code__.co_flags & _CO_COROUTINE)
+    import inspect  # import time: see above; only for what is not a plain function
+
+    return inspect.iscoroutinefunction(function)
 
 
 def call_forward(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -803,8 +810,10 @@ def call_forward(module: Module, args: tuple[Any, ...], kwargs: dict[str, Any]) 
 
 @functools.lru_cache(maxsize=256)
 def _takes_resume_state(forward: Any) -> bool:
-    if not inspect.iscoroutinefunction(forward):
+    if not is_async_def(forward):
         return False
+    import inspect  # import time: as in `takes_keyword`
+
     try:
         return "resume_state" in inspect.signature(forward).parameters
     except (TypeError, ValueError):  # a callable without a signature: takes nothing by name
@@ -867,6 +876,9 @@ class LLMInference(Module):
 
     def backward(self, feedback: str, ctx: BackwardContext) -> BackwardResult:
         """Sends the feedback to the prompt's producers and, if learnable, to the system prompt."""
+        # import time: plait.feedback's dataclasses load `dataclasses` (and `inspect`)
+        from plait.feedback import BackwardResult
+
         result = BackwardResult(input_feedback=dict.fromkeys(ctx.inputs, feedback))
         if self.system_prompt is not None and self.system_prompt.requires_grad:
             result.parameter_feedback["system_prompt"] = _call_report(ctx)
@@ -902,3 +914,10 @@ def _pandas() -> ModuleType | None:
     except ImportError:
         return None
     return pandas
+
+
+# ``ModuleState`` lives in `plait.module_state` (a dataclass, loaded on first use) and
+# is still read as ``plait.module.ModuleState``.
+__getattr__, __dir__ = _lazy.exports(
+    "plait.module", {"ModuleState": "plait.module_state"}, globals(), __all__
+)

@@ -12,7 +12,6 @@ import weakref
 from typing import Any
 
 from plait._context import current_trace
-from plait.feedback import clip
 from plait.values import placeholder
 
 __all__ = ["Parameter", "module_parent"]
@@ -70,6 +69,8 @@ class Parameter:
         value_type: Any = None,
     ) -> None:
         if requires_grad and not (description and description.strip()):
+            from plait.feedback import clip  # import time: only this mistake needs it
+
             shown = clip(repr(value), 60)
             raise ValueError(
                 f"Parameter({shown}) is learnable but has no description of its role, which "

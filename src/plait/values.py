@@ -25,14 +25,13 @@ the tracer refuses such text instead of sending a mangled token to a model::
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
+import sys
 import types
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NoReturn
 
 from plait._context import current_trace
 from plait.errors import TracingError
@@ -102,21 +101,20 @@ _LETTERS, TOKEN_DIGITS = _new_nonce()
 _FRAGILE = "\x1f&\t"
 _TOKEN_OPEN = f"\ue000{_LETTERS}{TOKEN_DIGITS}{_FRAGILE}"
 _TOKEN_CLOSE = "\ue001"
-TOKEN_PATTERN = re.compile(
-    re.escape(_TOKEN_OPEN) + r"([svr])\|([^\ue001|]*)\|([^\ue001]*)" + _TOKEN_CLOSE
-)
+TOKEN_REGEX = re.escape(_TOKEN_OPEN) + r"([svr])\|([^\ue001|]*)\|([^\ue001]*)" + _TOKEN_CLOSE
 """Matches a placeholder token; groups: mode (``v`` the value itself, ``s`` str, ``r``
-repr), format spec, ref."""
+repr), format spec, ref. Compiled by the tracer, its one reader (`plait.tracing.tracer`),
+so that ``import plait`` compiles no pattern."""
 _JSON_FRAGILE = "\\u001f&\\t"
 """`_FRAGILE` as ``json.dumps`` writes it (with or without ``ensure_ascii``)."""
-JSON_TOKEN_PATTERN = re.compile(
+JSON_TOKEN_REGEX = (
     r"(\\ue000|\ue000)"
     + re.escape(f"{_LETTERS}{TOKEN_DIGITS}{_JSON_FRAGILE}")
     + r"([svr])\|(.*?)(?:\\ue001|\ue001)"
 )
 """Matches a token as ``json.dumps`` writes it inside a JSON string, with ``ensure_ascii``
 (group 1 is ``\\ue000``) or without (group 1 is the character); groups 2 and 3: the mode,
-and ``spec|ref`` JSON-escaped."""
+and ``spec|ref`` JSON-escaped. Compiled by the tracer, as `TOKEN_REGEX`."""
 
 
 def placeholder(ref: str, mode: str = "s", spec: str = "") -> str:
@@ -124,19 +122,52 @@ def placeholder(ref: str, mode: str = "s", spec: str = "") -> str:
     return f"{_TOKEN_OPEN}{mode}|{spec}|{ref}{_TOKEN_CLOSE}"
 
 
-@dataclass(frozen=True, slots=True)
 class ValueRef:
     """A reference to a graph node's result inside a recorded node's arguments.
 
     Execution replaces each ``ValueRef`` by the payload the referenced node
     produced; keeping it a distinct type avoids confusing node ids with string
-    literals that happen to look like them.
+    literals that happen to look like them. Immutable, equal and hashed by
+    ``ref``. (Written out rather than a dataclass: ``dataclasses`` loads
+    `inspect`, a fifth of ``import plait``.)
     """
 
+    __slots__ = ("ref",)
+    __match_args__ = ("ref",)
     ref: str
 
+    def __init__(self, ref: str) -> None:
+        object.__setattr__(self, "ref", ref)
 
-@dataclass(eq=False)
+    def __setattr__(self, name: str, value: Any) -> NoReturn:
+        _refuse_change(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> NoReturn:
+        _refuse_change(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is self.__class__:
+            return self.ref == other.ref
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.ref,))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__qualname__}(ref={self.ref!r})"
+
+    def __reduce__(self) -> tuple[type[ValueRef], tuple[str]]:
+        # Pickles and copies are rebuilt through ``__init__``, past the refusing ``__setattr__``.
+        return type(self), (self.ref,)
+
+
+def _refuse_change(message: str) -> NoReturn:
+    """Raises what changing a frozen dataclass raises (``FrozenInstanceError``)."""
+    import dataclasses  # import time: only a refused change needs it
+
+    raise dataclasses.FrozenInstanceError(message)
+
+
 class Value:
     """A payload plus its provenance.
 
@@ -144,17 +175,33 @@ class Value:
         kind: what the payload is (see `ValueKind`).
         payload: the data itself; `SYMBOLIC` while tracing.
         ref: id of the node (or ``param:<name>``) that produced it, if any.
-        meta: facts about the payload (alias, usage, cache hit, ``_tape_ids`` …).
+        meta: facts about the payload (alias, usage, cache hit, ``_tape_ids`` …);
+            a new dict when not given.
 
     Indexing goes through ``F.select`` so that, while tracing, ``value["k"]``
     records a node instead of failing. The class itself takes a type argument
     for annotations that say what a Value holds: ``-> Value[str]``, ``list[Value[T]]``.
+    (A plain class, not a dataclass: ``dataclasses`` loads `inspect`, a fifth of
+    ``import plait``.)
     """
 
+    __match_args__ = ("kind", "payload", "ref", "meta")
     kind: ValueKind
     payload: Any
-    ref: str | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
+    ref: str | None
+    meta: dict[str, Any]
+
+    def __init__(
+        self,
+        kind: ValueKind,
+        payload: Any,
+        ref: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.payload = payload
+        self.ref = ref
+        self.meta = {} if meta is None else meta
 
     # ``Value[str]`` annotates "a Value whose payload is a str"; like ``list[str]``
     # it is not checked at run time.
@@ -499,7 +546,9 @@ def _infer_kind(x: Any) -> ValueKind:
 
 def _is_model_instance(x: Any) -> bool:
     """Whether ``x`` is a pydantic model or dataclass instance (structured data)."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    # A dataclass exists only once `dataclasses` is loaded, which ``import plait`` does not do.
+    dataclasses = sys.modules.get("dataclasses")
+    if dataclasses is not None and dataclasses.is_dataclass(x) and not isinstance(x, type):
         return True
     return hasattr(type(x), "model_fields") and hasattr(x, "model_dump")
 
@@ -532,7 +581,7 @@ def valueify(x: Any, *, kind: ValueKind | None = None) -> Any:
     re-labels them).
     """
     if isinstance(x, Value):
-        return x if kind is None or kind is x.kind else dataclasses.replace(x, kind=kind)
+        return x if kind is None or kind is x.kind else type(x)(kind, x.payload, x.ref, x.meta)
     if getattr(x, "_is_plait_parameter", False):
         return _lift_parameter(x, kind)
     if kind is not None:

@@ -34,10 +34,10 @@ from plait.module import LLMInference, Module, has_own_backward, is_async_module
 from plait.parameter import Parameter
 from plait.tracing.graph import InferenceGraph, Node, Scope, Slot, Template
 from plait.values import (
-    JSON_TOKEN_PATTERN,
+    JSON_TOKEN_REGEX,
     SYMBOLIC,
     TOKEN_DIGITS,
-    TOKEN_PATTERN,
+    TOKEN_REGEX,
     Value,
     ValueKind,
     ValueRef,
@@ -518,6 +518,10 @@ def _is_stdlib(filename: str) -> bool:
 
 
 _TOKEN_DIGITS_BYTES = TOKEN_DIGITS.encode()
+TOKEN_PATTERN = re.compile(TOKEN_REGEX)
+"""A placeholder token (`plait.values.TOKEN_REGEX`)."""
+JSON_TOKEN_PATTERN = re.compile(JSON_TOKEN_REGEX)
+"""A placeholder token inside a JSON string (`plait.values.JSON_TOKEN_REGEX`)."""
 
 
 class _DamagedToken(Exception):
