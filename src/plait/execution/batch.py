@@ -304,7 +304,22 @@ async def run_batch(
             finally:
                 usage_by_index[index] = meter.as_dict()
 
-    checkpoint = await _checkpoint_of(graphs, items, extra, kwargs, executor, options)
+    deadline = options["deadline"]
+    # The deadline bounds the whole batch, opening its checkpoint too (a state store that
+    # does not answer is asked again for a while: that wait ends with the deadline).
+    until = None if deadline is None else asyncio.get_running_loop().time() + deadline
+    try:
+        async with asyncio.timeout_at(until) as opening:
+            checkpoint = await _checkpoint_of(graphs, items, extra, kwargs, executor, options)
+    except TimeoutError as exc:
+        if not opening.expired():
+            raise
+        raise DeadlineExceededError(
+            f"the batch's checkpoint could not be read within its deadline of {deadline:g} s "
+            "(its state store did not answer); no item was sent. Run it again when the "
+            "store answers, or raise deadline=",
+            deadline=deadline,
+        ) from exc
     cache_token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     reported: set[int] = set()
@@ -326,9 +341,8 @@ async def run_batch(
             if checkpoint is not None:
                 await _report_restored(checkpoint.done, items, reported, progress, report)
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
-            deadline = options["deadline"]
             try:
-                async with asyncio.timeout(deadline) as scope:
+                async with asyncio.timeout_at(until) as scope:
                     await run_items(
                         items,
                         run_item,
