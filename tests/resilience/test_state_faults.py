@@ -4,8 +4,11 @@ Issue 36's Faults: the database down or restarted mid-run (no item lost or done
 twice; a failed cache write never fails the call), slow (a server process frozen
 with SIGSTOP answers nothing, so only plait's own bounds can end a wait), and rows
 plait did not write (nested too deeply, not JSON), which are refused, never
-loaded. The other clauses are proved beside the code they test; the clause-by-clause
-list is in the note of issue 36. Through public entry points only (a manager's
+loaded. The other clauses are proved beside the code they test: restarts in
+tests/resources/test_state.py (cache), tests/resilience/test_store_checkpoint.py (run
+checkpoints), tests/serve/test_shared_pauses.py (pauses) and
+tests/resilience/test_learning_outage.py (search and Trainer checkpoints); unreachable at
+start in those and tests/cli/test_train_state.py. Through public entry points only (a manager's
 ``complete``, ``plait.run``, a search's ``compile``): the tests do not depend on how
 the cache reads the store.
 """
@@ -279,8 +282,8 @@ async def test_a_frozen_database_does_not_hold_up_a_search_and_gets_its_last_che
     strict=True,
     reason="a hold runs the books' transaction on the event loop, and PostgresStore bounds "
     "a statement only by the server's statement_timeout, which a frozen server never "
-    "enforces: the loop waits until the server goes on (issue 36 note: bound _call "
-    "client-side)",
+    "enforces: the loop waits until the server goes on (the fix: bound "
+    "PostgresStore._call on the client)",
 )
 async def test_budget_books_on_a_frozen_database_refuse_in_bounded_time_then_go_on(
     database: PostgresServer, state_url: str
