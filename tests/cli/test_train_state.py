@@ -50,3 +50,21 @@ def test_train_stopped_by_its_budget_resumes_from_the_state_store_in_another_fol
     # the finished minibatch and validation were not sent again
     assert 0 < server.stats.requests < total < first_calls + server.stats.requests
     assert list(here.iterdir()) == [] and list(there.iterdir()) == []  # no checkpoint file
+
+
+def test_train_with_an_unreachable_state_store_says_so_in_one_line(server, resources, tmp_path):
+    pytest.importorskip("psycopg", reason="psycopg is not installed: pip install 'plait[postgres]'")
+    from postgres_server import _free_port
+
+    train, val = _training_files(tmp_path)
+    port = _free_port()  # nothing listens there
+    url = f"postgresql://bob:hunter2@127.0.0.1:{port}/db?schema=learn"
+    done = plait_cli("train", program("Task"), "--train", str(train), "--val", str(val),
+                     "-r", str(resources), "--save", str(tmp_path / "learned.json"),
+                     "--state", url, "--no-progress")  # fmt: skip
+    assert done.code == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("plait: error: "), lines
+    assert f"127.0.0.1:{port}" in lines[0] and "unreachable" in lines[0]
+    assert "hunter2" not in done.stderr and "bob:***@" in lines[0]
+    assert server.stats.requests == 0

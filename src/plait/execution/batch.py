@@ -304,7 +304,9 @@ async def run_batch(
             finally:
                 usage_by_index[index] = meter.as_dict()
 
-    checkpoint = await _checkpoint_of(graphs, items, extra, kwargs, executor, options)
+    deadline = options["deadline"]
+    until = None if deadline is None else asyncio.get_running_loop().time() + deadline
+    checkpoint = await _checkpoint_of(graphs, items, extra, kwargs, executor, options, until)
     cache_token = USE_CACHE.set(options["cache"])
     callbacks = resolve_callbacks()
     reported: set[int] = set()
@@ -326,9 +328,8 @@ async def run_batch(
             if checkpoint is not None:
                 await _report_restored(checkpoint.done, items, reported, progress, report)
             skip = checkpoint.is_done if checkpoint is not None else (lambda index: False)
-            deadline = options["deadline"]
             try:
-                async with asyncio.timeout(deadline) as scope:
+                async with asyncio.timeout_at(until) as scope:
                     await run_items(
                         items,
                         run_item,
@@ -357,10 +358,18 @@ async def _checkpoint_of(
     kwargs: dict[str, Any],
     executor: Executor,
     options: dict[str, Any],
+    until: float | None,
 ) -> Any:
     """Opens the batch's checkpoint: in ``checkpoint_dir``, else in the resources' state
     store, unless the run asked for nothing stored to answer it (``cache=False``); None
-    when there is none."""
+    when there is none.
+
+    The batch's deadline (``until``, a loop time) bounds this too: a state store that
+    does not answer is asked again for a while, and that wait ends with the deadline.
+
+    Raises:
+        DeadlineExceededError: the deadline passed before the checkpoint was read.
+    """
     directory = options["checkpoint_dir"] or None
     state = getattr(executor.manager.config, "state", None)
     if not items or not (directory or (state is not None and options["cache"])):
@@ -368,7 +377,21 @@ async def _checkpoint_of(
     from plait.execution.checkpoint import open_checkpoint  # import time: only a checkpointed batch
 
     graph = graphs.graph_for((items[0], *extra), kwargs)
-    return await open_checkpoint(graphs.module, graph, items, executor, directory, (extra, kwargs))
+    try:
+        async with asyncio.timeout_at(until) as opening:
+            return await open_checkpoint(
+                graphs.module, graph, items, executor, directory, (extra, kwargs)
+            )
+    except TimeoutError as exc:
+        if not opening.expired():
+            raise
+        deadline = options["deadline"]
+        raise DeadlineExceededError(
+            f"the batch's checkpoint could not be read within its deadline of {deadline:g} s "
+            "(its state store did not answer); no item was sent. Run it again when the "
+            "store answers, or raise deadline=",
+            deadline=deadline,
+        ) from exc
 
 
 def _both(first: Awaitable[Any] | None, second: Awaitable[Any] | None) -> Any:

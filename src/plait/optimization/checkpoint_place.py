@@ -15,15 +15,28 @@ program it was for, and its reader refuses another as it refuses another
 file's, before any call.
 
 A read goes to the store once; a store that cannot answer stops the work with
-`CheckpointError` (reading "nothing saved" would redo every finished trial).
-A value is JSON the store caps at `MAX_VALUE_BYTES`, parsed with the same
-bound on nesting as a file, so nothing read chooses code to run. A write the
-store does not take warns (`StateWarning`) and the work goes on; a rerun then
-redoes what that save would have kept.
+`CheckpointError` (reading "nothing saved" would redo every finished trial),
+and one that cannot be reached at all with `StateError`, naming its host and
+port. A value is JSON the store caps at `MAX_VALUE_BYTES` (a larger document
+is refused when written, `CheckpointError`), parsed with the same bound on
+nesting as a file, so nothing read chooses code to run.
+
+Writing to a store is off the work's path, as a run checkpoint's rows are
+(`plait.execution.checkpoint_store`): a save hands the document to one writer
+on the store's threads and the work goes on. Only the latest document
+matters (each holds all the work so far), so while the store is down or
+restarting the writer keeps the latest one and tries it again every
+`RETRY_AFTER` seconds at most: a database restart mid-search or mid-training
+loses no trial and makes none run twice on a later resume. When the work
+ends (`aclose`) it waits at most `CLOSE_WAIT` seconds for the last document;
+one still unwritten then is named in a `StateWarning` (a rerun does again
+what it holds), never dropped silently.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import warnings
 from pathlib import Path
@@ -32,20 +45,34 @@ from typing import Any
 from plait import _files, _jsontext
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.resources.state import (
+    MAX_VALUE_BYTES,
+    StateError,
+    StateStore,
     StateUnavailable,
     StateURL,
     StateWarning,
+    on_loop,
     open_store,
     release_store,
 )
 
-__all__ = ["TABLE", "CheckpointPlace"]
+__all__ = ["CLOSE_WAIT", "RETRY_AFTER", "TABLE", "CheckpointPlace"]
+
+logger = logging.getLogger("plait.optimization")
 
 TABLE = "learning"
+RETRY_AFTER = 2.0
+"""Longest pause between two tries of a document the store did not take."""
+CLOSE_WAIT = 30.0
+"""Seconds the end of the work waits for its last document to be written."""
 
 
 class CheckpointPlace:
-    """One checkpoint document: the file ``path``, or the key ``key`` of the store ``state``."""
+    """One checkpoint document: the file ``path``, or the key ``key`` of the store ``state``.
+
+    A place in a store holds the store open from its first write to `aclose`, which the
+    work calls when it ends (also when it fails), and may be written again after.
+    """
 
     def __init__(
         self,
@@ -57,6 +84,11 @@ class CheckpointPlace:
         self.path = path
         self.state = StateURL.parse(state) if path is None and state is not None else None
         self.key = key
+        self._store: StateStore | None = None
+        self._latest: bytes | None = None
+        """The newest document the store has not taken yet."""
+        self._writer: asyncio.Task[None] | None = None
+        self._failures = 0
 
     @property
     def kept(self) -> bool:
@@ -86,6 +118,7 @@ class CheckpointPlace:
         Raises:
             CheckpointError: the file is a link, not a regular file or not JSON;
                 the stored value is not JSON; the store cannot answer.
+            StateError: the store cannot be reached at all (its host and port named).
         """
         if self.state is None:
             if self.path is None:
@@ -112,20 +145,84 @@ class CheckpointPlace:
             raise CheckpointError(f"{self.name} is not valid JSON ({exc}): {remedy}") from None
 
     def write(self, text: str) -> None:
-        """Keeps ``text`` (JSON) here, replacing what was kept; a no-op where nothing is."""
+        """Keeps ``text`` (JSON) here, replacing what was kept; a no-op where nothing is.
+
+        A store's write is started, not waited for (see the module docstring); it must be
+        called on the event loop the work runs on.
+
+        Raises:
+            CheckpointError: the document is larger than a state store keeps.
+        """
         if self.state is not None:
-            store = open_store(self.state)
-            try:
-                stored = store.put(TABLE, self.key, text.encode("utf-8"))
-            finally:
-                release_store(store)
-            if not stored:
-                warnings.warn(
-                    f"{self.name}: the checkpoint was not saved; the work goes on, and a rerun "
-                    "does again what this save would have kept",
-                    StateWarning,
-                    stacklevel=2,
+            data = text.encode("utf-8")
+            if len(data) > MAX_VALUE_BYTES:
+                raise CheckpointError(
+                    f"{self.name}: the checkpoint is {len(data):,} bytes, more than a state "
+                    f"store keeps ({MAX_VALUE_BYTES:,}); give a checkpoint file instead"
                 )
+            self._latest = data
+            if self._writer is None:
+                self._writer = asyncio.get_running_loop().create_task(self._send())
         elif self.path is not None:
             with _files.replacing(self.path, error=CheckpointError) as file:
                 file.write(text)
+
+    async def _send(self) -> None:
+        """Writes the latest document until the store takes one no older than any save."""
+        assert self.state is not None
+        try:
+            while self._latest is not None:
+                data = self._latest
+                if await self._put(data):
+                    if self._latest is data:
+                        self._latest = None
+                    if self._failures:
+                        logger.warning("%s: the store takes the checkpoint again", self.name)
+                    self._failures = 0
+                    continue
+                if self._store is not None and not self._store.is_usable:
+                    break  # closed, or an SQLite file bypassed for good
+                self._failures += 1
+                if self._failures == 1:
+                    logger.warning(
+                        "%s: the store did not take the checkpoint; the latest one is kept "
+                        "and written when it answers (the work goes on)",
+                        self.name,
+                    )
+                await asyncio.sleep(min(0.1 * 2**self._failures, RETRY_AFTER))
+        finally:
+            self._writer = None
+
+    async def _put(self, data: bytes) -> bool:
+        """One try of the store's ``put``, opening the store first if need be (a server
+        unreachable now is tried again later, as one that broke under a write is)."""
+        assert self.state is not None
+        if self._store is None:
+            try:
+                self._store = await asyncio.to_thread(open_store, self.state)
+            except StateError:
+                return False
+        store = self._store
+        return await on_loop.call(store, store.put, TABLE, self.key, data, default=False)
+
+    async def aclose(self) -> None:
+        """Waits at most `CLOSE_WAIT` seconds for the last document, says if it was not
+        written, and lets go of the store."""
+        writer = self._writer
+        if writer is not None:
+            await asyncio.wait([writer], timeout=CLOSE_WAIT)
+            if not writer.done():
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+        if self._latest is not None:
+            self._latest = None
+            warnings.warn(
+                f"{self.name}: the last checkpoint could not be written (the store did not "
+                f"answer for {CLOSE_WAIT:.0f} s); a rerun does again what was done since the "
+                "last one it took",
+                StateWarning,
+                stacklevel=2,
+            )
+        if self._store is not None:
+            store, self._store = self._store, None
+            release_store(store)

@@ -26,9 +26,11 @@ new pause (`PendingStoreFull`: retry later) rather than lose it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -99,6 +101,8 @@ class StatePendingStore:
         self.max_runs = max_runs
         self.max_per_owner = max_per_owner
         self._owned = isinstance(state, (str, StateURL))
+        self._late: set[asyncio.Task[None]] = set()
+        """Runs being put back after a take that committed too late (see `_take_row`)."""
         self.store: StateStore = open_store(state) if isinstance(state, (str, StateURL)) else state
 
     # -- the store ------------------------------------------------------------------------
@@ -154,8 +158,7 @@ class StatePendingStore:
             why = "expired" if self._expired(run) else "resumed"
             return _GONE + json.dumps({"why": why, "owner": run.owner, "at": time.time()}).encode()
 
-        done = await self._call(self.store.update, _TABLE, f"run/{run_id}", mark, default=False)
-        if not done:
+        if not await self._take_row(f"run/{run_id}", mark, taken):
             raise self._down()
         if not taken:
             return None
@@ -192,6 +195,7 @@ class StatePendingStore:
         return GoneRun(note["why"], owner if isinstance(owner, str) else None)
 
     async def aclose(self) -> None:
+        await asyncio.gather(*self._late, return_exceptions=True)
         if self._owned:
             release_store(self.store)
 
@@ -211,6 +215,40 @@ class StatePendingStore:
 
     async def _call(self, method: Any, *args: Any, default: Any) -> Any:
         return await call(self.store, method, *args, default=default)
+
+    async def _take_row(
+        self, key: str, mark: Callable[[bytes | None], bytes | None], taken: list[PendingRun]
+    ) -> bool:
+        """Runs `take`'s transaction; False when the store did not answer in its timeout.
+
+        A transaction the caller stopped waiting for may still commit later (a server
+        that froze and went on): the run it took is then put back, so a run whose
+        resume was answered "unavailable" is never lost to a take nobody saw.
+        """
+        store = self.store
+        if not store.blocking:
+            return store.update(_TABLE, key, mark)
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(
+                getattr(store, "executor", None), store.update, _TABLE, key, mark
+            )
+        except RuntimeError:  # the store's threads are closed
+            return False
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), getattr(store, "timeout", None))
+        except TimeoutError:
+
+            def late(done: asyncio.Future[bool]) -> None:
+                if done.cancelled() or done.exception() is not None or not done.result():
+                    return
+                if taken:
+                    logger.warning("%s: a run taken after its resume gave up is put back", key)
+                    self._late.add(loop.create_task(self.restore(taken[0])))
+                    self._late = {task for task in self._late if not task.done()}
+
+            future.add_done_callback(late)
+            return False
 
     async def _value(self, run_id: str) -> bytes | None:
         """Returns what ``run/ID`` holds, or None when nothing.

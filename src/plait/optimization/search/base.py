@@ -302,16 +302,19 @@ class ProgramSearch(CheckpointedSearch, EstimatedSearch):
             raise ValueError(f"{name}.compile needs a non-empty valset or trainset")
         started = time.perf_counter()
         self._open_checkpoint(program, train, val)  # may take the program back to its start
-        self._check_own_aliases(program, resources)
-        budget = Budget.of(*self._limits())
-        with metered() as meter, budgeted(budget):
-            start = await self._start(program, val, resources)
-            trials = [start, *await self._search(program, train, val, resources, start)]
-        best = self._choose(trials, start, self.significance)
-        _tell_decisions(trials, start, best, self.significance)
-        if best is not start:
-            apply(program, best)
-        self._saved.leave(program)
+        try:
+            self._check_own_aliases(program, resources)
+            budget = Budget.of(*self._limits())
+            with metered() as meter, budgeted(budget):
+                start = await self._start(program, val, resources)
+                trials = [start, *await self._search(program, train, val, resources, start)]
+            best = self._choose(trials, start, self.significance)
+            _tell_decisions(trials, start, best, self.significance)
+            if best is not start:
+                apply(program, best)
+            self._saved.leave(program)
+        finally:
+            await self._saved.place.aclose()  # the last checkpoint written, or told not
         report = SearchReport(
             type(self).__name__,
             trials,

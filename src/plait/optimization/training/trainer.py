@@ -51,6 +51,7 @@ from plait.execution.run import awaitable_or_result
 from plait.execution.settings import check_served
 from plait.feedback import Feedback
 from plait.module import Module
+from plait.optimization.checkpoint_place import CheckpointPlace
 from plait.optimization.evaluation import Metric, evaluate, examples_of
 from plait.optimization.events import (
     learning_step,
@@ -172,6 +173,8 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         self.report: TrainReport | None = None
         """The `TrainReport` of the last `fit`, also of one that was cancelled: the program
         then holds the best parameters validated before the cancel, and ``reason`` says so."""
+        self._writing = CheckpointPlace()
+        """Where the running `fit` writes its checkpoint (`_place`), held until it ends."""
         self._reached: dict[str, Any] | None = None
         """The training state the running `fit` has reached (None before its first
         validation ended)."""
@@ -221,6 +224,7 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
         budget = Budget.of(self.max_calls, self.max_tokens, self.max_cost)
         report = self.report = TrainReport(initial_score=0.0, best_score=0.0, best_epoch=0)
         self._reached = None
+        self._writing = self._place()
         try:
             with budgeted(budget):
                 state = await self._train(report, budget)
@@ -231,6 +235,8 @@ class Trainer(CheckpointedTrainer, EstimatedTrainer):
             report.reason = f"cancelled: {report.reason}"
             logger.info("Trainer: %s", report.reason)
             raise
+        finally:
+            await self._writing.aclose()  # the last checkpoint written, or told not
         if budget is not None:
             _tell_budget(report, budget, state, self._batches(), self._kept_in())
         self._keep_best(report, state)

@@ -108,7 +108,7 @@ class CheckpointedTrainer:
         ] + [f"the setting {key!r}" for key in written if key not in mine]
 
     def _save(self: TrainerParts, state: dict[str, Any]) -> None:
-        place = self._place()
+        place = self._writing
         if not place.kept:
             return
         if self.checkpoint_dir is not None:

@@ -32,6 +32,7 @@ class TrainerParts(Protocol):
     max_tokens: int | None
     max_cost: float | None
     _data_digests: tuple[str, str] | None
+    _writing: CheckpointPlace
 
     def _batches(self) -> int: ...
 
