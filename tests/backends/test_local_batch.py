@@ -100,3 +100,36 @@ async def test_each_call_has_a_context_window_of_its_own() -> None:
         assert [r.usage.input_tokens > 180 for r in replies] == [True, True], replies
     finally:
         await local.aclose()
+
+
+GREEDY_PROMPTS = [
+    *(f"Describe {t} in two sentences." for t in ("the sea", "a forest", "winter", "a river")),
+    *("What is a cat?", "What is a dog?", "Name three colours.", "Name three fruits."),
+]
+
+
+async def test_a_call_reads_as_when_alone_whatever_its_sequence_held_before() -> None:
+    # A call whose whole prompt a sequence still holds (the same call run before, alone or
+    # with others in flight) reads only the prompt's end; its greedy reply must be the one
+    # it gets on a model that never ran anything.
+    def greedy(prompt: str) -> Request:
+        return ask(prompt, max_tokens=32, temperature=0.0)
+
+    first = LocalBackend(n_ctx=1024)  # a model of its own: another n_ctx than `local`
+    try:
+        fresh = [(await first.complete(greedy(p))).text for p in GREEDY_PROMPTS]
+    finally:
+        await first.aclose()
+    local = LocalBackend(n_ctx=1000)
+    gate = asyncio.Semaphore(4)
+
+    async def in_flight(prompt: str) -> str:
+        async with gate:
+            return (await local.complete(greedy(prompt))).text
+
+    try:
+        for _ in range(2):
+            assert await asyncio.gather(*map(in_flight, GREEDY_PROMPTS)) == fresh
+            assert [(await local.complete(greedy(p))).text for p in GREEDY_PROMPTS] == fresh
+    finally:
+        await local.aclose()
