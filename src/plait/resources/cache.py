@@ -273,9 +273,10 @@ class ResponseCacheStore:
     build one yourself only to inspect or prefill a cache.
 
     The store is an SQLite file (worked inline: about 15 µs a read) or a
-    PostgreSQL server (`plait.resources.state`): a lookup there runs on the
-    store's threads and waits at most the store's timeout (and never past the
-    call's deadline, which cancels it); a write is not waited for: writes go
+    PostgreSQL server (`plait.resources.state`): a lookup there is read on
+    the event loop itself, with the other lookups of the loop's turn
+    (`plait.resources.state.pg_loop`), and waits at most the store's timeout
+    (and never past the call's deadline, which cancels it); a write is not waited for: writes go
     in batches, one batch in flight at a time (at most `MAX_PENDING_WRITES`
     waiting, the rest dropped), and `aclose` waits for those on their way. A
     failed lookup misses and a failed write is dropped: the cache never fails
