@@ -254,6 +254,23 @@ async def test_lookups_asked_together_are_read_together_and_each_gets_its_own_an
         await cache.aclose()
 
 
+async def test_lookups_on_the_loop_read_keys_of_any_text_and_miss_once_closed(
+    state_url: str,
+) -> None:
+    store = open_store(state_url)
+    try:
+        keys = ["plain", 'quote"d', "back\\slash", "comma,key", "{brace}", "NULL", " spaced ", "ü"]
+        for key in keys:
+            store.add("responses", key, key.encode() + b"\x00\xff")
+        reads = store.loop_reads("responses")  # type: ignore[attr-defined]
+        found = await asyncio.gather(*(reads.get(key) for key in [*keys, "absent"]))
+        assert found == [key.encode() + b"\x00\xff" for key in keys] + [None]
+        reads.close()
+        assert await reads.get("plain") is None
+    finally:
+        release_store(store)
+
+
 async def test_the_cache_keeps_replies_in_the_store_a_new_manager_reads(
     url: str, server: ScriptedServer
 ) -> None:

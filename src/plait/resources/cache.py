@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import itertools
 import logging
 import os
 from collections import OrderedDict
@@ -63,7 +62,6 @@ from plait.resources.state import (
     open_store,
     release_store,
 )
-from plait.resources.state.base import SCAN_PAGE, StateUnavailable
 
 __all__ = [
     "DEFAULT_MEMORY_ENTRIES",
@@ -275,9 +273,10 @@ class ResponseCacheStore:
     build one yourself only to inspect or prefill a cache.
 
     The store is an SQLite file (worked inline: about 15 µs a read) or a
-    PostgreSQL server (`plait.resources.state`): a lookup there runs on the
-    store's threads and waits at most the store's timeout (and never past the
-    call's deadline, which cancels it); a write is not waited for: writes go
+    PostgreSQL server (`plait.resources.state`): a lookup there is read on
+    the event loop itself, with the other lookups of the loop's turn
+    (`plait.resources.state.pg_loop`), and waits at most the store's timeout
+    (and never past the call's deadline, which cancels it); a write is not waited for: writes go
     in batches, one batch in flight at a time (at most `MAX_PENDING_WRITES`
     waiting, the rest dropped), and `aclose` waits for those on their way. A
     failed lookup misses and a failed write is dropped: the cache never fails
@@ -315,9 +314,7 @@ class ResponseCacheStore:
         self.store: StateStore | None = open_store(self.url)
         self._pending: list[tuple[str, bytes]] = []  # writes not yet sent (PostgreSQL)
         self._flushing: asyncio.Future[int] | None = None
-        # Lookups not yet sent (PostgreSQL): key -> the callers waiting for it.
-        self._asked: dict[str, list[asyncio.Future[bytes | None]]] = {}
-        self._reading: asyncio.Task[None] | None = None
+        self._reads: Any = None  # PostgreSQL: lookups read on the loop (`LoopReads`)
 
     def key(self, endpoint: EndpointConfig, request: Request) -> str:
         """Returns the cache key of ``request`` on ``endpoint`` (see `cache_key`)."""
@@ -361,34 +358,18 @@ class ResponseCacheStore:
             logger.debug("response cache %s: too many writes pending; one dropped", self.url)
 
     async def _lookup(self, store: StateStore, key: str) -> bytes | None:
-        """Reads ``key`` from a store on a network together with the lookups asked while
-        the previous read was on its way: one round trip (`get_many`) for them all, one
-        read in flight per cache, so a miss waits at most about two round trips however
-        many calls ask at once."""
-        future: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
-        self._asked.setdefault(key, []).append(future)
-        if self._reading is None:
-            self._reading = asyncio.create_task(self._read_asked(store))
-        return await future
-
-    async def _read_asked(self, store: StateStore) -> None:
-        """Answers the lookups asked so far, a page of keys per round trip, until none is
-        left; a store that cannot answer makes them misses."""
-        waiting: list[list[asyncio.Future[bytes | None]]] = []
-        try:
-            while self._asked:
-                keys = list(itertools.islice(self._asked, SCAN_PAGE))
-                waiting = [self._asked.pop(key) for key in keys]
-                nothing: dict[str, bytes] = {}  # too slow, or closed under us: misses
-                found = await on_loop.call(store, _read_many, store, keys, default=nothing)
-                for key, futures in zip(keys, waiting, strict=True):
-                    _answer(futures, found.get(key))
-                waiting = []
-        finally:  # cancelled mid-read: every caller still waiting misses, none waits forever
-            self._reading = None
-            for futures in [*waiting, *self._asked.values()]:
-                _answer(futures, None)
-            self._asked.clear()
+        """Reads ``key`` from a store on a network: on the running loop itself with the
+        other lookups of the loop's turn when the store offers it (PostgreSQL's
+        `LoopReads`: one round trip for them all, no thread in between), else on the
+        store's threads (`on_loop`)."""
+        reads = self._reads
+        if reads is None or reads.loop is not asyncio.get_running_loop():
+            make = getattr(store, "loop_reads", None)
+            if make is None:
+                return await on_loop.call(store, _read_one, store, key, default=None)
+            self._reads = reads = make(_TABLE)
+        found: bytes | None = await reads.get(key)
+        return found
 
     def _flush(self, store: StateStore) -> None:
         """Sends the pending writes as one batch on the store's threads; the next batch
@@ -417,6 +398,9 @@ class ResponseCacheStore:
         deadline = loop.time() + 2 * getattr(store, "timeout", 0.0)
         while self._flushing is not None and deadline > loop.time():
             await asyncio.wait([self._flushing], timeout=deadline - loop.time())
+        if self._reads is not None:
+            self._reads.close()
+            self._reads = None
         self.store = None
         release_store(store)
 
@@ -429,19 +413,9 @@ class ResponseCacheStore:
         )
 
 
-def _answer(futures: list[asyncio.Future[bytes | None]], value: bytes | None) -> None:
-    for future in futures:
-        if not future.done():  # its caller may have been cancelled
-            future.set_result(value)
-
-
-def _read_many(store: StateStore, keys: list[str]) -> dict[str, bytes]:
-    """``store.get_many`` of the cache's table; a store that cannot answer: nothing found
-    (a lookup misses, it never fails a call)."""
-    try:
-        return store.get_many(_TABLE, keys)
-    except StateUnavailable:
-        return {}
+def _read_one(store: StateStore, key: str) -> bytes | None:
+    """``store.get`` of the cache's table (a store that cannot answer: None, a miss)."""
+    return store.get(_TABLE, key)
 
 
 def _executor(store: StateStore) -> Any:

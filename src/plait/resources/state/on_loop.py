@@ -3,8 +3,11 @@
 A SQLite call is one local lookup or insert (tens of µs), cheaper than a
 thread hop; a PostgreSQL call waits on a network, so it runs on the store's
 own ``executor`` threads and the loop waits at most the store's ``timeout``.
-Every user of a store on a loop (the response cache, checkpoints, paused
-runs, budgets) goes through `call`, so that rule has one place.
+Every user of a store on a loop (the response cache's writes, checkpoints,
+paused runs, budgets) goes through `call`, so that rule has one place. The
+one exception is the response cache's lookups on PostgreSQL, which every
+cache miss waits for before its request goes: they are read on the loop
+itself (`PostgresStore.loop_reads`, `plait.resources.state.pg_loop`).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 import psycopg
 import psycopg_pool
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from plait.resources.state.base import (
     MAX_VALUE_BYTES,
@@ -41,6 +42,7 @@ from plait.resources.state.base import (
     check_table,
     prefix_end,
 )
+from plait.resources.state.pg_loop import LoopReads
 from plait.resources.state.url import StateURL
 
 __all__ = ["PostgresStore"]
@@ -87,6 +89,9 @@ class PostgresStore:
             for table in TABLES
         }
         options = f"-c statement_timeout={int(timeout * 1000)}"
+        self._conninfo = make_conninfo(
+            url.target, connect_timeout=connect["connect_timeout"], options=options
+        )
         self._pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
             url.target,
             kwargs={**connect, "options": options},
@@ -272,6 +277,18 @@ class PostgresStore:
             raise self._unavailable()
         return found
 
+    def loop_reads(self, table: str) -> LoopReads:
+        """Returns a reader of ``table`` for the running event loop (`LoopReads`): the
+        response cache's lookups, read on the loop itself rather than on `executor`."""
+        return LoopReads(
+            self._conninfo,
+            self._sql[check_table(table)]["get_many_loop"],
+            self.timeout,
+            self.executor,
+            self._down,
+            lambda: not self._closed and time.monotonic() >= self._down_until,
+        )
+
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
         end = prefix_end(prefix)
@@ -285,17 +302,17 @@ class PostgresStore:
         return self._call("prune", lambda conn: conn.execute(query, (before,)).rowcount, 0)
 
     def add_many(self, table: str, items: Sequence[tuple[str, bytes]]) -> int:
-        """`add` for each ``(key, value)``, sent together (psycopg pipelines them)."""
-        query = self._sql[check_table(table)]["add"]
-        now = time.time()
-        rows = [(key, value, now) for key, value in items if len(value) <= MAX_VALUE_BYTES]
+        """`add` for each ``(key, value)`` in one statement (``unnest`` of two arrays: one
+        round trip, and no per-row work in Python that would hold the GIL from the
+        event loop); returns how many keys were new."""
+        query = self._sql[check_table(table)]["add_many"]
+        rows = [(key, value) for key, value in items if len(value) <= MAX_VALUE_BYTES]
         if not rows:
             return 0
+        keys, values = [key for key, _ in rows], [value for _, value in rows]
 
         def write(conn: psycopg.Connection[Any]) -> int:
-            with conn.cursor() as cursor:
-                cursor.executemany(query, rows)
-                return max(cursor.rowcount, 0)
+            return max(conn.execute(query, (time.time(), keys, values)).rowcount, 0)
 
         return self._call("write", write, 0)
 
@@ -384,9 +401,13 @@ class PostgresStore:
 _STATEMENTS = {
     "get": "SELECT value FROM {} WHERE key = %s AND octet_length(value) <= %s",
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
+    "add_many": "INSERT INTO {} (key, value, created) SELECT key, value, %s FROM "
+    "unnest(%s::text[], %s::bytea[]) AS t(key, value) ON CONFLICT (key) DO NOTHING",
     "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
     "DO UPDATE SET value = excluded.value, created = excluded.created",
     "get_many": "SELECT key, value FROM {} WHERE key = ANY(%s) AND octet_length(value) <= %s",
+    "get_many_loop": "SELECT key, value FROM {} WHERE key = ANY($1::text[]) "
+    "AND octet_length(value) <= $2::bigint",
     "take": "DELETE FROM {} WHERE key = %s RETURNING value",
     "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
     "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
