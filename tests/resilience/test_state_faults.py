@@ -278,13 +278,6 @@ async def test_a_frozen_database_does_not_hold_up_a_search_and_gets_its_last_che
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a hold runs the books' transaction on the event loop, and PostgresStore bounds "
-    "a statement only by the server's statement_timeout, which a frozen server never "
-    "enforces: the loop waits until the server goes on (the fix: bound "
-    "PostgresStore._call on the client)",
-)
 async def test_budget_books_on_a_frozen_database_refuse_in_bounded_time_then_go_on(
     database: PostgresServer, state_url: str
 ) -> None:

@@ -43,6 +43,7 @@ from plait.resources.state.base import (
     prefix_end,
 )
 from plait.resources.state.pg_loop import LoopReads
+from plait.resources.state.pg_watchdog import Watchdog
 from plait.resources.state.url import StateURL
 
 __all__ = ["PostgresStore"]
@@ -102,6 +103,9 @@ class PostgresStore:
             open=False,
         )
         self._pool.open(wait=False)
+        self._watchdog = Watchdog(2 * timeout + 1.0)
+        """Cuts a statement a frozen server never answers (``statement_timeout`` ends a
+        slow one on a running server; a transaction may hold several)."""
         self.executor = ThreadPoolExecutor(max_connections, thread_name_prefix="plait-state")
         """Where callers on an event loop run this store's calls."""
 
@@ -335,20 +339,27 @@ class PostgresStore:
         """Runs ``work`` on a pooled connection; ``default`` when the store is down or closed.
 
         A connection broken under it (a server restart) is tried once more on
-        another, since the pool hands out connections it has not checked.
+        another, since the pool hands out connections it has not checked; one the
+        watchdog cut (a server silent past twice the timeout) is not.
         """
         if self._closed or time.monotonic() < self._down_until:
             return default
         failure: BaseException | None = None
         for _ in range(2):
+            cuts = self._watchdog.cuts
             try:
-                with self._pool.connection(timeout=self.timeout) as conn:
+                with (
+                    self._pool.connection(timeout=self.timeout) as conn,
+                    self._watchdog.watching(conn),
+                ):
                     result = work(conn)
             except psycopg_pool.PoolTimeout as exc:
                 failure = exc
                 break
             except psycopg.OperationalError as exc:
                 failure = exc
+                if self._watchdog.cuts != cuts:  # a silent server: waiting again is no help
+                    break
                 continue
             except (psycopg.Error, psycopg_pool.PoolClosed) as exc:
                 failure = exc
@@ -391,6 +402,7 @@ class PostgresStore:
                 return
             self._closed = True
         self.executor.shutdown(wait=False, cancel_futures=True)
+        self._watchdog.stop()
         self._pool.close(timeout=self.timeout)
 
     def __repr__(self) -> str:
