@@ -11,9 +11,9 @@ sockets the loop watches: lookups asked in one turn of the loop go out
 together at the start of the next (``key = ANY(…)``), and the loop's reader
 callback answers their callers directly when the rows arrive.
 It is written on psycopg's own libpq layer (`psycopg.pq`) rather than
-psycopg's ``AsyncConnection`` because that measured +9.5–11 % in the same
-run against +8 % here: each of its queries is a task taking the
-connection's lock, two more loop turns a lookup.
+psycopg's ``AsyncConnection`` because that measured +9.5–11 % of W2's wall
+time against +8 % for this (the same benchmark, the same machine), and
+this batches a loop turn's lookups into one read.
 
 Only this read runs here; everything else of the store (writes, scans,
 reconnecting the pool) stays on its threads (`plait.resources.state.on_loop`).
