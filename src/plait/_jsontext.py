@@ -32,6 +32,11 @@ _STRING_OR_BRACKET = re.compile(_STRING + r"|[\[\]{}]", re.DOTALL)
 _STRING_OR_NOT_BRACKET = re.compile(_STRING + r'|[^\[\]{}"]+', re.DOTALL)
 _INNERMOST_PAIR = re.compile(r"\[\]|\{\}")
 
+# One parser per strictness, made once: ``json.loads(text, strict=...)`` builds a new one
+# on every call, which costs more than parsing a short line.
+_STRICT = json.JSONDecoder()
+_LAX = json.JSONDecoder(strict=False)
+
 
 def loads(text: str | bytes, max_depth: int = MAX_DEPTH, *, strict: bool = True) -> Any:
     """Returns the value of JSON ``text`` that nests at most ``max_depth`` levels.
@@ -60,7 +65,9 @@ def loads(text: str | bytes, max_depth: int = MAX_DEPTH, *, strict: bool = True)
                 too_deep,
             )
     try:
-        return json.loads(text, strict=strict)
+        if text.startswith("\ufeff"):  # as json.loads says it
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        return (_STRICT if strict else _LAX).decode(text)
     except RecursionError:  # only when max_depth is above what the parser can recurse
         raise TooDeep("nested too deeply to read", text, 0) from None
 

@@ -8,6 +8,7 @@ it can, the column that is wrong.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import itertools
 import json
@@ -264,16 +265,64 @@ class RowWriter:
         raise NotImplementedError
 
 
-class _JsonlWriter(RowWriter):
+_FLUSH_DELAY = 0.2
+"""Seconds a text row may wait in the buffer before it is in the file (all are at close)."""
+
+
+class _TextWriter(RowWriter):
+    """A text file whose rows are in it within `_FLUSH_DELAY` seconds of being written.
+
+    Inside an event loop, the rows written meanwhile go out in one flush, which the
+    loop calls a moment after the first of them: one system call per interval, not
+    one per row. A flush that fails makes the next write or `close` fail as it would
+    have. Outside a loop each row is flushed at once.
+    """
+
+    def __init__(self, file: IO[str]) -> None:
+        self.file = file
+        self._timer: asyncio.TimerHandle | None = None
+        self._failed: OSError | None = None
+
+    def _written(self) -> None:
+        """Notes a row written to the buffer: flushes it now or soon."""
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+        if self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.file.flush()
+            return
+        self._timer = loop.call_later(_FLUSH_DELAY, self._flush)
+
+    def _flush(self) -> None:
+        self._timer = None
+        try:
+            self.file.flush()
+        except OSError as exc:  # raised again by the next write or close, not by the loop
+            self._failed = exc
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        failed, self._failed = self._failed, None
+        try:
+            self.file.close()
+        finally:
+            if failed is not None:
+                raise failed
+
+
+class _JsonlWriter(_TextWriter):
     def __init__(self, path: Any) -> None:
-        self.file: IO[str] = _files.open_for_writing(path, error=DatasetError)
+        super().__init__(_files.open_for_writing(path, error=DatasetError))
 
     def write(self, row: dict[str, Any]) -> None:
         self.file.write(_json_text(row) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+        self._written()
 
 
 def _json_text(value: Any) -> str:
@@ -308,12 +357,12 @@ def _cell(value: Any) -> Any:
     return _json_text(value)
 
 
-class _CsvWriter(RowWriter):
+class _CsvWriter(_TextWriter):
     """CSV with the columns of the first row; a later row with other columns is an error."""
 
     def __init__(self, path: Any) -> None:
+        super().__init__(_files.open_for_writing(path, newline="", error=DatasetError))
         self.path = path
-        self.file: IO[str] = _files.open_for_writing(path, newline="", error=DatasetError)
         self.writer: csv.DictWriter[str] | None = None
 
     def write(self, row: dict[str, Any]) -> None:
@@ -328,10 +377,7 @@ class _CsvWriter(RowWriter):
                 "Write JSON Lines (.jsonl) for outputs whose keys vary"
             )
         self.writer.writerow({key: _cell(value) for key, value in row.items()})
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
+        self._written()
 
 
 class _ParquetWriter(RowWriter):

@@ -103,6 +103,8 @@ class RunOutcome:
 def output_columns(output: Any) -> dict[str, Any]:
     """Returns an output as columns: a mapping (a `Prediction` too), pydantic model or
     dataclass by field, anything else as ``output``."""
+    if type(output) is str:  # the usual reply, already JSON data: no serializer per row
+        return {"output": output}
     data = as_json_data(output, fallback=_jsonable)
     if isinstance(data, dict) and data and all(isinstance(key, str) for key in data):
         return data

@@ -21,6 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from plait.cli import EXIT_INTERRUPTED, EXIT_TERMINATED
+from plait.cli.collection import fewer_collections
 
 __all__ = ["Stopped", "run_stoppable"]
 
@@ -59,13 +60,14 @@ def run_stoppable(work: Coroutine[Any, Any, Any]) -> Any:
     The loop is uvloop's where it is installed (the ``fast`` extra, and ``serve``, for
     which uvicorn picks it up the same way): a command's CPU goes mostly to the event
     loop and its sockets, and uvloop's take a fraction of asyncio's
-    (``benchmarks/cli_bench.py``). ``PLAIT_EVENT_LOOP=asyncio`` keeps asyncio's.
+    (``benchmarks/cli_bench.py``). ``PLAIT_EVENT_LOOP=asyncio`` keeps asyncio's. The
+    garbage collector's young collections come far apart meanwhile (`fewer_collections`).
 
     Raises:
         Stopped: Ctrl-C or SIGTERM cancelled the work; it has finished stopping.
     """
     try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with fewer_collections(), asyncio.Runner(loop_factory=_loop_factory()) as runner:
             return runner.run(_until_signalled(work))
     except KeyboardInterrupt:  # Ctrl-C before the loop's handlers were in place
         work.close()  # it may never have started

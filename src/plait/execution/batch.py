@@ -204,7 +204,7 @@ class BatchStream:
 
     def __init__(
         self,
-        start: Callable[[Callable[[BatchResult], Awaitable[None]]], Awaitable[None]],
+        start: Callable[[Callable[[BatchResult], Awaitable[None] | None]], Awaitable[None]],
         total: int,
         preserve_order: bool,
     ) -> None:
@@ -240,8 +240,16 @@ class BatchStream:
                 await asyncio.gather(producer, return_exceptions=True)
 
     async def _produce(self, queue: asyncio.Queue[BatchResult | None]) -> None:
+        def offer(result: BatchResult) -> Awaitable[None] | None:
+            # Waits only while the queue is full: a coroutine per result would cost more
+            # than the result's own bookkeeping.
+            if queue.full():
+                return queue.put(result)
+            queue.put_nowait(result)
+            return None
+
         try:
-            await self._start(queue.put)
+            await self._start(offer)
         finally:
             with contextlib.suppress(asyncio.CancelledError):
                 await queue.put(None)

@@ -65,6 +65,7 @@ class Executor:
         self.max_concurrent = max_concurrent
         self._slots = CallSlots(max_concurrent)
         self._params: dict[int, dict[str, Any]] = {}
+        self._leaf_roots: dict[int, bool] = {}
 
     @classmethod
     def for_call(cls, module: Module, resources: Any, options: dict[str, Any]) -> Executor:
@@ -101,7 +102,7 @@ class Executor:
         def execute() -> Any:
             return execute_graph(graph, self, args, kwargs, index)
 
-        if is_leaf_module(module):
+        if self._root_is_leaf(graph):
             output, results = await execute()
         else:
             output, results = await observed(
@@ -127,6 +128,14 @@ class Executor:
         value = output if isinstance(output, Value) else valueify(output, kind=kind)
         attach_tape(value, tape)
         return value
+
+    def _root_is_leaf(self, graph: InferenceGraph) -> bool:
+        """Whether the graph's program is itself a leaf, found once per graph: the walk of
+        its modules would otherwise run for every item of a batch."""
+        leaf = self._leaf_roots.get(id(graph))
+        if leaf is None:
+            leaf = self._leaf_roots[id(graph)] = is_leaf_module(graph.root)
+        return leaf
 
     def parameter_table(self, graph: InferenceGraph) -> dict[str, Any]:
         """Returns ``param:<name>`` → Parameter for the graph's root module."""

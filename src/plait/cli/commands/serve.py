@@ -16,6 +16,7 @@ from plait.cli.checks import (
     _resources,
     _with_state,
 )
+from plait.cli.collection import fewer_collections
 from plait.cli.exits import _fail, _usage_errors
 from plait.cli.loading import _prepare
 from plait.cli.options import _RESOURCES_HELP, Amount, WholeNumber
@@ -249,7 +250,8 @@ def serve_command(program_specs: tuple[str, ...], resources: Path | None, host: 
             served = app(programs, config, **vars(serve_options))
         except FileError as exc:  # the pending runs file is a link, or not a store
             _fail(str(exc))
-    serve(served, host=host, port=port, options=serve_options)
+    with fewer_collections():  # a request's objects are freed by reference counting
+        serve(served, host=host, port=port, options=serve_options)
 
 
 def _serve_on_ray(
