@@ -195,7 +195,7 @@ def _spent_by_workers(out: list[dict]) -> tuple[int, set[str]]:
     return len(served), {r["output"].split()[0] for r in served}
 
 
-def test_two_workers_spend_one_endpoint_budget_together(cluster, server):
+def test_two_workers_spend_one_endpoint_budget_together(cluster, server, tmp_path):
     rows = [{"text": f"row {i}"} for i in range(60)]
     ds = ray.data.from_items(rows, override_num_blocks=6)
     # Prompts are free and a reply ("echo: row N") is 3 tokens at $1/3 each: a call costs
@@ -203,7 +203,9 @@ def test_two_workers_spend_one_endpoint_budget_together(cluster, server):
     price = {"input": 0.0, "output": 1_000_000 / 3}
     resources = {"llm": server.endpoint(max_retries=0, price=price, budget=20.0)}
 
-    out = map_dataset(Brief(), ds, resources=resources, concurrency=2, batch_size=10).take_all()
+    # both workers call from the start (on a busy machine the second may start late)
+    brief = Brief(meet=str(tmp_path))
+    out = map_dataset(brief, ds, resources=resources, concurrency=2, batch_size=10).take_all()
 
     served, pids = _spent_by_workers(out)
     assert 19 <= server.stats.requests <= 20  # one budget for both workers, and used
