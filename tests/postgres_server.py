@@ -98,6 +98,10 @@ class PostgresServer:
     def stop(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop", check=False)
 
+    def running(self) -> bool:
+        """Whether the server is up (a test may have stopped it)."""
+        return self._run("pg_ctl", "-D", str(self.data), "status", check=False).returncode == 0
+
     def url(self, schema: str | None = None, *, password: str = "not-needed") -> str:
         """A state URL of this server (the password is ignored: trust auth on loopback)."""
         query = f"?schema={schema}" if schema else ""
@@ -163,6 +167,14 @@ def postgres_server() -> Iterator[PostgresServer]:
         yield server
     finally:
         started.__exit__(None, None, None)
+
+
+@pytest.fixture
+def database(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
+    """The session's server, for a test that stops or freezes it: running again after."""
+    yield postgres_server
+    if not postgres_server.running():
+        postgres_server.start()
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -31,19 +31,6 @@ from postgres_server import PostgresServer
 
 LATENCY = 0.3
 """Seconds a scripted reply takes: a search then saves every fraction of a second."""
-
-
-def _running(server: PostgresServer) -> bool:
-    done = server._run("pg_ctl", "-D", str(server.data), "status", check=False)
-    return done.returncode == 0
-
-
-@pytest.fixture
-def database(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
-    """The session's server, started again after the test whatever it did to it."""
-    yield postgres_server
-    if not _running(postgres_server):
-        postgres_server.start()
 
 
 def _saved(url: str) -> bytes | None:

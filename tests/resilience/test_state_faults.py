@@ -43,19 +43,6 @@ from plait.testing import ScriptedServer
 from postgres_server import PostgresServer
 
 
-def _running(server: PostgresServer) -> bool:
-    done = server._run("pg_ctl", "-D", str(server.data), "status", check=False)
-    return done.returncode == 0
-
-
-@pytest.fixture
-def database(postgres_server: PostgresServer) -> Iterator[PostgresServer]:
-    """The session's server, running again after the test whatever it did to it."""
-    yield postgres_server
-    if not _running(postgres_server):
-        postgres_server.start()
-
-
 @contextlib.contextmanager
 def frozen(server: PostgresServer) -> Iterator[None]:
     """Stops every process of the server with SIGSTOP (it accepts connections and answers
