@@ -3,12 +3,13 @@
 Each wait of `plait.backends.openai._http.Exchange` for its reply ends at the
 call's deadline. A timer armed and cancelled per wait cost a timer handle
 made, scheduled and cancelled per request (on uvloop a libuv timer opened and
-closed each time: ~3 % of ``plait run``'s CPU a row, most requests answering
-long before their deadline). Here a wait is an entry in a dict, and one timer
-is armed at the earliest deadline among them; when it fires, every wait due
-by then fails with `TimeoutError`, as its own timer would have failed it, and
-the timer is armed again at the next deadline. A wait that ends first leaves
-the dict, and the timer, if it was the earliest, fires once for nothing.
+closed each time: ~3 % of the samples of ``plait run``'s event loop in a py-spy
+profile, most requests answering long before their deadline). Here a wait is
+an entry in a dict, and one timer is armed at the earliest deadline among them;
+when it fires, every wait due by then fails with `TimeoutError`, as its own
+timer would have failed it, and the timer is armed again at the next deadline.
+A wait that ends first leaves the dict, and the timer, if it was the earliest,
+fires once for nothing.
 """
 
 from __future__ import annotations

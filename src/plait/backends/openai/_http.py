@@ -414,7 +414,7 @@ class ConnectionPool:
         loop = self._loop
         # The pool's loop, running in this thread, is the loop of this call (a thread runs
         # one loop at a time): known without asyncio.get_running_loop, which on Python
-        # 3.11 makes a getpid system call (~2 % of plait run's CPU a row, once per call).
+        # 3.11 makes a getpid system call (once per call: ~2 % of plait run's loop samples).
         if loop is not None and self._thread == threading.get_ident() and loop.is_running():
             return loop
         loop = asyncio.get_running_loop()
