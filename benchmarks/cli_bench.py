@@ -13,8 +13,9 @@ request: at the ideal rate it alone keeps one core ~90 % busy, so no client reac
 the ideal here. Each size is therefore also run by the floor, a bare client of the
 same rows in its own process (aiohttp + orjson, 64 requests in flight, on uvloop
 where installed, as ``plait run`` is): the same file read, requests and output
-rows, without plait. Both ratios are printed: to the ideal, and plait's time to
-the floor's in the same run, with the server's CPU per request (from ``/proc``).
+rows, without plait (rows written as they finish, not in input order, and no run
+report). Both ratios are printed: to the ideal, and plait's time to the floor's
+in the same run, with the server's CPU per request (from ``/proc``).
 
     python benchmarks/cli_bench.py [--small 20000] [--large 200000] [--latency 0.02]
 """
