@@ -319,10 +319,11 @@ def inputs_of(program: Module) -> Inputs:
     an input), and a module that wraps another (`BestOfN`, `Refine`,
     `ValidateAndRepair`) takes the inputs of the module it wraps.
     """
-    from plait.signatures import Signature  # import time: pydantic, only once a program is named
-
     parameters = inspect.signature(program.forward).parameters.values()
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        # import time: a program whose forward names its inputs never needs signatures
+        from plait.signatures import Signature
+
         signature = getattr(program, "signature", None)
         if isinstance(signature, type) and issubclass(signature, Signature):
             names = list(signature.input_fields)
