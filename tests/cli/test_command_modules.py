@@ -32,6 +32,10 @@ OTHER_COMMANDS = tuple(
 """What ``plait run`` never loads: the other commands' modules, and what they alone import
 (serve's brings `plait.cli.collection`, for one)."""
 
+NOT_FOR_HELP = (*OTHER_COMMANDS, "asyncio")
+"""What ``plait run --help`` (and a usage error found before the run) never loads: asyncio
+(with ssl, subprocess and logging) only once the run starts."""
+
 NOT_FOR_A_PLAIN_RUN = (*OTHER_COMMANDS, "plait.signatures")
 """What a run of a program whose ``forward`` names its inputs never loads: signatures (and
 their parser and adapters) only for a program driven by one, such as ``Predict``."""
@@ -69,11 +73,11 @@ def loaded_by_plait(*args: str, cwd: Path | None = None) -> list[str]:
     return loaded
 
 
-def test_plait_run_help_loads_no_other_commands_module() -> None:
+def test_plait_run_help_loads_no_other_commands_module_nor_asyncio() -> None:
     loaded = loaded_by_plait("run", "--help")
 
     assert "plait.cli.commands.run" in loaded
-    assert [m for m in loaded if m.startswith(OTHER_COMMANDS)] == []
+    assert [m for m in loaded if m.startswith(NOT_FOR_HELP)] == []
 
 
 def test_a_plain_plait_run_loads_no_other_command_nor_signatures(tmp_path: Path) -> None:
