@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -89,6 +88,8 @@ class MediaBlobs:
             raise ValueError(f"its media blob {path} is missing")
         with file:
             data = file.read(_MAX_BLOB + 1)
+        import hashlib  # import time: OpenSSL's load, only for a checkpoint holding media
+
         if len(data) > _MAX_BLOB or hashlib.sha256(data).hexdigest() != digest:
             raise ValueError(f"its media blob {path} was changed since it was written")
         return data
