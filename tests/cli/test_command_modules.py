@@ -36,9 +36,16 @@ NOT_FOR_HELP = (*OTHER_COMMANDS, "asyncio")
 """What ``plait run --help`` (and a usage error found before the run) never loads: asyncio
 (with ssl, subprocess and logging) only once the run starts."""
 
-NOT_FOR_A_PLAIN_RUN = (*OTHER_COMMANDS, "plait.signatures", "secrets", "hashlib")
-"""What a run of a program whose ``forward`` names its inputs never loads: signatures (and
-their parser and adapters) only for a program driven by one, such as ``Predict``; hashlib
+NOT_FOR_A_PLAIN_RUN = (
+    *OTHER_COMMANDS,
+    "plait.signatures",
+    "plait.execution.structured",
+    "secrets",
+    "hashlib",
+)
+"""What a run of a program whose ``forward`` names its inputs and returns text never loads:
+signatures (their parser and adapters) only for a program driven by one, such as
+``Predict``; structured output only for a typed reply or a checkpointed class; hashlib
 (OpenSSL's load) only for a checkpoint holding media, a response cache and the like."""
 
 LOADED_BY = """

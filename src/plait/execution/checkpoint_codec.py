@@ -46,7 +46,6 @@ from typing import Any
 
 from plait import _files
 from plait.errors import MediaError, PlaitError
-from plait.execution.structured import type_adapter
 from plait.media import Audio, File, Image, Media, is_media_key
 
 __all__ = ["CheckpointError", "MediaBlobs", "OutputCodec"]
@@ -392,6 +391,9 @@ def _name_of(cls: type) -> str:
 
 
 def _adapter(cls: type) -> Any:
+    # import time: only a checkpointed value of a class (a model, a dataclass) needs it
+    from plait.execution.structured import type_adapter
+
     return type_adapter(cls)
 
 
