@@ -32,9 +32,10 @@ OTHER_COMMANDS = tuple(
 """What ``plait run`` never loads: the other commands' modules, and what they alone import
 (serve's brings `plait.cli.collection`, for one)."""
 
-NOT_FOR_HELP = (*OTHER_COMMANDS, "asyncio")
+NOT_FOR_HELP = (*OTHER_COMMANDS, "asyncio", "traceback")
 """What ``plait run --help`` (and a usage error found before the run) never loads: asyncio
-(with ssl, subprocess and logging) only once the run starts."""
+(with ssl, subprocess and logging) only once the run starts, traceback only once a program
+failed to load."""
 
 NOT_FOR_A_PLAIN_RUN = (
     *OTHER_COMMANDS,

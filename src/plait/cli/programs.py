@@ -13,7 +13,6 @@ import inspect
 import os
 import sys
 import sysconfig
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -232,6 +231,8 @@ def _user_line(exc: BaseException) -> str | None:
     """Returns ``file.py:line`` of the innermost frame of the user's code in a traceback."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{os.path.basename(exc.filename)}:{exc.lineno}"
+    import traceback  # import time: only a program that failed to load needs it
+
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
     if not frames:
         return None
