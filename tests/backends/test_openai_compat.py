@@ -542,6 +542,22 @@ def test_one_backend_serves_calls_from_successive_event_loops(transport):
     assert (first.text, second.text) == ("echo: first", "echo: second")
 
 
+def test_one_backend_serves_a_loop_in_another_thread_while_its_first_loop_runs(transport):
+    # The pool knows its loop without asking asyncio while that loop runs in the calling
+    # thread; a call from a loop in another thread, the first still running, is that
+    # other loop's.
+    with start_server_process() as (_, base_url):
+        backend = OpenAICompatBackend("m", base_url=base_url, transport=transport)
+
+        async def first_loop() -> tuple[str, str]:
+            here = await backend.complete(ask("here"))
+            there = await asyncio.to_thread(asyncio.run, backend.complete(ask("there")))
+            await backend.aclose()
+            return here.text, there.text
+
+        assert asyncio.run(first_loop()) == ("echo: here", "echo: there")
+
+
 def test_importing_the_backend_loads_neither_an_http_client_nor_openai():
     code = (
         "import sys, plait.backends.openai, plait.testing\n"

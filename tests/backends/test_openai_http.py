@@ -434,6 +434,29 @@ async def test_a_slow_server_times_out_and_its_connection_is_not_reused():
     assert seen.connections == 2
 
 
+async def test_a_call_with_a_shorter_deadline_times_out_at_its_own_among_longer_ones():
+    # The pool keeps its calls' deadlines on one timer, armed at the earliest: a call
+    # started later with a shorter timeout must move it, and the long calls go on.
+    release = asyncio.Event()
+
+    async def held_until_released(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
+        await release.wait()
+        writer.write(ok())
+        return True
+
+    async with serve(held_until_released) as (url, _), backend_for(url, timeout=60) as backend:
+        long_calls = [asyncio.create_task(backend.complete(ask())) for _ in range(3)]
+        await asyncio.sleep(0.05)  # their deadlines (60 s) are kept first
+        short = Request(messages=(Message("user", "quick"),), timeout=0.2)
+        with pytest.raises(BackendTimeout, match=r"within 0\.2 s"):
+            await asyncio.wait_for(backend.complete(short), timeout=20)  # not the 60 s timer
+        again = Request(messages=(Message("user", "quick again"),), timeout=0.2)
+        with pytest.raises(BackendTimeout, match=r"within 0\.2 s"):
+            await asyncio.wait_for(backend.complete(again), timeout=20)
+        release.set()
+        assert [(await call).text for call in long_calls] == ["hi", "hi", "hi"]
+
+
 async def test_max_connections_caps_the_connections_open_at_once():
     async def slowly(n: int, k: int, writer: asyncio.StreamWriter) -> bool:
         await asyncio.sleep(0.01)

@@ -162,3 +162,24 @@ async def test_a_request_cancelled_in_flight_counts_as_a_request_not_a_call():
     [timing] = prof.requests
     assert timing.status is None and timing.error is not None
     assert timing.error.startswith("CancelledError")
+
+
+def test_a_sampled_profiler_keeps_a_uniform_sample_of_requests_and_nodes():
+    # The records a sample keeps are made only when it keeps them; which ones it keeps
+    # must still be a uniform sample of the whole run (run.json's spans), not its start.
+    profiler = Profiler(max_records=1_000)
+    with profiler:
+        for call in range(10_000):
+            clock = profiler.start_node()
+            profiler.record_request("llm", "llm", call, 1, 0.0, 0.001 * call, status=200)
+            clock.stop()
+            profiler.record(f"n{call}", "summary", call, clock, {})
+    assert profiler.nodes_seen == 10_000
+    assert len(profiler.requests) == len(profiler.records) == 1_000
+    for kept in ([r.call for r in profiler.requests], [r.input_index for r in profiler.records]):
+        tenths = [0] * 10
+        for call in kept:
+            tenths[call // 1_000] += 1
+        assert len(set(kept)) == 1_000
+        assert all(60 <= count <= 140 for count in tenths), tenths  # 100 each, drawn
+    assert sum(profiler.timelines["llm"].requests.values()) == 10_000  # counted exactly

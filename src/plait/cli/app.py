@@ -1,5 +1,6 @@
 """The ``plait`` click group (imported only by `plait.cli.main`): click's usage errors told
-on one line, and the seven commands, one module each in `plait.cli.commands`, added to it."""
+on one line, and the eight commands, one module each in `plait.cli.commands`, each loaded
+only when named (``plait run`` pays for run's module, not eval's or serve's)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,16 @@ from typing import Any
 import click
 
 from plait.cli import EXIT_INTERRUPTED
-from plait.cli.commands.eval import eval_command
-from plait.cli.commands.graph import graph_command
-from plait.cli.commands.mcp import mcp_command
-from plait.cli.commands.report import report_command
-from plait.cli.commands.run import run_command
-from plait.cli.commands.serve import serve_command
-from plait.cli.commands.state import state_command
-from plait.cli.commands.train import train_command
 from plait.cli.programs import one_line
 
 __all__ = ["cli"]
+
+_COMMANDS = {
+    name: f"plait.cli.commands.{name}:{name}_command"
+    for name in ("eval", "graph", "mcp", "report", "run", "serve", "state", "train")
+}
+"""Each command's name and where its click command lives: a fixed table in the code, so
+nothing typed on the command line chooses a module beyond these."""
 
 
 class _OneLineUsage(click.UsageError):
@@ -45,8 +45,25 @@ def _one_line_usage() -> Iterator[None]:
 
 class _Plait(click.Group):
     """The ``plait`` group: click's usage errors (an unknown option or command, a bad
-    option value) are one line too, and so is a Ctrl-C while a command loads its program
-    (exit 130, as for a Ctrl-C later; click would say "Aborted!" and exit 1)."""
+    option value) are one line too, and so is a Ctrl-C while a command loads its module or
+    its program (exit 130, as for a Ctrl-C later; click would say "Aborted!" and exit 1).
+
+    A command's module is imported when that command is asked for: its name on the command
+    line, or ``plait --help``, which lists each command's first docstring line and so
+    loads all eight (their modules load none of the commands' work, so that stays cheap,
+    and a second copy of the short help here could only drift from the docstrings)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in _COMMANDS:
+            return None  # click's "No such command", told on one line
+        module, attribute = _COMMANDS[cmd_name].split(":")
+        # __import__, not importlib.import_module: the import statement's own path, which
+        # `python -X importtime` times (import_module's is not shown there)
+        command: click.Command = getattr(__import__(module, fromlist=[attribute]), attribute)
+        return command
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         with _one_line_usage():
@@ -70,13 +87,3 @@ def cli() -> None:
     instance, or a function returning one (a file may import the files beside
     it). Only the code you name runs.
     """
-
-
-cli.add_command(run_command)
-cli.add_command(eval_command)
-cli.add_command(mcp_command)
-cli.add_command(train_command)
-cli.add_command(graph_command)
-cli.add_command(report_command)
-cli.add_command(serve_command)
-cli.add_command(state_command)

@@ -8,7 +8,6 @@ it can, the column that is wrong.
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import itertools
 import json
@@ -16,11 +15,14 @@ import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from plait import _files
 from plait import _jsontext as jsontext
 from plait.errors import PlaitError
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "FORMATS",
@@ -290,6 +292,9 @@ class _TextWriter(RowWriter):
             raise failed
         if self._timer is not None:
             return
+        # `plait run --help` and a usage error need no asyncio (ssl, subprocess, logging …)
+        import asyncio  # import time: a running loop has loaded it already
+
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

@@ -13,7 +13,6 @@ import inspect
 import os
 import sys
 import sysconfig
-import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -232,6 +231,8 @@ def _user_line(exc: BaseException) -> str | None:
     """Returns ``file.py:line`` of the innermost frame of the user's code in a traceback."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{os.path.basename(exc.filename)}:{exc.lineno}"
+    import traceback  # import time: only a program that failed to load needs it
+
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if _is_users(f.filename)]
     if not frames:
         return None
@@ -319,10 +320,11 @@ def inputs_of(program: Module) -> Inputs:
     an input), and a module that wraps another (`BestOfN`, `Refine`,
     `ValidateAndRepair`) takes the inputs of the module it wraps.
     """
-    from plait.signatures import Signature  # import time: pydantic, only once a program is named
-
     parameters = inspect.signature(program.forward).parameters.values()
     if any(parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+        # import time: a program whose forward names its inputs never needs signatures
+        from plait.signatures import Signature
+
         signature = getattr(program, "signature", None)
         if isinstance(signature, type) and issubclass(signature, Signature):
             names = list(signature.input_fields)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import hashlib
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -47,7 +46,6 @@ from typing import Any
 
 from plait import _files
 from plait.errors import MediaError, PlaitError
-from plait.execution.structured import type_adapter
 from plait.media import Audio, File, Image, Media, is_media_key
 
 __all__ = ["CheckpointError", "MediaBlobs", "OutputCodec"]
@@ -89,6 +87,8 @@ class MediaBlobs:
             raise ValueError(f"its media blob {path} is missing")
         with file:
             data = file.read(_MAX_BLOB + 1)
+        import hashlib  # import time: OpenSSL's load, only for a checkpoint holding media
+
         if len(data) > _MAX_BLOB or hashlib.sha256(data).hexdigest() != digest:
             raise ValueError(f"its media blob {path} was changed since it was written")
         return data
@@ -391,6 +391,9 @@ def _name_of(cls: type) -> str:
 
 
 def _adapter(cls: type) -> Any:
+    # import time: only a checkpointed value of a class (a model, a dataclass) needs it
+    from plait.execution.structured import type_adapter
+
     return type_adapter(cls)
 
 

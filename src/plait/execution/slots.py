@@ -50,10 +50,12 @@ class CallSlots:
 
     Hold one with ``async with slots.hold(rank):``. A slot is free only when no
     call waits (a release hands it straight to the best waiter), so a newcomer
-    never jumps a waiting call.
+    never jumps a waiting call. The slots of one run belong to the event loop that
+    first waits for one (an executor's run is on one loop): it is looked up once,
+    not per waiting call (on Python 3.11 each lookup is a ``getpid`` system call).
     """
 
-    __slots__ = ("_filled", "_free", "_key", "_order", "_waiters", "filled", "limit")
+    __slots__ = ("_filled", "_free", "_key", "_loop", "_order", "_waiters", "filled", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -64,6 +66,7 @@ class CallSlots:
         self.filled = False
         """Whether every slot has been taken at once yet."""
         self._filled: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def hold(self, rank: Rank) -> _Held:
         """Returns one slot to hold with ``async with`` (or `acquire` / `release`)."""
@@ -88,7 +91,10 @@ class CallSlots:
         """Waits for a slot: at once if one is free, else until a release picks this call."""
         if self.take():
             return
-        granted = asyncio.get_running_loop().create_future()
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        granted = loop.create_future()
         heapq.heappush(self._waiters, (self._key(rank), next(self._order), rank, granted))
         try:
             await granted

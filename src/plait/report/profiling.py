@@ -215,7 +215,12 @@ class _TimedSlot:
 
 
 class _Reservoir:
-    """A uniform sample of at most ``size`` of the items offered (Algorithm R), or all of them."""
+    """A uniform sample of at most ``size`` of the items offered (Algorithm R), or all of them.
+
+    An item is counted (`place`) before it is made, and made only when the
+    sample keeps it (`keep`): a long run's records are mostly passed over, and
+    building each of them only to drop it was most of what profiling cost a row.
+    """
 
     __slots__ = ("items", "seen", "size")
 
@@ -224,14 +229,22 @@ class _Reservoir:
         self.items: list[Any] = []
         self.seen = 0
 
-    def offer(self, item: Any, rng: random.Random) -> None:
+    def place(self, rng: random.Random) -> int | None:
+        """Counts one item offered; returns its place in the sample (``len(items)``: at
+        the end), or None when the sample passes it over."""
         self.seen += 1
-        if self.size is None or len(self.items) < self.size:
-            self.items.append(item)
-            return
+        kept = len(self.items)
+        if self.size is None or kept < self.size:
+            return kept
         slot = rng.randrange(self.seen)
-        if slot < self.size:
-            self.items[slot] = item
+        return slot if slot < self.size else None
+
+    def keep(self, place: int, item: Any) -> None:
+        """Puts ``item`` at the ``place`` that `place` gave it."""
+        if place == len(self.items):
+            self.items.append(item)
+        else:
+            self.items[place] = item
 
 
 class _Timeline:
@@ -253,16 +266,17 @@ class _Timeline:
         self.rate_limited: defaultdict[int, int] = defaultdict(int)
         self.errors: defaultdict[int, int] = defaultdict(int)
 
-    def add(self, r: RequestTiming) -> None:
-        while r.end / self.step >= _MAX_BUCKETS:
+    def add(self, queued: float, sent: float, end: float, status: int | None, failed: bool) -> None:
+        """Adds one request attempt (the times and status of its `RequestTiming`)."""
+        while end / self.step >= _MAX_BUCKETS:
             self._coarsen()
-        self._spread(self.waiting, r.queued, r.sent)
-        self._spread(self.busy, r.sent, r.end)
-        bucket = int(r.sent // self.step)
+        self._spread(self.waiting, queued, sent)
+        self._spread(self.busy, sent, end)
+        bucket = int(sent // self.step)
         self.requests[bucket] += 1
-        if r.status == 429:
+        if status == 429:
             self.rate_limited[bucket] += 1
-        elif r.error is not None:
+        elif failed:
             self.errors[bucket] += 1
 
     def _spread(self, buckets: defaultdict[int, float], start: float, end: float) -> None:
@@ -373,11 +387,12 @@ class Profiler:
     ) -> None:
         """Adds one finished node (called by the scheduler) timed by ``clock``."""
         self.nodes_seen += 1
-        if self._programs:
-            node_id, module_path = self.shown_path(node_id), self.shown_path(module_path)
         usage = meta.get("usage", _NO_USAGE)
-        self._nodes.offer(
-            NodeTiming(
+        place = self._nodes.place(self._rng)
+        if place is not None:
+            if self._programs:
+                node_id, module_path = self.shown_path(node_id), self.shown_path(module_path)
+            timing = NodeTiming(
                 node_id=node_id,
                 module_path=module_path,
                 input_index=index,
@@ -386,9 +401,8 @@ class Profiler:
                 usage=usage,
                 finish_reason=meta.get("finish_reason"),
                 wait=clock.waited,
-            ),
-            self._rng,
-        )
+            )
+            self._nodes.keep(place, timing)
         if usage.cached:
             self._alias(meta.get("alias") or module_path)["cache_hits"] += 1
 
@@ -452,23 +466,25 @@ class Profiler:
         _waited(sent - queued)
         if not priced and error is None:  # a failed attempt answered nothing to price
             self.unpriced.add(alias)
-        timing = RequestTiming(
-            endpoint,
-            alias,
-            call,
-            attempt,
-            queued,
-            sent,
-            end,
-            status,
-            None if error is None else f"{type(error).__name__}: {error}",
-            _NO_USAGE if usage is None else usage,
-        )
-        self._requests.offer(timing, self._rng)
+        place = self._requests.place(self._rng)
+        if place is not None:
+            timing = RequestTiming(
+                endpoint,
+                alias,
+                call,
+                attempt,
+                queued,
+                sent,
+                end,
+                status,
+                None if error is None else f"{type(error).__name__}: {error}",
+                _NO_USAGE if usage is None else usage,
+            )
+            self._requests.keep(place, timing)
         timeline = self.timelines.get(endpoint)
         if timeline is None:
             timeline = self.timelines[endpoint] = _Timeline()
-        timeline.add(timing)
+        timeline.add(queued, sent, end, status, error is not None)
         totals = self._alias(alias)
         totals["requests"] += 1
         if attempt > 1:
@@ -477,7 +493,7 @@ class Profiler:
             totals["rate_limited"] += 1
         served = self._endpoint(endpoint, alias)
         if error is None:
-            self.record_usage(alias, timing.usage)
+            self.record_usage(alias, _NO_USAGE if usage is None else usage)
             served["served"] += 1
         elif final:
             totals["failures"] += 1

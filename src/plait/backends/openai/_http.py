@@ -42,7 +42,8 @@ What it does, and what it leaves out on purpose:
 * A stream's socket stops being read while 256 KiB of it wait unread, and
   reading starts again as the consumer takes them.
 * One deadline covers a whole call: connecting, sending and reading the reply
-  (for a stream, every event), as aiohttp's ``total`` timeout did.
+  (for a stream, every event), as aiohttp's ``total`` timeout did. The waits of a
+  pool's calls share one timer (`_deadlines.Deadlines`), not one each.
 
 Failures raise `TimeoutError`, `OSError` (a `ConnectionError` for a dropped
 connection, a reply that is not HTTP, a ``101``, or a head or an uncapped
@@ -57,12 +58,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import threading
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 import httptools
 
+from plait.backends.openai._deadlines import Deadlines
 from plait.backends.openai._proxy import ProxyError, connect, open_tunnel, proxy_for
 
 if TYPE_CHECKING:
@@ -137,6 +140,8 @@ class Exchange(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
+        self.deadlines: Deadlines | None = None
+        """Where the waits' deadlines are kept: its pool's, on the pool's loop."""
         self._reset(0, False)
 
     def _reset(self, limit: int, streamed: bool) -> None:
@@ -313,18 +318,22 @@ class Exchange(asyncio.Protocol):
                 transport.close()
 
     async def wait(self, deadline: float | None) -> None:
-        """Waits until the reply has news or fails; raises `TimeoutError` at ``deadline``."""
+        """Waits until the reply has news or fails; raises `TimeoutError` at ``deadline``
+        (kept by the pool's `Deadlines`, which the pool gives the exchange before its
+        first wait)."""
         if self.error is not None:
             raise self.error
-        loop = asyncio.get_running_loop()
-        waiter = self.waiter = loop.create_future()
-        timer = None if deadline is None else loop.call_at(deadline, _expire, waiter)
+        deadlines = self.deadlines
+        assert deadlines is not None  # set by ConnectionPool._send
+        waiter = self.waiter = deadlines.loop.create_future()
+        if deadline is not None:
+            deadlines.add(waiter, deadline)
         try:
             await waiter
         finally:
             self.waiter = None
-            if timer is not None:
-                timer.cancel()
+            if deadline is not None:
+                deadlines.remove(waiter)
         if self.error is not None:
             raise self.error
 
@@ -357,11 +366,6 @@ class Exchange(asyncio.Protocol):
 
     def reply(self, body: bytes) -> Reply:
         return Reply(self.status, self.reason, self.headers, body)
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 class ConnectionPool:
@@ -400,16 +404,27 @@ class ConnectionPool:
         self._max_connections = max_connections or 0
         self._idle: list[Exchange] = []
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+        """The thread that last called on ``_loop``."""
+        self._deadlines: Deadlines | None = None
         self._permits: asyncio.Semaphore | None = None
         self._closed = False
 
     def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        # The pool's loop, running in this thread, is the loop of this call (a thread runs
+        # one loop at a time): known without asyncio.get_running_loop, which on Python
+        # 3.11 makes a getpid system call (once per call: ~2 % of plait run's loop samples).
+        if loop is not None and self._thread == threading.get_ident() and loop.is_running():
+            return loop
         loop = asyncio.get_running_loop()
+        self._thread = threading.get_ident()
         if self._loop is not loop:
             for exchange in self._idle:
                 exchange.close()
             self._idle = []
             self._loop = loop
+            self._deadlines = Deadlines(loop)
             limit = self._max_connections
             self._permits = asyncio.Semaphore(limit) if limit else None
             self._closed = False
@@ -458,6 +473,7 @@ class ConnectionPool:
                 async with asyncio.timeout_at(deadline):
                     exchange = await self._connect(loop)
         exchange._reset(limit, streamed)
+        exchange.deadlines = self._deadlines
         try:
             assert exchange.transport is not None
             exchange.transport.write(data)

@@ -1,4 +1,4 @@
-"""The ``plait`` commands, one module each; `plait.cli.app` adds them to its click group.
+"""The ``plait`` commands, one module each; `plait.cli.app`'s group imports one when named.
 
 What several commands share lives beside this package: `plait.cli.options` (options and
 their types), `plait.cli.checks` (what is found wrong before any call), `plait.cli.exits`
