@@ -46,6 +46,7 @@ from plait.execution.checkpoint_codec import CheckpointError
 from plait.media import Media
 from plait.resources.state import (
     MAX_VALUE_BYTES,
+    StateOversized,
     StateUnavailable,
     StateURL,
     StateWarning,
@@ -215,7 +216,9 @@ class StoreRecords:
     def _write(self, batch: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         """Writes ``batch`` (on the store's threads for PostgreSQL); returns the rows the
         store does not hold after it. ``add_many`` counts only new rows, so when it counts
-        fewer the rows are looked up: another writer of the same row is no failure."""
+        fewer the rows are looked up: another writer of the same row is no failure. A row
+        over the cap under one of the keys was not written by plait; the batch counts as
+        held, and the next run's `load` refuses that row by name."""
         if self.store.add_many(TABLE, batch) == len(batch):
             return []
         try:
@@ -224,6 +227,9 @@ class StoreRecords:
                 present.update(self.store.get_many(TABLE, page))
         except StateUnavailable:
             return list(batch)
+        except StateOversized as exc:
+            logger.warning("%s: %s", self.where, exc)
+            return []
         return [(key, value) for key, value in batch if key not in present]
 
     async def aclose(self) -> None:

@@ -39,6 +39,7 @@ from plait.resources.state.base import (
     TABLES,
     StateError,
     StateUnavailable,
+    admit,
     check_table,
     prefix_end,
 )
@@ -183,12 +184,17 @@ class PostgresStore:
         return not self._closed
 
     def get(self, table: str, key: str) -> bytes | None:
-        """Returns the value of ``key``, or None (absent, too large, or the store is down)."""
+        """Returns the value of ``key``, or None (absent, or the store is down); a row over
+        the cap: `admit`."""
         query = self._sql[check_table(table)]["get"]
 
         def read(conn: psycopg.Connection[Any]) -> bytes | None:
-            row = conn.execute(query, (key, MAX_VALUE_BYTES)).fetchone()
-            return None if row is None else bytes(row[0])
+            row = conn.execute(query, (MAX_VALUE_BYTES, key)).fetchone()
+            return (
+                None
+                if row is None
+                else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
+            )
 
         return self._call("read", read, None)
 
@@ -212,12 +218,20 @@ class PostgresStore:
         return self._call("write", write, False)
 
     def take(self, table: str, key: str) -> bytes | None:
-        """Removes ``key`` and returns its value (``DELETE … RETURNING``: one taker gets it)."""
-        query = self._sql[check_table(table)]["take"]
+        """Removes ``key`` and returns its value (``DELETE … RETURNING``: one taker gets it);
+        a row over the cap stays (`admit`)."""
+        queries = self._sql[check_table(table)]
 
         def take(conn: psycopg.Connection[Any]) -> bytes | None:
-            row = conn.execute(query, (key,)).fetchone()
-            return None if row is None or len(row[0]) > MAX_VALUE_BYTES else bytes(row[0])
+            row = conn.execute(queries["take"], (key, MAX_VALUE_BYTES)).fetchone()
+            if row is not None:
+                return bytes(row[0])
+            large = conn.execute(queries["size"], (key,)).fetchone()
+            return (
+                None
+                if large is None
+                else admit(self.url, table, key, None, large[1], MAX_VALUE_BYTES)
+            )
 
         return self._call("take", take, None)
 
@@ -232,8 +246,12 @@ class PostgresStore:
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
-                row = conn.execute(queries["get"], (key, MAX_VALUE_BYTES)).fetchone()
-                old = None if row is None else bytes(row[0])
+                row = conn.execute(queries["get"], (MAX_VALUE_BYTES, key)).fetchone()
+                old = (
+                    None
+                    if row is None
+                    else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
+                )
                 new = change(old)
                 if new is None:
                     conn.execute(queries["delete"], (key,))
@@ -256,8 +274,7 @@ class PostgresStore:
         bounds = (prefix, after) if end is None else (prefix, after, end)
 
         def scan(conn: psycopg.Connection[Any]) -> list[tuple[str, bytes]] | None:
-            rows = conn.execute(query, (*bounds, MAX_VALUE_BYTES, limit)).fetchall()
-            return [(key, bytes(value)) for key, value in rows]
+            return self._admit_rows(table, conn.execute(query, (MAX_VALUE_BYTES, *bounds, limit)))
 
         page = self._call("scan", scan, None)
         if page is None:
@@ -273,13 +290,21 @@ class PostgresStore:
         query = self._sql[check_table(table)]["get_many"]
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, bytes] | None:
-            rows = conn.execute(query, (list(keys), MAX_VALUE_BYTES)).fetchall()
-            return {key: bytes(value) for key, value in rows}
+            return dict(self._admit_rows(table, conn.execute(query, (MAX_VALUE_BYTES, list(keys)))))
 
         found = self._call("read", read, None)
         if found is None:
             raise self._unavailable()
         return found
+
+    def _admit_rows(self, table: str, cursor: psycopg.Cursor[Any]) -> list[tuple[str, bytes]]:
+        """The ``(key, value)`` of rows read with their size, each through `admit`."""
+        admitted = []
+        for key, value, size in cursor.fetchall():
+            kept = admit(self.url, table, key, value, size, MAX_VALUE_BYTES)
+            if kept is not None:
+                admitted.append((key, kept))
+        return admitted
 
     def loop_reads(self, table: str) -> LoopReads:
         """Returns a reader of ``table`` for the running event loop (`LoopReads`): the
@@ -410,21 +435,25 @@ class PostgresStore:
         return f"PostgresStore({str(self.url)!r}, schema {self.url.schema!r}, {state})"
 
 
+# A row's value when it is within the cap (%s), and its size: a larger one is measured
+# (from its header: never loaded), then refused or missed by `admit`.
+_VALUE = "CASE WHEN octet_length(value) <= %s THEN value END, octet_length(value)"
+
 _STATEMENTS = {
-    "get": "SELECT value FROM {} WHERE key = %s AND octet_length(value) <= %s",
+    "get": f"SELECT {_VALUE} FROM {{}} WHERE key = %s",
+    "size": "SELECT NULL::bytea, octet_length(value) FROM {} WHERE key = %s",
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
     "add_many": "INSERT INTO {} (key, value, created) SELECT key, value, %s FROM "
     "unnest(%s::text[], %s::bytea[]) AS t(key, value) ON CONFLICT (key) DO NOTHING",
     "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
     "DO UPDATE SET value = excluded.value, created = excluded.created",
-    "get_many": "SELECT key, value FROM {} WHERE key = ANY(%s) AND octet_length(value) <= %s",
+    "get_many": f"SELECT key, {_VALUE} FROM {{}} WHERE key = ANY(%s)",
     "get_many_loop": "SELECT key, value FROM {} WHERE key = ANY($1::text[]) "
     "AND octet_length(value) <= $2::bigint",
-    "take": "DELETE FROM {} WHERE key = %s RETURNING value",
-    "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
-    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
-    "scan_to": "SELECT key, value FROM {} WHERE key >= %s AND key > %s AND key < %s "
-    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
+    "take": "DELETE FROM {} WHERE key = %s AND octet_length(value) <= %s RETURNING value",
+    "scan": f"SELECT key, {_VALUE} FROM {{}} WHERE key >= %s AND key > %s ORDER BY key LIMIT %s",
+    "scan_to": f"SELECT key, {_VALUE} FROM {{}} WHERE key >= %s AND key > %s AND key < %s "
+    "ORDER BY key LIMIT %s",
     "delete_from": "DELETE FROM {} WHERE key >= %s",
     "delete_range": "DELETE FROM {} WHERE key >= %s AND key < %s",
     "prune": "DELETE FROM {} WHERE created < %s",
