@@ -18,7 +18,8 @@ What a store promises:
   resumed once).
 - ``update`` reads a key and writes what a function makes of it in one
   transaction: processes updating one key go one at a time, each seeing the
-  last one's write (a budget's books, the count of paused runs).
+  last one's write (a budget's books, the count of paused runs), and a write
+  is made once, also when a broken connection hides whether it committed.
 - ``scan`` reads the keys under a prefix in pages, in code-point order of
   their keys, so a run's rows are read back in bounded memory; ``get_many``
   reads a page of named keys in one round trip (a checkpoint's finished rows).
@@ -156,9 +157,10 @@ class StateStore(Protocol):
         """Writes ``change(value)`` over ``key``'s value (None when absent) in one
         transaction that holds the key meanwhile: returning None deletes the key,
         returning the very value given (``is``) writes nothing. ``change`` runs on the
-        store's thread, may run again when a connection breaks under it, and so must be
-        a pure function of its argument; an error it raises rolls back and reaches the
-        caller. A row over `MAX_VALUE_BYTES` is given as None in a table of
+        store's thread, may run again when a connection breaks under it (a try the server
+        rolled back), and so must be a pure function of its argument; its write is made
+        once even when the reply to the COMMIT is lost. An error it raises rolls back and
+        reaches the caller. A row over `MAX_VALUE_BYTES` is given as None in a table of
         `MISSES_OVERSIZED`, else raises `StateOversized` before ``change`` runs. Returns
         False when the store failed (nothing was written)."""
         ...

@@ -55,6 +55,9 @@ T = TypeVar("T")
 
 _LOCK_ID = 0x706C616974  # "plait": serialises schema creation across processes
 _RETRY_AFTER = 1.0  # seconds a failed store is skipped before it is tried again
+# `update`'s first statement: the key's lock, and the id of its transaction (asked about
+# after a broken connection).
+_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)), txid_current()"
 
 
 class PostgresStore:
@@ -239,13 +242,28 @@ class PostgresStore:
         """Writes ``change(value)`` over ``key`` in one transaction (see
         `StateStore.update`) holding a transaction-scoped advisory lock of the key (a row
         lock cannot hold a key that has no row yet); waiting for it is bounded by the
-        statement timeout."""
+        statement timeout.
+
+        Exactly once, also when the connection breaks after the COMMIT was sent and its
+        reply is lost (the server may have committed): each try notes its transaction's id,
+        and the try after a broken connection first takes the key's lock (so the broken
+        try has ended, committed or rolled back) and asks the server how that id ended
+        (``txid_status``). Committed: the update is done and ``change`` does not run
+        again (a budget's charge is not counted twice); rolled back: it runs again.
+        """
         queries = self._sql[check_table(table)]
         lock = f"{self.url.schema}.{table}/{key}"
+        tried: list[int] = []
+        """The transaction id of the last try, once the server gave it."""
 
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
+                row = conn.execute(_LOCK_KEY, (lock,)).fetchone()
+                if tried:
+                    ended = conn.execute("SELECT txid_status(%s)", (tried[-1],)).fetchone()
+                    if ended is not None and ended[0] == "committed":
+                        return True  # the broken try committed: only its reply was lost
+                tried[:] = [] if row is None else [int(row[1])]
                 row = conn.execute(queries["get"], (MAX_VALUE_BYTES, key)).fetchone()
                 old = (
                     None
@@ -364,7 +382,8 @@ class PostgresStore:
         """Runs ``work`` on a pooled connection; ``default`` when the store is down or closed.
 
         A connection broken under it (a server restart) is tried once more on
-        another, since the pool hands out connections it has not checked; one the
+        another, since the pool hands out connections it has not checked (``work`` must
+        be safe to run again: `update`'s asks whether its broken try committed); one the
         watchdog cut (a server silent past twice the timeout) is not.
         """
         if self._closed or time.monotonic() < self._down_until:
