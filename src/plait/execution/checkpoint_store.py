@@ -28,7 +28,8 @@ is bounded: past `MAX_WAITING_ROWS` rows or `MAX_WAITING_BYTES` waiting, the
 batch waits for the store before more items finish. When the batch ends it
 waits for its rows at most `CLOSE_WAIT` seconds; rows still unwritten then
 are named in a `StateWarning` (a rerun does them again), never dropped
-silently. A run killed with SIGKILL loses the rows of the write in flight
+silently; a batch run with ``deadline=`` waits no longer than its deadline
+leaves. A run killed with SIGKILL loses the rows of the write in flight
 (milliseconds of work), which a rerun does again.
 """
 
@@ -232,11 +233,14 @@ class StoreRecords:
             return []
         return [(key, value) for key, value in batch if key not in present]
 
-    async def aclose(self) -> None:
-        """Waits at most `CLOSE_WAIT` seconds for the rows on their way, says which were not
-        written, and lets go of the store."""
+    async def aclose(self, until: float | None = None) -> None:
+        """Waits at most `CLOSE_WAIT` seconds for the rows on their way, and no later than
+        ``until`` (a loop time: the batch's deadline), says which were not written, and
+        lets go of the store."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + CLOSE_WAIT
+        if until is not None:
+            give_up = min(give_up, until)
         while self._flushing is not None and loop.time() < give_up:
             await asyncio.wait([self._flushing], timeout=give_up - loop.time())
         if self._flushing is not None:
