@@ -42,7 +42,7 @@ What a store promises:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from plait.errors import ConfigError
@@ -59,6 +59,7 @@ __all__ = [
     "StateUnavailable",
     "StateWarning",
     "admit",
+    "admit_rows",
     "check_table",
     "prefix_end",
 ]
@@ -245,6 +246,19 @@ def admit(
     if table in MISSES_OVERSIZED:
         return None
     raise StateOversized(url, table, key, size, cap)
+
+
+def admit_rows(
+    url: StateURL, table: str, rows: Iterable[tuple[str, bytes | None, int]], cap: int
+) -> list[tuple[str, bytes]]:
+    """The ``(key, value)`` of rows read as ``(key, value within the cap, size)``, each
+    through `admit` (a larger row left out, or refused)."""
+    admitted = []
+    for key, value, size in rows:
+        kept = admit(url, table, key, value, size, cap)
+        if kept is not None:
+            admitted.append((key, kept))
+    return admitted
 
 
 def check_table(table: str) -> str:

@@ -40,6 +40,7 @@ from plait.resources.state.base import (
     StateError,
     StateUnavailable,
     admit,
+    admit_rows,
     check_table,
     prefix_end,
 )
@@ -292,7 +293,8 @@ class PostgresStore:
         bounds = (prefix, after) if end is None else (prefix, after, end)
 
         def scan(conn: psycopg.Connection[Any]) -> list[tuple[str, bytes]] | None:
-            return self._admit_rows(table, conn.execute(query, (MAX_VALUE_BYTES, *bounds, limit)))
+            rows = conn.execute(query, (MAX_VALUE_BYTES, *bounds, limit)).fetchall()
+            return admit_rows(self.url, table, rows, MAX_VALUE_BYTES)
 
         page = self._call("scan", scan, None)
         if page is None:
@@ -308,21 +310,13 @@ class PostgresStore:
         query = self._sql[check_table(table)]["get_many"]
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, bytes] | None:
-            return dict(self._admit_rows(table, conn.execute(query, (MAX_VALUE_BYTES, list(keys)))))
+            rows = conn.execute(query, (MAX_VALUE_BYTES, list(keys))).fetchall()
+            return dict(admit_rows(self.url, table, rows, MAX_VALUE_BYTES))
 
         found = self._call("read", read, None)
         if found is None:
             raise self._unavailable()
         return found
-
-    def _admit_rows(self, table: str, cursor: psycopg.Cursor[Any]) -> list[tuple[str, bytes]]:
-        """The ``(key, value)`` of rows read with their size, each through `admit`."""
-        admitted = []
-        for key, value, size in cursor.fetchall():
-            kept = admit(self.url, table, key, value, size, MAX_VALUE_BYTES)
-            if kept is not None:
-                admitted.append((key, kept))
-        return admitted
 
     def loop_reads(self, table: str) -> LoopReads:
         """Returns a reader of ``table`` for the running event loop (`LoopReads`): the

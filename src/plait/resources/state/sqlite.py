@@ -31,6 +31,7 @@ from plait.resources.state.base import (
     StateUnavailable,
     StateWarning,
     admit,
+    admit_rows,
     check_table,
     prefix_end,
 )
@@ -225,7 +226,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._on_error(exc, "scan")
             raise StateUnavailable(f"state store {self.path} failed on a scan: {exc}") from None
-        return [(key, value) for key, value in self._admit_rows(table, rows)]
+        return admit_rows(self.url, table, rows, MAX_VALUE_BYTES)
 
     def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
         """Returns the stored values of ``keys`` (see `StateStore.get_many`)."""
@@ -243,18 +244,7 @@ class SQLiteStore:
         except sqlite3.Error as exc:
             self._on_error(exc, "read")
             raise StateUnavailable(f"state store {self.path} failed on a read: {exc}") from None
-        return dict(self._admit_rows(table, rows))
-
-    def _admit_rows(
-        self, table: str, rows: list[tuple[str, bytes | None, int]]
-    ) -> list[tuple[str, bytes]]:
-        """The ``(key, value)`` of rows read with `_VALUE`, each through `admit`."""
-        admitted = []
-        for key, value, size in rows:
-            kept = admit(self.url, table, key, value, size, MAX_VALUE_BYTES)
-            if kept is not None:
-                admitted.append((key, kept))
-        return admitted
+        return dict(admit_rows(self.url, table, rows, MAX_VALUE_BYTES))
 
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
