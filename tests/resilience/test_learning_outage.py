@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +26,14 @@ from optimization.test_search_resume import SEARCHES, outcome
 from plait import ResourceConfig, ResourceManager
 from plait.execution.checkpoint_codec import CheckpointError
 from plait.optimization import SFAOptimizer, checkpoint_place
-from plait.resources.state import StateError, StateURL, StateWarning, open_store, release_store
+from plait.resources.state import (
+    StateError,
+    StateOversized,
+    StateURL,
+    StateWarning,
+    open_store,
+    release_store,
+)
 from plait.testing import ScriptedServer
 from postgres_server import PostgresServer
 
@@ -220,6 +228,25 @@ async def test_a_resume_from_a_database_that_is_down_stops_before_any_call(
     told = str(unreachable.value)
     assert f"127.0.0.1:{database.port}" in told and ":***@" in told and "\n" not in told
     assert scripted.stats.requests == 0
+
+
+async def test_a_search_checkpoint_over_the_cap_is_refused_by_name_not_started_over(
+    state_url: str,
+    scripted: ScriptedServer,
+    config: ResourceConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await SEARCHES["RandomSearch"](state=state_url).compile(
+        program(), trainset=TRAIN, valset=VAL, resources=config
+    )
+    scripted.reset_stats()
+    # its document is now over the cap: written by a plait of a larger cap, or by hand
+    monkeypatch.setattr(sys.modules["plait.resources.state.postgres"], "MAX_VALUE_BYTES", 100)
+    with pytest.raises(StateOversized, match=r"row '[^']+' of table learning is [\d,]+ bytes"):
+        await SEARCHES["RandomSearch"](state=state_url).compile(
+            program(), trainset=TRAIN, valset=VAL, resources=config
+        )
+    assert scripted.stats.requests == 0  # no trial run again
 
 
 def test_a_checkpoint_larger_than_the_store_keeps_is_refused_when_written(

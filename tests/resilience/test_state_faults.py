@@ -353,3 +353,22 @@ async def test_a_stored_pause_nested_too_deeply_is_refused_not_parsed(state_url:
     finally:
         await store.aclose()
         release_store(state)
+
+
+async def test_a_batch_with_a_deadline_ends_within_it_when_its_rows_cannot_be_written(
+    database: PostgresServer, state_url: str, server: ScriptedServer
+) -> None:
+    program = LLMInference("fast", temperature=0.0)
+    config = cached(server, state_url, cache=False)
+    server.latency = 0.5
+    batch = asyncio.ensure_future(
+        run(program, ["a", "b"], resources=config, progress=False, deadline=3)
+    )
+    while server.stats.requests < 2:  # its checkpoint is read: the items are sent
+        await asyncio.sleep(0.01)
+    with frozen(database), pytest.warns(StateWarning, match="2 finished rows could not be"):
+        # the rows cannot be written: the end of the batch waits for them only as long
+        # as its deadline leaves (the wait of 30 s would have the outer bound end it)
+        async with asyncio.timeout(20):
+            outputs = await batch
+    assert outputs == ["echo: a", "echo: b"]

@@ -20,7 +20,7 @@ import pytest
 from killed_runs import assert_each_row_answered_once, kill_once_kept, rows_kept
 from plait import LLMInference, run
 from plait.resources import ResourceConfig
-from plait.resources.state import StateWarning
+from plait.resources.state import StateOversized, StateWarning
 from plait.testing import ScriptedServer, fetch_stats, start_server_process
 from postgres_server import PostgresServer
 
@@ -157,3 +157,20 @@ async def test_the_database_restarted_mid_run_loses_no_row_and_does_none_twice(
     assert sent == len(items)
     again = await run(program, items, resources=config, progress=False)
     assert again == outputs and server.stats.requests == sent  # none done twice
+
+
+async def test_a_row_over_the_cap_stops_the_rerun_by_name_rather_than_run_it_again(
+    server: ScriptedServer, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    program = LLMInference("fast", temperature=0.0)
+    items = ["short", "long " * 200]
+    await run(program, items, resources=_config(server, url), progress=False)
+    assert server.stats.requests == 2
+    # The cap falls between the two rows: the long one is now a row plait does not read
+    # (written by another program, or by a plait of a larger cap).
+    for name in ("plait.resources.state.sqlite", "plait.resources.state.postgres"):
+        if name in sys.modules:
+            monkeypatch.setattr(sys.modules[name], "MAX_VALUE_BYTES", 600)
+    with pytest.raises(StateOversized, match=r"row 'run/\w+/\w+' of table checkpoints is 1,"):
+        await run(program, items, resources=_config(server, url), progress=False)
+    assert server.stats.requests == 2  # neither row was sent again

@@ -24,6 +24,7 @@ from plait.resources import ResourceConfig, ResourceManager
 from plait.resources.cache import ResponseCacheStore
 from plait.resources.state import (
     StateError,
+    StateOversized,
     StateStore,
     StateUnavailable,
     StateURL,
@@ -106,9 +107,39 @@ def test_values_over_the_cap_are_neither_written_nor_read(
     assert store.add("responses", "big", b"x" * 64)
     module = sys.modules[type(store).__module__]
     monkeypatch.setattr(module, "MAX_VALUE_BYTES", 32)
-    assert store.get("responses", "big") is None  # stored before the cap: read as absent
+    assert store.get("responses", "big") is None  # stored before the cap: a cache miss
+    assert store.get_many("responses", ["big"]) == {} and store.scan("responses", "") == []
+    assert store.update("responses", "big", lambda old: b"fresh" if old is None else old)
+    assert store.get("responses", "big") == b"fresh"
     assert not store.add("responses", "bigger", b"x" * 33)
     assert store.add("responses", "small", b"x" * 32)
+
+
+def test_a_row_over_the_cap_is_refused_by_name_where_reading_it_as_absent_redoes_work(
+    store: StateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tables = ("checkpoints", "pauses", "budgets", "learning")
+    for table in tables:
+        assert store.put(table, "run/big", b"x" * 64) and store.put(table, "run/small", b"ok")
+    monkeypatch.setattr(sys.modules[type(store).__module__], "MAX_VALUE_BYTES", 32)
+    for table in tables:
+        reads = {
+            "get": (store.get, "run/big"),
+            "get_many": (store.get_many, ["run/small", "run/big"]),
+            "scan": (store.scan, "run/"),
+            "update": (store.update, "run/big", lambda old: b"new books"),
+            "take": (store.take, "run/big"),
+        }
+        for name, (read, *args) in reads.items():
+            with pytest.raises(StateOversized) as refused:
+                read(table, *args)
+            message = str(refused.value)
+            assert "\n" not in message, name
+            assert f"row 'run/big' of table {table} is 64 bytes, over the 32 bytes" in message
+            assert f"plait state prune --table {table}" in message, name
+        assert store.count(table) == 2  # neither taken nor overwritten
+        assert store.get(table, "run/small") == b"ok"
+        assert store.take(table, "run/small") == b"ok"
 
 
 def test_put_replaces_and_take_hands_a_key_to_one_taker(store: StateStore) -> None:

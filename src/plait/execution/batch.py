@@ -356,7 +356,7 @@ async def run_batch(
         USE_CACHE.reset(cache_token)
         _context.CALLBACKS.reset(callbacks)
         if checkpoint is not None:
-            await checkpoint.aclose()
+            await checkpoint.aclose(until)  # its rows' writes end with the deadline too
 
 
 async def _checkpoint_of(

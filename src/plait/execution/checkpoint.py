@@ -153,8 +153,9 @@ class CheckpointRecords(Protocol):
         """Keeps one finished item's record; may return something the batch waits for."""
         ...
 
-    async def aclose(self) -> None:
-        """Ends writing (a store's rows on their way are written first)."""
+    async def aclose(self, until: float | None = None) -> None:
+        """Ends writing (a store's rows on their way are written first, waiting no later
+        than ``until``, a loop time: the batch's deadline)."""
         ...
 
 
@@ -289,9 +290,10 @@ class Checkpoint:
             )
         return line
 
-    async def aclose(self) -> None:
-        """Ends writing: a folder's file is closed, a store's rows on their way written."""
-        await self.records.aclose()
+    async def aclose(self, until: float | None = None) -> None:
+        """Ends writing: a folder's file is closed, a store's rows on their way written
+        (waiting no later than ``until``, a loop time: the batch's deadline)."""
+        await self.records.aclose(until)
 
 
 async def open_checkpoint(

@@ -135,8 +135,8 @@ class FolderRecords:
         self._file.write(line + "\n")
         self._file.flush()
 
-    async def aclose(self) -> None:
-        """Closes the items file."""
+    async def aclose(self, until: float | None = None) -> None:
+        """Closes the items file (at once: ``until`` is for a store's writes)."""
         if self._file is not None:
             self._file.close()
             self._file = None

@@ -22,13 +22,14 @@ finished rows again.
 Writing is off the call's path: a finished item's row waits in memory and
 goes with the others waiting in one statement (`StateStore.add_many`), one
 batch in flight. A batch the store did not take (down, restarting, too slow)
-is kept and sent again, every `RETRY_AFTER` seconds at most, until the store
+is kept and sent again, every 2 s at most (`Backoff`), until the store
 answers: a database restart loses no row and makes no row run twice. Memory
 is bounded: past `MAX_WAITING_ROWS` rows or `MAX_WAITING_BYTES` waiting, the
 batch waits for the store before more items finish. When the batch ends it
 waits for its rows at most `CLOSE_WAIT` seconds; rows still unwritten then
 are named in a `StateWarning` (a rerun does them again), never dropped
-silently. A run killed with SIGKILL loses the rows of the write in flight
+silently; a batch run with ``deadline=`` waits no longer than its deadline
+leaves. A run killed with SIGKILL loses the rows of the write in flight
 (milliseconds of work), which a rerun does again.
 """
 
@@ -46,6 +47,7 @@ from plait.execution.checkpoint_codec import CheckpointError
 from plait.media import Media
 from plait.resources.state import (
     MAX_VALUE_BYTES,
+    StateOversized,
     StateUnavailable,
     StateURL,
     StateWarning,
@@ -53,6 +55,7 @@ from plait.resources.state import (
     open_store,
     release_store,
 )
+from plait.resources.state.backoff import Backoff
 from plait.resources.state.base import SCAN_PAGE
 
 if TYPE_CHECKING:
@@ -63,7 +66,6 @@ __all__ = [
     "MAX_WAITING_BYTES",
     "MAX_WAITING_ROWS",
     "READ_WAIT",
-    "RETRY_AFTER",
     "StoreRecords",
     "run_prefix",
 ]
@@ -77,8 +79,6 @@ MAX_WAITING_BYTES = 64 * 1024 * 1024
 """Bytes waiting for the store past which a batch waits before more items finish."""
 WRITE_BATCH = 500
 """Rows sent in one statement at most."""
-RETRY_AFTER = 2.0
-"""Longest pause between two tries of a write the store did not take."""
 READ_WAIT = 30.0
 """Seconds a batch asks a store that cannot answer for its finished rows before it stops."""
 CLOSE_WAIT = 30.0
@@ -111,7 +111,7 @@ class StoreRecords:
         self._flushing: asyncio.Task[None] | None = None
         self._room = asyncio.Event()
         self._room.set()
-        self._failures = 0
+        self._backoff = Backoff(logger, self.where)
 
     # -- reading ------------------------------------------------------------------------
     async def load(self, checkpoint: Checkpoint) -> None:
@@ -188,26 +188,20 @@ class StoreRecords:
                 del self._waiting[: len(batch)]
                 self._waiting_bytes -= sum(len(value) for _, value in batch)
                 if not missing:
-                    if self._failures:
-                        logger.warning("%s: the store takes rows again", self.where)
-                    self._failures = 0
+                    self._backoff.took("rows")
                     self._update_room()
                     continue
                 self._waiting[:0] = missing
                 self._waiting_bytes += sum(len(value) for _, value in missing)
                 if not store.is_usable:  # closed, or an SQLite file bypassed for good
                     break
-                self._failures += 1
-                if self._failures == 1:
-                    logger.warning(
-                        "%s: the store did not take %d rows; they are kept and sent again "
-                        "until it answers (the run waits past %d rows)",
-                        self.where,
-                        len(missing),
-                        MAX_WAITING_ROWS,
-                    )
                 self._update_room()
-                await asyncio.sleep(min(0.1 * 2**self._failures, RETRY_AFTER))
+                await self._backoff.failed(
+                    "the store did not take %d rows; they are kept and sent again until it "
+                    "answers (the run waits past %d rows)",
+                    len(missing),
+                    MAX_WAITING_ROWS,
+                )
         finally:
             self._flushing = None
             self._update_room()
@@ -215,7 +209,9 @@ class StoreRecords:
     def _write(self, batch: Sequence[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         """Writes ``batch`` (on the store's threads for PostgreSQL); returns the rows the
         store does not hold after it. ``add_many`` counts only new rows, so when it counts
-        fewer the rows are looked up: another writer of the same row is no failure."""
+        fewer the rows are looked up: another writer of the same row is no failure. A row
+        over the cap under one of the keys was not written by plait; the batch counts as
+        held, and the next run's `load` refuses that row by name."""
         if self.store.add_many(TABLE, batch) == len(batch):
             return []
         try:
@@ -224,13 +220,19 @@ class StoreRecords:
                 present.update(self.store.get_many(TABLE, page))
         except StateUnavailable:
             return list(batch)
+        except StateOversized as exc:
+            logger.warning("%s: %s", self.where, exc)
+            return []
         return [(key, value) for key, value in batch if key not in present]
 
-    async def aclose(self) -> None:
-        """Waits at most `CLOSE_WAIT` seconds for the rows on their way, says which were not
-        written, and lets go of the store."""
+    async def aclose(self, until: float | None = None) -> None:
+        """Waits at most `CLOSE_WAIT` seconds for the rows on their way, and no later than
+        ``until`` (a loop time: the batch's deadline), says which were not written, and
+        lets go of the store."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + CLOSE_WAIT
+        if until is not None:
+            give_up = min(give_up, until)
         while self._flushing is not None and loop.time() < give_up:
             await asyncio.wait([self._flushing], timeout=give_up - loop.time())
         if self._flushing is not None:

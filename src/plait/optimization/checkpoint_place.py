@@ -26,7 +26,7 @@ Writing to a store is off the work's path, as a run checkpoint's rows are
 on the store's threads and the work goes on. Only the latest document
 matters (each holds all the work so far), so while the store is down or
 restarting the writer keeps the latest one and tries it again every
-`RETRY_AFTER` seconds at most: a database restart mid-search or mid-training
+2 s at most (`Backoff`): a database restart mid-search or mid-training
 loses no trial and makes none run twice on a later resume. When the work
 ends (`aclose`) it waits at most `CLOSE_WAIT` seconds for the last document;
 one still unwritten then is named in a `StateWarning` (a rerun does again
@@ -55,14 +55,13 @@ from plait.resources.state import (
     open_store,
     release_store,
 )
+from plait.resources.state.backoff import Backoff
 
-__all__ = ["CLOSE_WAIT", "RETRY_AFTER", "TABLE", "CheckpointPlace"]
+__all__ = ["CLOSE_WAIT", "TABLE", "CheckpointPlace"]
 
 logger = logging.getLogger("plait.optimization")
 
 TABLE = "learning"
-RETRY_AFTER = 2.0
-"""Longest pause between two tries of a document the store did not take."""
 CLOSE_WAIT = 30.0
 """Seconds the end of the work waits for its last document to be written."""
 
@@ -88,7 +87,7 @@ class CheckpointPlace:
         self._latest: bytes | None = None
         """The newest document the store has not taken yet."""
         self._writer: asyncio.Task[None] | None = None
-        self._failures = 0
+        self._backoff = Backoff(logger, self.name)
 
     @property
     def kept(self) -> bool:
@@ -176,20 +175,14 @@ class CheckpointPlace:
                 if await self._put(data):
                     if self._latest is data:
                         self._latest = None
-                    if self._failures:
-                        logger.warning("%s: the store takes the checkpoint again", self.name)
-                    self._failures = 0
+                    self._backoff.took("the checkpoint")
                     continue
                 if self._store is not None and not self._store.is_usable:
                     break  # closed, or an SQLite file bypassed for good
-                self._failures += 1
-                if self._failures == 1:
-                    logger.warning(
-                        "%s: the store did not take the checkpoint; the latest one is kept "
-                        "and written when it answers (the work goes on)",
-                        self.name,
-                    )
-                await asyncio.sleep(min(0.1 * 2**self._failures, RETRY_AFTER))
+                await self._backoff.failed(
+                    "the store did not take the checkpoint; the latest one is kept and "
+                    "written when it answers (the work goes on)"
+                )
         finally:
             self._writer = None
 

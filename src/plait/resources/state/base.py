@@ -18,13 +18,17 @@ What a store promises:
   resumed once).
 - ``update`` reads a key and writes what a function makes of it in one
   transaction: processes updating one key go one at a time, each seeing the
-  last one's write (a budget's books, the count of paused runs).
+  last one's write (a budget's books, the count of paused runs), and a write
+  is made once, also when a broken connection hides whether it committed.
 - ``scan`` reads the keys under a prefix in pages, in code-point order of
   their keys, so a run's rows are read back in bounded memory; ``get_many``
   reads a page of named keys in one round trip (a checkpoint's finished rows).
 - A value is bytes the caller encodes (JSON, never pickle); the store reads
-  no value larger than `MAX_VALUE_BYTES` (it is absent), so nothing read
-  from a database chooses code to run or takes unbounded memory.
+  no value larger than `MAX_VALUE_BYTES`, so nothing read from a database
+  chooses code to run or takes unbounded memory. A larger row is measured,
+  never loaded: in a table of `MISSES_OVERSIZED` (the response cache) it
+  reads as absent; in any other a read of it raises `StateOversized` naming
+  the row, since reading it as absent would do (and pay for) its work again.
 - Tables are a fixed list (`TABLES`) and carry a schema version: a store
   written by a newer plait is refused with `StateError`, never misread.
 - Failures after opening do not raise: a read misses, a write is dropped,
@@ -38,7 +42,7 @@ What a store promises:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from plait.errors import ConfigError
@@ -46,12 +50,16 @@ from plait.resources.state.url import StateURL
 
 __all__ = [
     "MAX_VALUE_BYTES",
+    "MISSES_OVERSIZED",
     "SCHEMA_VERSION",
     "TABLES",
     "StateError",
+    "StateOversized",
     "StateStore",
     "StateUnavailable",
     "StateWarning",
+    "admit",
+    "admit_rows",
     "check_table",
     "prefix_end",
 ]
@@ -67,7 +75,13 @@ SCAN_PAGE = 1000
 """Rows a ``scan`` returns at most, unless asked for fewer."""
 
 MAX_VALUE_BYTES = 16 * 1024 * 1024
-"""Largest value a store writes or reads; a larger stored one reads as absent."""
+"""Largest value a store writes or reads (a larger stored one: `admit`)."""
+
+MISSES_OVERSIZED = frozenset({"responses"})
+"""Tables in which a row over `MAX_VALUE_BYTES` reads as absent. A cache may miss: the
+call goes to the provider, as on any miss, and the answer is never wrong. In the others
+(checkpoints, paused runs, budgets, learning) absent means "not done yet", "unknown" or
+"nothing spent", so a row that cannot be read is refused (`StateOversized`) instead."""
 
 
 class StateError(ConfigError):
@@ -78,6 +92,22 @@ class StateError(ConfigError):
 class StateUnavailable(StateError):
     """A ``scan`` could not be answered (the store is down, closed or bypassed); unlike the
     other reads it raises, because an empty page would mean "nothing done yet"."""
+
+
+class StateOversized(StateError):
+    """A row over `MAX_VALUE_BYTES` was read from a table where it may not read as absent
+    (see `MISSES_OVERSIZED`); the message names the store, table, key, size and cap."""
+
+    def __init__(self, url: StateURL, table: str, key: str, size: int, cap: int) -> None:
+        super().__init__(
+            f"state store {url}: row {key!r} of table {table} is {size:,} bytes, over the "
+            f"{cap:,} bytes plait reads, so it is refused rather than read as absent (which "
+            f"would do its work again); delete that row (plait state prune --table {table} "
+            "--older-than AGE removes the rows written before AGE) and run again"
+        )
+        self.table = table
+        self.key = key
+        self.size = size
 
 
 class StateWarning(UserWarning):
@@ -101,7 +131,11 @@ class StateStore(Protocol):
         ...
 
     def get(self, table: str, key: str) -> bytes | None:
-        """Returns the value of ``key``, or None (absent, too large, or the store failed)."""
+        """Returns the value of ``key``, or None (absent, or the store failed).
+
+        Raises:
+            StateOversized: the row is over `MAX_VALUE_BYTES` (see `admit`).
+        """
         ...
 
     def add(self, table: str, key: str, value: bytes) -> bool:
@@ -115,16 +149,21 @@ class StateStore(Protocol):
 
     def take(self, table: str, key: str) -> bytes | None:
         """Removes ``key`` and returns its value, or None when it was not there (or the
-        store failed); one caller of many taking one key gets it."""
+        store failed); one caller of many taking one key gets it. A row over
+        `MAX_VALUE_BYTES` stays: None in a table of `MISSES_OVERSIZED`, else
+        `StateOversized`."""
         ...
 
     def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
         """Writes ``change(value)`` over ``key``'s value (None when absent) in one
         transaction that holds the key meanwhile: returning None deletes the key,
         returning the very value given (``is``) writes nothing. ``change`` runs on the
-        store's thread, may run again when a connection breaks under it, and so must be
-        a pure function of its argument; an error it raises rolls back and reaches the
-        caller. Returns False when the store failed (nothing was written)."""
+        store's thread, may run again when a connection breaks under it (a try the server
+        rolled back), and so must be a pure function of its argument; its write is made
+        once even when the reply to the COMMIT is lost. An error it raises rolls back and
+        reaches the caller. A row over `MAX_VALUE_BYTES` is given as None in a table of
+        `MISSES_OVERSIZED`, else raises `StateOversized` before ``change`` runs. Returns
+        False when the store failed (nothing was written)."""
         ...
 
     def scan(
@@ -132,20 +171,24 @@ class StateStore(Protocol):
     ) -> list[tuple[str, bytes]]:
         """Returns up to ``limit`` ``(key, value)`` of the keys starting with ``prefix``
         and sorting after ``after``, in key order: the next page starts after the last
-        key of this one. A value over `MAX_VALUE_BYTES` is left out.
+        key of this one. A row over `MAX_VALUE_BYTES` is left out in a table of
+        `MISSES_OVERSIZED`.
 
         Raises:
             StateUnavailable: the store cannot answer.
+            StateOversized: a row over `MAX_VALUE_BYTES` in any other table.
         """
         ...
 
     def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
         """Returns the values of those of ``keys`` that are stored, in one round trip (at most
-        `SCAN_PAGE` keys a call). A value over `MAX_VALUE_BYTES` is left out.
+        `SCAN_PAGE` keys a call). A row over `MAX_VALUE_BYTES` is left out in a table
+        of `MISSES_OVERSIZED`.
 
         Raises:
             StateUnavailable: the store cannot answer (as ``scan``: an answer of nothing
                 stored would make a resumed run do its finished rows again).
+            StateOversized: a row over `MAX_VALUE_BYTES` in any other table.
         """
         ...
 
@@ -186,6 +229,36 @@ def prefix_end(prefix: str) -> str | None:
     if 0xD800 <= following <= 0xDFFF:  # surrogates are no characters: skip them
         following = 0xE000
     return text[:-1] + chr(following)
+
+
+def admit(
+    url: StateURL, table: str, key: str, value: bytes | None, size: int, cap: int
+) -> bytes | None:
+    """Returns a stored row's value, read together with its size by a query that returns
+    the value only when ``size <= cap``: the value, or for a larger row None in a table of
+    `MISSES_OVERSIZED`.
+
+    Raises:
+        StateOversized: a larger row in any other table.
+    """
+    if value is not None:
+        return bytes(value)
+    if table in MISSES_OVERSIZED:
+        return None
+    raise StateOversized(url, table, key, size, cap)
+
+
+def admit_rows(
+    url: StateURL, table: str, rows: Iterable[tuple[str, bytes | None, int]], cap: int
+) -> list[tuple[str, bytes]]:
+    """The ``(key, value)`` of rows read as ``(key, value within the cap, size)``, each
+    through `admit` (a larger row left out, or refused)."""
+    admitted = []
+    for key, value, size in rows:
+        kept = admit(url, table, key, value, size, cap)
+        if kept is not None:
+            admitted.append((key, kept))
+    return admitted
 
 
 def check_table(table: str) -> str:

@@ -39,6 +39,8 @@ from plait.resources.state.base import (
     TABLES,
     StateError,
     StateUnavailable,
+    admit,
+    admit_rows,
     check_table,
     prefix_end,
 )
@@ -54,6 +56,9 @@ T = TypeVar("T")
 
 _LOCK_ID = 0x706C616974  # "plait": serialises schema creation across processes
 _RETRY_AFTER = 1.0  # seconds a failed store is skipped before it is tried again
+# `update`'s first statement: the key's lock, and the id of its transaction (asked about
+# after a broken connection).
+_LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0)), txid_current()"
 
 
 class PostgresStore:
@@ -183,12 +188,17 @@ class PostgresStore:
         return not self._closed
 
     def get(self, table: str, key: str) -> bytes | None:
-        """Returns the value of ``key``, or None (absent, too large, or the store is down)."""
+        """Returns the value of ``key``, or None (absent, or the store is down); a row over
+        the cap: `admit`."""
         query = self._sql[check_table(table)]["get"]
 
         def read(conn: psycopg.Connection[Any]) -> bytes | None:
-            row = conn.execute(query, (key, MAX_VALUE_BYTES)).fetchone()
-            return None if row is None else bytes(row[0])
+            row = conn.execute(query, (MAX_VALUE_BYTES, key)).fetchone()
+            return (
+                None
+                if row is None
+                else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
+            )
 
         return self._call("read", read, None)
 
@@ -212,12 +222,20 @@ class PostgresStore:
         return self._call("write", write, False)
 
     def take(self, table: str, key: str) -> bytes | None:
-        """Removes ``key`` and returns its value (``DELETE … RETURNING``: one taker gets it)."""
-        query = self._sql[check_table(table)]["take"]
+        """Removes ``key`` and returns its value (``DELETE … RETURNING``: one taker gets it);
+        a row over the cap stays (`admit`)."""
+        queries = self._sql[check_table(table)]
 
         def take(conn: psycopg.Connection[Any]) -> bytes | None:
-            row = conn.execute(query, (key,)).fetchone()
-            return None if row is None or len(row[0]) > MAX_VALUE_BYTES else bytes(row[0])
+            row = conn.execute(queries["take"], (key, MAX_VALUE_BYTES)).fetchone()
+            if row is not None:
+                return bytes(row[0])
+            large = conn.execute(queries["size"], (key,)).fetchone()
+            return (
+                None
+                if large is None
+                else admit(self.url, table, key, None, large[1], MAX_VALUE_BYTES)
+            )
 
         return self._call("take", take, None)
 
@@ -225,15 +243,34 @@ class PostgresStore:
         """Writes ``change(value)`` over ``key`` in one transaction (see
         `StateStore.update`) holding a transaction-scoped advisory lock of the key (a row
         lock cannot hold a key that has no row yet); waiting for it is bounded by the
-        statement timeout."""
+        statement timeout.
+
+        Exactly once, also when the connection breaks after the COMMIT was sent and its
+        reply is lost (the server may have committed): each try notes its transaction's id,
+        and the try after a broken connection first takes the key's lock (so the broken
+        try has ended, committed or rolled back) and asks the server how that id ended
+        (``txid_status``). Committed: the update is done and ``change`` does not run
+        again (a budget's charge is not counted twice); rolled back: it runs again.
+        """
         queries = self._sql[check_table(table)]
         lock = f"{self.url.schema}.{table}/{key}"
+        tried: list[int] = []
+        """The transaction id of the last try, once the server gave it."""
 
         def work(conn: psycopg.Connection[Any]) -> bool:
             with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (lock,))
-                row = conn.execute(queries["get"], (key, MAX_VALUE_BYTES)).fetchone()
-                old = None if row is None else bytes(row[0])
+                row = conn.execute(_LOCK_KEY, (lock,)).fetchone()
+                if tried:
+                    ended = conn.execute("SELECT txid_status(%s)", (tried[-1],)).fetchone()
+                    if ended is not None and ended[0] == "committed":
+                        return True  # the broken try committed: only its reply was lost
+                tried[:] = [] if row is None else [int(row[1])]
+                row = conn.execute(queries["get"], (MAX_VALUE_BYTES, key)).fetchone()
+                old = (
+                    None
+                    if row is None
+                    else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
+                )
                 new = change(old)
                 if new is None:
                     conn.execute(queries["delete"], (key,))
@@ -256,8 +293,8 @@ class PostgresStore:
         bounds = (prefix, after) if end is None else (prefix, after, end)
 
         def scan(conn: psycopg.Connection[Any]) -> list[tuple[str, bytes]] | None:
-            rows = conn.execute(query, (*bounds, MAX_VALUE_BYTES, limit)).fetchall()
-            return [(key, bytes(value)) for key, value in rows]
+            rows = conn.execute(query, (MAX_VALUE_BYTES, *bounds, limit)).fetchall()
+            return admit_rows(self.url, table, rows, MAX_VALUE_BYTES)
 
         page = self._call("scan", scan, None)
         if page is None:
@@ -273,8 +310,8 @@ class PostgresStore:
         query = self._sql[check_table(table)]["get_many"]
 
         def read(conn: psycopg.Connection[Any]) -> dict[str, bytes] | None:
-            rows = conn.execute(query, (list(keys), MAX_VALUE_BYTES)).fetchall()
-            return {key: bytes(value) for key, value in rows}
+            rows = conn.execute(query, (MAX_VALUE_BYTES, list(keys))).fetchall()
+            return dict(admit_rows(self.url, table, rows, MAX_VALUE_BYTES))
 
         found = self._call("read", read, None)
         if found is None:
@@ -339,7 +376,8 @@ class PostgresStore:
         """Runs ``work`` on a pooled connection; ``default`` when the store is down or closed.
 
         A connection broken under it (a server restart) is tried once more on
-        another, since the pool hands out connections it has not checked; one the
+        another, since the pool hands out connections it has not checked (``work`` must
+        be safe to run again: `update`'s asks whether its broken try committed); one the
         watchdog cut (a server silent past twice the timeout) is not.
         """
         if self._closed or time.monotonic() < self._down_until:
@@ -410,21 +448,25 @@ class PostgresStore:
         return f"PostgresStore({str(self.url)!r}, schema {self.url.schema!r}, {state})"
 
 
+# A row's value when it is within the cap (%s), and its size: a larger one is measured
+# (from its header: never loaded), then refused or missed by `admit`.
+_VALUE = "CASE WHEN octet_length(value) <= %s THEN value END, octet_length(value)"
+
 _STATEMENTS = {
-    "get": "SELECT value FROM {} WHERE key = %s AND octet_length(value) <= %s",
+    "get": f"SELECT {_VALUE} FROM {{}} WHERE key = %s",
+    "size": "SELECT NULL::bytea, octet_length(value) FROM {} WHERE key = %s",
     "add": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) DO NOTHING",
     "add_many": "INSERT INTO {} (key, value, created) SELECT key, value, %s FROM "
     "unnest(%s::text[], %s::bytea[]) AS t(key, value) ON CONFLICT (key) DO NOTHING",
     "put": "INSERT INTO {} (key, value, created) VALUES (%s, %s, %s) ON CONFLICT (key) "
     "DO UPDATE SET value = excluded.value, created = excluded.created",
-    "get_many": "SELECT key, value FROM {} WHERE key = ANY(%s) AND octet_length(value) <= %s",
+    "get_many": f"SELECT key, {_VALUE} FROM {{}} WHERE key = ANY(%s)",
     "get_many_loop": "SELECT key, value FROM {} WHERE key = ANY($1::text[]) "
     "AND octet_length(value) <= $2::bigint",
-    "take": "DELETE FROM {} WHERE key = %s RETURNING value",
-    "scan": "SELECT key, value FROM {} WHERE key >= %s AND key > %s "
-    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
-    "scan_to": "SELECT key, value FROM {} WHERE key >= %s AND key > %s AND key < %s "
-    "AND octet_length(value) <= %s ORDER BY key LIMIT %s",
+    "take": "DELETE FROM {} WHERE key = %s AND octet_length(value) <= %s RETURNING value",
+    "scan": f"SELECT key, {_VALUE} FROM {{}} WHERE key >= %s AND key > %s ORDER BY key LIMIT %s",
+    "scan_to": f"SELECT key, {_VALUE} FROM {{}} WHERE key >= %s AND key > %s AND key < %s "
+    "ORDER BY key LIMIT %s",
     "delete_from": "DELETE FROM {} WHERE key >= %s",
     "delete_range": "DELETE FROM {} WHERE key >= %s AND key < %s",
     "prune": "DELETE FROM {} WHERE created < %s",

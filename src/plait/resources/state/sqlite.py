@@ -30,6 +30,8 @@ from plait.resources.state.base import (
     TABLES,
     StateUnavailable,
     StateWarning,
+    admit,
+    admit_rows,
     check_table,
     prefix_end,
 )
@@ -38,6 +40,9 @@ from plait.resources.state.url import StateURL
 __all__ = ["SQLiteStore"]
 
 logger = logging.getLogger("plait.resources")
+
+# A row's value when it is within the cap, and its size: a larger one is measured, never loaded.
+_VALUE = "CASE WHEN length(value) <= ? THEN value END, length(value)"
 
 # SQLite answers BUSY/LOCKED while another process writes; that passes, so the
 # lookup is a miss (or the write is skipped) and the file stays in use.
@@ -106,17 +111,18 @@ class SQLiteStore:
         return self._db is not None
 
     def get(self, table: str, key: str) -> bytes | None:
-        """Returns the stored value of ``key``, or None (also when the store is bypassed)."""
+        """Returns the stored value of ``key``, or None (also when the store is bypassed);
+        a row over the cap: `admit`."""
         if self._db is None:
             return None
-        sql = f"SELECT value FROM {check_table(table)} WHERE key = ? AND length(value) <= ?"
+        sql = f"SELECT {_VALUE} FROM {check_table(table)} WHERE key = ?"
         try:
             with self._lock:
-                row = self._db.execute(sql, (key, MAX_VALUE_BYTES)).fetchone()
+                row = self._db.execute(sql, (MAX_VALUE_BYTES, key)).fetchone()
         except sqlite3.Error as exc:
             self._on_error(exc, "read")
             return None
-        return None if row is None else bytes(row[0])
+        return None if row is None else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
 
     def add(self, table: str, key: str, value: bytes) -> bool:
         """Stores ``value`` unless ``key`` has one; dropped when the store is bypassed."""
@@ -139,19 +145,27 @@ class SQLiteStore:
         return self._write(sql, (key, value, time.time()), "write") == 1
 
     def take(self, table: str, key: str) -> bytes | None:
-        """Removes ``key`` and returns its value (one statement: one taker gets it)."""
+        """Removes ``key`` and returns its value (one statement: one taker gets it); a row
+        over the cap stays (`admit`)."""
         if self._db is None:
             return None
-        sql = f"DELETE FROM {check_table(table)} WHERE key = ? RETURNING value"
+        name = check_table(table)
+        sql = f"DELETE FROM {name} WHERE key = ? AND length(value) <= ? RETURNING value"
+        large = None
         try:
             with self._lock:
-                row = self._db.execute(sql, (key,)).fetchone()
+                row = self._db.execute(sql, (key, MAX_VALUE_BYTES)).fetchone()
+                if row is None:
+                    sizes = f"SELECT NULL, length(value) FROM {name} WHERE key = ?"
+                    large = self._db.execute(sizes, (key,)).fetchone()
         except sqlite3.Error as exc:
             self._on_error(exc, "take")
             return None
-        if row is None or len(row[0]) > MAX_VALUE_BYTES:
-            return None
-        return bytes(row[0])
+        if row is not None:
+            return bytes(row[0])
+        return (
+            None if large is None else admit(self.url, table, key, None, large[1], MAX_VALUE_BYTES)
+        )
 
     def update(self, table: str, key: str, change: Callable[[bytes | None], bytes | None]) -> bool:
         """Writes ``change(value)`` over ``key`` in one ``BEGIN IMMEDIATE`` transaction
@@ -166,10 +180,13 @@ class SQLiteStore:
                 db.execute("BEGIN IMMEDIATE")
                 try:
                     row = db.execute(
-                        f"SELECT value FROM {name} WHERE key = ? AND length(value) <= ?",
-                        (key, MAX_VALUE_BYTES),
+                        f"SELECT {_VALUE} FROM {name} WHERE key = ?", (MAX_VALUE_BYTES, key)
                     ).fetchone()
-                    old = None if row is None else bytes(row[0])
+                    old = (
+                        None
+                        if row is None
+                        else admit(self.url, table, key, row[0], row[1], MAX_VALUE_BYTES)
+                    )
                     new = change(old)
                     if new is None:
                         db.execute(f"DELETE FROM {name} WHERE key = ?", (key,))
@@ -196,20 +213,20 @@ class SQLiteStore:
         """Returns a page of the keys under ``prefix`` after ``after`` (see `StateStore`)."""
         end = prefix_end(prefix)
         sql = (
-            f"SELECT key, value FROM {check_table(table)} WHERE key >= ? AND key > ?"
+            f"SELECT key, {_VALUE} FROM {check_table(table)} WHERE key >= ? AND key > ?"
             + ("" if end is None else " AND key < ?")
-            + " AND length(value) <= ? ORDER BY key LIMIT ?"
+            + " ORDER BY key LIMIT ?"
         )
         bounds = (prefix, after) if end is None else (prefix, after, end)
         if self._db is None:
             raise StateUnavailable(f"state store {self.path} is bypassed: {self.error}")
         try:
             with self._lock:
-                rows = self._db.execute(sql, (*bounds, MAX_VALUE_BYTES, limit)).fetchall()
+                rows = self._db.execute(sql, (MAX_VALUE_BYTES, *bounds, limit)).fetchall()
         except sqlite3.Error as exc:
             self._on_error(exc, "scan")
             raise StateUnavailable(f"state store {self.path} failed on a scan: {exc}") from None
-        return [(key, bytes(value)) for key, value in rows]
+        return admit_rows(self.url, table, rows, MAX_VALUE_BYTES)
 
     def get_many(self, table: str, keys: Sequence[str]) -> dict[str, bytes]:
         """Returns the stored values of ``keys`` (see `StateStore.get_many`)."""
@@ -220,17 +237,14 @@ class SQLiteStore:
         if self._db is None:
             raise StateUnavailable(f"state store {self.path} is bypassed: {self.error}")
         marks = ", ".join("?" * len(keys))
-        sql = (
-            f"SELECT key, value FROM {check_table(table)} WHERE key IN ({marks}) "
-            "AND length(value) <= ?"
-        )
+        sql = f"SELECT key, {_VALUE} FROM {check_table(table)} WHERE key IN ({marks})"
         try:
             with self._lock:
-                rows = self._db.execute(sql, (*keys, MAX_VALUE_BYTES)).fetchall()
+                rows = self._db.execute(sql, (MAX_VALUE_BYTES, *keys)).fetchall()
         except sqlite3.Error as exc:
             self._on_error(exc, "read")
             raise StateUnavailable(f"state store {self.path} failed on a read: {exc}") from None
-        return {key: bytes(value) for key, value in rows}
+        return dict(admit_rows(self.url, table, rows, MAX_VALUE_BYTES))
 
     def delete_prefix(self, table: str, prefix: str) -> int:
         """Removes every key under ``prefix``."""
