@@ -55,16 +55,17 @@ _STATEMENT = b"plait_get_many"
 """The name the lookup statement is prepared under on each connection."""
 
 DEPTH = 4
-"""Lookups on their way on the connection at once: past that, the next ones wait to go
-together (a ``key = ANY(…)`` read of up to a page of keys) when a reply makes room or at
-the loop's next turn; a burst of lookups asked at once then costs the server a few reads
-rather than one each."""
+"""Lookups a connection has on their way when the next one is asked alone: past that,
+the next ones wait to go together (a ``key = ANY(…)`` read of up to a page of keys) when
+a reply makes room or at the loop's next turn, whichever comes first; a burst of lookups
+asked at once then costs the server a few reads rather than one each."""
 
 Asked = dict[str, list["asyncio.Future[bytes | None]"]]
 
 
 class LoopReads:
-    """Reads keys of one table on the running loop, each lookup sent as it is asked.
+    """Reads keys of one table on the running loop, each lookup sent as it is asked (past
+    `DEPTH` on their way, together).
 
     Built by `PostgresStore.loop_reads` for one event loop (a response cache's);
     `close` it on that loop.
