@@ -13,10 +13,11 @@ lookup's reply, and each lookup asked also reads whatever replies have
 arrived, answering their callers at once. A turn of the loop can be long
 (W2 finishes 64 calls together and each starts its next call in the same
 turn), and a reply is otherwise seen only when the loop next looks at its
-sockets, after that turn. W2's cost, measured alternately on one machine:
-+7–9 % sending a turn's lookups together at the next turn and answering
-them from the reader callback, +5–7 % sending each as asked, +2–5 % also
-reading replies as lookups are asked. Past `DEPTH` lookups on their way,
+sockets, after that turn. W2's cost, measured alternately on one busy
+machine (load 1.5–2): +7–9 % sending a turn's lookups together at the next
+turn and answering them from the reader callback, +4.5–7 % sending each as
+asked, +1.6–4.2 % also reading replies as lookups are asked (at load 3:
++12.5 % against +7.3 %). Past `DEPTH` lookups on their way,
 the next ones go together (a burst of 64 lookups at once: 40,000/s, as
 batched, rather than 8,000–11,000/s one read each).
 It is written on psycopg's own libpq layer (`psycopg.pq`) rather than
