@@ -261,28 +261,103 @@ def test_one_store_per_url_per_process(url: str) -> None:
     assert not first.is_usable
 
 
-async def test_lookups_asked_together_are_read_together_and_each_gets_its_own_answer(
-    state_url: str,
-) -> None:
+async def test_lookups_asked_together_each_get_their_own_answer(state_url: str) -> None:
     cache = ResponseCacheStore(state_url, memory_entries=0)
     try:
         for n in range(0, 200, 2):  # every even key stored
             await cache.put(f"k{n}", Response(f"reply {n}"))
         await cache.aclose()
         cache = ResponseCacheStore(state_url, memory_entries=0)
-        lookups = [asyncio.ensure_future(cache.get(f"k{n}")) for n in range(200)]
-        lookups[7].cancel()  # a caller that gives up leaves the others their answers
-        answers = await asyncio.gather(*lookups, return_exceptions=True)
-        for n, answer in enumerate(answers):
-            if n == 7:
-                assert isinstance(answer, asyncio.CancelledError)
-            elif n % 2:
-                assert answer is None, n
-            else:
-                assert isinstance(answer, Response) and answer.text == f"reply {n}", n
+        # First while the connection opens (they go in one read once it is open), then on
+        # the open connection (the first few sent as they are asked, the rest together).
+        for _ in range(2):
+            lookups = [asyncio.ensure_future(cache.get(f"k{n}")) for n in range(200)]
+            lookups[7].cancel()  # a caller that gives up leaves the others their answers
+            answers = await asyncio.gather(*lookups, return_exceptions=True)
+            for n, answer in enumerate(answers):
+                if n == 7:
+                    assert isinstance(answer, asyncio.CancelledError)
+                elif n % 2:
+                    assert answer is None, n
+                else:
+                    assert isinstance(answer, Response) and answer.text == f"reply {n}", n
         assert await cache.get("k4") is not None  # the next lookup starts a new read
     finally:
         await cache.aclose()
+
+
+async def test_a_lookup_is_sent_as_it_is_asked_and_a_later_lookup_reads_its_reply(
+    state_url: str,
+) -> None:
+    # The loop never turns here: the first lookup must be on its way when asked, and its
+    # reply read by a later lookup rather than by the loop's reader callback.
+    store = open_store(state_url)
+    try:
+        store.add("responses", "a", b"A")
+        reads = store.loop_reads("responses")  # type: ignore[attr-defined]
+        assert await reads.get("warm") is None  # the connection is open
+        first = reads.get("a")
+        future = first.send(None)  # runs to its await: the lookup is written
+        later = []
+        for _ in range(500):
+            if future.done():
+                break
+            time.sleep(0.01)  # blocks the loop: only a lookup asked now can read the reply
+            later.append(reads.get("b"))
+            later[-1].send(None)
+        assert future.done(), "the first lookup was not answered without a turn of the loop"
+        with pytest.raises(StopIteration) as answered:
+            first.send(None)
+        assert answered.value.value == b"A"
+        for lookup in later:
+            lookup.close()
+        reads.close()
+    finally:
+        release_store(store)
+
+
+async def test_a_connection_broken_with_lookups_on_it_answers_misses_and_marks_the_store_down(
+    state_url: str,
+) -> None:
+    import psycopg
+
+    store = open_store(state_url)
+    parsed = StateURL.parse(state_url)
+    try:
+        store.add("responses", "a", b"A")
+        reads = store.loop_reads("responses")  # type: ignore[attr-defined]
+        assert await reads.get("a") == b"A"
+        with (
+            psycopg.connect(parsed.target, autocommit=True) as admin,
+            psycopg.connect(parsed.target) as blocker,
+        ):
+            blocker.execute(f"LOCK TABLE {parsed.schema}.responses IN ACCESS EXCLUSIVE MODE")
+            keys = ["a", "b", "a", "c"] * 3  # more than go at once: some wait to go together
+            lookups = [asyncio.ensure_future(reads.get(key)) for key in keys]
+            waiting: list[Any] = []
+            for _ in range(500):  # until the server holds them behind the lock
+                await asyncio.sleep(0.002)
+                waiting = admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND datname = current_database()"
+                ).fetchall()
+                if waiting:
+                    break
+            assert len(waiting) == 1, "the lookups did not go on one connection"
+            admin.execute("SELECT pg_terminate_backend(%s)", waiting[0])
+            missed = await asyncio.wait_for(asyncio.gather(*lookups), 10)
+            assert missed == [None] * len(keys)
+            assert store.error is not None and "administrator" in store.error  # type: ignore[attr-defined]
+            assert await reads.get("a") is None  # the store is skipped for a moment
+        for _ in range(100):  # then a new connection answers
+            await asyncio.sleep(0.05)
+            if await reads.get("a") == b"A":
+                break
+        else:
+            pytest.fail("the lookups never read from a new connection")
+        reads.close()
+    finally:
+        release_store(store)
 
 
 async def test_lookups_on_the_loop_read_keys_of_any_text_and_miss_once_closed(

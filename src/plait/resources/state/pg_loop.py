@@ -6,29 +6,42 @@ a millisecond, but a read on the store's threads crosses the loop four or
 five times (task, thread, GIL, ``call_soon_threadsafe``, the waiting task),
 each crossing queued behind the loop's other work: measured in
 ``benchmarks/state_bench.py`` W2, 10–15 ms a lookup and +17–20 % wall time.
-`LoopReads` instead keeps a few connections in nonblocking mode whose
-sockets the loop watches: lookups asked in one turn of the loop go out
-together at the start of the next (``key = ANY(…)``), and the loop's reader
-callback answers their callers directly when the rows arrive.
+`LoopReads` instead keeps one nonblocking connection in libpq's pipeline
+mode whose socket the loop watches. A lookup is written to the socket by
+the call that asks it, not at the loop's next turn nor after an earlier
+lookup's reply, and each lookup asked also reads whatever replies have
+arrived, answering their callers at once. A turn of the loop can be long
+(W2 finishes 64 calls together and each starts its next call in the same
+turn), and a reply is otherwise seen only when the loop next looks at its
+sockets, after that turn. W2's cost, measured alternately on one busy
+machine (load 1.5–2): +7–9 % sending a turn's lookups together at the next
+turn and answering them from the reader callback, +4.5–7 % sending each as
+asked, +1.6–4.2 % also reading replies as lookups are asked (at load 3:
++12.5 % against +7.3 %). Past `DEPTH` lookups on their way,
+the next ones go together (a burst of 64 lookups at once: 40,000/s, as
+batched, rather than 8,000–11,000/s one read each).
 It is written on psycopg's own libpq layer (`psycopg.pq`) rather than
-psycopg's ``AsyncConnection`` because that measured +9.5–11 % of W2's wall
-time against +8 % for this (the same benchmark, the same machine), and
-this batches a loop turn's lookups into one read.
+psycopg's ``AsyncConnection``, which measured +9.5–11 % of W2's wall time
+(a read a lookup, each awaited through psycopg's own waiting).
 
 Only this read runs here; everything else of the store (writes, scans,
 reconnecting the pool) stays on its threads (`plait.resources.state.on_loop`).
-A connection is opened on the store's threads (connecting blocks), so the
-loop never waits for a handshake. A read that has not answered within the
-store's timeout, or a connection that breaks (a server restart), answers
-its callers with misses and is dropped; the next lookup opens another. The
-rows read are bytes and text capped in the query (``MAX_VALUE_BYTES``, at
-most one row per key asked): nothing read chooses code to run.
+The connection is opened on the store's threads (connecting blocks), so the
+loop never waits for a handshake; lookups asked meanwhile go together once
+it is open. A lookup that has not answered within the store's timeout, or a
+connection that breaks (a server restart), answers every lookup on it with a
+miss, drops the connection and marks the store down; the next lookup after
+that opens another. Each lookup is its own implicit transaction (a Sync
+after each), so it sees every row committed before it was sent. The rows
+read are bytes and text capped in the query (``MAX_VALUE_BYTES``, at most
+one row per key asked): nothing read chooses code to run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,15 +52,21 @@ from plait.resources.state.base import MAX_VALUE_BYTES, SCAN_PAGE
 
 __all__ = ["LoopReads"]
 
-CONNECTIONS = 2
-"""Nonblocking connections one `LoopReads` keeps: one read waiting for its rows while
-the next batch goes on the other."""
+_STATEMENT = b"plait_get_many"
+"""The name the lookup statement is prepared under on each connection."""
+
+DEPTH = 4
+"""Lookups a connection has on their way when the next one is asked alone: past that,
+the next ones wait to go together (a ``key = ANY(…)`` read of up to a page of keys) when
+a reply makes room or at the loop's next turn, whichever comes first; a burst of lookups
+asked at once then costs the server a few reads rather than one each."""
 
 Asked = dict[str, list["asyncio.Future[bytes | None]"]]
 
 
 class LoopReads:
-    """Reads keys of one table on the running loop, batching the lookups of a loop turn.
+    """Reads keys of one table on the running loop, each lookup sent as it is asked (past
+    `DEPTH` on their way, together).
 
     Built by `PostgresStore.loop_reads` for one event loop (a response cache's);
     `close` it on that loop.
@@ -55,7 +74,7 @@ class LoopReads:
     Args:
         conninfo: what libpq opens (the store's target with its timeouts).
         query: the ``get_many`` statement of the table, ``$1`` the keys, ``$2`` the cap.
-        timeout: seconds a read may take before its callers miss.
+        timeout: seconds a lookup may take before every lookup on its connection misses.
         executor: the store's threads, where connections are opened.
         failed: called with the action and the error when a connection fails
             (the store logs the outage once and skips itself for a moment).
@@ -78,12 +97,11 @@ class LoopReads:
         self._failed = failed
         self._usable = usable
         self.loop = asyncio.get_running_loop()
-        """The loop this reader's sockets and callers are on."""
-        self._asked: Asked = {}
-        self._scheduled = False
-        self._idle: list[_Connection] = []
-        self._open = 0  # connections open or opening
-        self._opening: set[asyncio.Future[pq.abc.PGconn]] = set()
+        """The loop this reader's socket and callers are on."""
+        self._connection: _Connection | None = None
+        self._waiting: Asked = {}  # not sent yet: the connection opens, or DEPTH are on their way
+        self._scheduled = False  # _send_waiting is to run at the loop's next turn
+        self._opening: asyncio.Future[pq.abc.PGconn] | None = None
         self._closed = False
 
     async def get(self, key: str) -> bytes | None:
@@ -92,155 +110,222 @@ class LoopReads:
         if self._closed or not self._usable():
             return None
         future: asyncio.Future[bytes | None] = self.loop.create_future()
-        self._asked.setdefault(key, []).append(future)
-        if not self._scheduled:
-            self._scheduled = True
-            self.loop.call_soon(self._send)
+        connection = self._connection
+        if connection is not None and len(connection.sent) < DEPTH:
+            connection.send({key: [future]})
+            connection.poll()
+            return await future
+        self._waiting.setdefault(key, []).append(future)
+        if connection is not None:
+            connection.poll()  # a reply already here makes room for the waiting lookups
+            if self._waiting and not self._scheduled:
+                self._scheduled = True
+                self.loop.call_soon(self._send_waiting)
+        elif self._opening is None:
+            self._opening = self.loop.run_in_executor(self._executor, self._connect)
+            self._opening.add_done_callback(self._opened)
         return await future
 
-    def _send(self) -> None:
-        """Sends the lookups asked so far (a page of keys) on an idle connection, or opens
-        one; with none free they wait for the next read to come back."""
-        self._scheduled = False
-        if not self._asked or self._closed:
-            return
-        if self._idle:
-            connection = self._idle.pop()
-            keys = list(itertools.islice(self._asked, SCAN_PAGE))
-            batch: Asked = {key: self._asked.pop(key) for key in keys}
-            connection.send(batch)
-            if self._asked:
-                self._send()
-        elif self._open < CONNECTIONS:
-            self._open += 1
-            opening = self.loop.run_in_executor(self._executor, self._connect)
-            self._opening.add(opening)
-            opening.add_done_callback(self._opened)
-
     def _connect(self) -> pq.abc.PGconn:
+        """Opens a connection (on the store's threads: it blocks), prepares the lookup and
+        puts it in nonblocking pipeline mode."""
         pgconn = pq.PGconn.connect(self._conninfo)
-        if pgconn.status != pq.ConnStatus.OK:
-            message = pgconn.get_error_message()
+        try:
+            if pgconn.status != pq.ConnStatus.OK:
+                raise psycopg.OperationalError(pgconn.get_error_message())
+            prepared = pgconn.prepare(_STATEMENT, self._query)
+            if prepared.status != pq.ExecStatus.COMMAND_OK:
+                raise psycopg.OperationalError(prepared.get_error_message())
+            pgconn.nonblocking = 1
+            pgconn.enter_pipeline_mode()
+        except BaseException:
             pgconn.finish()
-            raise psycopg.OperationalError(message)
-        pgconn.nonblocking = 1
+            raise
         return pgconn
 
     def _opened(self, opening: asyncio.Future[pq.abc.PGconn]) -> None:
-        self._opening.discard(opening)
+        self._opening = None
         failure = None if opening.cancelled() else opening.exception()
         if opening.cancelled() or failure is not None or self._closed:
-            self._open -= 1
             if failure is not None:
                 self._failed("read", failure)
             if not opening.cancelled() and failure is None:
                 opening.result().finish()
-            self._miss_all()
+            self._miss_waiting()
             return
-        self._idle.append(_Connection(self, opening.result()))
-        self._send()
+        self._connection = _Connection(self, opening.result())
+        self._send_waiting()
 
-    def _done(self, connection: _Connection, broken: BaseException | None) -> None:
-        """A connection's read came back (or failed): it serves the next batch, or goes."""
-        if broken is not None or self._closed:
-            self._open -= 1
-            if connection in self._idle:  # an idle connection the server closed
-                self._idle.remove(connection)
-            connection.close()
-            if broken is not None:
-                self._failed("read", broken)
-            if not self._usable():
-                self._miss_all()
-                return
-        else:
-            self._idle.append(connection)
-        if self._asked and not self._scheduled:
-            self._send()
+    def _send_waiting(self, depth: int | None = None) -> None:
+        """Sends the lookups not sent yet, a page of keys a read, while the connection has
+        fewer than ``depth`` on their way (None: all of them)."""
+        if depth is None:
+            self._scheduled = False
+        connection = self._connection
+        while (
+            self._waiting
+            and connection is not None
+            and connection is self._connection
+            and (depth is None or len(connection.sent) < depth)
+        ):
+            keys = list(itertools.islice(self._waiting, SCAN_PAGE))
+            connection.send({key: self._waiting.pop(key) for key in keys})
 
-    def _miss_all(self) -> None:
-        asked, self._asked = self._asked, {}
-        for futures in asked.values():
+    def _lost(self, connection: _Connection, broken: BaseException) -> None:
+        """The connection broke or a lookup on it timed out (its lookups have missed)."""
+        if self._connection is connection:
+            self._connection = None
+        self._failed("read", broken)
+        self._miss_waiting()
+
+    def _miss_waiting(self) -> None:
+        waiting, self._waiting = self._waiting, {}
+        for futures in waiting.values():
             _answer(futures, None)
 
     def close(self) -> None:
-        """Closes the connections; lookups still waiting miss."""
+        """Closes the connection; lookups still waiting miss."""
         self._closed = True
-        for connection in self._idle:
-            connection.close()
-        self._idle.clear()
-        self._miss_all()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        self._miss_waiting()
 
 
 class _Connection:
-    """One nonblocking libpq connection whose socket the loop watches."""
+    """One nonblocking libpq connection in pipeline mode whose socket the loop watches.
+
+    Lookups answer in the order they were sent: ``sent`` holds each one's send
+    time and callers, ``found`` the rows read so far of the oldest.
+    """
 
     def __init__(self, reads: LoopReads, pgconn: pq.abc.PGconn) -> None:
         self.reads = reads
         self.pgconn = pgconn
-        self.batch: Asked | None = None
+        self.sent: deque[tuple[float, Asked]] = deque()
         self.found: dict[str, bytes] = {}
         self.expiry: asyncio.TimerHandle | None = None
+        self.writing = False  # waiting for the socket to take the rest of a send
+        self.closed = False
         self.socket = pgconn.socket
-        reads.loop.add_reader(self.socket, self._readable)
+        reads.loop.add_reader(self.socket, self.poll)
 
     def send(self, batch: Asked) -> None:
-        self.batch = batch
-        self.found = {}
+        """Writes a lookup of ``batch``'s keys (at most a page) and its Sync to the socket."""
         keys = "{" + ",".join(_quoted(key) for key in batch) + "}"
+        now = self.reads.loop.time()
+        self.sent.append((now, batch))
         try:
-            self.pgconn.send_query_params(
-                self.reads._query,
+            self.pgconn.send_query_prepared(
+                _STATEMENT,
                 [keys.encode(), str(MAX_VALUE_BYTES).encode()],
                 result_format=1,  # binary: bytea arrives as its bytes
             )
-            while self.pgconn.flush():  # a page of keys fits the socket's buffer at once
-                pass
+            self.pgconn.pipeline_sync()
+            if self.pgconn.flush() and not self.writing:  # the socket's buffer is full
+                self.writing = True
+                self.reads.loop.add_writer(self.socket, self._writable)
         except psycopg.Error as exc:
-            self._finish(exc)
+            self._break(exc)
             return
-        self.expiry = self.reads.loop.call_later(self.reads._timeout, self._expired)
+        if self.expiry is None:
+            self.expiry = self.reads.loop.call_at(now + self.reads._timeout, self._expired)
 
-    def _readable(self) -> None:
+    def _writable(self) -> None:
+        try:
+            if self.pgconn.flush():
+                return
+        except psycopg.Error as exc:
+            self._break(exc)
+            return
+        self.writing = False
+        self.reads.loop.remove_writer(self.socket)
+
+    def poll(self) -> None:
+        """Reads what has arrived (without waiting) and answers the lookups it completes.
+
+        The loop calls it when the socket is readable, and `LoopReads.get` after each
+        send: a lookup whose rows arrived during a long turn of the loop is answered
+        then, and its caller wakes at the next turn instead of the one after the loop
+        next looks at its sockets.
+        """
+        if self.closed:
+            return
         try:
             self.pgconn.consume_input()
             if self.pgconn.status != pq.ConnStatus.OK:
                 raise psycopg.OperationalError("the server closed the connection")
-            while not self.pgconn.is_busy():
-                result = self.pgconn.get_result()
-                if result is None:
-                    self._finish(None)
-                    return
-                if result.status != pq.ExecStatus.TUPLES_OK:
-                    raise psycopg.OperationalError(result.get_error_message())
-                for row in range(result.ntuples):
-                    key, value = result.get_value(row, 0), result.get_value(row, 1)
-                    if key is not None and value is not None:
-                        self.found[bytes(key).decode()] = bytes(value)
+            self._take_results()
         except psycopg.Error as exc:
-            self._finish(exc)
+            self._break(exc)
+            return
         except UnicodeDecodeError as exc:  # a key that is not text: the read is not trusted
-            self._finish(psycopg.DataError(str(exc)))
+            self._break(psycopg.DataError(str(exc)))
+            return
+        if self.reads._waiting:
+            self.reads._send_waiting(DEPTH)
+
+    def _take_results(self) -> None:
+        """Answers each lookup whose rows and Sync have arrived, oldest first."""
+        pgconn, ended = self.pgconn, False
+        while self.sent and not pgconn.is_busy():
+            result = pgconn.get_result()
+            if result is None:  # the end of a lookup's rows; its Sync follows
+                if ended:
+                    return
+                ended = True
+                continue
+            ended = False
+            if result.status == pq.ExecStatus.TUPLES_OK:
+                for row in range(result.ntuples):
+                    name, value = result.get_value(row, 0), result.get_value(row, 1)
+                    if name is not None and value is not None:
+                        self.found[bytes(name).decode()] = bytes(value)
+            elif result.status == pq.ExecStatus.PIPELINE_SYNC:
+                _, batch = self.sent.popleft()
+                found, self.found = self.found, {}
+                for key, futures in batch.items():
+                    _answer(futures, found.get(key))
+            else:
+                raise psycopg.OperationalError(result.get_error_message())
 
     def _expired(self) -> None:
+        """The oldest lookup's time is up (every lookup on the connection misses), or it has
+        answered and the next one's deadline is set."""
         self.expiry = None
-        self._finish(TimeoutError(f"no answer within {self.reads._timeout:g} s"))
+        if not self.sent:
+            return
+        deadline = self.sent[0][0] + self.reads._timeout
+        if deadline > self.reads.loop.time():
+            self.expiry = self.reads.loop.call_at(deadline, self._expired)
+            return
+        self._break(TimeoutError(f"no answer within {self.reads._timeout:g} s"))
 
-    def _finish(self, broken: BaseException | None) -> None:
-        """Answers the batch (misses when ``broken``) and hands the connection back."""
+    def _break(self, broken: BaseException) -> None:
+        """Answers every lookup sent with a miss, closes the connection and tells the
+        reader (which marks the store down)."""
+        if self.closed:
+            return
+        self.close()
+        self.reads._lost(self, broken)
+
+    def close(self) -> None:
+        """Closes the connection; its lookups still waiting miss."""
+        if self.closed:
+            return
+        self.closed = True
         if self.expiry is not None:
             self.expiry.cancel()
             self.expiry = None
-        batch, self.batch, found = self.batch, None, self.found
-        if batch is None and broken is None:
-            return  # nothing asked: a notice, or the end of an idle connection's input
-        if batch is not None:
-            for key, futures in batch.items():
-                _answer(futures, None if broken is not None else found.get(key))
-        self.reads._done(self, broken)
-
-    def close(self) -> None:
         self.reads.loop.remove_reader(self.socket)
+        if self.writing:
+            self.reads.loop.remove_writer(self.socket)
+            self.writing = False
         self.pgconn.finish()
+        sent, self.sent = self.sent, deque()
+        for _, batch in sent:
+            for futures in batch.values():
+                _answer(futures, None)
 
 
 def _quoted(key: str) -> str:
