@@ -8,8 +8,11 @@ as long: a budget hold on the event loop would stop every other call of
 the process. `Watchdog` notes the connections in use and, once one has
 been silent past its limit, shuts its socket down, so the waiting call
 fails with `psycopg.OperationalError` (the pool then drops the connection)
-and the store goes down as for any outage. A statement cut this way never
-committed (the client had not sent its COMMIT), so nothing is done twice.
+and the store goes down as for any outage. A statement cut before its
+COMMIT was sent never commits. One cut while its COMMIT waits for the frozen
+server may commit when the server goes on: the caller is told the write
+failed (``update`` returns False, a budget settle is put back), so such a
+write can count twice; bounding that would need a token kept past one call.
 
 One thread per store, waking twice a second, rather than a timer per
 statement: a budget on the store runs a transaction for every call.
