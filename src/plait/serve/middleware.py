@@ -245,7 +245,7 @@ class ObservedRequests:
                 answer["ended"] = True
             await send(message)
 
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight += 1
         try:
             await self.app(scope, receive, send_with_id)
             if not answer["ended"]:
@@ -257,7 +257,7 @@ class ObservedRequests:
                 raise  # the answer is under way: the server closes the connection
             await failure_response(exc, scope)(scope, receive, send_with_id)
         finally:
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight -= 1
             seconds = time.perf_counter() - start
             route = _route_of(scope)
             self.metrics.observe(route, scope["method"], answer["status"], seconds)
