@@ -17,7 +17,12 @@ process, which also makes the in-process calls. The program is one model call
     num_retries=0)``, uvicorn), run by the peers' venv; skipped with the reason when that
     venv or its packages are missing;
 (d) memory: the server process's RSS after (a) (its warm-up) and every 5,000 of 20,000
-    more requests (goal: flat).
+    more requests (goal: flat);
+(e) the floor: the server CPU per request of ``plait serve`` at 64 clients against two bare
+    uvicorn apps under the same load (uvloop, httptools, no access log, no middleware): one
+    answering a fixed JSON body of the same shape after a 20 ms sleep (what any Python HTTP
+    server costs here), one awaiting the same ``run(program, prompt=…)`` in process before
+    answering (what the run itself adds); measured in turns, printed as ratios.
 
 The server process's CPU per request is printed beside (a) and (d). The peers' venv (see
 ``benchmarks/fanout_bench.py``) needs fastapi and uvicorn too::
@@ -281,6 +286,96 @@ async def memory(url: str, pid: int, requests: int) -> None:
     )
 
 
+# -- (e) ----------------------------------------------------------------------------
+
+
+FLOOR_BODY = {
+    "run_id": "0" * 32,
+    "status": "completed",
+    "output": "echo: question 1",
+    "usage": {"calls": 1, "cached": 0, "input_tokens": 12, "output_tokens": 4, "cost": 0.0},
+}
+
+
+def run_floor_server(mode: str, upstream: str) -> None:
+    """A bare uvicorn app on ``/run``: ``sleep`` answers `FLOOR_BODY` after 20 ms, ``run``
+    awaits the served program in process (upstream ``upstream``) and answers its output."""
+    import orjson
+    import uvicorn
+
+    from plait.execution import run
+
+    held: dict[str, Any] = {}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] == "lifespan.startup":
+                held["program"], held["manager"] = make_program(), _manager(upstream, 256)
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        request, more = b"", True
+        while more:
+            message = await receive()
+            request += message.get("body", b"")
+            more = message.get("more_body", False)
+        if mode == "sleep":
+            await asyncio.sleep(0.02)
+            answer = FLOOR_BODY
+        else:
+            prompt = orjson.loads(request)["prompt"]
+            output = await run(held["program"], prompt=prompt, resources=held["manager"])
+            answer = {**FLOOR_BODY, "output": output}
+        body = orjson.dumps(answer)
+        length = str(len(body)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    uvicorn.run(app, host="127.0.0.1", port=0, log_level="info", access_log=False)
+
+
+@contextmanager
+def floor_server(mode: str, upstream: str, folder: Path) -> Iterator[tuple[int, str]]:
+    command = [sys.executable, str(Path(__file__)), "--floor-server", mode, upstream]
+    with _listening(command, "Uvicorn running on ", folder / f"floor-{mode}.log") as running:
+        yield running
+
+
+async def cpu_per_request(pid: int, url: str, clients: int, requests: int) -> float:
+    """Server ``pid``'s CPU seconds per request over ``requests`` POSTs to ``url``."""
+    body = lambda i: {"prompt": f"question {i}"}  # noqa: E731
+    async with _session() as session:
+        call = http_caller(session, url, body)
+        await closed_loop(call, 16, 400)  # warm-up
+        cpu = cpu_seconds(pid)
+        await closed_loop(call, clients, requests)
+        return (cpu_seconds(pid) - cpu) / requests
+
+
+def floor(served: tuple[int, str], upstream: str, folder: Path, rounds: int = 3) -> None:
+    with (
+        floor_server("sleep", upstream, folder) as (bare, bare_url),
+        floor_server("run", upstream, folder) as (running, running_url),
+    ):
+        servers = {
+            "plait serve": (served[0], f"{served[1]}/programs/one/run"),
+            "bare app, fixed JSON after 20 ms": (bare, f"{bare_url}/run"),
+            "bare app awaiting run() in process": (running, f"{running_url}/run"),
+        }
+        cpu: dict[str, list[float]] = {name: [] for name in servers}
+        for _ in range(rounds):  # in turns, so a change in the machine's load hits each
+            for name, (pid, url) in servers.items():
+                cpu[name].append(asyncio.run(cpu_per_request(pid, url, 64, 2560)))
+    median = {name: statistics.median(values) for name, values in cpu.items()}
+    served_cpu = median["plait serve"]
+    for name, value in median.items():
+        print(
+            f"  {name:<36} {value * 1000:.3f} ms/request (median of {rounds}); plait serve "
+            f"{served_cpu / value:.2f} × this"
+        )
+
+
 # -- (b) and (c) ----------------------------------------------------------------------
 
 
@@ -377,10 +472,16 @@ def main() -> None:
         "--server-option=--workers=2); repeatable",
     )
     parser.add_argument("--peer-server", metavar="UPSTREAM", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--floor-server", nargs=2, metavar=("MODE", "UPSTREAM"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     SERVER_OPTIONS[:] = args.server_option
     if args.peer_server:
         run_peer_server(args.peer_server)
+        return
+    if args.floor_server:
+        run_floor_server(*args.floor_server)
         return
     sys.path[:0] = [str(ROOT / "src"), str(HERE)]
     os.environ["PYTHONPATH"] = _environment()["PYTHONPATH"]
@@ -400,6 +501,8 @@ def main() -> None:
             asyncio.run(added_latency(url, upstream, pid))
             print(f"(d) memory of the server process over {args.requests} requests:")
             asyncio.run(memory(url, pid, args.requests))
+            print("(e) server CPU a request at 64 clients, upstream 20 ms, against bare apps:")
+            floor((pid, url), upstream, folder)
         print(
             f"(b, c) throughput: {args.batch} requests, 256 concurrent clients, upstream "
             "100 ms, max_concurrent=64:"

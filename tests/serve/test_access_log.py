@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import threading
 
-from plait.serve.middleware import AccessLog, access_logger
+from plait.serve.middleware import MESSAGE_ONLY, AccessLog, BatchedStreamHandler, access_logger
 
 
 class _StalledOutput(logging.Handler):
@@ -86,3 +87,55 @@ def test_nothing_is_dropped_while_the_output_keeps_up() -> None:
         access_logger.setLevel(level)
     assert log.dropped == 0
     assert [json.loads(line)["request_id"] for line in output.lines] == [f"r{n}" for n in range(50)]
+
+
+def _lines_written(
+    handler: logging.Handler, stream: io.StringIO, filtered: bool = False
+) -> list[str]:
+    """The access log's lines of three requests, as ``handler`` writes them to ``stream``
+    (``filtered``: through a filter on the logger that drops the one of ``/hidden``)."""
+    access_logger.addHandler(handler)
+    level = access_logger.level
+    access_logger.setLevel(logging.INFO)
+    dropping = logging.Filter()
+    dropping.filter = lambda record: "/hidden" not in record.getMessage()  # type: ignore[method-assign]
+    if filtered:
+        access_logger.addFilter(dropping)
+    try:
+        log = AccessLog()
+        log.add(("a1", "POST", "/programs/qa/run", 200, 0.01234, ("127.0.0.1", 5000)))
+        log.add(("a2", "GET", "/hidden", 404, 0.0, None))
+        log.add(("a3", "GET", "/healthz", 200, 0.5, ("::1", 6000)))
+        log.close()
+    finally:
+        access_logger.removeHandler(handler)
+        access_logger.removeFilter(dropping)
+        access_logger.setLevel(level)
+    return stream.getvalue().splitlines()
+
+
+def test_plait_serves_own_stderr_handler_writes_what_logging_would() -> None:
+    batched, plain = io.StringIO(), io.StringIO()
+    handler = BatchedStreamHandler(batched)
+    handler.setFormatter(MESSAGE_ONLY)  # as log_access_to_stderr sets it up: lines go straight
+    through_logging = logging.StreamHandler(plain)
+    through_logging.setFormatter(logging.Formatter("%(message)s"))
+    lines = _lines_written(handler, batched)
+    assert lines == _lines_written(through_logging, plain)
+    assert json.loads(lines[0]) == {
+        "request_id": "a1",
+        "method": "POST",
+        "path": "/programs/qa/run",
+        "status": 200,
+        "duration_ms": 12.34,
+        "client": "127.0.0.1:5000",
+    }
+    assert [json.loads(line)["client"] for line in lines] == ["127.0.0.1:5000", None, "::1:6000"]
+
+
+def test_a_filter_on_the_access_logger_still_sees_every_line() -> None:
+    stream = io.StringIO()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(MESSAGE_ONLY)
+    lines = _lines_written(handler, stream, filtered=True)
+    assert [json.loads(line)["request_id"] for line in lines] == ["a1", "a3"]

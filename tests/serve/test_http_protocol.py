@@ -11,6 +11,8 @@ import socket
 from typing import Any
 
 import httpx
+import uvicorn
+from uvicorn.server import ServerState
 
 from plait import LLMInference
 from plait.serve import ServeOptions, app
@@ -135,3 +137,82 @@ async def test_a_run_longer_than_the_timeouts_is_answered_on_a_kept_alive_connec
     assert second.status_code == 200 and "echo: b" in second.text
     assert pipelined.startswith(b"HTTP/1.1 200 ") and b'"output":"echo: c"' in pipelined
     assert b"HTTP/1.1 408 " in pipelined  # then the half request's own time ran out
+
+
+class _WriteLog(asyncio.Transport):
+    """A connection's transport that keeps what is written to it, one entry per call, so a
+    test sees how many writes (system calls, packets) an answer took."""
+
+    def __init__(self) -> None:
+        super().__init__({"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)})
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.writes.append(b"".join(list_of_data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def written(transport: _WriteLog, ends: bytes) -> None:
+    """Lets the loop turn until what was written to ``transport`` ends with ``ends``."""
+    for _ in range(1000):
+        if b"".join(transport.writes).endswith(ends):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not written: {ends!r}; written: {transport.writes!r}")
+
+
+def connection(asgi: Any) -> tuple[Any, _WriteLog]:
+    """The protocol `plait.serve.serve` runs, serving ``asgi`` on a `_WriteLog`."""
+    config = uvicorn.Config(
+        asgi, http=http_protocol(ServeOptions()), lifespan="off", log_config=None, access_log=False
+    )
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    transport = _WriteLog()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+async def test_a_json_answer_is_written_in_one_write() -> None:
+    served = app(LLMInference("llm", "Answer."), {"llm": {"provider": "test"}})
+    protocol, transport = connection(served)
+    protocol.data_received(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await written(transport, b'{"status":"ok"}')
+    protocol.connection_lost(None)
+    assert len(transport.writes) == 1, transport.writes  # head and body together
+    assert transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    assert transport.writes[0].endswith(b'\r\n\r\n{"status":"ok"}')
+
+
+async def test_a_head_whose_body_waits_is_written_within_the_loops_turn() -> None:
+    go_on = asyncio.Event()
+
+    async def stream(scope: Any, receive: Any, send: Any) -> None:
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await go_on.wait()  # no event yet: the client must have the head meanwhile
+        await send({"type": "http.response.body", "body": b"data: 1\n\n", "more_body": False})
+
+    protocol, transport = connection(stream)
+    protocol.data_received(b"GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    await written(transport, b"chunked\r\n\r\n")
+    assert len(transport.writes) == 1 and transport.writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    go_on.set()
+    await written(transport, b"data: 1\n\n\r\n0\r\n\r\n")
+    protocol.connection_lost(None)
+    assert len(transport.writes) == 2

@@ -33,7 +33,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 if TYPE_CHECKING:
     from plait.serve.options import ServeOptions
 
-__all__ = ["BoundedHttp", "http_protocol"]
+__all__ = ["BoundedHttp", "HeadWithBody", "http_protocol"]
 
 _LINGER = 1.0
 """Seconds a refused connection drops what its client still sends before it is closed."""
@@ -145,7 +145,10 @@ class BoundedHttp(HttpToolsProtocol):
         self._head_started = True  # (its bytes may be uncounted: after a request, same read)
 
     def on_headers_complete(self) -> None:
+        cycle = self.cycle
         super().on_headers_complete()
+        if self.cycle is not cycle:  # a request to answer (not an upgrade)
+            self.cycle.transport = HeadWithBody(self.transport, self.loop)  # type: ignore[assignment]
         self._head_started = False
         self._in_head = False
         self._in_body = True
@@ -215,3 +218,45 @@ class BoundedHttp(HttpToolsProtocol):
             self.transport.write_eof()
         self.flow.resume_reading()
         self._timer = self.loop.call_later(_LINGER, self.transport.close)
+
+
+class HeadWithBody:
+    """The transport one answer is written through (uvicorn's request cycle writes to it):
+    the answer's first write, its status line and headers, waits for the next, its body, and
+    both go out in one write, so a JSON answer costs the server one system call and the
+    client one packet instead of two. A head whose body does not follow within the same turn
+    of the event loop (an event stream waiting for its first event, a HEAD request's) is
+    written at the end of that turn. Everything else is the connection's transport's.
+    """
+
+    __slots__ = ("_first", "_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        self._first = True
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.writelines((held, data))
+        elif self._first:
+            self._first = False
+            self._held = bytes(data)
+            self._loop.call_soon(self._write_held)
+        else:
+            self._transport.write(data)
+
+    def _write_held(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self._write_held()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

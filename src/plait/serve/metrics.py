@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["CONTENT_TYPE", "ServerMetrics"]
@@ -50,9 +50,9 @@ class ServerMetrics:
             buckets=_BUCKETS,
             registry=self.registry,
         )
-        self.in_flight = Gauge(
-            "plait_http_requests_in_flight", "HTTP requests being answered.", registry=self.registry
-        )
+        self.in_flight = 0
+        """HTTP requests being answered now (a plain count: read when scraped)."""
+        self.registry.register(_RequestsInFlight(self))
         self.registry.register(_RunsAndModelCalls(service))
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
@@ -69,6 +69,18 @@ class ServerMetrics:
     def render(self) -> bytes:
         """Returns every metric in Prometheus text format."""
         return generate_latest(self.registry)
+
+
+class _RequestsInFlight:
+    """``plait_http_requests_in_flight``, read at scrape time: a request adds and takes one
+    from a plain count rather than a `Gauge`, which takes a lock each time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        text = "HTTP requests being answered."
+        yield _gauge("plait_http_requests_in_flight", text, self.metrics.in_flight)
 
 
 class _RunsAndModelCalls:

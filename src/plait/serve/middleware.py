@@ -124,16 +124,19 @@ class AccessLog:
             stopping = stop.wait(self._interval)
             while self._lines:
                 self._say_dropped()
-                request_id, method, path, status, seconds, client = self._lines.popleft()
-                line = {
-                    "request_id": request_id,
-                    "method": method,
-                    "path": path,
-                    "status": status,
-                    "duration_ms": round(seconds * 1000, 2),
-                    "client": f"{client[0]}:{client[1]}" if client else None,
-                }
-                access_logger.info(orjson.dumps(line).decode())
+                lines = []
+                for _ in range(len(self._lines)):  # those queued now; later ones, next turn
+                    request_id, method, path, status, seconds, client = self._lines.popleft()
+                    line = {
+                        "request_id": request_id,
+                        "method": method,
+                        "path": path,
+                        "status": status,
+                        "duration_ms": round(seconds * 1000, 2),
+                        "client": f"{client[0]}:{client[1]}" if client else None,
+                    }
+                    lines.append(orjson.dumps(line).decode())
+                _log_lines(lines)
             _flush(access_logger)
             if stopping:
                 return
@@ -143,6 +146,35 @@ class AccessLog:
         if dropped > self._dropped_said:
             lost, self._dropped_said = dropped - self._dropped_said, dropped
             access_logger.warning(orjson.dumps({"dropped_lines": lost}).decode())
+
+
+MESSAGE_ONLY = logging.Formatter("%(message)s")
+"""The access log's format on standard error (`plait.serve.server.log_access_to_stderr`): a
+line is its message, the JSON object."""
+
+
+def _log_lines(lines: list[str]) -> None:
+    """Hands access-log lines to the logger ``plait.serve.access``.
+
+    When its one handler is a `BatchedStreamHandler` whose format is `MESSAGE_ONLY` (what
+    `plait serve` sets up) and nothing filters, the lines go to it as they are: the same text
+    it would write, without a `logging.LogRecord` each (making one, with the caller's frame,
+    thread and process, took most of the writer's time). Any other set-up of the logger
+    gets every line through `logging` as usual.
+    """
+    handlers = access_logger.handlers
+    handler = handlers[0] if len(handlers) == 1 else None
+    if (
+        isinstance(handler, BatchedStreamHandler)
+        and handler.formatter is MESSAGE_ONLY
+        and handler.level <= logging.INFO
+        and not handler.filters
+        and not access_logger.filters
+    ):
+        handler.add_lines(lines)
+        return
+    for line in lines:
+        access_logger.info(line)
 
 
 class BatchedStreamHandler(logging.StreamHandler):
@@ -159,6 +191,12 @@ class BatchedStreamHandler(logging.StreamHandler):
             self._pending.append(self.format(record) + self.terminator)
         except Exception:
             self.handleError(record)
+
+    def add_lines(self, lines: list[str]) -> None:
+        """Keeps ``lines``, formatted already, to write at the next flush."""
+        terminator = self.terminator
+        with self.lock:  # type: ignore[union-attr]
+            self._pending.extend(line + terminator for line in lines)
 
     def flush(self) -> None:
         with self.lock:  # type: ignore[union-attr]
@@ -207,7 +245,7 @@ class ObservedRequests:
                 answer["ended"] = True
             await send(message)
 
-        self.metrics.in_flight.inc()
+        self.metrics.in_flight += 1
         try:
             await self.app(scope, receive, send_with_id)
             if not answer["ended"]:
@@ -219,7 +257,7 @@ class ObservedRequests:
                 raise  # the answer is under way: the server closes the connection
             await failure_response(exc, scope)(scope, receive, send_with_id)
         finally:
-            self.metrics.in_flight.dec()
+            self.metrics.in_flight -= 1
             seconds = time.perf_counter() - start
             route = _route_of(scope)
             self.metrics.observe(route, scope["method"], answer["status"], seconds)

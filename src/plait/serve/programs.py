@@ -320,6 +320,8 @@ def json_data(value: Any, *, content: bool = False) -> Any:
             what a request gives; `plait.media.as_data`) rather than their summary: the
             inputs a paused run keeps, to validate again when it is resumed.
     """
+    if value is None or type(value) in _JSON_SCALARS:
+        return value  # what most programs answer: as it is, without pydantic's walk
     if isinstance(value, History):
         return value.to_list()
     to_dict = getattr(value, "to_dict", None)
@@ -330,6 +332,10 @@ def json_data(value: Any, *, content: bool = False) -> Any:
     if content:
         return to_jsonable_python(value, fallback=_json_fallback, context=WITH_CONTENT)
     return to_jsonable_python(value, fallback=_json_fallback)
+
+
+_JSON_SCALARS = frozenset({str, int, float, bool})
+"""Types JSON holds as they are (their subclasses, enums among them, go through pydantic)."""
 
 
 def _json_fallback(value: Any) -> Any:

@@ -9,7 +9,7 @@ slow model may be minutes away; here the request's ``receive`` is watched instea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import orjson
@@ -32,7 +32,8 @@ async def until_disconnected(receive: Receive, work: Coroutine[Any, Any, Any]) -
     Raises:
         ClientLeft: the client disconnected; ``work`` was cancelled and has finished.
     """
-    caller = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    caller = asyncio.current_task(loop)
     assert caller is not None, "until_disconnected runs inside a task"
     state = {"finished": False, "left": False}
 
@@ -45,7 +46,7 @@ async def until_disconnected(receive: Receive, work: Coroutine[Any, Any, Any]) -
             state["left"] = True
             caller.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    watcher = loop.create_task(watch())
     try:
         result = await work
         state["finished"] = True
@@ -68,6 +69,21 @@ class JsonResponse(Response):
 
     def render(self, content: Any) -> bytes:
         return orjson.dumps(content, option=orjson.OPT_NON_STR_KEYS)
+
+    def init_headers(self, headers: Mapping[str, str] | None = None) -> None:
+        status = self.status_code
+        plain = headers is None and self.media_type == "application/json"
+        if plain and status >= 200 and status not in _EMPTY:
+            # the headers Starlette would make for this answer, made directly
+            length = b"%d" % len(self.body)
+            self.raw_headers = [(b"content-length", length), (b"content-type", _JSON)]
+        else:
+            super().init_headers(headers)
+
+
+_JSON = JsonResponse.media_type.encode()
+_EMPTY = (204, 304)
+"""Statuses whose answers have no body, so no content-length (as Starlette has it)."""
 
 
 class EventStreamResponse(Response):

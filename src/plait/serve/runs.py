@@ -112,29 +112,30 @@ class Admission:
         self.waiting = 0
         """Runs waiting for a place now."""
 
-    @contextlib.asynccontextmanager
-    async def place(self) -> AsyncIterator[None]:
-        """Holds a place for one run while the block executes.
+    async def enter(self) -> None:
+        """Takes a place for one run (waiting for one while the queue has room); `leave`
+        gives it back.
 
         Raises:
             Overloaded: every place is taken and the queue is full.
         """
-        if self._slots.locked():
+        slots = self._slots
+        if slots.locked():
             if self.waiting >= self.max_queued:
                 raise Overloaded
             self.waiting += 1
             try:
-                await self._slots.acquire()
+                await slots.acquire()
             finally:
                 self.waiting -= 1
         else:
-            await self._slots.acquire()
+            await slots.acquire()
         self.active += 1
-        try:
-            yield
-        finally:
-            self.active -= 1
-            self._slots.release()
+
+    def leave(self) -> None:
+        """Gives back the place `enter` took."""
+        self.active -= 1
+        self._slots.release()
 
     @property
     def in_flight(self) -> int:
@@ -200,6 +201,7 @@ class RunService:
         )  # not `or`: an empty store has no length, and is still the one given
         self.admission = Admission(options.max_active, options.max_queued)
         self.draining = False
+        self._admitted = _Admitted(self)
         if options.workers > 1:
             check_shares(resources, options.workers)
 
@@ -270,19 +272,12 @@ class RunService:
 
     # -- runs ---------------------------------------------------------------------------
 
-    @contextlib.asynccontextmanager
-    async def admitted(self) -> AsyncIterator[None]:
-        """Holds a place for a run while the block executes (see `Admission.place`); the
-        route holds it around `run`, or for as long as it sends a `stream`.
-
-        Raises:
-            Draining: the server is stopping.
-            Overloaded: too many runs wait already.
-        """
-        if self.draining:
-            raise Draining
-        async with self.admission.place():
-            yield
+    def admitted(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Returns the context that holds a place for a run while its block executes (see
+        `Admission.enter`); the route holds it around `run`, or for as long as it sends a
+        `stream`. Entering it raises `Draining` when the server is stopping, `Overloaded`
+        when too many runs wait already."""
+        return self._admitted
 
     def _call_options(self, resume: Resume | None) -> dict[str, Any]:
         options: dict[str, Any] = {"resources": self.manager}
@@ -533,6 +528,24 @@ class RunService:
             "pending": [pending_call(pause)],
             "usage": outcome.usage.as_dict(),
         }
+
+
+class _Admitted:
+    """`RunService.admitted`: a class rather than a generator-made context, which cost every
+    request two generators; one per service, as it keeps nothing of a run."""
+
+    __slots__ = ("service",)
+
+    def __init__(self, service: RunService) -> None:
+        self.service = service
+
+    async def __aenter__(self) -> None:
+        if self.service.draining:
+            raise Draining
+        await self.service.admission.enter()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.service.admission.leave()
 
 
 def _config(resources: Any) -> ResourceConfig:

@@ -154,12 +154,12 @@ def log_access_to_stderr() -> None:
     """Sends the access log's lines (logger ``plait.serve.access``), one JSON object a line,
     to standard error, unless logging is configured to send them somewhere already."""
     # import time: only for an access log on stderr
-    from plait.serve.middleware import BatchedStreamHandler, access_logger
+    from plait.serve.middleware import MESSAGE_ONLY, BatchedStreamHandler, access_logger
 
     if access_logger.hasHandlers():
         return
     handler = BatchedStreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.setFormatter(MESSAGE_ONLY)
     access_logger.addHandler(handler)
     access_logger.setLevel(logging.INFO)
     access_logger.propagate = False
