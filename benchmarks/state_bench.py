@@ -17,7 +17,7 @@ on a server this script starts for itself (as the tests do: tests/postgres_serve
 as the user ``postgres`` when run as root), or on ``--url``.
 
     python benchmarks/state_bench.py [--calls 2000] [--in-flight 64] [--latency 0.1]
-        [--rerun-rows 20000] [--keys 2000] [--repeat 2] [--url postgresql://…]
+        [--rerun-rows 20000] [--keys 2000] [--repeat 5] [--url postgresql://…]
 
 Run it alone (``flock /tmp/heavy.lock``): figures on a loaded machine say so.
 """
@@ -113,7 +113,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.1)
     parser.add_argument("--rerun-rows", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--url", help="a PostgreSQL state URL (default: start a server)")
     args = parser.parse_args()
     if args.url:
