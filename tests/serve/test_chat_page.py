@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,8 @@ class Model:
 
     def __init__(self) -> None:
         self.polish_allowed = threading.Event()
+        self.polishing = threading.Event()
+        """Set when a polish call arrives: its run holds a place until polish_allowed."""
 
     async def __call__(self, body: dict[str, Any]) -> Any:
         messages = body["messages"]
@@ -80,6 +83,7 @@ class Model:
                 "tool_calls": [{"id": "call_1", "name": "save_note", "arguments": {"text": text}}]
             }
         if "Polish" in str(messages[0]["content"]):
+            self.polishing.set()
             await asyncio.to_thread(self.polish_allowed.wait, 60)
             return "Polished: " + DRAFT + ", ready."
         return DRAFT
@@ -230,10 +234,21 @@ def test_an_approval_refused_for_want_of_a_place_can_be_given_again_and_runs_onc
             approval = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".approval"))
             approve = approval.find_element(By.CSS_SELECTOR, "button.approve")
             chat = {"history": [{"role": "user", "content": "Hi"}]}
-            held = threading.Thread(  # another client's run takes the only place
-                target=lambda: httpx.post(f"{url}/programs/chat/run", json=chat, timeout=60)
-            )
+
+            def hold_the_place() -> None:
+                """Another client's run takes the only place (asked again while the paused
+                notes run has not given it back yet)."""
+                for _ in range(600):
+                    answer = httpx.post(f"{url}/programs/chat/run", json=chat, timeout=60)
+                    if answer.status_code != 429:
+                        return
+                    time.sleep(0.1)
+
+            held = threading.Thread(target=hold_the_place)
             held.start()
+            # the chat run holds the only place once its polish call is in: one place in use
+            # before that could still be the paused notes run's own (its stream ending)
+            wait.until(lambda _: model.polishing.is_set())
             wait.until(lambda _: served.state.runs.admission.active == 1)
             approve.click()
             wait.until(lambda _: any(n.startswith("Error 429:") for n in texts(".note")))
