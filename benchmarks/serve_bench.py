@@ -18,11 +18,13 @@ process, which also makes the in-process calls. The program is one model call
     venv or its packages are missing;
 (d) memory: the server process's RSS after (a) (its warm-up) and every 5,000 of 20,000
     more requests (goal: flat);
-(e) the floor: the server CPU per request of ``plait serve`` at 64 clients against two bare
+(e) the floor: the server CPU per request of ``plait serve`` at 64 clients against three bare
     uvicorn apps under the same load (uvloop, httptools, no access log, no middleware): one
     answering a fixed JSON body of the same shape after a 20 ms sleep (what any Python HTTP
-    server costs here), one awaiting the same ``run(program, prompt=…)`` in process before
-    answering (what the run itself adds); measured in turns, printed as ratios.
+    server costs here), one posting the same chat completion upstream with a bare aiohttp
+    session (what any server making one model call a request costs here), one awaiting the
+    same ``run(program, prompt=…)`` in process before answering (what plait's run adds);
+    measured in turns, printed as ratios.
 
 The server process's CPU per request is printed beside (a) and (d). The peers' venv (see
 ``benchmarks/fanout_bench.py``) needs fastapi and uvicorn too::
@@ -299,7 +301,9 @@ FLOOR_BODY = {
 
 def run_floor_server(mode: str, upstream: str) -> None:
     """A bare uvicorn app on ``/run``: ``sleep`` answers `FLOOR_BODY` after 20 ms, ``run``
-    awaits the served program in process (upstream ``upstream``) and answers its output."""
+    awaits the served program in process (upstream ``upstream``) and answers its output,
+    ``client`` posts the same chat completion to ``upstream`` with a bare aiohttp session
+    and answers its text (the least any server making one model call a request does)."""
     import orjson
     import uvicorn
 
@@ -307,11 +311,23 @@ def run_floor_server(mode: str, upstream: str) -> None:
 
     held: dict[str, Any] = {}
 
+    async def ask_upstream(prompt: str) -> str:
+        chat = {"model": "scripted", "messages": [
+            {"role": "system", "content": "Answer briefly."}, {"role": "user", "content": prompt}
+        ]}  # fmt: skip
+        headers = {"authorization": "Bearer bench-key", "content-type": "application/json"}
+        url = upstream.rstrip("/") + "/chat/completions"
+        async with held["session"].post(url, data=orjson.dumps(chat), headers=headers) as reply:
+            text: str = orjson.loads(await reply.read())["choices"][0]["message"]["content"]
+            return text
+
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
             while (await receive())["type"] == "lifespan.startup":
                 held["program"], held["manager"] = make_program(), _manager(upstream, 256)
+                held["session"] = _session()
                 await send({"type": "lifespan.startup.complete"})
+            await held["session"].close()
             await send({"type": "lifespan.shutdown.complete"})
             return
         request, more = b"", True
@@ -322,6 +338,9 @@ def run_floor_server(mode: str, upstream: str) -> None:
         if mode == "sleep":
             await asyncio.sleep(0.02)
             answer = FLOOR_BODY
+        elif mode == "client":
+            output = await ask_upstream(orjson.loads(request)["prompt"])
+            answer = {**FLOOR_BODY, "output": output}
         else:
             prompt = orjson.loads(request)["prompt"]
             output = await run(held["program"], prompt=prompt, resources=held["manager"])
@@ -357,10 +376,12 @@ def floor(served: tuple[int, str], upstream: str, folder: Path, rounds: int = 3)
     with (
         floor_server("sleep", upstream, folder) as (bare, bare_url),
         floor_server("run", upstream, folder) as (running, running_url),
+        floor_server("client", upstream, folder) as (client, client_url),
     ):
         servers = {
             "plait serve": (served[0], f"{served[1]}/programs/one/run"),
             "bare app, fixed JSON after 20 ms": (bare, f"{bare_url}/run"),
+            "bare app, one bare aiohttp call": (client, f"{client_url}/run"),
             "bare app awaiting run() in process": (running, f"{running_url}/run"),
         }
         cpu: dict[str, list[float]] = {name: [] for name in servers}
