@@ -30,7 +30,7 @@ from plait.resources.state import open_store, release_store
 ROOT = Path(__file__).resolve().parents[2]
 
 WORKER = """
-import asyncio, os, sys
+import asyncio, glob, os, sys
 from plait.backends.types import Usage
 from plait.resources.budget import Budget, Claim, hold
 from plait.resources.budget_file import BudgetFile
@@ -47,14 +47,20 @@ async def main(kind, where, go, calls):
         await asyncio.sleep(0.01)
     sent = 0
     claim = Claim(tokens=100, cost=0.1)  # worst case $0.10
-    async def one():
+    async def one(held=False):
         nonlocal sent
-        if await hold([budget], claim) is not None:
+        if not held and await hold([budget], claim) is not None:
             return  # refused: it could never fit
         sent += 1
         await asyncio.sleep(0.005)
         budget.settle(claim, Usage(10, 10, cost=0.04))  # really $0.04
-    await asyncio.gather(*(one() for _ in range(calls)))
+    # Each holds one call before either settles any (both fit in $1.00), so a process the
+    # machine woke late still spends: CI saw the first spend the whole budget alone.
+    assert await hold([budget], claim) is None
+    open(f"{go}.held.{os.getpid()}", "w").close()
+    while len(glob.glob(f"{go}.held.*")) < 2:
+        await asyncio.sleep(0.01)
+    await asyncio.gather(one(held=True), *(one() for _ in range(calls - 1)))
     if store is not None:
         await asyncio.sleep(0.5)  # the last settles are written off the loop
         release_store(store)
