@@ -215,13 +215,15 @@ def test_two_workers_spend_one_endpoint_budget_together(cluster, server, tmp_pat
     assert len(refused) == 60 - served and all("budget" in e for e in refused)
 
 
-def test_a_jobs_own_budget_holds_across_its_workers(cluster, server):
+def test_a_jobs_own_budget_holds_across_its_workers(cluster, server, tmp_path):
     rows = [{"text": f"row {i}"} for i in range(40)]
     ds = ray.data.from_items(rows, override_num_blocks=4)
     resources = {"llm": server.endpoint(max_retries=0)}
 
+    # both workers call from the start (CI saw the first spend all 15 calls alone)
+    brief = Brief(meet=str(tmp_path))
     out = map_dataset(
-        Brief(), ds, resources=resources, concurrency=2, batch_size=10, max_calls=15
+        brief, ds, resources=resources, concurrency=2, batch_size=10, max_calls=15
     ).take_all()
 
     served, pids = _spent_by_workers(out)
