@@ -251,8 +251,15 @@ class BatchStream:
         try:
             await self._start(offer)
         finally:
-            with contextlib.suppress(asyncio.CancelledError):
-                await queue.put(None)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                # Cancelled by the consumer, which reads no more: waiting for room in a
+                # full queue would never end (a Ctrl-C hung `plait run` here on uvloop).
+                if not queue.full():
+                    queue.put_nowait(None)
+            else:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await queue.put(None)
 
     async def _collect(self) -> list[BatchResult]:
         return [result async for result in self]
